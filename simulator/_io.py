@@ -1,0 +1,35 @@
+"""Atomic output files: written beside the target, then renamed, so an error leaves nothing behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
+    """Open a temporary file next to ``path``; on success rename it onto ``path``, else delete it.
+
+    Parameters
+    ----------
+    path : path-like
+        Final destination. Its folder is created if missing.
+    mode : {"w", "wb"}
+        Text (UTF-8, ``newline=""`` for CSV) or binary.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    try:
+        kwargs = {"encoding": "utf-8", "newline": ""} if "b" not in mode else {}
+        with os.fdopen(fd, mode, **kwargs) as handle:
+            yield handle
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

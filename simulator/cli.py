@@ -1,0 +1,62 @@
+"""The ``oversmooth`` command: one dispatcher, subcommands registered by each package.
+
+The simulator registers its own subcommands here; other installed packages add theirs through the
+``oversmooth.commands`` entry-point group (a callable taking the argparse subparsers object), so this
+module never imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+
+from simulator.errors import OversmoothError
+
+ENTRY_POINT_GROUP = "oversmooth.commands"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 2), like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _register_builtin(subparsers: argparse._SubParsersAction) -> None:
+    from simulator import commands
+
+    commands.register(subparsers)
+
+
+def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
+    return [ep.load() for ep in entry_points(group=ENTRY_POINT_GROUP)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser: simulator subcommands plus every registered plugin's."""
+    parser = _Parser(prog="oversmooth", description="Study oversmoothing in Transformers.")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _register_builtin(subparsers)
+    for register in _plugins():
+        register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``oversmooth`` command; returns the exit status (0 ok, 1 failed check, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except OversmoothError as err:
+        print(f"oversmooth {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"oversmooth {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
