@@ -189,7 +189,9 @@ class _Rule(_Repr):
         if self._n is not None and n != self._n:
             raise InputError(f"`{name}` must have {self._n} tokens (rows) to match `A`; got {n}")
         if d != self._d:
-            raise InputError(f"`{name}` must have {self._d} features (columns); got {d}")
+            raise InputError(
+                f"`{name}` must have {self._d} features (columns) to match `W_V`; got {d}"
+            )
         _broadcast_batch({name: X.shape[:-2], "the rule's matrices": self._batch})
         return X
 
