@@ -1,0 +1,155 @@
+"""Shared machinery of the figure scripts: style, figure sizes, deterministic outputs, provenance.
+
+Every script has ``compute(quick) -> rows``, ``plot(rows) -> Figure`` and ``main(argv) -> int``; it
+writes ``NAME.png``, ``NAME.csv`` (tidy, fixed column order, round-trip floats) and ``NAME.json``
+(provenance: argv, git commit, package versions, configuration, seeds). Reruns give byte-identical CSVs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from simulator._io import atomic_output
+
+STYLE = Path(__file__).with_name("paper.mplstyle")
+#: Figure widths in inches: one paper column, or the full text width.
+WIDTHS = {"column": 3.4, "full": 7.0}
+PACKAGES = ("numpy", "scipy", "matplotlib", "onnx", "onnxruntime", "onnxruntime-gpu", "oversmooth")
+
+
+def new_figure(width: str = "full", aspect: float = 0.35, **subplots: Any) -> tuple[Figure, Any]:
+    """A figure of the paper's column or full width with the shared style and constrained layout."""
+    plt.style.use(STYLE)
+    w = WIDTHS[width]
+    fig, axes = plt.subplots(figsize=(w, w * aspect), layout="constrained", **subplots)
+    return fig, axes
+
+
+def _versions() -> dict[str, str]:
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _git() -> dict[str, Any]:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": "unknown", "dirty": None}
+    return {"commit": commit, "dirty": bool(dirty)}
+
+
+def provenance(name: str, argv: Sequence[str], config: Mapping[str, Any]) -> dict[str, Any]:
+    """Everything needed to reproduce a figure: script, argv, commit, versions, configuration."""
+    return {
+        "figure": name,
+        "script": f"figures/{name}.py",
+        "argv": list(argv),
+        "git": _git(),
+        "python": platform.python_version(),
+        "versions": _versions(),
+        "config": dict(config),
+    }
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    if value is None:
+        return ""
+    return str(value)
+
+
+def save_outputs(
+    fig: Figure,
+    rows: Iterable[Mapping[str, Any]],
+    columns: Sequence[str],
+    name: str,
+    meta: Mapping[str, Any],
+    out: Path,
+) -> list[Path]:
+    """Write ``NAME.csv``, ``NAME.json`` and ``NAME.png`` into ``out``, each atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.csv", out / f"{name}.json", out / f"{name}.png"]
+    with atomic_output(paths[0]) as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_cell(row.get(c)) for c in columns])
+    with atomic_output(paths[1]) as handle:
+        json.dump(meta, handle, indent=2, sort_keys=True, default=str)
+        handle.write("\n")
+    with atomic_output(paths[2], "wb") as handle:
+        fig.savefig(handle, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return paths
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """Rows of a CSV written by :func:`save_outputs` (values as strings)."""
+    with path.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """The common command line of every script: ``--quick``, ``--out DIR``."""
+    p = argparse.ArgumentParser(
+        prog=f"python -m figures.{name}", description=(doc or "").split("\n")[0]
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes (for tests)")
+    p.add_argument("--out", type=Path, default=Path("figures/out"), help="output folder")
+    return p
+
+
+def run_script(
+    name: str,
+    doc: str | None,
+    compute: Callable[[bool], tuple[list[dict[str, Any]], dict[str, Any]]],
+    plot: Callable[[list[dict[str, Any]]], Figure],
+    columns: Sequence[str],
+    argv: Sequence[str] | None,
+) -> int:
+    """Parse the common arguments, compute, plot and save; the body of every script's ``main``."""
+    args = parser(name, doc).parse_args(argv)
+    rows, config = compute(args.quick)
+    config = {**config, "quick": args.quick}
+    fig = plot(rows)
+    paths = save_outputs(
+        fig,
+        rows,
+        columns,
+        name,
+        provenance(name, sys.argv[1:] if argv is None else argv, config),
+        args.out,
+    )
+    print(f"{name}: wrote {', '.join(str(p) for p in paths)}")
+    return 0
