@@ -50,3 +50,16 @@ PIXEL_ATOL = 1.0 / 255.0
 #: kernels may reorder float32 sums, so results agree to a few float32 ulps of O(1) activations.
 ORT_REPEAT_RTOL = 1e-5
 ORT_REPEAT_ATOL = 1e-5
+
+
+# --- simulator: update rules, deep iteration and the simulate command -------------------------
+
+#: Iterating the linear rule L <= 30 times against the binomial closed form (claim 5), with a
+#: positive-spectrum M so that the closed-form sum itself has no cancellation.
+CLOSED_FORM_RTOL = 1e-10
+
+# --- ONNX test-model builders (tests/importers/builders.py) ---
+
+#: A dynamically quantised weight against its float original: at most half a quantisation step,
+#: the step itself being computed in float32 by the quantiser (a few ulps of slack).
+QUANT_STEP_RTOL = 1e-5
