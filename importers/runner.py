@@ -281,6 +281,15 @@ def _check_exposed(expose: Sequence[str], model: Any) -> list[str]:
     return wanted
 
 
+def _copy_value(value: Any) -> Any:
+    """A detached copy of a ``ValueInfoProto``."""
+    import onnx
+
+    detached = onnx.ValueInfoProto()
+    detached.CopyFrom(value)
+    return detached
+
+
 def _inferred_types(model: Any) -> dict[str, Any]:
     """Output types from ONNX shape inference; empty when inference fails (contrib ops etc.)."""
     import onnx
@@ -294,12 +303,14 @@ def _inferred_types(model: Any) -> dict[str, Any]:
 
 
 def _augment(model: Any, expose: Sequence[str], keep_outputs: bool) -> tuple[Any, list[str]]:
-    """A copy of ``model`` whose outputs are ``expose`` (plus the originals if ``keep_outputs``)."""
+    """Make ``expose`` (plus the originals if ``keep_outputs``) the outputs of ``model``, in place.
+
+    Editing in place avoids holding a second copy of the weights.
+    """
     import onnx
 
-    augmented = onnx.ModelProto()
-    augmented.CopyFrom(model)
-    original = list(model.graph.output)
+    augmented = model
+    original = [_copy_value(value) for value in model.graph.output]
     types = _inferred_types(model) if expose else {}
     del augmented.graph.output[:]
     names: list[str] = []
@@ -411,10 +422,10 @@ class Runner:
         exposed = _check_exposed(expose, model)
         if not exposed and not include_outputs:
             raise InputError("`expose` must name at least one tensor when include_outputs=False")
+        self.inputs: tuple[GraphInput, ...] = graph_inputs(model)
         augmented, self.output_names = _augment(model, exposed, include_outputs)
         self.exposed = exposed
         self.include_outputs = include_outputs
-        self.inputs: tuple[GraphInput, ...] = graph_inputs(model)
         ort = _ort()
         self._ort_version = ort.__version__
         so = session_options(self._options.threads, self._options.optimization)  # type: ignore[arg-type]
