@@ -6,6 +6,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -308,6 +309,62 @@ def test_from_text_without_tokenizers_names_the_extra(
     file.write_text("one sentence\n")
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     with pytest.raises(I.MissingDependencyError, match=r"oversmooth\[text\]"):
+        I.from_text(file, tmp_path / "tokenizer.json")
+
+
+class _FakeEncoding:
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+        self.attention_mask = [1 if token else 0 for token in ids]
+        self.type_ids = [0] * len(ids)
+
+
+class _FakeTokenizer:
+    """Stands in for ``tokenizers.Tokenizer``: one id per word, padded with 0 to the longest."""
+
+    loaded: ClassVar[list[str]] = []
+
+    @classmethod
+    def from_file(cls, path: str) -> _FakeTokenizer:
+        cls.loaded.append(path)
+        return cls()
+
+    def enable_truncation(self, max_length: int) -> None:
+        self.max_length = max_length
+
+    def enable_padding(self) -> None:
+        pass
+
+    def encode_batch(self, texts: list[str]) -> list[_FakeEncoding]:
+        ids = [[101, *(len(word) + 1000 for word in text.split()), 102] for text in texts]
+        width = max(len(row) for row in ids)
+        return [_FakeEncoding(row + [0] * (width - len(row))) for row in ids]
+
+
+def test_from_text_maps_tokenizer_output_to_graph_feeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    fake = types.ModuleType("tokenizers")
+    fake.Tokenizer = _FakeTokenizer
+    monkeypatch.setitem(sys.modules, "tokenizers", fake)
+    file = tmp_path / "s.txt"
+    file.write_text("two words\n\n  three words here  \n", encoding="utf-8")
+    batch = I.from_text(file, tmp_path / "tokenizer.json", graph=TEXT_GRAPH)
+    assert batch.labels == ("two words", "three words here")
+    assert batch.source == f"text:{file}"
+    assert set(batch.feeds) == {"input_ids", "attention_mask"}
+    assert batch.feeds["input_ids"].shape == (2, 5)
+    assert batch.feeds["input_ids"].dtype == np.int64
+    assert batch.token_mask.sum(axis=1).tolist() == [4, 5]
+    assert _FakeTokenizer.loaded[-1] == os.fspath(tmp_path / "tokenizer.json")
+
+
+def test_from_text_empty_file_is_named(tmp_path: Path) -> None:
+    file = tmp_path / "empty.txt"
+    file.write_text("\n  \n", encoding="utf-8")
+    with pytest.raises(I.InputError, match="at least one non-empty line"):
         I.from_text(file, tmp_path / "tokenizer.json")
 
 
