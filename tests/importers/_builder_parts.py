@@ -15,6 +15,9 @@ The functions below ``Graph`` each emit one recognisable sub-graph (a projection
 the scores, a mask, the softmax, the head merge, a norm, an MLP, RoPE, the GQA expansion) and return
 the name of the tensor they produce. Shapes use ``B`` batch, ``T`` tokens, ``H`` heads, ``dh`` head
 width, ``d`` model width. Every weight is given in the row-vector convention ``y = x @ W``.
+
+``Recipe`` names every choice that distinguishes one variant's graph, and ``draw_model`` draws a
+recipe's float32 parameters and feeds from a seed, before any graph exists.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+#: Batch size of every feed; the batch axis itself is dynamic.
+BATCH = 2
+VOCAB = 50
+N_CLASSES = 3
 
 #: The additive mask value PyTorch uses (``torch.finfo(torch.float32).min``).
 FLOAT32_MIN = float(np.finfo(np.float32).min)
@@ -254,13 +262,13 @@ class LinearForm:
     """How a linear layer is exported.
 
     ``kind``: ``matmul`` (MatMul + bias Add), ``gemm_transb`` (Reshape to 2-D, ``Gemm`` with
-    ``transB=1`` on an ``(out, in)`` weight, Reshape back) or ``gemm`` (the same with the
-    ``(in, out)`` weight and ``transB=0``, GPT-2's Conv1D).
+    ``transB=1`` on an ``(out, in)`` weight, Reshape back to the input's (B, T) read with
+    ``Shape``) or ``gemm`` (the same with the ``(in, out)`` weight and ``transB=0``, GPT-2's
+    Conv1D). ``encoding`` applies to ``matmul`` only; Gemm weights are float32.
     """
 
     kind: str = "matmul"
     encoding: str = "float32"
-    shape_form: str = "zeros"
 
 
 def linear(
@@ -290,7 +298,7 @@ def _gemm(g: Graph, x: str, W: np.ndarray, b: np.ndarray | None, form: LinearFor
     if b is not None:
         inputs.append(g.weight(b, leaf="bias"))
     y = g.op("Gemm", *inputs, transB=int(transposed))
-    return g.op("Reshape", y, token_shape(g, x, [W.shape[1]], form.shape_form))
+    return g.op("Reshape", y, token_shape(g, x, [W.shape[1]], "dynamic"))
 
 
 def split_fused(
@@ -298,9 +306,10 @@ def split_fused(
 ) -> list[str]:
     """Split a fused ``(B, T, sum(widths))`` projection into Q, K, V.
 
-    ``how``: ``split`` (one ``Split`` on axis -1), ``split_tokens`` (a ``Split`` on the token axis
-    1, ``widths`` then being token counts: a near miss), ``slice`` (three ``Slice``), or ``gather`` (Reshape to ``(B, T, 3, H, dh)`` then
-    ``Gather`` on axis 2; returns heads-split ``(B, T, H, dh)`` tensors).
+    ``how``: ``split`` (one ``Split`` on axis -1), ``split_tokens`` (a ``Split`` on the token
+    axis 1, ``widths`` then being token counts: a near miss), ``slice`` (three ``Slice``), or
+    ``gather`` (Reshape to ``(B, T, 3, H, dh)``, then ``Gather`` on axis 2; this returns
+    head-split ``(B, T, H, dh)`` tensors).
     """
     if how == "split":
         return g.op("Split", qkv, g.ints(*widths), axis=-1, n_out=3)
@@ -466,3 +475,267 @@ def gelu(g: Graph, x: str) -> str:
 def silu(g: Graph, x: str) -> str:
     """``x * sigmoid(x)``."""
     return g.op("Mul", x, g.op("Sigmoid", x))
+
+
+# -- recipes ------------------------------------------------------------------------------------
+
+#: Module paths per architecture, for node and parameter names. Block roles are relative to
+#: ``layer``; ``embed``, ``final`` and ``head`` are model-level.
+PATHS: dict[str, dict[str, str]] = {
+    "bert": {
+        "layer": "encoder/layer.{i}",
+        "attn": "attention/self",
+        "q": "attention/self/query",
+        "k": "attention/self/key",
+        "v": "attention/self/value",
+        "o": "attention/output/dense",
+        "norm1": "attention/output/LayerNorm",
+        "up": "intermediate/dense",
+        "down": "output/dense",
+        "norm2": "output/LayerNorm",
+        "embed": "embeddings",
+        "head": "classifier",
+    },
+    "vit": {
+        "layer": "encoder/layer.{i}",
+        "norm1": "norm1",
+        "attn": "attention/attention",
+        "q": "attention/attention/query",
+        "k": "attention/attention/key",
+        "v": "attention/attention/value",
+        "o": "attention/output/dense",
+        "ls1": "layer_scale1",
+        "norm2": "norm2",
+        "up": "mlp/fc1",
+        "down": "mlp/fc2",
+        "ls2": "layer_scale2",
+        "final": "layernorm",
+    },
+    "gpt2": {
+        "layer": "transformer/h.{i}",
+        "norm1": "ln_1",
+        "attn": "attn",
+        "qkv": "attn/c_attn",
+        "o": "attn/c_proj",
+        "norm2": "ln_2",
+        "up": "mlp/c_fc",
+        "down": "mlp/c_proj",
+        "embed": "transformer",
+        "final": "transformer/ln_f",
+    },
+    "llama": {
+        "layer": "model/layers.{i}",
+        "norm1": "input_layernorm",
+        "attn": "self_attn",
+        "q": "self_attn/q_proj",
+        "k": "self_attn/k_proj",
+        "v": "self_attn/v_proj",
+        "o": "self_attn/o_proj",
+        "norm2": "post_attention_layernorm",
+        "gate": "mlp/gate_proj",
+        "up": "mlp/up_proj",
+        "down": "mlp/down_proj",
+        "embed": "model/embed_tokens",
+        "final": "model/norm",
+    },
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that distinguishes one variant's graph.
+
+    Options (defaults describe a legacy-exported post-LN BERT):
+
+    - ``qkv``: ``separate`` projections, or one fused projection cut by ``split``, ``slice`` or
+      ``gather`` (on a ``(B, T, 3, H, dh)`` reshape).
+    - ``linear``: ``matmul`` (MatMul + Add), ``gemm_transb`` or ``gemm`` (see ``LinearForm``).
+    - ``encoding``: stored weight dtype, ``float32``, ``float16`` (+Cast) or ``int8`` (+Cast, Mul).
+    - ``shape_form``: head split/merge Reshape targets (see ``SHAPE_FORMS``).
+    - ``k_perm``: ``direct`` (K Transpose perm [0, 2, 3, 1]) or ``twice`` ([0, 2, 1, 3], then
+      [0, 1, 3, 2]).
+    - ``scale``: ``div_scores``, ``mul_scores`` or ``mul_qk`` (see ``scaled_scores``).
+    - ``mask``: ``padding_legacy`` (additive, Sub/Mul), ``padding_where_bias`` (additive bias from
+      Where, then the softmax NaN guard if ``nan_guard``), ``padding_where_scores`` (Where on the
+      scores), ``causal_where``, ``causal_add`` or ``none``.
+    - ``tokens``: ``ids`` (input_ids through an embedding table) or ``embeddings`` (a float
+      ``(B, T, d)`` input, as a ViT after its patch embedding).
+    """
+
+    family: str
+    style: Style
+    opset: int
+    d_model: int
+    n_heads: int
+    n_tokens: int
+    n_kv_heads: int | None = None
+    norm: str = "post"
+    norm_kind: str = "layernorm"
+    fused_ln: bool = True
+    qkv: str = "separate"
+    linear: str = "matmul"
+    encoding: str = "float32"
+    shape_form: str = "dynamic"
+    k_perm: str = "direct"
+    scale: str = "div_scores"
+    mask: str = "padding_legacy"
+    nan_guard: bool = False
+    rope: bool = False
+    layer_scale: bool = False
+    biases: bool = True
+    activation: str = "gelu"
+    tokens: str = "ids"
+    n_layers: int = 2
+    d_ff: int = 48
+    eps: float = 1e-5
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    def path(self, role: str, layer: int | None = None) -> str:
+        """The module path of ``role`` (in block ``layer`` for block roles)."""
+        paths = PATHS[self.family]
+        if layer is None:
+            return paths[role]
+        block = paths["layer"].format(i=layer)
+        return block if role == "layer" else f"{block}/{paths[role]}"
+
+
+# -- parameters ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Norm:
+    """Norm parameters (float32); ``beta`` is None for RMSNorm."""
+
+    gamma: np.ndarray
+    beta: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class BlockParams:
+    """One block's float32 parameters, ``(in, out)`` matrices; biases None when absent."""
+
+    W_Q: np.ndarray
+    W_K: np.ndarray
+    W_V: np.ndarray
+    W_O: np.ndarray
+    b_Q: np.ndarray | None
+    b_K: np.ndarray | None
+    b_V: np.ndarray | None
+    b_O: np.ndarray | None
+    norm1: Norm
+    norm2: Norm
+    ls1: np.ndarray | None
+    ls2: np.ndarray | None
+    W_up: np.ndarray
+    b_up: np.ndarray | None
+    W_down: np.ndarray
+    b_down: np.ndarray | None
+    W_gate: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """Everything drawn from the seed, before any graph is built."""
+
+    feeds: dict[str, np.ndarray]
+    word: np.ndarray | None
+    position: np.ndarray | None
+    embed_norm: Norm | None
+    blocks: list[BlockParams]
+    final_norm: Norm | None
+    head: tuple[np.ndarray, np.ndarray]
+    value_table: np.ndarray
+    memory: np.ndarray
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
+    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(np.float32)
+
+
+def _draw_norm(rng: np.random.Generator, r: Recipe) -> Norm:
+    """gamma near 1 and beta near 0 (no beta for RMSNorm)."""
+    gamma = (1 + _normal(rng, (r.d_model,), 0.1)).astype(np.float32)
+    beta = _normal(rng, (r.d_model,), 0.1) if r.norm_kind == "layernorm" else None
+    return Norm(gamma, beta)
+
+
+def _draw_block(rng: np.random.Generator, r: Recipe) -> BlockParams:
+    """Matrices with entries of variance 1/fan-in, so that scores stay of order one."""
+    d, width, kv_width = r.d_model, r.n_heads * r.d_head, r.kv_heads * r.d_head
+
+    def matrix(n_in: int, n_out: int) -> np.ndarray:
+        return _normal(rng, (n_in, n_out), n_in**-0.5)
+
+    def bias(n: int) -> np.ndarray | None:
+        return _normal(rng, (n,), 0.1) if r.biases else None
+
+    return BlockParams(
+        W_Q=matrix(d, width),
+        W_K=matrix(d, kv_width),
+        W_V=matrix(d, kv_width),
+        W_O=matrix(width, d),
+        b_Q=bias(width),
+        b_K=bias(kv_width),
+        b_V=bias(kv_width),
+        b_O=bias(d),
+        norm1=_draw_norm(rng, r),
+        norm2=_draw_norm(rng, r),
+        ls1=(0.5 + _normal(rng, (d,), 0.1)) if r.layer_scale else None,
+        ls2=(0.5 + _normal(rng, (d,), 0.1)) if r.layer_scale else None,
+        W_up=matrix(d, r.d_ff),
+        b_up=bias(r.d_ff),
+        W_down=matrix(r.d_ff, d),
+        b_down=bias(d),
+        W_gate=matrix(d, r.d_ff) if r.activation == "swiglu" else None,
+    )
+
+
+def _draw_feeds(rng: np.random.Generator, r: Recipe) -> dict[str, np.ndarray]:
+    """Batch-2 inputs; with a padding mask the second sequence's last two tokens are padding."""
+    shape = (BATCH, r.n_tokens)
+    if r.tokens == "embeddings":
+        return {"embeddings": _normal(rng, (*shape, r.d_model), 1.0)}
+    feeds = {"input_ids": rng.integers(0, VOCAB, shape, dtype=np.int64)}
+    if r.mask.startswith("padding"):
+        mask = np.ones(shape, dtype=np.int64)
+        mask[1, -2:] = 0
+        feeds["attention_mask"] = mask
+    return feeds
+
+
+def draw_model(r: Recipe, seed: int) -> ModelParams:
+    """Every parameter and feed of recipe ``r``, drawn in a fixed order from ``seed``.
+
+    A near miss is drawn from its base variant's recipe, so it shares that variant's weights for
+    the same seed. The classifier head, the constant value table and the second token input are
+    always drawn and used only by the near misses that need them.
+    """
+    rng = np.random.default_rng(seed)
+    feeds = _draw_feeds(rng, r)
+    word = _normal(rng, (VOCAB, r.d_model), 1.0)
+    position = _normal(rng, (r.n_tokens, r.d_model), 0.3)
+    embed_norm = _draw_norm(rng, r)
+    blocks = [_draw_block(rng, r) for _ in range(r.n_layers)]
+    final_norm = _draw_norm(rng, r)
+    head = (_normal(rng, (r.d_model, N_CLASSES), r.d_model**-0.5), _normal(rng, (N_CLASSES,), 0.1))
+    value_table = _normal(rng, (1, r.n_heads, r.n_tokens, r.d_head), 1.0)
+    memory = _normal(rng, (BATCH, r.n_tokens, r.d_model), 1.0)
+    ids = r.tokens == "ids"
+    return ModelParams(
+        feeds=feeds,
+        word=word if ids else None,
+        position=position if ids and r.family in ("bert", "gpt2") else None,
+        embed_norm=embed_norm if ids and r.norm == "post" else None,
+        blocks=blocks,
+        final_norm=final_norm if r.norm == "pre" else None,
+        head=head,
+        value_table=value_table,
+        memory=memory,
+    )

@@ -34,13 +34,18 @@ from onnx import numpy_helper
 from tests.importers._builder_parts import (
     DYNAMO,
     LEGACY,
+    N_CLASSES,
+    BlockParams,
     Graph,
     LinearForm,
     Mask,
-    Style,
+    ModelParams,
+    Norm,
+    Recipe,
     apply_mask,
     attention_probs,
     causal_mask,
+    draw_model,
     effective,
     emit_weight,
     expand_kv,
@@ -62,6 +67,7 @@ from tests.importers._builder_parts import (
 
 __all__ = [
     "NEAR_MISSES",
+    "NEAR_MISS_SPECS",
     "RECIPES",
     "VARIANTS",
     "Assembly",
@@ -76,11 +82,6 @@ __all__ = [
 ]
 
 F64 = np.ndarray
-
-#: Batch size of every feed; the batch axis itself is dynamic.
-BATCH = 2
-VOCAB = 50
-N_CLASSES = 3
 
 
 # -- the contract -----------------------------------------------------------------------------
@@ -134,134 +135,7 @@ class NearMiss:
     description: str
 
 
-# -- recipes ------------------------------------------------------------------------------------
-
-#: Module paths per architecture, for node and parameter names. Block roles are relative to
-#: ``layer``; ``embed``, ``final`` and ``head`` are model-level.
-PATHS: dict[str, dict[str, str]] = {
-    "bert": {
-        "layer": "encoder/layer.{i}",
-        "attn": "attention/self",
-        "q": "attention/self/query",
-        "k": "attention/self/key",
-        "v": "attention/self/value",
-        "o": "attention/output/dense",
-        "norm1": "attention/output/LayerNorm",
-        "up": "intermediate/dense",
-        "down": "output/dense",
-        "norm2": "output/LayerNorm",
-        "embed": "embeddings",
-        "head": "classifier",
-    },
-    "vit": {
-        "layer": "encoder/layer.{i}",
-        "norm1": "norm1",
-        "attn": "attention/attention",
-        "q": "attention/attention/query",
-        "k": "attention/attention/key",
-        "v": "attention/attention/value",
-        "o": "attention/output/dense",
-        "ls1": "layer_scale1",
-        "norm2": "norm2",
-        "up": "mlp/fc1",
-        "down": "mlp/fc2",
-        "ls2": "layer_scale2",
-        "final": "layernorm",
-    },
-    "gpt2": {
-        "layer": "transformer/h.{i}",
-        "norm1": "ln_1",
-        "attn": "attn",
-        "qkv": "attn/c_attn",
-        "o": "attn/c_proj",
-        "norm2": "ln_2",
-        "up": "mlp/c_fc",
-        "down": "mlp/c_proj",
-        "embed": "transformer",
-        "final": "transformer/ln_f",
-    },
-    "llama": {
-        "layer": "model/layers.{i}",
-        "norm1": "input_layernorm",
-        "attn": "self_attn",
-        "q": "self_attn/q_proj",
-        "k": "self_attn/k_proj",
-        "v": "self_attn/v_proj",
-        "o": "self_attn/o_proj",
-        "norm2": "post_attention_layernorm",
-        "gate": "mlp/gate_proj",
-        "up": "mlp/up_proj",
-        "down": "mlp/down_proj",
-        "embed": "model/embed_tokens",
-        "final": "model/norm",
-    },
-}
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Everything that distinguishes one variant's graph.
-
-    Options (defaults describe a legacy-exported post-LN BERT):
-
-    - ``qkv``: ``separate`` projections, or one fused projection cut by ``split``, ``slice`` or
-      ``gather`` (on a ``(B, T, 3, H, dh)`` reshape).
-    - ``linear``: ``matmul`` (MatMul + Add) or ``gemm_transb`` (Gemm on a 2-D reshape).
-    - ``encoding``: stored weight dtype, ``float32``, ``float16`` (+Cast) or ``int8`` (+Cast, Mul).
-    - ``shape_form``: head split/merge Reshape targets (see ``_builder_parts.SHAPE_FORMS``).
-    - ``k_perm``: ``direct`` (K Transpose perm [0, 2, 3, 1]) or ``twice`` ([0, 2, 1, 3], then
-      [0, 1, 3, 2]).
-    - ``scale``: ``div_scores``, ``mul_scores`` or ``mul_qk`` (see ``scaled_scores``).
-    - ``mask``: ``padding_legacy`` (additive, Sub/Mul), ``padding_where_bias`` (additive bias from
-      Where, then the softmax NaN guard if ``nan_guard``), ``padding_where_scores`` (Where on the
-      scores), ``causal_where``, ``causal_add`` or ``none``.
-    - ``tokens``: ``ids`` (input_ids through an embedding table) or ``embeddings`` (a float
-      ``(B, T, d)`` input, as a ViT after its patch embedding).
-    """
-
-    family: str
-    style: Style
-    opset: int
-    d_model: int
-    n_heads: int
-    n_tokens: int
-    n_kv_heads: int | None = None
-    norm: str = "post"
-    norm_kind: str = "layernorm"
-    fused_ln: bool = True
-    qkv: str = "separate"
-    linear: str = "matmul"
-    encoding: str = "float32"
-    shape_form: str = "dynamic"
-    k_perm: str = "direct"
-    scale: str = "div_scores"
-    mask: str = "padding_legacy"
-    nan_guard: bool = False
-    rope: bool = False
-    layer_scale: bool = False
-    biases: bool = True
-    activation: str = "gelu"
-    tokens: str = "ids"
-    n_layers: int = 2
-    d_ff: int = 48
-    eps: float = 1e-5
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_heads or self.n_heads
-
-    @property
-    def d_head(self) -> int:
-        return self.d_model // self.n_heads
-
-    def path(self, role: str, layer: int | None = None) -> str:
-        """The module path of ``role`` (in block ``layer`` for block roles)."""
-        paths = PATHS[self.family]
-        if layer is None:
-            return paths[role]
-        block = paths["layer"].format(i=layer)
-        return block if role == "layer" else f"{block}/{paths[role]}"
-
+# -- the variants -----------------------------------------------------------------------------
 
 _BERT_LEGACY = Recipe(family="bert", style=LEGACY, opset=17, d_model=24, n_heads=4, n_tokens=6)
 _BERT_DYNAMO = replace(
@@ -312,6 +186,7 @@ RECIPES: dict[str, Recipe] = {
     "gpt2_fused_qkv": _GPT2,
     "gpt2_slice_qkv": replace(_GPT2, style=LEGACY, qkv="slice", d_model=16, n_heads=2, n_tokens=7),
     "gpt2_gather_qkv": replace(_GPT2, qkv="gather", shape_form="zeros", d_model=24, n_heads=3),
+    "gpt2_gemm_conv1d": replace(_GPT2, style=LEGACY, linear="gemm", d_model=24, n_tokens=5),
     "gemm_transb": replace(_BERT_LEGACY, linear="gemm_transb", d_model=32, n_tokens=7),
     "llama_rmsnorm_rope_gqa": replace(
         _GPT2,
@@ -345,369 +220,271 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
-# -- parameters ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Norm:
-    """Norm parameters (float32); ``beta`` is None for RMSNorm."""
-
-    gamma: np.ndarray
-    beta: np.ndarray | None
-
-
-@dataclass(frozen=True)
-class BlockParams:
-    """One block's float32 parameters, ``(in, out)`` matrices; biases None when absent."""
-
-    W_Q: np.ndarray
-    W_K: np.ndarray
-    W_V: np.ndarray
-    W_O: np.ndarray
-    b_Q: np.ndarray | None
-    b_K: np.ndarray | None
-    b_V: np.ndarray | None
-    b_O: np.ndarray | None
-    norm1: Norm
-    norm2: Norm
-    ls1: np.ndarray | None
-    ls2: np.ndarray | None
-    W_up: np.ndarray
-    b_up: np.ndarray | None
-    W_down: np.ndarray
-    b_down: np.ndarray | None
-    W_gate: np.ndarray | None
-
-
-@dataclass(frozen=True)
-class ModelParams:
-    """Everything drawn from the seed, before any graph is built."""
-
-    feeds: dict[str, np.ndarray]
-    word: np.ndarray | None
-    position: np.ndarray | None
-    embed_norm: Norm | None
-    blocks: list[BlockParams]
-    final_norm: Norm | None
-    head: tuple[np.ndarray, np.ndarray]
-    value_table: np.ndarray
-    memory: np.ndarray
-
-
-def _normal(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
-    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(np.float32)
-
-
-def _draw_norm(rng: np.random.Generator, r: Recipe) -> Norm:
-    gamma = (1 + _normal(rng, (r.d_model,), 0.1)).astype(np.float32)
-    beta = _normal(rng, (r.d_model,), 0.1) if r.norm_kind == "layernorm" else None
-    return Norm(gamma, beta)
-
-
-def _draw_block(rng: np.random.Generator, r: Recipe) -> BlockParams:
-    d, width, kv_width = r.d_model, r.n_heads * r.d_head, r.kv_heads * r.d_head
-
-    def matrix(n_in: int, n_out: int) -> np.ndarray:
-        return _normal(rng, (n_in, n_out), n_in**-0.5)
-
-    def bias(n: int) -> np.ndarray | None:
-        return _normal(rng, (n,), 0.1) if r.biases else None
-
-    return BlockParams(
-        W_Q=matrix(d, width),
-        W_K=matrix(d, kv_width),
-        W_V=matrix(d, kv_width),
-        W_O=matrix(width, d),
-        b_Q=bias(width),
-        b_K=bias(kv_width),
-        b_V=bias(kv_width),
-        b_O=bias(d),
-        norm1=_draw_norm(rng, r),
-        norm2=_draw_norm(rng, r),
-        ls1=(0.5 + _normal(rng, (d,), 0.1)) if r.layer_scale else None,
-        ls2=(0.5 + _normal(rng, (d,), 0.1)) if r.layer_scale else None,
-        W_up=matrix(d, r.d_ff),
-        b_up=bias(r.d_ff),
-        W_down=matrix(r.d_ff, d),
-        b_down=bias(d),
-        W_gate=matrix(d, r.d_ff) if r.activation == "swiglu" else None,
-    )
-
-
-def _draw_feeds(rng: np.random.Generator, r: Recipe) -> dict[str, np.ndarray]:
-    shape = (BATCH, r.n_tokens)
-    if r.tokens == "embeddings":
-        return {"embeddings": _normal(rng, (*shape, r.d_model), 1.0)}
-    feeds = {"input_ids": rng.integers(0, VOCAB, shape, dtype=np.int64)}
-    if r.mask.startswith("padding"):
-        mask = np.ones(shape, dtype=np.int64)
-        mask[1, -2:] = 0
-        feeds["attention_mask"] = mask
-    return feeds
-
-
-def _draw_model(r: Recipe, seed: int) -> ModelParams:
-    rng = np.random.default_rng(seed)
-    feeds = _draw_feeds(rng, r)
-    word = _normal(rng, (VOCAB, r.d_model), 1.0)
-    position = _normal(rng, (r.n_tokens, r.d_model), 0.3)
-    embed_norm = _draw_norm(rng, r)
-    blocks = [_draw_block(rng, r) for _ in range(r.n_layers)]
-    final_norm = _draw_norm(rng, r)
-    head = (_normal(rng, (r.d_model, N_CLASSES), r.d_model**-0.5), _normal(rng, (N_CLASSES,), 0.1))
-    value_table = _normal(rng, (1, r.n_heads, r.n_tokens, r.d_head), 1.0)
-    memory = _normal(rng, (BATCH, r.n_tokens, r.d_model), 1.0)
-    ids = r.tokens == "ids"
-    return ModelParams(
-        feeds=feeds,
-        word=word if ids else None,
-        position=position if ids and r.family in ("bert", "gpt2") else None,
-        embed_norm=embed_norm if ids and r.norm == "post" else None,
-        blocks=blocks,
-        final_norm=final_norm if r.norm == "pre" else None,
-        head=head,
-        value_table=value_table,
-        memory=memory,
-    )
-
-
 # -- graph assembly -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class _Context:
-    """Model-level tensors the attention blocks share."""
+class _Shared:
+    """Model-level tensors every attention block reads."""
 
     mask: Mask | None
     rope: tuple[str, str] | None
     memory: str | None
-    value_table: np.ndarray
 
 
-def _form(r: Recipe) -> LinearForm:
-    return LinearForm(r.linear, r.encoding, r.shape_form)
+class _Assembler:
+    """Emits one model from its recipe and drawn parameters; ``brk`` breaks block 0 only.
 
+    ``weight_names[i]`` maps ``q``/``k``/``v``/``o`` to the tensor block ``i``'s projection
+    MatMul reads as its weight (the initializer itself for float32 weights).
+    """
 
-def _norm(g: Graph, x: str, norm: Norm, r: Recipe) -> str:
-    if r.norm_kind == "rmsnorm":
-        return rms_norm(g, x, norm.gamma, eps=r.eps)
-    return layer_norm(g, x, norm.gamma, norm.beta, fused=r.fused_ln, eps=r.eps)
+    def __init__(self, r: Recipe, m: ModelParams, brk: str | None) -> None:
+        self.r, self.m, self.brk = r, m, brk
+        self.g = Graph(r.style, r.opset)
+        self.form = LinearForm(r.linear, r.encoding)
+        self.broken: str | None = None
+        self.weight_names: list[dict[str, str]] = []
 
+    def build(self) -> onnx.ModelProto:
+        g, r, m = self.g, self.r, self.m
+        x = self._embed()
+        self.shared = self._shared()
+        for i, p in enumerate(m.blocks):
+            self.broken = self.brk if i == 0 else None
+            self.weight_names.append({})
+            x = self._block(x, i, p)
+        if m.final_norm is not None:
+            with g.at(r.path("final")):
+                x = self._norm(x, m.final_norm)
+        g.rename_output(x, "last_hidden_state")
+        g.output("last_hidden_state", ["batch", r.n_tokens, r.d_model])
+        if self.brk == "not_qk_product":
+            self._classifier_head("last_hidden_state")
+        return g.build()
 
-def _embed(g: Graph, r: Recipe, m: ModelParams) -> str:
-    if r.tokens == "embeddings":
-        return g.input("embeddings", m.feeds["embeddings"], ["batch", r.n_tokens, r.d_model])
-    ids = g.input("input_ids", m.feeds["input_ids"], ["batch", r.n_tokens])
-    with g.at(r.path("embed")):
-        x = g.op("Gather", g.weight(m.word, leaf="word_embeddings.weight"), ids)
-        if m.position is not None:
-            x = g.op("Add", x, g.weight(m.position, leaf="position_embeddings.weight"))
-    if m.embed_norm is None:
-        return x
-    with g.at(f"{r.path('embed')}/LayerNorm"):
-        return _norm(g, x, m.embed_norm, r)
+    # -- model level ---------------------------------------------------------------------------
 
+    def _norm(self, x: str, norm: Norm) -> str:
+        if self.r.norm_kind == "rmsnorm":
+            return rms_norm(self.g, x, norm.gamma, eps=self.r.eps)
+        return layer_norm(self.g, x, norm.gamma, norm.beta, fused=self.r.fused_ln, eps=self.r.eps)
 
-def _mask(g: Graph, r: Recipe, feeds: dict[str, np.ndarray]) -> Mask | None:
-    if r.mask == "none":
-        return None
-    if r.mask.startswith("causal"):
-        return causal_mask(g, r.n_tokens, "where" if r.mask == "causal_where" else "add")
-    ids = g.input("attention_mask", feeds["attention_mask"], ["batch", r.n_tokens])
-    if r.mask == "padding_legacy":
-        return padding_bias_legacy(g, ids)
-    if r.mask == "padding_where_bias":
-        return padding_bias_where(g, ids)
-    return Mask("where", padding_bool(g, ids))
+    def _embed(self) -> str:
+        g, r, m = self.g, self.r, self.m
+        if r.tokens == "embeddings":
+            return g.input("embeddings", m.feeds["embeddings"], ["batch", r.n_tokens, r.d_model])
+        ids = g.input("input_ids", m.feeds["input_ids"], ["batch", r.n_tokens])
+        with g.at(r.path("embed")):
+            x = g.op("Gather", g.weight(m.word, leaf="word_embeddings.weight"), ids)
+            if m.position is not None:
+                x = g.op("Add", x, g.weight(m.position, leaf="position_embeddings.weight"))
+        if m.embed_norm is None:
+            return x
+        with g.at(f"{r.path('embed')}/LayerNorm"):
+            return self._norm(x, m.embed_norm)
 
+    def _mask(self) -> Mask | None:
+        g, r = self.g, self.r
+        if r.mask == "none":
+            return None
+        if r.mask.startswith("causal"):
+            return causal_mask(g, r.n_tokens, "where" if r.mask == "causal_where" else "add")
+        ids = g.input("attention_mask", self.m.feeds["attention_mask"], ["batch", r.n_tokens])
+        if r.mask == "padding_legacy":
+            return padding_bias_legacy(g, ids)
+        if r.mask == "padding_where_bias":
+            return padding_bias_where(g, ids)
+        return Mask("where", padding_bool(g, ids))
 
-def _context(g: Graph, r: Recipe, m: ModelParams, brk: str | None) -> _Context:
-    mask = _mask(g, r, m.feeds)
-    tables = None
-    if r.rope:
-        with g.at("model/rotary_emb"):
-            angles = g.const(rope_angles(r.n_tokens, r.d_head))
-            tables = (g.op("Cos", angles), g.op("Sin", angles))
-    memory = None
-    if brk == "kv_from_other_input":
-        memory = g.input("encoder_hidden_states", m.memory, ["batch", r.n_tokens, r.d_model])
-    return _Context(mask, tables, memory, m.value_table)
+    def _shared(self) -> _Shared:
+        g, r = self.g, self.r
+        tables = None
+        if r.rope:
+            with g.at("model/rotary_emb"):
+                angles = g.const(rope_angles(r.n_tokens, r.d_head))
+                tables = (g.op("Cos", angles), g.op("Sin", angles))
+        memory = None
+        if self.brk == "kv_from_other_input":
+            dims = ["batch", r.n_tokens, r.d_model]
+            memory = g.input("encoder_hidden_states", self.m.memory, dims)
+        return _Shared(self._mask(), tables, memory)
 
+    def _classifier_head(self, x: str) -> None:
+        """Softmax(x_cls W + b): a Softmax whose input is not a query-key product."""
+        g, (W, b) = self.g, self.m.head
+        with g.at(self.r.path("head")):
+            cls = g.op("Gather", x, g.const(0, np.int64), axis=1)
+            logits = g.op("Add", g.op("MatMul", cls, g.weight(W)), g.weight(b, leaf="bias"))
+            g.rename_output(g.op("Softmax", logits, axis=-1), "probabilities")
+        g.output("probabilities", ["batch", N_CLASSES])
 
-def _weight_source(g: Graph, W: np.ndarray, role: str, r: Recipe, brk: str | None) -> str | None:
-    """The stored projection weight (None: ``linear`` stores it, as Gemm does)."""
-    if role == "q" and brk == "q_weight_not_constant":
-        return g.input("query_weight", W, list(W.shape))
-    if role == "q" and brk == "int8_scale_not_constant":
-        return emit_weight(g, W, "int8", scale_input="query_weight_scale")
-    return emit_weight(g, W, r.encoding) if r.linear == "matmul" else None
+    # -- one block -----------------------------------------------------------------------------
 
-
-def _project(
-    g: Graph, x: str, i: int, p: BlockParams, r: Recipe, ctx: _Context, brk: str | None
-) -> tuple[list[str | None], dict[str, str]]:
-    """Q, K, V projections ``(B, T, width)``; V is None when it is a constant (near miss)."""
-    if r.qkv != "separate":
-        return _project_fused(g, x, i, p, r, brk), {}
-    kv_input = ctx.memory or x
-    outputs: list[str | None] = []
-    names: dict[str, str] = {}
-    for role, W, b, source in (
-        ("q", p.W_Q, p.b_Q, x),
-        ("k", p.W_K, p.b_K, kv_input),
-        ("v", p.W_V, p.b_V, kv_input),
-    ):
-        if role == "v" and brk == "value_not_projected":
-            outputs.append(None)
-            continue
-        with g.at(r.path(role, i)):
-            stored = _weight_source(g, W, role, r, brk)
-            names[role] = stored or ""
-            outputs.append(linear(g, source, W, b, _form(r), weight=stored))
-    return outputs, names
-
-
-def _project_fused(
-    g: Graph, x: str, i: int, p: BlockParams, r: Recipe, brk: str | None
-) -> list[str]:
-    W = np.concatenate([p.W_Q, p.W_K, p.W_V], axis=1)
-    b = np.concatenate([p.b_Q, p.b_K, p.b_V]) if r.biases else None
-    with g.at(r.path("qkv", i)):
-        qkv = linear(g, x, W, b, _form(r))
-    widths, how = [p.W_Q.shape[1], p.W_K.shape[1], p.W_V.shape[1]], r.qkv
-    if brk == "qkv_split_axis":
-        widths, how = [r.n_tokens // 3] * 3, "split_tokens"
-    with g.at(r.path("attn", i)):
-        return split_fused(g, qkv, widths, how, (r.n_heads, r.d_head))
-
-
-def _heads(
-    g: Graph, t: str, n_heads: int, r: Recipe, brk: str | None, perm: tuple[int, ...]
-) -> str:
-    """Head split of one projection; ``gather`` projections are already ``(B, T, H, dh)``."""
-    if r.qkv == "gather":
-        return g.op("Transpose", t, perm=list(perm))
-    if brk == "head_reshape_mismatch":
-        return split_heads(g, t, n_heads, r.d_head // 2, "infer", perm)
-    return split_heads(g, t, n_heads, r.d_head, r.shape_form, perm)
-
-
-def _keys(g: Graph, k: str, r: Recipe, ctx: _Context, brk: str | None) -> str:
-    """``(B, H, dh, T)`` keys from the projection: transpose, RoPE, GQA expansion."""
-    if brk == "k_not_transposed":
-        return _heads(g, k, r.kv_heads, r, brk, (0, 2, 1, 3))
-    if r.k_perm == "direct":
-        return _heads(g, k, r.kv_heads, r, brk, (0, 2, 3, 1))
-    k = _heads(g, k, r.kv_heads, r, brk, (0, 2, 1, 3))
-    if ctx.rope:
-        k = rope(g, k, *ctx.rope, r.d_head)
-    if r.kv_heads != r.n_heads:
-        k = expand_kv(g, k, r.n_heads, r.kv_heads, r.d_head)
-    return g.op("Transpose", k, perm=[0, 1, 3, 2])
-
-
-def _values(g: Graph, v: str | None, r: Recipe, ctx: _Context, brk: str | None) -> str:
-    if v is None:
-        return g.weight(ctx.value_table)
-    v = _heads(g, v, r.kv_heads, r, brk, (0, 2, 1, 3))
-    return expand_kv(g, v, r.n_heads, r.kv_heads, r.d_head) if r.kv_heads != r.n_heads else v
-
-
-def _scores(g: Graph, q: str, k_t: str, r: Recipe, brk: str | None) -> str:
-    if brk != "score_scale_not_constant":
-        return scaled_scores(g, q, k_t, r.d_head, r.scale)
-    data_scale = g.op("Reciprocal", g.op("ReduceMax", g.op("Abs", q), keepdims=0))
-    return g.op("Mul", g.op("MatMul", q, k_t), data_scale)
-
-
-def _attend(g: Graph, probs: str, v: str, brk: str | None) -> str:
-    if brk == "value_matmul_missing":
-        return g.op("Mul", g.op("ReduceSum", probs, g.ints(-1), keepdims=1), v)
-    return g.op("MatMul", probs, v)
-
-
-def _attention(
-    g: Graph, x: str, i: int, p: BlockParams, r: Recipe, ctx: _Context, brk: str | None
-) -> tuple[str, dict[str, str]]:
-    """The attention sub-block up to and including the output projection ``(B, T, d)``."""
-    (q, k, v), names = _project(g, x, i, p, r, ctx, brk)
-    with g.at(r.path("attn", i)):
-        q = _heads(g, q, r.n_heads, r, brk, (0, 2, 1, 3))
-        if ctx.rope:
-            q = rope(g, q, *ctx.rope, r.d_head)
-        scores = apply_mask(g, _scores(g, q, _keys(g, k, r, ctx, brk), r, brk), ctx.mask)
-        probs = attention_probs(
-            g, scores, axis=1 if brk == "softmax_axis" else -1, nan_guard=r.nan_guard
-        )
-        context = _attend(g, probs, _values(g, v, r, ctx, brk), brk)
-        shape_form = "infer" if brk == "head_reshape_mismatch" else r.shape_form
-        merged = merge_heads(g, context, r.n_heads * r.d_head, shape_form)
-    if brk == "no_output_projection":
-        return merged, names
-    with g.at(r.path("o", i)):
-        stored = emit_weight(g, p.W_O, r.encoding) if r.linear == "matmul" else None
-        names["o"] = stored or ""
-        return linear(g, merged, p.W_O, p.b_O, _form(r), weight=stored), names
-
-
-def _mlp(g: Graph, x: str, i: int, p: BlockParams, r: Recipe) -> str:
-    with g.at(r.path("up", i)):
-        up = linear(g, x, p.W_up, p.b_up, _form(r))
-        if p.W_gate is None:
-            hidden = gelu(g, up)
-    if p.W_gate is not None:
-        with g.at(r.path("gate", i)):
-            hidden = g.op("Mul", silu(g, linear(g, x, p.W_gate, None, _form(r))), up)
-    with g.at(r.path("down", i)):
-        return linear(g, hidden, p.W_down, p.b_down, _form(r))
-
-
-def _scaled(g: Graph, x: str, scale: np.ndarray | None, path: str) -> str:
-    if scale is None:
-        return x
-    with g.at(path):
-        return g.op("Mul", x, g.weight(scale, leaf="lambda1"))
-
-
-def _block(
-    g: Graph, x: str, i: int, p: BlockParams, r: Recipe, ctx: _Context, brk: str | None
-) -> tuple[str, dict[str, str]]:
-    """One transformer block: pre-LN ``x + ls*attn(N(x))`` or post-LN ``N(x + attn(x))``, + MLP."""
-    if r.norm == "post":
-        attended, names = _attention(g, x, i, p, r, ctx, brk)
+    def _block(self, x: str, i: int, p: BlockParams) -> str:
+        """Post-LN ``N2(h + mlp(h)), h = N1(x + attn(x))`` or pre-LN ``h + ls2 mlp(N2(h)),
+        h = x + ls1 attn(N1(x))``."""
+        g, r = self.g, self.r
+        if r.norm == "post":
+            attended = self._attention(x, i, p)
+            with g.at(r.path("norm1", i)):
+                h = self._norm(g.op("Add", attended, x), p.norm1)
+            update = self._mlp(h, i, p)
+            with g.at(r.path("norm2", i)):
+                return self._norm(g.op("Add", update, h), p.norm2)
         with g.at(r.path("norm1", i)):
-            h = _norm(g, g.op("Add", attended, x), p.norm1, r)
+            normed = self._norm(x, p.norm1)
+        attended = self._scaled(self._attention(normed, i, p), p.ls1, "ls1", i)
+        with g.at(r.path("layer", i)):
+            h = g.op("Add", x, attended)
         with g.at(r.path("norm2", i)):
-            return _norm(g, g.op("Add", _mlp(g, h, i, p, r), h), p.norm2, r), names
-    with g.at(r.path("norm1", i)):
-        normed = _norm(g, x, p.norm1, r)
-    attended, names = _attention(g, normed, i, p, r, ctx, brk)
-    with g.at(r.path("layer", i)):
-        h = g.op(
-            "Add", x, _scaled(g, attended, p.ls1, r.path("ls1", i) if p.ls1 is not None else "")
-        )
-    with g.at(r.path("norm2", i)):
-        normed = _norm(g, h, p.norm2, r)
-    mlp = _scaled(g, _mlp(g, normed, i, p, r), p.ls2, r.path("ls2", i) if p.ls2 is not None else "")
-    with g.at(r.path("layer", i)):
-        return g.op("Add", h, mlp), names
+            normed = self._norm(h, p.norm2)
+        update = self._scaled(self._mlp(normed, i, p), p.ls2, "ls2", i)
+        with g.at(r.path("layer", i)):
+            return g.op("Add", h, update)
 
+    def _scaled(self, x: str, scale: np.ndarray | None, role: str, i: int) -> str:
+        """LayerScale: ``x * lambda`` when the recipe has it."""
+        if scale is None:
+            return x
+        with self.g.at(self.r.path(role, i)):
+            return self.g.op("Mul", x, self.g.weight(scale, leaf="lambda1"))
 
-def _classifier_head(g: Graph, x: str, r: Recipe, head: tuple[np.ndarray, np.ndarray]) -> None:
-    """Softmax(x_cls W + b): a Softmax whose input is not a Q-K product."""
-    with g.at(r.path("head")):
-        cls = g.op("Gather", x, g.const(0, np.int64), axis=1)
-        logits = g.op("Add", g.op("MatMul", cls, g.weight(head[0])), g.weight(head[1], leaf="bias"))
-        g.rename_output(g.op("Softmax", logits, axis=-1), "probabilities")
-    g.output("probabilities", ["batch", N_CLASSES])
+    def _mlp(self, x: str, i: int, p: BlockParams) -> str:
+        g, r = self.g, self.r
+        with g.at(r.path("up", i)):
+            up = linear(g, x, p.W_up, p.b_up, self.form)
+            if p.W_gate is None:
+                hidden = gelu(g, up)
+        if p.W_gate is not None:
+            with g.at(r.path("gate", i)):
+                hidden = g.op("Mul", silu(g, linear(g, x, p.W_gate, None, self.form)), up)
+        with g.at(r.path("down", i)):
+            return linear(g, hidden, p.W_down, p.b_down, self.form)
+
+    # -- attention -----------------------------------------------------------------------------
+
+    def _attention(self, x: str, i: int, p: BlockParams) -> str:
+        """The attention sub-block up to and including the output projection, ``(B, T, d)``."""
+        g, r, shared = self.g, self.r, self.shared
+        q, k, v = self._project(x, i, p)
+        with g.at(r.path("attn", i)):
+            q = self._heads(q, r.n_heads, (0, 2, 1, 3))
+            if shared.rope:
+                q = rope(g, q, *shared.rope, r.d_head)
+            scores = apply_mask(g, self._scores(q, self._keys(k)), shared.mask)
+            axis = 1 if self.broken == "softmax_axis" else -1
+            probs = attention_probs(g, scores, axis=axis, nan_guard=r.nan_guard)
+            context = self._attend(probs, self._values(v))
+            shape_form = "infer" if self.broken == "head_reshape_mismatch" else r.shape_form
+            merged = merge_heads(g, context, r.n_heads * r.d_head, shape_form)
+        if self.broken == "no_output_projection":
+            return merged
+        with g.at(r.path("o", i)):
+            return linear(g, merged, p.W_O, p.b_O, self.form, weight=self._stored(p.W_O, "o"))
+
+    def _stored(self, W: np.ndarray, role: str) -> str | None:
+        """Store projection ``role``'s weight and record its name (None: Gemm stores its own)."""
+        if role == "q" and self.broken == "q_weight_not_constant":
+            stored = self.g.input("query_weight", W, list(W.shape))
+        elif role == "q" and self.broken == "int8_scale_not_constant":
+            stored = emit_weight(self.g, W, "int8", scale_input="query_weight_scale")
+        elif self.r.linear == "matmul":
+            stored = emit_weight(self.g, W, self.r.encoding)
+        else:
+            return None
+        self.weight_names[-1][role] = stored
+        return stored
+
+    def _project(self, x: str, i: int, p: BlockParams) -> list[str | None]:
+        """Q, K, V ``(B, T, width)``; V is None when the near miss replaces it by a constant."""
+        if self.r.qkv != "separate":
+            return self._project_fused(x, i, p)
+        kv_input = self.shared.memory or x
+        outputs: list[str | None] = []
+        for role, W, b, source in (
+            ("q", p.W_Q, p.b_Q, x),
+            ("k", p.W_K, p.b_K, kv_input),
+            ("v", p.W_V, p.b_V, kv_input),
+        ):
+            if role == "v" and self.broken == "value_not_projected":
+                outputs.append(None)
+                continue
+            with self.g.at(self.r.path(role, i)):
+                stored = self._stored(W, role)
+                outputs.append(linear(self.g, source, W, b, self.form, weight=stored))
+        return outputs
+
+    def _project_fused(self, x: str, i: int, p: BlockParams) -> list[str]:
+        g, r = self.g, self.r
+        W = np.concatenate([p.W_Q, p.W_K, p.W_V], axis=1)
+        b = np.concatenate([p.b_Q, p.b_K, p.b_V]) if r.biases else None
+        with g.at(r.path("qkv", i)):
+            qkv = linear(g, x, W, b, self.form)
+        widths, how = [p.W_Q.shape[1], p.W_K.shape[1], p.W_V.shape[1]], r.qkv
+        if self.broken == "qkv_split_axis":
+            widths, how = [r.n_tokens // 3] * 3, "split_tokens"
+        with g.at(r.path("attn", i)):
+            return split_fused(g, qkv, widths, how, (r.n_heads, r.d_head))
+
+    def _heads(self, t: str, n_heads: int, perm: tuple[int, ...]) -> str:
+        """Head split of one projection; ``gather`` projections are already ``(B, T, H, dh)``."""
+        r = self.r
+        if r.qkv == "gather":
+            return self.g.op("Transpose", t, perm=list(perm))
+        if self.broken == "head_reshape_mismatch":
+            return split_heads(self.g, t, n_heads, r.d_head // 2, "infer", perm)
+        return split_heads(self.g, t, n_heads, r.d_head, r.shape_form, perm)
+
+    def _keys(self, k: str) -> str:
+        """``(B, H, dh, T)`` keys from the K projection: head split, RoPE, GQA, transpose."""
+        g, r = self.g, self.r
+        if self.broken == "k_not_transposed":
+            return self._heads(k, r.kv_heads, (0, 2, 1, 3))
+        if r.k_perm == "direct":
+            return self._heads(k, r.kv_heads, (0, 2, 3, 1))
+        k = self._heads(k, r.kv_heads, (0, 2, 1, 3))
+        if self.shared.rope:
+            k = rope(g, k, *self.shared.rope, r.d_head)
+        return g.op("Transpose", self._grouped(k), perm=[0, 1, 3, 2])
+
+    def _values(self, v: str | None) -> str:
+        if v is None:
+            return self.g.weight(self.m.value_table)
+        return self._grouped(self._heads(v, self.r.kv_heads, (0, 2, 1, 3)))
+
+    def _grouped(self, t: str) -> str:
+        """Expand ``(B, Hkv, T, dh)`` to all query heads when there are fewer kv heads."""
+        r = self.r
+        if r.kv_heads == r.n_heads:
+            return t
+        return expand_kv(self.g, t, r.n_heads, r.kv_heads, r.d_head)
+
+    def _scores(self, q: str, k_t: str) -> str:
+        g = self.g
+        if self.broken != "score_scale_not_constant":
+            return scaled_scores(g, q, k_t, self.r.d_head, self.r.scale)
+        data_scale = g.op("Reciprocal", g.op("ReduceMax", g.op("Abs", q), keepdims=0))
+        return g.op("Mul", g.op("MatMul", q, k_t), data_scale)
+
+    def _attend(self, probs: str, v: str) -> str:
+        g = self.g
+        if self.broken == "value_matmul_missing":
+            return g.op("Mul", g.op("ReduceSum", probs, g.ints(-1), keepdims=1), v)
+        return g.op("MatMul", probs, v)
 
 
 # -- expected values ----------------------------------------------------------------------------
 
 
+def _encodings(r: Recipe) -> tuple[str, str]:
+    """How matrices and biases are stored (Gemm variants store float32; int8 biases stay float)."""
+    matrices = r.encoding if r.linear == "matmul" else "float32"
+    return matrices, "float32" if matrices == "int8" else matrices
+
+
 def _expected(i: int, p: BlockParams, r: Recipe) -> ExpectedBlock:
-    enc = r.encoding if r.linear == "matmul" else "float32"
-    bias_enc = "float32" if enc == "int8" else enc
+    enc, bias_enc = _encodings(r)
     return ExpectedBlock(
         index=i,
         n_heads=r.n_heads,
@@ -748,8 +525,11 @@ class MlpReference:
 class Reference:
     """What a NumPy forward pass needs besides the ``ExpectedBlock`` weights.
 
-    ``mask``: the ``Recipe.mask`` kind; ``rope_angles``: ``(T, dh)`` rotary angles or None;
-    ``output``: the graph output holding the last hidden state ``(B, T, d)``.
+    ``recipe`` gives the norm kind and epsilon, the mask kind (``Recipe.mask``: padding keys from
+    the ``attention_mask`` feed, causal, or none) and the activation; ``rope_angles`` are the
+    ``(T, dh)`` rotary angles or None; ``output`` names the graph output holding the last hidden
+    state ``(B, T, d)``. Embedding, MLP and final-norm parameters are the float64 values the graph
+    computes with.
     """
 
     recipe: Recipe
@@ -771,8 +551,7 @@ def _norm64(norm: Norm | None) -> tuple[F64, F64 | None] | None:
 
 
 def _mlp_reference(p: BlockParams, r: Recipe) -> MlpReference:
-    enc = r.encoding if r.linear == "matmul" else "float32"
-    bias_enc = "float32" if enc == "int8" else enc
+    enc, bias_enc = _encodings(r)
     return MlpReference(
         norm_gamma=_f64(p.norm2.gamma),
         norm_beta=_f64(p.norm2.beta),
@@ -802,8 +581,11 @@ def _reference(r: Recipe, m: ModelParams) -> Reference:
 
 @dataclass(frozen=True)
 class Assembly:
-    """A built variant with its reference data; ``weight_names`` maps, per block, ``q``/``k``/
-    ``v``/``o`` to the tensor the projection MatMul reads (the initializer for float32)."""
+    """A built variant with its reference data.
+
+    ``weight_names[i]`` maps ``q``/``k``/``v``/``o`` to the tensor block ``i``'s projection MatMul
+    reads as its weight (the initializer itself for float32 weights; empty for Gemm variants).
+    """
 
     built: Built
     reference: Reference
@@ -811,24 +593,12 @@ class Assembly:
 
 
 def _assemble(r: Recipe, seed: int, brk: str | None = None) -> Assembly:
-    m = _draw_model(r, seed)
-    g = Graph(r.style, r.opset)
-    x = _embed(g, r, m)
-    ctx = _context(g, r, m, brk)
-    names = []
-    for i, p in enumerate(m.blocks):
-        x, block_names = _block(g, x, i, p, r, ctx, brk if i == 0 else None)
-        names.append(block_names)
-    if m.final_norm is not None:
-        with g.at(r.path("final")):
-            x = _norm(g, x, m.final_norm, r)
-    g.rename_output(x, "last_hidden_state")
-    g.output("last_hidden_state", ["batch", r.n_tokens, r.d_model])
-    if brk == "not_qk_product":
-        _classifier_head(g, "last_hidden_state", r, m.head)
+    m = draw_model(r, seed)
+    assembler = _Assembler(r, m, brk)
+    model = assembler.build()
     blocks = [_expected(i, p, r) for i, p in enumerate(m.blocks)]
-    built = Built(model=g.build(), blocks=blocks, inputs=dict(g.feeds))
-    return Assembly(built, _reference(r, m), names)
+    built = Built(model=model, blocks=blocks, inputs=dict(assembler.g.feeds))
+    return Assembly(built, _reference(r, m), assembler.weight_names)
 
 
 def _dequantised(model: onnx.ModelProto, name: str) -> F64:
