@@ -1,0 +1,247 @@
+"""Read a matched attention block's weights as float64 arrays in the row-vector convention.
+
+Public API
+----------
+BlockWeights
+    W_Q, W_K, W_V, W_O, biases, the attention sub-block's norm parameters and LayerScale of one block,
+    plus the graph tensor names the audit needs (block input/output, residual, attention probabilities).
+block_weights
+    One :class:`~importers.patterns.AttentionBlock` → :class:`BlockWeights`.
+extract
+    Every block of a model, in depth order.
+linear_weights
+    One projection → ``(W, b)`` with ``y = x @ W + b`` (dequantised, Gemm ``transB``/``alpha``/``beta``
+    applied).
+
+Convention (paper-spec §3.3, §6.7): ``y = x @ W``; W_Q is (d_model, n_heads·d_head) with head h in
+columns ``h·d_head:(h+1)·d_head``; W_K and W_V are (d_model, n_kv_heads·d_head); W_O is
+(n_heads·d_head, d_model) with head h in the matching rows. Quantised weights are returned
+dequantised: int8 Cast→Mul and DequantizeLinear are folded exactly as the graph computes them
+(float32); onnxruntime dynamic quantisation (MatMulInteger) gives ``(W_q − zero_point)·scale``, exact in
+float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from importers.errors import ExtractionError
+from importers.graph import GraphIndex, OnnxModel
+from importers.patterns import AttentionBlock, LinearMatch, find_attention_blocks
+
+__all__ = ["WEIGHT_KEYS", "BlockWeights", "block_weights", "extract", "linear_weights"]
+
+FloatArray = NDArray[np.float64]
+
+#: Array fields of :class:`BlockWeights`, in the order they are written to ``.npz`` files.
+WEIGHT_KEYS = (
+    "W_Q",
+    "W_K",
+    "W_V",
+    "W_O",
+    "b_Q",
+    "b_K",
+    "b_V",
+    "b_O",
+    "gamma",
+    "beta",
+    "layer_scale",
+)
+
+
+@dataclass(frozen=True, eq=False)
+class BlockWeights:
+    """Weights of one attention sub-block (float64, read-only arrays).
+
+    Attributes
+    ----------
+    index, n_heads, n_kv_heads, d_model, d_head : int
+    norm : {"pre", "post", "none"}
+    norm_kind : {"layernorm", "rmsnorm"} or None
+    W_Q : (d_model, n_heads*d_head) ndarray
+    W_K, W_V : (d_model, n_kv_heads*d_head) ndarray
+    W_O : (n_heads*d_head, d_model) ndarray
+    b_Q, b_K, b_V, b_O : ndarray or None
+    gamma, beta : (d_model,) ndarray or None
+        The attention sub-block's norm: the norm before attention (pre-LN) or after the attention
+        residual Add (post-LN).
+    layer_scale : (d_model,) ndarray or None
+    eps : float or None
+        The norm's epsilon.
+    sources : dict of str to str
+        Graph tensor each array came from, plus ``softmax`` (node name).
+    input_name, residual_name, norm_output_name, output_name, attention_name : str or None
+        See :class:`~importers.patterns.AttentionBlock`.
+    """
+
+    index: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    norm: str
+    norm_kind: str | None
+    W_Q: FloatArray = field(repr=False)
+    W_K: FloatArray = field(repr=False)
+    W_V: FloatArray = field(repr=False)
+    W_O: FloatArray = field(repr=False)
+    b_Q: FloatArray | None = field(repr=False)
+    b_K: FloatArray | None = field(repr=False)
+    b_V: FloatArray | None = field(repr=False)
+    b_O: FloatArray | None = field(repr=False)
+    gamma: FloatArray | None = field(repr=False)
+    beta: FloatArray | None = field(repr=False)
+    layer_scale: FloatArray | None = field(repr=False)
+    eps: float | None
+    sources: dict[str, str] = field(repr=False)
+    input_name: str = field(repr=False)
+    residual_name: str | None = field(repr=False)
+    norm_output_name: str | None = field(repr=False)
+    output_name: str = field(repr=False)
+    attention_name: str = field(repr=False)
+
+    @property
+    def kv_group(self) -> int:
+        """Query heads per key/value head (1 without GQA)."""
+        return self.n_heads // self.n_kv_heads
+
+    def value_head(self, head: int) -> tuple[FloatArray, FloatArray]:
+        """``(W_V^h, W_O^h)`` for query head ``head``: (d_model, d_head) and (d_head, d_model).
+
+        With GQA, head h reads key/value head ``h // (n_heads / n_kv_heads)``.
+        """
+        kv = head // self.kv_group
+        d = self.d_head
+        return self.W_V[:, kv * d : (kv + 1) * d], self.W_O[head * d : (head + 1) * d, :]
+
+    def expanded_W_V(self) -> FloatArray:
+        """W_V with each key/value head repeated for its query heads: (d_model, n_heads*d_head)."""
+        return np.concatenate([self.value_head(head)[0] for head in range(self.n_heads)], axis=1)
+
+    def arrays(self) -> dict[str, FloatArray]:
+        """The arrays that are present, keyed as in :data:`WEIGHT_KEYS`."""
+        found = {key: getattr(self, key) for key in WEIGHT_KEYS}
+        return {key: value for key, value in found.items() if value is not None}
+
+
+def extract(model: OnnxModel) -> list[BlockWeights]:
+    """Weights of every attention block of ``model``, in depth order.
+
+    Raises
+    ------
+    NoAttentionBlocksError
+        Nothing matched (see :func:`importers.patterns.find_attention_blocks`).
+    ExtractionError
+        A matched weight has an unexpected size.
+    """
+    return [block_weights(model, block) for block in find_attention_blocks(model).blocks]
+
+
+def block_weights(model: OnnxModel, block: AttentionBlock) -> BlockWeights:
+    """Read one matched block's weights (float64, canonical head order)."""
+    index = model.index
+    W_q, b_q = linear_weights(index, block.q)
+    W_k, b_k = linear_weights(index, block.k)
+    W_v, b_v = linear_weights(index, block.v)
+    W_o, b_o = linear_weights(index, block.o)
+    norm = block.norm_match
+    d = block.d_model
+    return BlockWeights(
+        index=block.index,
+        n_heads=block.n_heads,
+        n_kv_heads=block.n_kv_heads,
+        d_model=d,
+        d_head=block.d_head,
+        norm=block.norm,
+        norm_kind=block.norm_kind,
+        W_Q=_frozen(W_q[:, block.q_columns]),
+        W_K=_frozen(W_k[:, block.k_columns]),
+        W_V=_frozen(W_v[:, block.v_columns]),
+        W_O=_frozen(W_o[block.o_rows, :]),
+        b_Q=_select(b_q, block.q_columns),
+        b_K=_select(b_k, block.k_columns),
+        b_V=_select(b_v, block.v_columns),
+        b_O=None if b_o is None else _frozen(b_o),
+        gamma=_vector(index, norm.gamma if norm else None, d, "gamma"),
+        beta=_vector(index, norm.beta if norm else None, d, "beta"),
+        layer_scale=_vector(index, block.layer_scale, d, "layer_scale"),
+        eps=norm.eps if norm else None,
+        sources=block.sources,
+        input_name=block.input_name,
+        residual_name=block.residual_name,
+        norm_output_name=block.norm_output_name,
+        output_name=block.output_name,
+        attention_name=block.attention_name,
+    )
+
+
+def linear_weights(index: GraphIndex, linear: LinearMatch) -> tuple[FloatArray, FloatArray | None]:
+    """``(W, b)`` of a projection with ``y = x @ W + b``; W is (d_in, d_out) float64."""
+    raw = _constant(index, linear.weight)
+    if linear.kind == "matmul_integer":
+        W = _dequantize_integer(index, linear, raw)
+    else:
+        W = raw.astype(np.float64)
+        if linear.transpose:
+            W = W.T
+        if linear.alpha != 1.0:
+            W = W * linear.alpha
+    if W.shape != (linear.d_in, linear.d_out):
+        raise ExtractionError(
+            f"weight {linear.weight!r} must have shape ({linear.d_in}, {linear.d_out}); got {W.shape}"
+        )
+    if linear.bias is None:
+        return W, None
+    bias = _constant(index, linear.bias).astype(np.float64)
+    if bias.size == 1:
+        bias = np.full(linear.d_out, bias.ravel()[0])
+    if bias.size != linear.d_out:
+        raise ExtractionError(
+            f"bias {linear.bias!r} must have {linear.d_out} entries; got shape {bias.shape}"
+        )
+    bias = bias.reshape(-1)
+    return W, bias * linear.beta if linear.beta != 1.0 else bias
+
+
+def _dequantize_integer(index: GraphIndex, linear: LinearMatch, raw: np.ndarray) -> FloatArray:
+    """``(W_q − zero_point) · scale`` with a per-tensor or per-output-column scale."""
+    shifted = raw.astype(np.int64)
+    if linear.weight_zero_point is not None:
+        zero_point = _constant(index, linear.weight_zero_point).astype(np.int64)
+        shifted = shifted - (
+            zero_point.reshape(1, -1) if zero_point.size > 1 else zero_point.ravel()[0]
+        )
+    scale = _constant(index, linear.weight_scale).astype(np.float64)
+    scale = scale.reshape(1, -1) if scale.size > 1 else scale.ravel()[0]
+    return shifted.astype(np.float64) * scale
+
+
+def _constant(index: GraphIndex, name: str) -> np.ndarray:
+    value = index.constant_value(name)
+    if value is None:
+        raise ExtractionError(f"tensor {name!r} must be a constant; got a computed tensor")
+    return value
+
+
+def _vector(index: GraphIndex, name: str | None, size: int, what: str) -> FloatArray | None:
+    if name is None:
+        return None
+    value = _constant(index, name).astype(np.float64)
+    if value.size == 1:
+        value = np.full(size, value.ravel()[0])
+    if value.size != size:
+        raise ExtractionError(f"{what} {name!r} must have {size} entries; got shape {value.shape}")
+    return _frozen(value.reshape(size))
+
+
+def _select(bias: FloatArray | None, columns: np.ndarray) -> FloatArray | None:
+    return None if bias is None else _frozen(bias[columns])
+
+
+def _frozen(array: np.ndarray) -> FloatArray:
+    array = np.ascontiguousarray(array, dtype=np.float64)
+    array.flags.writeable = False
+    return array
