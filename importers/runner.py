@@ -290,54 +290,83 @@ def _copy_value(value: Any) -> Any:
     return detached
 
 
+#: Initializers up to this many bytes keep their values for shape inference (shape constants).
+_SMALL_TENSOR_BYTES = 1 << 16
+
+
+def _skeleton(model: Any) -> Any:
+    """A copy of ``model`` whose large initializers keep their name, type and dims but no values.
+
+    Shape inference serialises and copies the whole model several times; types and shapes need
+    only dims and the small shape constants, so the skeleton avoids copying the weights.
+    """
+    import onnx
+
+    skeleton = onnx.ModelProto()
+    for field in ("ir_version", "producer_name", "domain", "model_version"):
+        setattr(skeleton, field, getattr(model, field))
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.functions.extend(model.functions)
+    graph = skeleton.graph
+    graph.name = model.graph.name
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(graph, field).extend(getattr(model.graph, field))
+    for tensor in model.graph.initializer:
+        if tensor.ByteSize() <= _SMALL_TENSOR_BYTES:
+            graph.initializer.append(tensor)
+        else:
+            graph.initializer.append(
+                onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
+            )
+    return skeleton
+
+
 def _inferred_types(model: Any) -> dict[str, Any]:
     """Output types from ONNX shape inference; empty when inference fails (contrib ops etc.)."""
     import onnx
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(_skeleton(model))
     except Exception:  # inference is an optimisation here; onnxruntime types what it misses
         return {}
     typed = [*inferred.graph.value_info, *inferred.graph.output]
     return {value.name: value.type for value in typed if value.type.HasField("tensor_type")}
 
 
-def _augment(model: Any, expose: Sequence[str], keep_outputs: bool) -> tuple[Any, list[str]]:
+def _augment(model: Any, expose: Sequence[str], keep_outputs: bool) -> list[str]:
     """Make ``expose`` (plus the originals if ``keep_outputs``) the outputs of ``model``, in place.
 
-    Editing in place avoids holding a second copy of the weights.
+    Exposed tensors are typed by ONNX shape inference where it can; the others are left untyped
+    for onnxruntime to type. Editing in place avoids a second copy of the weights. Returns the
+    output names in order.
     """
     import onnx
 
-    augmented = model
     original = [_copy_value(value) for value in model.graph.output]
     types = _inferred_types(model) if expose else {}
-    del augmented.graph.output[:]
+    del model.graph.output[:]
     names: list[str] = []
     for name in expose:
         value = onnx.ValueInfoProto(name=name)
         if name in types:
             value.type.CopyFrom(types[name])
-        augmented.graph.output.append(value)
+        model.graph.output.append(value)
         names.append(name)
     if keep_outputs:
         for value in original:
             if value.name not in names:
-                augmented.graph.output.append(value)
+                model.graph.output.append(value)
                 names.append(value.name)
-    return augmented, names
+    return names
 
 
 @contextlib.contextmanager
-def _session_source(model: Any, folder: Path) -> Iterator[bytes | str]:
-    """Serialized bytes, or, for external data, a temporary file beside the original model.
+def _temporary_model_file(model: Any, folder: Path) -> Iterator[str]:
+    """Save ``model`` to a temporary file in ``folder``; delete it when the block ends.
 
-    The temporary file references the same external data (relative locations resolve against the
-    model's folder) and is deleted as soon as the session has been created.
+    For models with external data: relative data locations resolve against the model's folder,
+    so the temporary file there references the same data files.
     """
-    if not _uses_external_data(model):
-        yield model.SerializeToString()
-        return
     import onnx
 
     try:
@@ -349,6 +378,7 @@ def _session_source(model: Any, folder: Path) -> Iterator[bytes | str]:
     os.close(fd)
     try:
         onnx.save(model, tmp)
+        del model
         yield tmp
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -423,14 +453,21 @@ class Runner:
         if not exposed and not include_outputs:
             raise InputError("`expose` must name at least one tensor when include_outputs=False")
         self.inputs: tuple[GraphInput, ...] = graph_inputs(model)
-        augmented, self.output_names = _augment(model, exposed, include_outputs)
         self.exposed = exposed
         self.include_outputs = include_outputs
+        self.output_names = _augment(model, exposed, include_outputs)
         ort = _ort()
         self._ort_version = ort.__version__
         so = session_options(self._options.threads, self._options.optimization)  # type: ignore[arg-type]
-        with _session_source(augmented, self.model_path.parent) as source:
-            self.session, self.provider_note = _open_session(ort, source, so, self.provider)
+        if _uses_external_data(model):
+            with _temporary_model_file(model, self.model_path.parent) as tmp:
+                del model
+                self.session, self.provider_note = _open_session(ort, tmp, so, self.provider)
+        else:
+            # Drop the parsed graph before onnxruntime parses its own copy: one copy at a time.
+            serialized = model.SerializeToString()
+            del model
+            self.session, self.provider_note = _open_session(ort, serialized, so, self.provider)
         self.provider_used: list[str] = list(self.session.get_providers())
         self._on_cuda = self.provider_used[0] == _CUDA
 
