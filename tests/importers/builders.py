@@ -16,8 +16,10 @@ Also, for the NumPy forward pass that checks this ground truth: ``assemble(name,
 ``assemble_near_miss(tag, seed)`` return an ``Assembly``: the ``Built`` plus a ``Reference`` holding
 what a forward pass needs beyond the attention weights (embeddings, MLPs, masks, RoPE angles).
 
-Every weight is drawn in float32 and stored exactly (float16 and int8 variants report the values
-the graph computes with: the float16 numbers, and ``float32(q) * scale`` rounded in float32).
+Every weight is drawn in float32 and stored exactly. The float16 and weight-only int8 variants
+report the values the graph computes with: the float16 numbers, and ``float32(q) * scale`` rounded
+in float32 as the dequantising ``Mul`` does. ``dynamic_quant`` reports ``(q - zero_point) * scale``
+exactly (in float64), since its graph never forms that product on its own.
 """
 
 from __future__ import annotations
@@ -602,12 +604,17 @@ def _assemble(r: Recipe, seed: int, brk: str | None = None) -> Assembly:
 
 
 def _dequantised(model: onnx.ModelProto, name: str) -> F64:
-    """``float32(q - zero_point) * scale`` (float32 multiply) of ``quantize_dynamic``'s weight."""
+    """``(q - zero_point) * scale`` of a ``quantize_dynamic`` weight, exact in float64.
+
+    The graph never forms this product in float32 (``MatMulInteger`` sums integers, then one
+    ``Mul`` applies ``x_scale * w_scale``), and an 8-bit integer times a float32 scale is exact
+    in float64, so the exact value is the only unambiguous one.
+    """
     tensors = {t.name: t for t in model.graph.initializer}
-    q = numpy_helper.to_array(tensors[f"{name}_quantized"]).astype(np.int32)
-    zero = numpy_helper.to_array(tensors[f"{name}_zero_point"]).astype(np.int32)
-    scale = numpy_helper.to_array(tensors[f"{name}_scale"]).astype(np.float32)
-    return ((q - zero).astype(np.float32) * scale).astype(np.float64)
+    q = numpy_helper.to_array(tensors[f"{name}_quantized"]).astype(np.int64)
+    zero = numpy_helper.to_array(tensors[f"{name}_zero_point"]).astype(np.int64)
+    scale = numpy_helper.to_array(tensors[f"{name}_scale"]).astype(np.float64)
+    return (q - zero).astype(np.float64) * scale
 
 
 def _dynamic_quant(seed: int) -> Assembly:
