@@ -516,6 +516,13 @@ class _Matcher:
                 name = node.input(0)
             elif node.op_type in ("Add", "Sub", "Where"):
                 name = self.score_branch(node)
+            elif node.op_type in ("Mul", "Div"):
+                raise _RejectError(
+                    "score_scale_not_constant",
+                    f"the scores are scaled by a non-constant factor: {node.op_type} "
+                    f"{node.label!r} reads {self.origin(self.scale_operand(node))}",
+                    (node.label,),
+                )
             else:
                 raise _RejectError(
                     "no_qk_matmul",
@@ -526,12 +533,20 @@ class _Matcher:
             passed.append(f"{node.op_type} {node.label!r}")
         raise _RejectError("no_qk_matmul", "QK^T MatMul not found: the path is too long")
 
+    def scale_operand(self, node: Node) -> str:
+        """The operand of a score Mul/Div that is not the scores."""
+        if node.op_type == "Div" or self.reaches_qk(node.input(0), depth=12):
+            return node.input(1)
+        return node.input(0)
+
     def score_branch(self, node: Node) -> str:
         """The input of a mask Add/Sub/Where that carries the scores."""
         positions = {"Add": (0, 1), "Sub": (0,), "Where": (1, 2)}[node.op_type]
         candidates = [
             node.input(i) for i in positions if node.input(i) and self.const(node.input(i)) is None
         ]
+        if len(candidates) == 1:
+            return candidates[0]
         reaching = [name for name in candidates if self.reaches_qk(name, depth=12)]
         if reaching:
             return reaching[0]
@@ -646,11 +661,28 @@ class _Matcher:
         )
 
     def origin(self, name: str) -> str:
+        """Where a tensor comes from, for messages (graph inputs it is computed from, if few)."""
         if name in self.index.graph_inputs:
             return f"graph input {name!r}"
         if self.const(name) is not None:
             return f"constant {name!r}"
+        inputs = self.input_ancestors(name, depth=6)
+        if inputs:
+            return f"tensor {name!r}, computed from graph input {', '.join(map(repr, inputs))}"
         return f"tensor {name!r}"
+
+    def input_ancestors(self, name: str, depth: int) -> list[str]:
+        frontier, found = [name], []
+        for _ in range(depth):
+            next_frontier = []
+            for tensor in frontier:
+                if tensor in self.index.graph_inputs and tensor not in found:
+                    found.append(tensor)
+                node = self.producer(tensor)
+                if node is not None:
+                    next_frontier.extend(operand for operand in node.inputs if operand)
+            frontier = next_frontier
+        return found
 
     def linear_ending_at(self, name: str, role: str) -> LinearMatch | None:
         """The projection (with its bias Add) whose output is ``name``, if any."""
@@ -689,7 +721,7 @@ class _Matcher:
             raise _RejectError(
                 f"{role.lower()}_weight_not_constant",
                 f"{role} projection weight is not a constant: {node.op_type} {node.label!r} "
-                f"reads {self.origin(weight_name)} as its weight",
+                f"reads its weight from {self.origin(weight_name)}",
                 (node.label,),
             )
         transpose_a = bool(node.attr("transA", 0))
@@ -799,9 +831,9 @@ class _Matcher:
         v_value = self.run_path(v)
         lead = _broadcast_lead(q_value, k_value, v_value)
         tokens = q_value.shape[-2]
-        q_heads = self.decode(q_value, q.linear.d_out, lead, tokens, "Q", transposed=False)
-        k_heads = self.decode(k_value, k.linear.d_out, lead, tokens, "K", transposed=True)
-        v_heads = self.decode(v_value, v.linear.d_out, lead, tokens, "V", transposed=False)
+        q_heads = self.decode(q_value, q, lead, tokens, transposed=False)
+        k_heads = self.decode(k_value, k, lead, tokens, transposed=True)
+        v_heads = self.decode(v_value, v, lead, tokens, transposed=False)
         for role, heads in (("K", k_heads), ("V", v_heads)):
             if not (
                 np.array_equal(heads.head_of, q_heads.head_of)
@@ -856,14 +888,15 @@ class _Matcher:
     def decode(
         self,
         value: np.ndarray,
-        width: int,
+        trace: _Trace,
         lead: tuple[int, ...],
         tokens: int,
-        role: str,
         *,
         transposed: bool,
     ) -> _Heads:
         """Which projection columns reach each (position, head feature) of an attention operand."""
+        role, width = trace.role, trace.linear.d_out
+        path = _path_text(trace)
         if value.ndim < 2:
             raise _RejectError(
                 "head_layout", f"{role} reaches the attention with shape {value.shape}"
@@ -881,20 +914,30 @@ class _Matcher:
             np.mod(flat, width).astype(np.int64),
             np.floor_divide(flat, width).astype(np.int64),
         )
-        keeps_layout = (columns == columns[:, :1, :]).all() and (token == token[:, :, :1]).all()
-        if not keeps_layout or flat.shape[1] != tokens:
-            where = (
-                "Kᵀ (head features on axis -2, tokens on axis -1)"
-                if transposed
-                else "tokens on axis -2 and head features on axis -1"
-            )
-            hint = (
-                " (K is not transposed for QK^T)"
-                if transposed and self.untransposed(value, width)
-                else ""
-            )
+        features_on_tokens = not (columns == columns[:, :1, :]).all()
+        tokens_on_features = not (token == token[:, :, :1]).all()
+        if (
+            transposed
+            and (features_on_tokens or tokens_on_features)
+            and self.untransposed(value, width)
+        ):
             raise _RejectError(
-                "head_layout", f"{role} does not reach the attention MatMul as {where}{hint}"
+                "k_not_transposed",
+                f"K is not transposed for QK^T: it reaches the score MatMul as (..., tokens, "
+                f"d_head) after {path}",
+            )
+        if features_on_tokens or tokens_on_features or flat.shape[1] != tokens:
+            what = (
+                "mixes projection features into the token axis"
+                if features_on_tokens
+                else "mixes tokens into the head-feature axis"
+                if tokens_on_features
+                else f"changes the token count to {flat.shape[1]}"
+            )
+            code = "head_reshape" if "Reshape" in path else "head_layout"
+            raise _RejectError(
+                code,
+                f"{role} head split {what} (projection width {width}; path {path})",
             )
         return _group_heads(columns[:, 0, :], token[:, :, 0], tokens, role)
 
@@ -1314,6 +1357,11 @@ def _describe_linear(trace: _Trace) -> str:
         extra.append("layout " + "/".join(layout))
     tail = f"; {', '.join(extra)}" if extra else ""
     return f"{linear.kind} {', '.join(linear.nodes)} (weight {linear.weight!r}{tail})"
+
+
+def _path_text(trace: _Trace) -> str:
+    steps = [f"{step.node.op_type} {step.node.label!r}" for step in trace.steps if not step.skip]
+    return " -> ".join([f"projection {trace.linear.nodes[-1]!r}", *steps])
 
 
 def _apply_layout(node: Node, value: np.ndarray, values: list, output: int) -> np.ndarray:

@@ -17,8 +17,8 @@ Convention (paper-spec §3.3, §6.7): ``y = x @ W``; W_Q is (d_model, n_heads·d
 columns ``h·d_head:(h+1)·d_head``; W_K and W_V are (d_model, n_kv_heads·d_head); W_O is
 (n_heads·d_head, d_model) with head h in the matching rows. Quantised weights are returned
 dequantised: int8 Cast→Mul and DequantizeLinear are folded exactly as the graph computes them
-(float32); onnxruntime dynamic quantisation (MatMulInteger) gives ``(W_q − zero_point)·scale``, exact in
-float64.
+(float32); onnxruntime dynamic quantisation (MatMulInteger) gives ``(W_q − zero_point)·scale``, exact
+in float64.
 """
 
 from __future__ import annotations
@@ -207,15 +207,19 @@ def linear_weights(index: GraphIndex, linear: LinearMatch) -> tuple[FloatArray, 
 
 
 def _dequantize_integer(index: GraphIndex, linear: LinearMatch, raw: np.ndarray) -> FloatArray:
-    """``(W_q − zero_point) · scale`` with a per-tensor or per-output-column scale."""
+    """``(W_q − zero_point) · scale`` with a per-tensor or per-output-column scale, exact in float64.
+
+    The graph never forms this product (MatMulInteger sums integers, then one Mul applies
+    ``x_scale · w_scale``); an 8-bit integer times a float32 scale is exact in float64.
+    """
     shifted = raw.astype(np.int64)
     if linear.weight_zero_point is not None:
         zero_point = _constant(index, linear.weight_zero_point).astype(np.int64)
         shifted = shifted - (
-            zero_point.reshape(1, -1) if zero_point.size > 1 else zero_point.ravel()[0]
+            zero_point.reshape(1, -1) if zero_point.size > 1 else zero_point.reshape(())
         )
     scale = _constant(index, linear.weight_scale).astype(np.float64)
-    scale = scale.reshape(1, -1) if scale.size > 1 else scale.ravel()[0]
+    scale = scale.reshape(1, -1) if scale.size > 1 else scale.reshape(())
     return shifted.astype(np.float64) * scale
 
 
