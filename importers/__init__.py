@@ -13,29 +13,58 @@ block_weights
 model_spectra, summarize_spectra
     Eigenvalues of W_V W_O per head and per layer (and with the pre-LN γ folded in), and a summary.
 
-Importing this package does not import onnxruntime.
+The names are loaded on first use, so importing this package (or a light submodule such as
+``importers.zoo``) imports neither onnx nor onnxruntime.
 """
 
 from __future__ import annotations
 
-from importers.errors import (
-    ExternalDataError,
-    ExtractionError,
-    ImporterError,
-    ModelFileError,
-    NoAttentionBlocksError,
-    UnsupportedModelError,
-)
-from importers.graph import SUPPORTED_OPSETS, GraphIndex, OnnxModel, load_model
-from importers.patterns import (
-    AttentionBlock,
-    LinearMatch,
-    MatchFailure,
-    MatchReport,
-    NormMatch,
-    find_attention_blocks,
-)
-from importers.weights import BlockWeights, block_weights, extract
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importers.errors import (
+        ExternalDataError,
+        ExtractionError,
+        ImporterError,
+        ModelFileError,
+        NoAttentionBlocksError,
+        UnsupportedModelError,
+    )
+    from importers.graph import SUPPORTED_OPSETS, GraphIndex, OnnxModel, load_model
+    from importers.patterns import (
+        AttentionBlock,
+        LinearMatch,
+        MatchFailure,
+        MatchReport,
+        NormMatch,
+        find_attention_blocks,
+    )
+    from importers.spectra import SpectrumRow, model_spectra, summarize_spectra
+    from importers.weights import BlockWeights, block_weights, extract
+
+_EXPORTS = {
+    "importers.errors": (
+        "ExternalDataError",
+        "ExtractionError",
+        "ImporterError",
+        "ModelFileError",
+        "NoAttentionBlocksError",
+        "UnsupportedModelError",
+    ),
+    "importers.graph": ("SUPPORTED_OPSETS", "GraphIndex", "OnnxModel", "load_model"),
+    "importers.patterns": (
+        "AttentionBlock",
+        "LinearMatch",
+        "MatchFailure",
+        "MatchReport",
+        "NormMatch",
+        "find_attention_blocks",
+    ),
+    "importers.spectra": ("SpectrumRow", "model_spectra", "summarize_spectra"),
+    "importers.weights": ("BlockWeights", "block_weights", "extract"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "SUPPORTED_OPSETS",
@@ -52,9 +81,25 @@ __all__ = [
     "NoAttentionBlocksError",
     "NormMatch",
     "OnnxModel",
+    "SpectrumRow",
     "UnsupportedModelError",
     "block_weights",
     "extract",
     "find_attention_blocks",
     "load_model",
+    "model_spectra",
+    "summarize_spectra",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'importers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,131 @@
+"""``oversmooth inspect MODEL``: the attention blocks found in an ONNX graph, and why others were not.
+
+Prints one row per block (index, heads, key/value heads, d_model, d_head, norm position, norm kind,
+LayerScale). ``--json`` prints ``{"model", "opset", "blocks": [...], "failures": [...]}`` instead;
+``--explain`` adds, for every Softmax, the nodes matched or the reason it was rejected. Exit status 1
+when no block matched (the message names the most common reasons), 2 for an unreadable model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+from importers.cli import add_model_argument, open_model
+
+if TYPE_CHECKING:
+    from importers.graph import OnnxModel
+    from importers.patterns import AttentionBlock, MatchFailure, MatchReport
+
+_COLUMNS = ("block", "heads", "kv_heads", "d_model", "d_head", "norm", "norm_kind", "layer_scale")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``inspect`` to the dispatcher."""
+    parser = subparsers.add_parser(
+        "inspect",
+        help="list the attention blocks found in an ONNX model",
+        description=__doc__.splitlines()[0],
+    )
+    add_model_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="show, for each Softmax, the nodes matched or why it was rejected",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from importers.errors import NoAttentionBlocksError
+    from importers.patterns import MatchReport, find_attention_blocks
+
+    model = open_model(args.model)
+    try:
+        report = find_attention_blocks(model)
+    except NoAttentionBlocksError as err:
+        if args.json:
+            print(
+                json.dumps(
+                    _as_json(model, MatchReport([], list(err.failures), len(err.failures))),
+                    indent=2,
+                )
+            )
+        elif args.explain:
+            print(MatchReport([], list(err.failures), len(err.failures)).explain())
+        raise
+    if args.json:
+        print(json.dumps(_as_json(model, report), indent=2))
+        return 0
+    print(f"model: {model.path} (opset {model.opset})")
+    print(_table(report.blocks))
+    if report.failures and not args.explain:
+        print(f"{len(report.failures)} other Softmax node(s) rejected (see --explain)")
+    if args.explain:
+        print(report.explain())
+    return 0
+
+
+def _row(block: AttentionBlock) -> tuple[str, ...]:
+    return (
+        str(block.index),
+        str(block.n_heads),
+        str(block.n_kv_heads),
+        str(block.d_model),
+        str(block.d_head),
+        block.norm,
+        block.norm_kind or "-",
+        "yes" if block.has_layer_scale else "no",
+    )
+
+
+def _table(blocks: list[AttentionBlock]) -> str:
+    rows = [_COLUMNS, *(_row(block) for block in blocks)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _block_json(block: AttentionBlock) -> dict:
+    return {
+        "index": block.index,
+        "n_heads": block.n_heads,
+        "n_kv_heads": block.n_kv_heads,
+        "d_model": block.d_model,
+        "d_head": block.d_head,
+        "norm": block.norm,
+        "norm_kind": block.norm_kind,
+        "layer_scale": block.has_layer_scale,
+        "scale": block.scale,
+        "sources": block.sources,
+        "tensors": {
+            "input": block.input_name,
+            "residual": block.residual_name,
+            "norm_output": block.norm_output_name,
+            "output": block.output_name,
+            "attention": block.attention_name,
+        },
+        "notes": list(block.notes),
+    }
+
+
+def _failure_json(failure: MatchFailure) -> dict:
+    return {
+        "softmax": failure.softmax,
+        "code": failure.code,
+        "reason": failure.reason,
+        "nodes": list(failure.nodes),
+    }
+
+
+def _as_json(model: OnnxModel, report: MatchReport) -> dict:
+    return {
+        "model": str(model.path),
+        "opset": model.opset,
+        "blocks": [_block_json(block) for block in report.blocks],
+        "failures": [_failure_json(failure) for failure in report.failures],
+    }

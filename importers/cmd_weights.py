@@ -1,0 +1,43 @@
+"""``oversmooth weights MODEL --out W.npz``: every attention block's weights as float64 arrays.
+
+Keys are ``blocks.{i}.W_Q`` (d_model × n_heads·d_head), ``.W_K``, ``.W_V`` (d_model × n_kv_heads·d_head),
+``.W_O`` (n_heads·d_head × d_model), and when present ``.b_Q``, ``.b_K``, ``.b_V``, ``.b_O``, ``.gamma``,
+``.beta``, ``.layer_scale``, in the row-vector convention ``y = x @ W`` with heads as contiguous
+column blocks (rows for W_O). The file is written atomically: on any error nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from importers.cli import add_model_argument, open_model
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``weights`` to the dispatcher."""
+    parser = subparsers.add_parser(
+        "weights",
+        help="write every attention block's weights to an .npz file",
+        description=__doc__.splitlines()[0],
+    )
+    add_model_argument(parser)
+    parser.add_argument("--out", required=True, metavar="W.npz", help="output file")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from importers.weights import extract
+    from simulator._io import atomic_output
+
+    blocks = extract(open_model(args.model))
+    arrays = {
+        f"blocks.{block.index}.{key}": value
+        for block in blocks
+        for key, value in block.arrays().items()
+    }
+    with atomic_output(args.out, "wb") as handle:
+        np.savez(handle, **arrays)
+    print(f"wrote {args.out}: {len(blocks)} block(s), {len(arrays)} arrays")
+    return 0
