@@ -63,3 +63,15 @@ CLOSED_FORM_RTOL = 1e-10
 #: A dynamically quantised weight against its float original: at most half a quantisation step,
 #: the step itself being computed in float32 by the quantiser (a few ulps of slack).
 QUANT_STEP_RTOL = 1e-5
+
+
+# --- importers: graph matching, weight extraction and spectra ---------------------------------
+
+#: Claim 31: the nonzero eigenvalues of the d x d per-head product W_V^h W_O^h against the
+#: eigenvalues of the d_head x d_head W_O^h W_V^h, relative to the spectral radius ("atol 1e-6 in
+#: float32 terms"; both are float64 eigensolves of the same float32-valued weights).
+HEAD_SPECTRUM_RTOL = 1e-6
+
+#: The pre-LN gamma-folded spectrum must differ from the plain one by more than this, relative
+#: to the spectral radius (the sums of the eigenvalues, i.e. the traces, are compared).
+GAMMA_FOLD_MIN_RTOL = 1e-3
