@@ -1,0 +1,274 @@
+"""The importer on every test-model variant and near miss of ``tests/importers/builders.py``.
+
+Each variant is a small exported-looking Transformer with known weights: the importer must find
+every block with the right structure and return the weights *exactly*; the tensor names it reports
+must let onnxruntime's own intermediate values be recomputed from those weights. Each near miss
+breaks one attention candidate on purpose: it must be rejected with a reason naming what broke.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import numpy as np
+import onnx
+import pytest
+from numpy.testing import assert_allclose, assert_array_equal
+
+from importers.errors import NoAttentionBlocksError
+from importers.graph import model_from_proto
+from importers.patterns import MatchFailure, find_attention_blocks
+from importers.weights import BlockWeights, extract
+from simulator.attention import layer_norm, rms_norm, softmax
+from tests import tolerances as tol
+from tests.importers.builders import NEAR_MISSES, VARIANTS, Built
+
+STRUCTURE = ("index", "n_heads", "n_kv_heads", "d_model", "d_head", "norm", "norm_kind")
+ARRAYS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "gamma", "beta", "layer_scale")
+SEEDS = (0, 11)
+
+#: What each near miss's rejection reason must mention (the part that was broken).
+EXPECTED_REASON = {
+    "value_matmul_missing": "value MatMul not found",
+    "softmax_axis": "Softmax axis is 1",
+    "q_weight_not_constant": "Q projection weight is not a constant",
+    "no_output_projection": "output projection not found",
+    "head_reshape_mismatch": "head split mixes projection features into the token axis",
+    "not_qk_product": "not a query-key product",
+    "k_not_transposed": "K is not transposed",
+    "qkv_split_axis": "-> Split",
+    "kv_from_other_input": "only self-attention is supported",
+    "value_not_projected": "V projection not found",
+    "score_scale_not_constant": "scaled by a non-constant factor",
+    "int8_scale_not_constant": "Q projection weight is not a constant",
+}
+
+#: Variants whose activations onnxruntime quantises at run time: the float recomputation differs
+#: from the graph by the activation quantisation error, so only the run itself is checked.
+RUNTIME_QUANTISED = {"dynamic_quant"}
+
+
+@functools.cache
+def built(name: str, seed: int) -> Built:
+    return VARIANTS[name](seed)
+
+
+@functools.cache
+def extracted(name: str, seed: int) -> tuple[BlockWeights, ...]:
+    return tuple(extract(model_from_proto(built(name, seed).model)))
+
+
+def run_exposed(model: onnx.ModelProto, feeds: dict, names: list[str]) -> dict[str, np.ndarray]:
+    """Run ``model`` in onnxruntime (CPU, no graph rewrites) returning the named tensors."""
+    import onnxruntime as ort
+
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    outputs = {value.name for value in exposed.graph.output}
+    for name in dict.fromkeys(names):
+        if name not in outputs:
+            exposed.graph.output.append(onnx.ValueInfoProto(name=name))
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(
+        exposed.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    unique = list(dict.fromkeys(names))
+    values = session.run(unique, feeds)
+    return {
+        name: np.asarray(value, dtype=np.float64)
+        for name, value in zip(unique, values, strict=True)
+    }
+
+
+def attention_branch(block: BlockWeights, x: np.ndarray, A: np.ndarray) -> np.ndarray:
+    """The residual Add output ``x + ls ⊙ (concat_h A_h N(x) W_V^h) W_O`` in float64.
+
+    ``x`` is the block input (B, T, d), ``A`` the attention probabilities (B, H, T, T) taken from
+    the graph, N the pre-LN norm (identity for post-LN blocks).
+    """
+    u = normed(block, x) if block.norm == "pre" else x
+    batch, tokens, _ = x.shape
+    values = u @ block.W_V + (0.0 if block.b_V is None else block.b_V)
+    values = values.reshape(batch, tokens, block.n_kv_heads, block.d_head).transpose(0, 2, 1, 3)
+    values = np.repeat(values, block.kv_group, axis=1)
+    heads = (A @ values).transpose(0, 2, 1, 3).reshape(batch, tokens, -1)
+    branch = heads @ block.W_O + (0.0 if block.b_O is None else block.b_O)
+    if block.layer_scale is not None:
+        branch = branch * block.layer_scale
+    return x + branch
+
+
+def attention_probabilities(block: BlockWeights, x: np.ndarray) -> np.ndarray:
+    """Unmasked ``softmax(Q Kᵀ / sqrt(d_head))`` per head from the extracted weights (B, H, T, T)."""
+    u = normed(block, x) if block.norm == "pre" else x
+    batch, tokens, _ = x.shape
+
+    def split(W: np.ndarray, b: np.ndarray | None, n: int) -> np.ndarray:
+        y = u @ W + (0.0 if b is None else b)
+        return y.reshape(batch, tokens, n, block.d_head).transpose(0, 2, 1, 3)
+
+    q = split(block.W_Q, block.b_Q, block.n_heads)
+    k = np.repeat(split(block.W_K, block.b_K, block.n_kv_heads), block.kv_group, axis=1)
+    return softmax(q @ k.swapaxes(-1, -2) / math.sqrt(block.d_head))
+
+
+def normed(block: BlockWeights, x: np.ndarray) -> np.ndarray:
+    if block.norm_kind == "rmsnorm":
+        return rms_norm(x, block.gamma, eps=block.eps)
+    return layer_norm(x, block.gamma, block.beta, eps=block.eps)
+
+
+def rename_everything(model: onnx.ModelProto, rng: np.random.Generator) -> onnx.ModelProto:
+    """A copy with every node unnamed and every internal tensor renamed to a shuffled opaque name."""
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(model)
+    graph = renamed.graph
+    keep = {value.name for value in graph.input} | {value.name for value in graph.output}
+    names = [t.name for t in graph.initializer] + [o for n in graph.node for o in n.output]
+    internal = [name for name in dict.fromkeys(names) if name and name not in keep]
+    order = rng.permutation(len(internal))
+    mapping = {name: f"t{order[i]}" for i, name in enumerate(internal)}
+    for tensor in graph.initializer:
+        tensor.name = mapping.get(tensor.name, tensor.name)
+    for node in graph.node:
+        node.name = ""
+        node.input[:] = [mapping.get(name, name) for name in node.input]
+        node.output[:] = [mapping.get(name, name) for name in node.output]
+    del graph.value_info[:]
+    return renamed
+
+
+# -- variants ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_blocks_have_expected_structure(name):
+    expected = built(name, 0).blocks
+    got = extracted(name, 0)
+    assert len(got) == len(expected), f"{name}: block count"
+    for block, want in zip(got, expected, strict=True):
+        for field in STRUCTURE:
+            assert getattr(block, field) == getattr(want, field), (
+                f"{name} block {want.index}: {field}"
+            )
+        assert (block.layer_scale is not None) == (want.layer_scale is not None)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_weights_equal_the_builders_exactly(name, seed):
+    for block, want in zip(extracted(name, seed), built(name, seed).blocks, strict=True):
+        for key in ARRAYS:
+            value, expected = getattr(block, key), getattr(want, key)
+            assert (value is None) == (expected is None), (
+                f"{name} block {want.index}: {key} presence"
+            )
+            if expected is not None:
+                assert value.dtype == np.float64
+                assert_array_equal(value, expected, err_msg=f"{name} block {want.index}: {key}")
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_blocks_chain_in_depth_order(name):
+    blocks = extracted(name, 0)
+    assert [block.index for block in blocks] == list(range(len(blocks)))
+    for block, following in itertools.pairwise(blocks):
+        assert block.output_name == following.input_name, f"{name}: block {block.index} output"
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_matching_needs_no_names(name, rng):
+    model = built(name, 0).model
+    blind = extract(model_from_proto(rename_everything(model, rng)))
+    for block, want in zip(blind, extracted(name, 0), strict=True):
+        for field in STRUCTURE:
+            assert getattr(block, field) == getattr(want, field)
+        for key, value in want.arrays().items():
+            assert_array_equal(getattr(block, key), value, err_msg=f"{name}: {key} without names")
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_runs_and_its_residual_is_recomputed_from_the_weights(name):
+    case = built(name, 0)
+    blocks = extracted(name, 0)
+    names = [n for b in blocks for n in (b.input_name, b.attention_name, b.residual_name)]
+    names += [b.norm_output_name for b in blocks if b.norm_output_name]
+    values = run_exposed(case.model, case.inputs, names)
+    assert all(np.all(np.isfinite(value)) for value in values.values())
+    if name in RUNTIME_QUANTISED:
+        return
+    for block in blocks:
+        x, A = values[block.input_name], values[block.attention_name]
+        assert A.shape[1] == block.n_heads
+        scale = float(np.max(np.abs(values[block.residual_name])))
+        assert_allclose(
+            attention_branch(block, x, A),
+            values[block.residual_name],
+            rtol=tol.ORT_RTOL,
+            atol=tol.ORT_ATOL * scale,
+            err_msg=f"{name} block {block.index}: residual from extracted W_V, W_O",
+        )
+        if block.norm == "post":
+            assert_allclose(
+                normed(block, values[block.residual_name]),
+                values[block.norm_output_name],
+                rtol=tol.ORT_RTOL,
+                atol=tol.ORT_ATOL,
+                err_msg=f"{name} block {block.index}: post-LN from extracted gamma, beta",
+            )
+
+
+@pytest.mark.parametrize("name", ["vit_prenorm_layerscale", "gpt2_gemm_conv1d", "bert_legacy"])
+def test_variant_attention_is_recomputed_from_query_and_key_weights(name):
+    case = built(name, 0)
+    blocks = extracted(name, 0)
+    if "attention_mask" in case.inputs:
+        case = Built(
+            case.model,
+            case.blocks,
+            {**case.inputs, "attention_mask": np.ones_like(case.inputs["attention_mask"])},
+        )
+    names = [n for b in blocks for n in (b.input_name, b.attention_name)]
+    values = run_exposed(case.model, case.inputs, names)
+    for block in blocks:
+        expected = values[block.attention_name]
+        got = attention_probabilities(block, values[block.input_name])
+        if name.startswith("gpt2"):  # causal: compare the unmasked lower triangle renormalised
+            got = np.tril(got)
+            got = got / got.sum(axis=-1, keepdims=True)
+        assert_allclose(
+            got,
+            expected,
+            rtol=tol.ORT_RTOL,
+            atol=tol.ORT_ATOL,
+            err_msg=f"{name} block {block.index}: A",
+        )
+
+
+# -- near misses ------------------------------------------------------------------------------
+
+
+def test_every_near_miss_has_an_expected_reason():
+    assert set(EXPECTED_REASON) == set(NEAR_MISSES)
+
+
+def failures_of(model: onnx.ModelProto) -> tuple[int, list[MatchFailure]]:
+    try:
+        report = find_attention_blocks(model_from_proto(model))
+    except NoAttentionBlocksError as err:
+        return 0, list(err.failures)
+    return len(report.blocks), report.failures
+
+
+@pytest.mark.parametrize("tag", sorted(NEAR_MISSES))
+def test_near_miss_is_rejected_with_a_reason_naming_the_broken_part(tag):
+    near_miss = NEAR_MISSES[tag](0)
+    n_blocks, failures = failures_of(near_miss.model)
+    reasons = [failure.reason for failure in failures]
+    assert any(EXPECTED_REASON[tag] in reason for reason in reasons), (tag, reasons)
+    intact = 2 if tag == "not_qk_product" else 1
+    assert n_blocks <= intact, f"{tag}: the broken candidate was matched"
