@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,4 +33,32 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty staging folder beside ``path``; on success it replaces ``path`` as a whole.
+
+    On any error (or interrupt) the staging folder is removed and ``path`` is left as it was, so a
+    report folder is never half written.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(
+        tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    )
+    try:
+        yield staging
+        if target.exists():
+            old = Path(
+                tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent)
+            )
+            os.replace(target, old / target.name)
+            os.replace(staging, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -19,7 +19,7 @@ Conventions for degenerate input (documented values, never silent guesses):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import numpy as np
@@ -140,6 +140,26 @@ def _singular_values(X: FloatArray) -> FloatArray:
     return np.linalg.svd(X, compute_uv=False)
 
 
+def _sigma_ratio(s: FloatArray) -> FloatArray:
+    second = s[..., 1] if s.shape[-1] > 1 else np.zeros(s.shape[:-1])
+    return _safe_divide(second, s[..., 0])
+
+
+def _rank1_residual(s: FloatArray) -> FloatArray:
+    total = np.sqrt(np.sum(s * s, axis=-1))
+    tail = np.sqrt(np.sum(s[..., 1:] ** 2, axis=-1))
+    return _safe_divide(tail, total)
+
+
+def _effective_rank(s: FloatArray) -> FloatArray:
+    total = s.sum(axis=-1, keepdims=True)
+    p = np.divide(s, total, out=np.zeros_like(s), where=total > 0)
+    logs = np.log(p, out=np.zeros_like(p), where=p > 0)
+    entropy = -np.sum(p * logs, axis=-1)
+    result = np.where(total[..., 0] > 0, np.exp(entropy), np.nan)
+    return result[()] if result.ndim == 0 else result
+
+
 def sigma_ratio(X: ArrayLike) -> FloatArray:
     """Ratio of the two largest singular values, ``sigma_2 / sigma_1`` (Def. 3, rank collapse).
 
@@ -152,9 +172,7 @@ def sigma_ratio(X: ArrayLike) -> FloatArray:
     (...) ndarray
         In [0, 1]; 0 when X has rank one (also when ``d == 1``); NaN for the zero matrix.
     """
-    s = _singular_values(_tokens(X))
-    second = s[..., 1] if s.shape[-1] > 1 else np.zeros(s.shape[:-1])
-    return _safe_divide(second, s[..., 0])
+    return _sigma_ratio(_singular_values(_tokens(X)))
 
 
 def rank1_residual(X: ArrayLike) -> FloatArray:
@@ -169,10 +187,7 @@ def rank1_residual(X: ArrayLike) -> FloatArray:
     (...) ndarray
         In [0, 1]; tends to 0 under rank collapse (paper-spec §2.4).
     """
-    s = _singular_values(_tokens(X))
-    total = np.sqrt(np.sum(s * s, axis=-1))
-    tail = np.sqrt(np.sum(s[..., 1:] ** 2, axis=-1))
-    return _safe_divide(tail, total)
+    return _rank1_residual(_singular_values(_tokens(X)))
 
 
 def _norm_1_inf(X: FloatArray) -> FloatArray:
@@ -211,13 +226,7 @@ def effective_rank(X: ArrayLike) -> FloatArray:
     (...) ndarray
         In [1, min(n, d)]; NaN for the zero matrix.
     """
-    s = _singular_values(_tokens(X))
-    total = s.sum(axis=-1, keepdims=True)
-    p = np.divide(s, total, out=np.zeros_like(s), where=total > 0)
-    logs = np.log(p, out=np.zeros_like(p), where=p > 0)
-    entropy = -np.sum(p * logs, axis=-1)
-    result = np.where(total[..., 0] > 0, np.exp(entropy), np.nan)
-    return result[()] if result.ndim == 0 else result
+    return _effective_rank(_singular_values(_tokens(X)))
 
 
 def hfc_lfc_limit(u: ArrayLike) -> float:
@@ -249,7 +258,26 @@ METRICS: dict[str, Callable[[ArrayLike], FloatArray]] = {
 }
 
 
-def all_metrics(X: ArrayLike) -> dict[str, FloatArray]:
-    """Every metric of :data:`METRICS` on X, shape ``(...)`` each."""
+#: Metrics that are functions of the singular values alone (one SVD serves them all).
+_FROM_SINGULAR_VALUES: dict[str, Callable[[FloatArray], FloatArray]] = {
+    "sigma_ratio": _sigma_ratio,
+    "rank1_residual": _rank1_residual,
+    "effective_rank": _effective_rank,
+}
+
+
+def all_metrics(X: ArrayLike, names: Iterable[str] | None = None) -> dict[str, FloatArray]:
+    """The metrics of :data:`METRICS` named in ``names`` (default all) on X, shape ``(...)`` each.
+
+    The singular values are computed once and shared by the metrics that need them.
+    """
     X = _tokens(X)
-    return {name: fn(X) for name, fn in METRICS.items()}
+    wanted = list(METRICS) if names is None else list(names)
+    unknown = [name for name in wanted if name not in METRICS]
+    if unknown:
+        raise InputError(f"metric names must be among {', '.join(METRICS)}; got {unknown[0]!r}")
+    s = _singular_values(X) if any(name in _FROM_SINGULAR_VALUES for name in wanted) else None
+    return {
+        name: _FROM_SINGULAR_VALUES[name](s) if name in _FROM_SINGULAR_VALUES else METRICS[name](X)
+        for name in wanted
+    }
