@@ -1,0 +1,200 @@
+"""The importer on the three pinned real models (installed by ``make venv``).
+
+In CI (``CI`` set) a missing or changed model fails with the zoo's message naming the package, pin
+and expected hash; elsewhere the tests skip with that same message.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+from scipy.optimize import linear_sum_assignment
+
+from importers.graph import load_model
+from importers.inputs import graph_inputs, random_inputs
+from importers.patterns import MatchReport, find_attention_blocks
+from importers.spectra import LAYER_HEAD, head_eigenvalues, model_spectra, summarize_spectra
+from importers.weights import BlockWeights, extract
+from simulator.errors import OversmoothError
+from tests import tolerances as tol
+from tests.importers.test_variants import (
+    attention_branch,
+    attention_probabilities,
+    normed,
+    run_exposed,
+)
+
+pytestmark = pytest.mark.realmodel
+
+#: What each zoo model is (real-models.md §2-§3).
+REAL_MODELS = {
+    "minilm-l6-int8": {
+        "blocks": 6,
+        "heads": 12,
+        "d_head": 32,
+        "norm": "post",
+        "layer_scale": False,
+    },
+    "minilm-l3": {"blocks": 3, "heads": 12, "d_head": 32, "norm": "post", "layer_scale": False},
+    "dinov2-vits14": {"blocks": 12, "heads": 6, "d_head": 64, "norm": "pre", "layer_scale": True},
+}
+D_MODEL = 384
+
+
+def real_model_path(name: str) -> Path:
+    """The installed, hash-checked model file; fails in CI and skips elsewhere when unavailable."""
+    from importers.zoo import installed_model_path
+
+    try:
+        return installed_model_path(name)
+    except OversmoothError as err:
+        if os.environ.get("CI"):
+            pytest.fail(str(err))
+        pytest.skip(str(err))
+
+
+@functools.cache
+def report(name: str) -> MatchReport:
+    return find_attention_blocks(load_model(real_model_path(name)))
+
+
+@functools.cache
+def weights(name: str) -> tuple[BlockWeights, ...]:
+    return tuple(extract(load_model(real_model_path(name))))
+
+
+@pytest.mark.parametrize("name", sorted(REAL_MODELS))
+def test_real_model_blocks_have_the_known_architecture(name):
+    expected = REAL_MODELS[name]
+    found = report(name)
+    assert found.failures == [], found.explain()
+    assert found.n_softmax == expected["blocks"]
+    assert len(found.blocks) == expected["blocks"]
+    for block in found.blocks:
+        assert block.n_heads == expected["heads"]
+        assert block.n_kv_heads == expected["heads"]
+        assert block.d_head == expected["d_head"]
+        assert block.d_model == D_MODEL
+        assert block.norm == expected["norm"]
+        assert block.norm_kind == "layernorm"
+        assert block.has_layer_scale == expected["layer_scale"]
+        assert block.notes == (), block.notes
+
+
+@pytest.mark.parametrize("name", sorted(REAL_MODELS))
+def test_real_model_weights_are_finite_float64_with_the_convention_shapes(name):
+    width = REAL_MODELS[name]["heads"] * REAL_MODELS[name]["d_head"]
+    shapes = {
+        "W_Q": (D_MODEL, width),
+        "W_K": (D_MODEL, width),
+        "W_V": (D_MODEL, width),
+        "W_O": (width, D_MODEL),
+    }
+    for block in weights(name):
+        arrays = block.arrays()
+        assert {key: arrays[key].shape for key in shapes} == shapes
+        for key, value in arrays.items():
+            assert value.dtype == np.float64, key
+            assert np.all(np.isfinite(value)), f"block {block.index}: {key}"
+            assert np.any(value != 0), f"block {block.index}: {key} is all zeros"
+        assert (block.layer_scale is not None) == REAL_MODELS[name]["layer_scale"]
+
+
+@pytest.mark.parametrize("name", sorted(REAL_MODELS))
+def test_real_model_blocks_chain_in_depth_order(name):
+    for block, following in itertools.pairwise(weights(name)):
+        assert block.output_name == following.input_name
+
+
+@pytest.mark.parametrize("name", sorted(REAL_MODELS))
+def test_real_model_onnxruntime_values_are_recomputed_from_the_extracted_weights(name):
+    path = real_model_path(name)
+    blocks = weights(name)
+    chosen = [blocks[0], blocks[-1]]
+    feeds = random_inputs(graph_inputs(path), seed=3, batch=1, seq=8).feeds
+    names = [n for b in chosen for n in (b.input_name, b.attention_name, b.residual_name)]
+    names += [b.norm_output_name for b in chosen if b.norm_output_name]
+    values = run_exposed(load_model(path).proto, feeds, names)
+    for block in chosen:
+        x, A = values[block.input_name], values[block.attention_name]
+        residual = values[block.residual_name]
+        scale = float(np.max(np.abs(residual)))
+        assert_allclose(
+            attention_probabilities(block, x),
+            A,
+            rtol=tol.ORT_RTOL,
+            atol=tol.ORT_ATOL,
+            err_msg=f"{name} block {block.index}: softmax(Q K^T / sqrt(d_head)) from W_Q, W_K",
+        )
+        assert_allclose(
+            attention_branch(block, x, A),
+            residual,
+            rtol=tol.ORT_RTOL,
+            atol=tol.ORT_ATOL * scale,
+            err_msg=f"{name} block {block.index}: residual from W_V, W_O (and LayerScale)",
+        )
+        if block.norm == "post":
+            assert_allclose(
+                normed(block, residual),
+                values[block.norm_output_name],
+                rtol=tol.ORT_RTOL,
+                atol=tol.ORT_ATOL,
+                err_msg=f"{name} block {block.index}: post-LN from gamma, beta",
+            )
+
+
+def matched_distance(big: np.ndarray, small: np.ndarray) -> float:
+    """Largest distance in the best one-to-one matching of ``big`` with ``small`` padded by zeros."""
+    padded = np.concatenate([small, np.zeros(big.size - small.size)])
+    cost = np.abs(big[:, None] - padded[None, :])
+    rows, cols = linear_sum_assignment(cost)
+    return float(cost[rows, cols].max())
+
+
+@pytest.mark.parametrize("name", sorted(REAL_MODELS))
+def test_real_model_head_spectra_are_the_nonzero_eigenvalues_of_the_full_product(name):
+    """Claim 31: eig(W_V^h W_O^h) (d x d) = eig(W_O^h W_V^h) (d_head x d_head) plus zeros."""
+    blocks = weights(name)
+    for block, head in ((blocks[0], 0), (blocks[-1], blocks[-1].n_heads - 1)):
+        small = head_eigenvalues(block, head)
+        assert small.shape == (block.d_head,)
+        W_V, W_O = block.value_head(head)
+        big = np.linalg.eigvals(W_V @ W_O)
+        radius = float(np.max(np.abs(big)))
+        assert matched_distance(big, small) <= tol.HEAD_SPECTRUM_RTOL * radius, (
+            f"{name} block {block.index} head {head}"
+        )
+
+
+@pytest.mark.parametrize("name", sorted(REAL_MODELS))
+def test_real_model_spectra_rows_and_gamma_folding(name):
+    blocks = weights(name)[:2]  # two blocks keep the d x d eigensolves few
+    rows = model_spectra(blocks)
+    kinds = {row.kind for row in rows}
+    pre = REAL_MODELS[name]["norm"] == "pre"
+    assert kinds == ({"head", "layer", "head-gamma", "layer-gamma"} if pre else {"head", "layer"})
+    width = REAL_MODELS[name]["heads"] * REAL_MODELS[name]["d_head"]
+    per_kind = {kind: sum(row.kind == kind for row in rows) for kind in kinds}
+    assert per_kind["head"] == per_kind["layer"] == len(blocks) * min(width, D_MODEL)
+    assert all(row.head == LAYER_HEAD for row in rows if row.kind.startswith("layer"))
+    summaries = summarize_spectra(rows)
+    for summary in summaries.values():
+        assert 0.0 <= summary.negative_fraction <= 1.0
+        assert summary.spectral_radius > 0.0
+        assert np.isfinite(summary.skewness)
+    if pre:
+        for block in blocks:
+            for head in range(block.n_heads):
+                plain = head_eigenvalues(block, head)
+                folded = head_eigenvalues(block, head, gamma=True)
+                W_V, W_O = block.value_head(head)
+                radius = float(np.max(np.abs(plain)))
+                trace = np.trace(W_O @ (block.gamma[:, None] * W_V))
+                assert abs(folded.sum() - trace) <= tol.HEAD_SPECTRUM_RTOL * radius
+                assert abs(folded.sum() - plain.sum()) > tol.GAMMA_FOLD_MIN_RTOL * radius
