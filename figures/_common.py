@@ -108,10 +108,16 @@ def save_outputs(
     with atomic_output(paths[1]) as handle:
         json.dump(meta, handle, indent=2, sort_keys=True, default=str)
         handle.write("\n")
-    with atomic_output(paths[2], "wb") as handle:
+    save_png(fig, paths[2])
+    return paths
+
+
+def save_png(fig: Figure, path: Path) -> Path:
+    """Save ``fig`` as PNG atomically, without the version-dependent Software tag, and close it."""
+    with atomic_output(path, "wb") as handle:
         fig.savefig(handle, format="png", metadata={"Software": None})
     plt.close(fig)
-    return paths
+    return path
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:

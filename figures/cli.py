@@ -1,0 +1,168 @@
+"""``oversmooth audit``: the main job. Registered here because its report includes pictures.
+
+The measurement itself lives in :mod:`importers.audit`; this layer adds the PNG figures
+(:mod:`figures.audit_report`) and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from importers import inputs as inputs_mod
+from importers.audit import AuditResult, audit
+from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, get_model, models, resolve_model
+from simulator.errors import InputError
+
+DEFAULT_MODEL = "dinov2-vits14"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``audit`` subcommand."""
+    p = subparsers.add_parser(
+        "audit",
+        help="run a model on real inputs: per-layer smoothing, dominating eigenvalues, spectra, report",
+        description="Audit an ONNX Transformer (default: the embedded dinov2-vits14 on bundled photographs).",
+    )
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=DEFAULT_MODEL,
+        help=f"ONNX file or zoo name (default {DEFAULT_MODEL}; see `oversmooth models`)",
+    )
+    p.add_argument(
+        "--out", type=Path, help="report folder (default audit-NAME); replaced atomically"
+    )
+    source = p.add_mutually_exclusive_group()
+    source.add_argument(
+        "--inputs", type=Path, metavar="X.npz", help="feeds keyed by graph input name, batch first"
+    )
+    source.add_argument(
+        "--images", type=Path, metavar="DIR", help="a folder of images (resized, normalised)"
+    )
+    source.add_argument(
+        "--text", type=Path, metavar="FILE", help="one sentence per line (needs --tokenizer)"
+    )
+    source.add_argument(
+        "--random", type=int, metavar="N", help="N random inputs (labelled random in the report)"
+    )
+    p.add_argument(
+        "--tokenizer", type=Path, metavar="tokenizer.json", help="Hugging Face tokenizer for --text"
+    )
+    p.add_argument("--image-size", type=int, help="image side in pixels (default: the model's)")
+    p.add_argument(
+        "--mean",
+        type=float,
+        nargs=3,
+        default=IMAGENET_MEAN,
+        help="RGB mean for --images",
+    )
+    p.add_argument(
+        "--std", type=float, nargs=3, default=IMAGENET_STD, help="RGB std for --images"
+    )
+    p.add_argument(
+        "--seq-len", type=int, default=32, help="tokens per random text input (default 32)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of --random inputs")
+    p.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument(
+        "--exclude-prefix",
+        nargs="?",
+        type=int,
+        const=-1,
+        default=0,
+        metavar="N",
+        help="leave the first N tokens (default: the model's CLS/register count) out of the metrics",
+    )
+    p.add_argument(
+        "--dominance",
+        choices=("head", "layer", "none"),
+        default="head",
+        help="H per head (default) or whole layer for the dominance table, or skip it",
+    )
+    p.add_argument(
+        "--fold-gamma", action="store_true", help="fold the pre-LN γ into H for dominance"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _image_size(model: str, path: Path, requested: int | None) -> int:
+    if requested:
+        return requested
+    if model in {m.name for m in models()}:
+        return get_model(model).image_size or 224
+    shapes = [g.shape for g in inputs_mod.graph_inputs(path) if len(g.shape) == 4]
+    side = shapes[0][-1] if shapes else 224
+    return side if isinstance(side, int) else 224
+
+
+def _inputs(args: argparse.Namespace, path: Path) -> inputs_mod.Inputs | None:
+    graph = inputs_mod.graph_inputs(path)
+    if args.inputs:
+        return inputs_mod.from_npz(args.inputs, graph)
+    if args.images:
+        size = _image_size(args.model, path, args.image_size)
+        return inputs_mod.from_images(
+            args.images, size=size, mean=args.mean, std=args.std, graph=graph
+        )
+    if args.text:
+        if not args.tokenizer:
+            raise InputError(
+                "`--text` needs `--tokenizer tokenizer.json`; got no tokenizer"
+            )
+        return inputs_mod.from_text(args.text, args.tokenizer, graph=graph)
+    if args.random is not None:
+        return inputs_mod.random_inputs(graph, seed=args.seed, batch=args.random, seq=args.seq_len)
+    return None
+
+
+def _summary(result: AuditResult, out: Path) -> str:
+    rows = {(r["layer"], r["metric"]): r["mean"] for r in result.layer_rows()}
+    lines = [
+        f"model {result.model['name']} ({result.model['n_blocks']} blocks), "
+        f"{result.inputs['n_inputs']} inputs from {result.inputs['source']}"
+        + (" [RANDOM]" if result.inputs["random"] else ""),
+        f"provider: {', '.join(result.provider['used'])} ({result.provider['note']})",
+        "layer  hfc_lfc   cosine  sigma_ratio",
+    ]
+    lines += [
+        f"{layer:5d}  {rows[layer, 'hfc_lfc']:8.4g}  {rows[layer, 'cosine']:7.3f}  "
+        f"{rows[layer, 'sigma_ratio']:.4g}"
+        for layer in range(result.n_layers)
+    ]
+    dom = result.dominance_summary()
+    if dom["cases"]:
+        lines.append(
+            f"dominating eigenvalue over {dom['cases']} (input, layer, head) cases: "
+            f"{100 * dom['perron']:.2f}% perron, {100 * dom['non_perron']:.2f}% non-perron"
+        )
+    lines += [f"note: {note}" for note in result.notes]
+    lines.append(f"report: {out / 'report.md'}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Audit, draw, write the report folder atomically, print a summary."""
+    from figures.audit_report import render
+
+    path = resolve_model(args.model)
+    inputs = _inputs(args, path)
+    exclude = True if args.exclude_prefix == -1 else args.exclude_prefix
+    result = audit(
+        args.model,
+        inputs,
+        provider=args.provider,
+        batch_size=args.batch_size,
+        exclude_prefix=exclude,
+        dominance=args.dominance,
+        fold_gamma=args.fold_gamma,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )
+    name = result.model["name"]
+    out = args.out or Path(f"audit-{name}")
+    result.save(out, figures=render)
+    print(_summary(result, out))
+    return 0
