@@ -30,7 +30,12 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from importers.errors import ExternalDataError, ModelFileError, UnsupportedModelError
+from importers.errors import (
+    ExternalDataError,
+    ImporterError,
+    ModelFileError,
+    UnsupportedModelError,
+)
 
 __all__ = [
     "SUPPORTED_OPSETS",
@@ -154,38 +159,62 @@ class GraphIndex:
 
         Initializers are read on first use (external data lazily, from inside the model's folder).
         Folded producers: Constant, Identity, Cast, Transpose, Reshape, Unsqueeze, Squeeze,
-        Flatten, Concat, Gather, Neg, Add/Sub/Mul/Div of two constants (e.g. int8 Cast→Mul
+        Flatten, Concat, Gather, Neg, Sqrt, Reciprocal, Add/Sub/Mul/Div of constants (e.g. int8 Cast→Mul
         dequantisation) and DequantizeLinear. Arithmetic keeps the graph's dtype, so a folded
         float32 product equals what the runtime computes.
         """
         if not name:
             return None
-        if name not in self._constants:
-            self._constants[name] = self._fold(name)
-        value = self._constants[name]
-        return None if value is None else value
+        stack = [name]
+        while stack:
+            top = stack[-1]
+            if top in self._constants:
+                stack.pop()
+                continue
+            pending = self._pending_input(top)
+            if pending is not None:
+                stack.append(pending)
+                continue
+            self._constants[top] = self._fold(top)
+            stack.pop()
+        return self._constants[name]
+
+    def _foldable_producer(self, name: str) -> Node | None:
+        if name in self.initializers or name in self.graph_inputs:
+            return None
+        node = self._producer.get(name)
+        if node is None or node.op_type not in _FOLDERS or node.domain not in _DEFAULT_DOMAINS:
+            return None
+        return node
+
+    def _pending_input(self, name: str) -> str | None:
+        """An input of ``name``'s producer still to evaluate (None when folding can proceed)."""
+        node = self._foldable_producer(name)
+        if node is None or node.op_type == "Constant":
+            return None
+        for input_name in node.inputs:
+            if input_name and input_name not in self._constants:
+                return input_name
+            if input_name and self._constants[input_name] is None:
+                return None
+        return None
 
     def _fold(self, name: str) -> np.ndarray | None:
         if name in self.initializers:
             return self.read_tensor(self.initializers[name])
-        if name in self.graph_inputs:
-            return None
-        node = self._producer.get(name)
+        node = self._foldable_producer(name)
         if node is None:
             return None
-        folder = _FOLDERS.get(node.op_type)
-        if folder is None or node.domain not in _DEFAULT_DOMAINS:
-            return None
         if node.op_type == "Constant":
-            return folder(node, [])
+            return _fold_constant(node, [])
         values = []
         for input_name in node.inputs:
-            value = self.constant_value(input_name) if input_name else None
+            value = self._constants.get(input_name) if input_name else None
             if input_name and value is None:
                 return None
             values.append(value)
         try:
-            return folder(node, values)
+            return _FOLDERS[node.op_type](node, values)
         except (ValueError, TypeError, IndexError):
             return None
 
@@ -479,6 +508,8 @@ class ShapeContext:
                 continue
             try:
                 result = self._compute(*top)
+            except ImporterError:
+                raise
             except _MissingDependencyError as missing:
                 if missing.request in on_stack:
                     self._memo[top] = None

@@ -1,0 +1,273 @@
+"""Bad model files: each gives one clear line and the right exit status, and never a traceback.
+
+Not a file, random bytes, a truncated model, an unsupported opset, a CNN (no attention), and
+external data that escapes the model's folder are refused; external data inside the folder works
+and is only read when a weight is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from numpy.testing import assert_array_equal
+from onnx import TensorProto, helper
+
+from importers.errors import (
+    ExternalDataError,
+    ImporterError,
+    ModelFileError,
+    NoAttentionBlocksError,
+    UnsupportedModelError,
+)
+from importers.graph import OnnxModel, load_model
+from importers.patterns import find_attention_blocks
+from importers.weights import extract
+from simulator.cli import main
+from tests.importers.builders import VARIANTS
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    status = main([str(arg) for arg in argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def assert_one_line_error(err: str, *fragments: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+def small_model_bytes() -> bytes:
+    return VARIANTS["bert_legacy"](0).model.SerializeToString()
+
+
+def cnn(*, softmax: bool) -> onnx.ModelProto:
+    """Conv → Relu → GlobalAveragePool → Flatten → Gemm (→ Softmax): an image classifier."""
+    rng = np.random.default_rng(5)
+    weights = [
+        helper.make_tensor("conv_w", TensorProto.FLOAT, [4, 3, 3, 3], rng.standard_normal(108)),
+        helper.make_tensor("fc_w", TensorProto.FLOAT, [4, 10], rng.standard_normal(40)),
+        helper.make_tensor("fc_b", TensorProto.FLOAT, [10], rng.standard_normal(10)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["image", "conv_w"], ["conv"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv"], ["relu"]),
+        helper.make_node("GlobalAveragePool", ["relu"], ["pool"]),
+        helper.make_node("Flatten", ["pool"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"]),
+    ]
+    output = "logits"
+    if softmax:
+        nodes.append(helper.make_node("Softmax", ["logits"], ["probabilities"], axis=-1))
+        output = "probabilities"
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["batch", 10])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def with_external_location(location: str) -> onnx.ModelProto:
+    """A builder model whose first large initializer claims to live at ``location``."""
+    model = VARIANTS["bert_legacy"](0).model
+    tensor = next(t for t in model.graph.initializer if t.dims and np.prod(t.dims) > 16)
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", location
+    return model
+
+
+# -- not a model ------------------------------------------------------------------------------
+
+
+def test_missing_file_is_refused(tmp_path, capsys):
+    missing = tmp_path / "absent.onnx"
+    with pytest.raises(ModelFileError, match="no such file"):
+        load_model(missing)
+    status, _, err = run_cli(capsys, "inspect", missing)
+    assert status == 2
+    assert_one_line_error(err, "oversmooth inspect", "`model`", "absent.onnx")
+
+
+def test_directory_is_refused(tmp_path):
+    with pytest.raises(ModelFileError, match="not a regular file"):
+        load_model(tmp_path)
+
+
+def test_random_bytes_are_refused(tmp_path, rng, capsys):
+    path = tmp_path / "noise.onnx"
+    path.write_bytes(rng.integers(0, 256, size=4096, dtype=np.uint8).tobytes())
+    with pytest.raises(ModelFileError, match="not ONNX"):
+        load_model(path)
+    out_file = tmp_path / "w.npz"
+    status, _, err = run_cli(capsys, "weights", path, "--out", out_file)
+    assert status == 2
+    assert_one_line_error(err, "`model`", "not ONNX")
+    assert not out_file.exists()
+
+
+def test_empty_file_is_refused(tmp_path):
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")
+    with pytest.raises(ModelFileError, match="empty file"):
+        load_model(path)
+
+
+@given(st.binary(max_size=512))
+def test_arbitrary_bytes_never_escape_as_another_exception(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("bytes") / "model.onnx"
+    path.write_bytes(data)
+    try:
+        model = load_model(path)
+    except ImporterError:
+        return
+    assert isinstance(model, OnnxModel)
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.3, 0.5, 0.7, 0.9, 0.999])
+def test_truncated_model_is_refused(tmp_path, capsys, fraction):
+    data = small_model_bytes()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: int(len(data) * fraction)])
+    with pytest.raises(ModelFileError, match="truncated"):
+        load_model(path)
+    status, _, err = run_cli(capsys, "inspect", path)
+    assert status == 2
+    assert_one_line_error(err, "truncated")
+
+
+def test_model_reading_an_undefined_tensor_is_refused(tmp_path):
+    model = VARIANTS["bert_legacy"](0).model
+    del model.graph.initializer[-1]
+    path = tmp_path / "inconsistent.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(ModelFileError, match="defines"):
+        load_model(path)
+
+
+@pytest.mark.parametrize("opset", [11, 24])
+def test_unsupported_opset_is_refused(tmp_path, capsys, opset):
+    model = cnn(softmax=False)
+    model.opset_import[0].version = opset
+    path = tmp_path / f"opset{opset}.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(UnsupportedModelError, match=f"opset {opset}"):
+        load_model(path)
+    status, _, err = run_cli(capsys, "inspect", path)
+    assert status == 2
+    assert_one_line_error(err, "opset 13 to 23", f"uses opset {opset}")
+
+
+# -- no attention -----------------------------------------------------------------------------
+
+
+def test_cnn_without_softmax_has_no_attention(tmp_path, capsys):
+    path = tmp_path / "cnn.onnx"
+    onnx.save(cnn(softmax=False), path)
+    with pytest.raises(NoAttentionBlocksError, match="no Softmax node") as caught:
+        find_attention_blocks(load_model(path))
+    assert caught.value.failures == ()
+    status, _, err = run_cli(capsys, "inspect", path)
+    assert status == 1
+    assert_one_line_error(err, "no Softmax node")
+
+
+def test_cnn_classifier_softmax_is_rejected_with_its_reason(tmp_path, capsys):
+    path = tmp_path / "classifier.onnx"
+    onnx.save(cnn(softmax=True), path)
+    with pytest.raises(NoAttentionBlocksError) as caught:
+        extract(load_model(path))
+    (failure,) = caught.value.failures
+    assert failure.code == "no_qk_matmul"
+    assert "Gemm" in failure.reason
+    out_file = tmp_path / "w.npz"
+    status, _, err = run_cli(capsys, "weights", path, "--out", out_file)
+    assert status == 1
+    assert_one_line_error(err, "no attention block found", "QK^T MatMul not found")
+    assert not out_file.exists()
+
+
+# -- external data ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "location", ["../weights.bin", "sub/../../weights.bin", "/tmp/weights.bin", "C:\\weights.bin"]
+)
+def test_external_data_outside_the_folder_is_refused(tmp_path, capsys, location):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = folder / "model.onnx"
+    path.write_bytes(with_external_location(location).SerializeToString())
+    with pytest.raises(ExternalDataError, match="inside the model's folder"):
+        load_model(path)
+    out_file = tmp_path / "w.npz"
+    status, _, err = run_cli(capsys, "weights", path, "--out", out_file)
+    assert status == 2
+    assert_one_line_error(err, "external data location", repr(location))
+    assert not out_file.exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symbolic links")
+def test_external_data_linked_outside_the_folder_is_refused(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (tmp_path / "elsewhere.bin").write_bytes(b"\0" * 64)
+    (folder / "weights.bin").symlink_to(tmp_path / "elsewhere.bin")
+    path = folder / "model.onnx"
+    path.write_bytes(with_external_location("weights.bin").SerializeToString())
+    with pytest.raises(ExternalDataError, match="resolves outside"):
+        load_model(path)
+
+
+def save_with_external_data(folder: Path) -> tuple[Path, Path]:
+    built = VARIANTS["vit_prenorm_layerscale"](0)
+    path = folder / "model.onnx"
+    onnx.save_model(
+        built.model,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
+    return path, folder / "weights.bin"
+
+
+def test_external_data_inside_the_folder_is_read_lazily(tmp_path):
+    path, data = save_with_external_data(tmp_path)
+    expected = VARIANTS["vit_prenorm_layerscale"](0).blocks
+    aside = tmp_path / "aside.bin"
+    data.rename(aside)
+    model = load_model(path)  # the graph is walked without the data file
+    with pytest.raises(ExternalDataError, match="no such file"):
+        extract(model)
+    aside.rename(data)
+    blocks = extract(load_model(path))
+    for block, want in zip(blocks, expected, strict=True):
+        assert_array_equal(block.W_Q, want.W_Q)
+        assert_array_equal(block.W_O, want.W_O)
+        assert_array_equal(block.gamma, want.gamma)
+
+
+def test_short_external_data_is_refused(tmp_path, capsys):
+    path, data = save_with_external_data(tmp_path)
+    data.write_bytes(data.read_bytes()[:100])
+    status, _, err = run_cli(capsys, "inspect", path)
+    assert status == 2
+    assert_one_line_error(err, "external data", "bytes")
