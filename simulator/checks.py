@@ -832,6 +832,10 @@ def _hfc_step_identity(p: Mapping[str, Any]) -> float:
     return _tolerance_margin(_relative(float(np.linalg.norm(hfc - expected)), scale), ROUNDOFF_RTOL)
 
 
+#: Round-off allowance of the S8 bounds, relative to ``(1 + sqrt(lambda_A) s_max(M)) ||HFC[X]||``.
+BOUND_SLACK = 1e-10
+
+
 def _hfc_step_bounds(p: Mapping[str, Any]) -> float:
     A, M, X, centring = _hfc_step_system(p)
     hfc_norm = float(np.linalg.norm(metrics.lfc_hfc_split(X)[1]))
@@ -846,10 +850,6 @@ def _hfc_step_bounds(p: Mapping[str, Any]) -> float:
         step - (1.0 - factor) * hfc_norm,
     ]
     return min(slacks) / scale + BOUND_SLACK
-
-
-#: Round-off allowance of the S8 bounds, relative to ``(1 + sqrt(lambda_A) s_max(M)) ||HFC[X]||``.
-BOUND_SLACK = 1e-10
 
 
 def _alternating_system(p: Mapping[str, Any], gen: np.random.Generator) -> _System:

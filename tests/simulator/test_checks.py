@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import checks
+from simulator import checks, theory
 from simulator.checks import CHECKS, Check, CheckResult, Choice, FloatRange, IntRange
 from simulator.errors import InputError
+from tests import tolerances as tol
 from tests.strategies import check_params, seeds
 
 BY_NAME = {check.name: check for check in CHECKS}
@@ -48,16 +49,25 @@ def test_long_run_check_holds_on_drawn_instances(check: Check, data: st.DataObje
     _assert_holds(check, data.draw(check_params(check), label="params"))
 
 
+def _two_token_attention(a: float) -> np.ndarray:
+    return np.array([[1.0 - a, a], [a, 1.0 - a]])
+
+
 def test_claim_11_spec_instances_are_perron_dominated() -> None:
     # The two counterexamples of paper-spec claim 11, exactly as written there.
     assert BY_NAME["s5_bound_needed_2x2"].run({"a": 0.25, "h": -1.9}) > 0
-    five = {"a": 0.45, "h": -5.0}  # A = [[.55, .45], [.45, .55]] has lambda^A_1 = 0.1
-    assert checks._s5_bound_2x2(five) > 0
+    spec_a = theory.dominance(_two_token_attention(0.25), [[-1.9]])
+    assert spec_a.kind == "perron"
+    assert spec_a.mu.real == pytest.approx(-0.9, rel=tol.STEP_RTOL)
+    # lambda^A_1 = 0.1 (a = 0.45) with lambda^H = -5: |mu| = 4 (Perron) against 0.5.
+    spec_b = theory.dominance(_two_token_attention(0.45), [[-5.0]])
+    assert spec_b.kind == "perron"
+    assert spec_b.modulus == pytest.approx(4.0, rel=tol.STEP_RTOL)
 
 
-def test_claim_11_inside_the_bound_is_not_a_counterexample() -> None:
-    # Inside [-1, 0) S5 holds, so the counterexample check must report a failure there.
-    assert checks._s5_bound_2x2({"a": 0.25, "h": -0.9}) < 0
+def test_claim_11_counterexample_check_fails_inside_the_bound() -> None:
+    # Inside [-1, 0) S5 holds, so the same construction must not be Perron-dominated.
+    assert theory.dominance(_two_token_attention(0.25), [[-0.9]]).kind == "non-perron"
 
 
 # ----------------------------------------------------------------------------------------------
