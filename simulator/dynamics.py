@@ -232,7 +232,7 @@ class _Recorder:
 def _initial_state(rule: Any, X0: ArrayLike) -> tuple[FloatArray, tuple[int, ...]]:
     check = getattr(rule, "check_tokens", None)
     X = check(X0, "X0") if check is not None else as_tokens(X0, "X0")
-    rule_batch = getattr(rule, "_batch", ())
+    rule_batch = tuple(getattr(rule, "batch_shape", ()))
     try:
         batch = np.broadcast_shapes(X.shape[:-2], rule_batch)
     except ValueError:

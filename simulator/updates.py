@@ -53,6 +53,8 @@ from simulator.errors import InputError
 __all__ = [
     "MLP",
     "RULES",
+    "RULE_OPTIONS",
+    "SCALED",
     "SYSTEM_RULES",
     "AttnScaleRule",
     "FeatScaleRule",
@@ -170,6 +172,11 @@ class _Rule(_Repr):
     _d: int
     #: Broadcast batch shape of the rule's own arrays.
     _batch: tuple[int, ...]
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        """Leading batch axes of the rule's own arrays (``()`` for one system)."""
+        return self._batch
 
     def check_tokens(self, X: ArrayLike, name: str = "X") -> FloatArray:
         """Validate a token matrix (or batch) for this rule and return it as float64.

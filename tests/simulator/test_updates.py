@@ -360,6 +360,7 @@ def test_batched_systems_equal_looping(name):
     W_V, W_proj = rng.standard_normal((B, d, d)), rng.standard_normal((B, d, d))
     X0, X1 = rng.standard_normal((B, n, d)), rng.standard_normal((B, n, d))
     batched = rule_from_system(name, A=A, W_V=W_V, W_proj=W_proj)
+    assert batched.batch_shape == (B,)
     cache: dict = {}
     out0, out1 = batched(X0, 0, cache), batched(X1, 1, cache)
     for b in range(B):
