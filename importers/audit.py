@@ -324,7 +324,7 @@ def default_inputs(path: Path, entry: Any) -> Inputs:
                 "image", graph=graph, size=entry.image_size, mean=entry.mean, std=entry.std
             )
         return bundled_inputs("text", graph=graph)
-    image = [g for g in graph if g.dtype.startswith("float") and len(g.shape) == 4]
+    image = [g for g in graph if np.issubdtype(g.dtype, np.floating) and len(g.shape) == 4]
     if image:
         side = image[0].shape[-1]
         return bundled_inputs("image", graph=graph, size=side if isinstance(side, int) else 224)

@@ -1,0 +1,253 @@
+"""Model transformations for the paper's other Table 1 columns: random init and ± reparameterisation.
+
+``random_init`` keeps the architecture and redraws every float weight matrix (projections, MLP,
+embeddings, convolution kernels: each float initializer with at least two axes) from N(0, std²);
+vectors (biases, norm parameters, LayerScale) and scalars keep their values, so only the learned
+linear maps change.
+
+``reparameterize`` replaces each head's value and output projections so that
+``W_V^h W_O^h = Q Λ Q^T`` (paper-spec §5): Q (d × d_head) orthonormal and Λ > 0 (``plus``, Perron-type
+dominance for every attention matrix, S6) or Λ in [-1, 0) (``minus``, never Perron-type, S5). Among
+such matrices it takes the nearest (Frobenius) to the trained product: the skew part of ``M_h`` is
+orthogonal to every symmetric matrix, so the target is ``sym(M_h)``; its d_head eigenvalues of the
+right sign are kept and clipped into the allowed range. Then ``W_V^h = Q`` and ``W_O^h = Λ Q^T``.
+
+Weights must be stored as float initializers (optionally through a Cast, as with float16). Quantised
+weights (int8 with Cast→Mul, DequantizeLinear, MatMulInteger) are refused: writing them back would
+need requantisation, and a silently broken model is worse than an error.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from importers.errors import ImporterError
+from importers.graph import load_model
+from importers.patterns import AttentionBlock, LinearMatch, find_attention_blocks
+from importers.zoo import resolve_model
+from simulator._io import atomic_output
+from simulator._validation import as_generator, check_choice
+
+__all__ = ["NEGATIVE_CLIP", "POSITIVE_FLOOR", "TransformError", "random_init", "reparameterize"]
+
+#: Λ of a ``plus`` head is at least this fraction of its largest eigenvalue (strictly positive).
+POSITIVE_FLOOR = 1e-3
+#: Λ of a ``minus`` head lies in [-1, -NEGATIVE_CLIP] (strictly negative, S5's [-1, 0)).
+NEGATIVE_CLIP = 1e-3
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE}
+_INTEGER_TYPES = {
+    onnx.TensorProto.INT8,
+    onnx.TensorProto.UINT8,
+    onnx.TensorProto.INT4,
+    onnx.TensorProto.UINT4,
+}
+
+
+class TransformError(ImporterError, ValueError):
+    """The model cannot be transformed safely (e.g. quantised weights)."""
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """Where a projection's weight lives: an initializer, read as (d_in, d_out) after ``transpose``."""
+
+    tensor: onnx.TensorProto
+    transpose: bool
+
+
+def _initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in model.graph.initializer}
+
+
+def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {out: node for node in model.graph.node for out in node.output}
+
+
+def _stored(model: onnx.ModelProto, linear: LinearMatch, role: str) -> _Stored:
+    if linear.kind == "matmul_integer":
+        raise TransformError(
+            f"{role} weight {linear.weight!r} is dynamically quantised (MatMulInteger); "
+            "transform needs float weights"
+        )
+    initializers, producers = _initializers(model), _producers(model)
+    name = linear.weight
+    node = producers.get(name)
+    if node is not None and node.op_type == "Cast" and node.input[0] in initializers:
+        name = node.input[0]
+    elif node is not None:
+        raise TransformError(
+            f"{role} weight {linear.weight!r} is computed by a {node.op_type} node "
+            "(quantised or folded); transform needs weights stored as float initializers"
+        )
+    if name not in initializers:
+        raise TransformError(
+            f"{role} weight {linear.weight!r} is not an initializer; cannot rewrite it"
+        )
+    tensor = initializers[name]
+    if tensor.data_type not in _FLOAT_TYPES:
+        raise TransformError(
+            f"{role} weight {name!r} has ONNX type {tensor.data_type} (quantised); "
+            "transform needs float weights"
+        )
+    if linear.alpha != 1.0:
+        raise TransformError(
+            f"{role} weight {name!r} is scaled by Gemm alpha={linear.alpha}; unsupported"
+        )
+    return _Stored(tensor, linear.transpose)
+
+
+def _read(stored: _Stored) -> np.ndarray:
+    array = numpy_helper.to_array(stored.tensor).astype(np.float64)
+    return array.T if stored.transpose else array
+
+
+def _write(stored: _Stored, matrix: np.ndarray) -> None:
+    dtype = numpy_helper.to_array(stored.tensor).dtype
+    array = (matrix.T if stored.transpose else matrix).astype(dtype)
+    stored.tensor.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(array), stored.tensor.name))
+
+
+def nearest_signed_factors(
+    M: np.ndarray, d_head: int, sign: Literal["plus", "minus"]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Factors ``(Q, Λ)`` of the nearest ``Q Λ Q^T`` to ``M`` with Λ of one sign (see module docstring).
+
+    Parameters
+    ----------
+    M : (d, d) ndarray
+        The trained ``W_V^h W_O^h``.
+    d_head : int
+        Rank of the head (columns of Q).
+    sign : {"plus", "minus"}
+
+    Returns
+    -------
+    Q : (d, d_head) ndarray
+        Orthonormal columns.
+    lam : (d_head,) ndarray
+        In ``(0, max]`` for plus, in ``[-1, -NEGATIVE_CLIP]`` for minus.
+    """
+    w, U = np.linalg.eigh((M + M.T) / 2)
+    if sign == "plus":
+        order = np.argsort(w)[::-1][:d_head]
+        top = max(float(w[order[0]]), 1.0)
+        lam = np.clip(w[order], POSITIVE_FLOOR * top, None)
+    else:
+        order = np.argsort(w)[:d_head]
+        lam = np.clip(w[order], -1.0, -NEGATIVE_CLIP)
+    return U[:, order], lam
+
+
+def _reparameterize_block(
+    model: onnx.ModelProto, block: AttentionBlock, sign: Literal["plus", "minus"]
+) -> None:
+    if block.n_kv_heads != block.n_heads:
+        raise TransformError(
+            f"block {block.index} shares values across heads (GQA: {block.n_kv_heads} kv heads "
+            f"for {block.n_heads} heads); per-head reparameterisation is undefined"
+        )
+    v, o = _stored(model, block.v, "value"), _stored(model, block.o, "output")
+    W_v, W_o = _read(v), _read(o)
+    d = block.d_head
+    for head in range(block.n_heads):
+        cols = block.v_columns[head * d : (head + 1) * d]
+        rows = block.o_rows[head * d : (head + 1) * d]
+        Q, lam = nearest_signed_factors(W_v[:, cols] @ W_o[rows, :], d, sign)
+        W_v[:, cols] = Q
+        W_o[rows, :] = lam[:, None] * Q.T
+    _write(v, W_v)
+    _write(o, W_o)
+
+
+def _blocks(model_path: Path) -> list[AttentionBlock]:
+    return find_attention_blocks(load_model(model_path)).blocks
+
+
+def _load_full(path: Path) -> onnx.ModelProto:
+    return onnx.load(os.fspath(path), load_external_data=True)
+
+
+def _save(model: onnx.ModelProto, out: str | os.PathLike[str]) -> Path:
+    target = Path(out)
+    if model.ByteSize() > 2**31 - 2**26:
+        raise TransformError(
+            "the transformed model exceeds 2 GB; saving with external data is not supported yet"
+        )
+    with atomic_output(target, "wb") as handle:
+        handle.write(model.SerializeToString())
+    return target
+
+
+def reparameterize(
+    model: str | os.PathLike[str], sign: Literal["plus", "minus"], out: str | os.PathLike[str]
+) -> Path:
+    """Write a copy of ``model`` whose every head has ``W_V^h W_O^h = Q Λ Q^T`` of the given sign.
+
+    Parameters
+    ----------
+    model : path-like or zoo name
+    sign : {"plus", "minus"}
+    out : path-like
+        The new ``.onnx`` file (written atomically).
+
+    Returns
+    -------
+    Path
+    """
+    check_choice(sign, "sign", ("plus", "minus"))
+    path = resolve_model(model)
+    blocks = _blocks(path)
+    proto = _load_full(path)
+    for block in blocks:
+        _reparameterize_block(proto, block, sign)
+    return _save(proto, out)
+
+
+def _weight_matrices(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    for tensor in model.graph.initializer:
+        if len(tensor.dims) >= 2 and int(np.prod(tensor.dims)) > 1:
+            if tensor.data_type in _INTEGER_TYPES:
+                raise TransformError(
+                    f"initializer {tensor.name!r} is a quantised ({tensor.data_type}) weight; "
+                    "random init would need requantisation"
+                )
+            if tensor.data_type in _FLOAT_TYPES:
+                yield tensor
+
+
+def random_init(
+    model: str | os.PathLike[str], out: str | os.PathLike[str], *, std: float = 0.02, seed: int = 0
+) -> Path:
+    """Write a copy of ``model`` with every float weight matrix redrawn from N(0, std²).
+
+    Parameters
+    ----------
+    model : path-like or zoo name
+    out : path-like
+    std : float
+        Standard deviation (0.02 is the usual Transformer initialisation).
+    seed : int
+
+    Returns
+    -------
+    Path
+    """
+    if not np.isfinite(std) or std <= 0:
+        raise TransformError(f"`std` must be a positive number; got {std!r}")
+    rng = as_generator(seed)
+    path = resolve_model(model)
+    _blocks(path)  # refuse models without attention blocks, with the importer's message
+    proto = _load_full(path)
+    for tensor in list(_weight_matrices(proto)):
+        dtype = numpy_helper.to_array(tensor).dtype
+        fresh = rng.normal(0.0, std, tuple(tensor.dims)).astype(dtype)
+        tensor.CopyFrom(numpy_helper.from_array(fresh, tensor.name))
+    return _save(proto, out)
