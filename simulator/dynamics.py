@@ -51,7 +51,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from simulator._validation import FloatArray, as_float_array, as_tokens, check_positive_int
 from simulator.errors import InputError, NumericalFloorWarning
-from simulator.metrics import METRICS, hfc_lfc, rank1_residual
+from simulator.metrics import METRICS, all_metrics, hfc_lfc, rank1_residual
 
 __all__ = [
     "FLOOR",
@@ -202,7 +202,10 @@ class _Recorder:
         self.check_rank = bool(_SVD_METRICS & set(names))
 
     def record(self, layer: int, X: FloatArray, log_norm: FloatArray, zero: FloatArray) -> None:
-        computed = {name: np.asarray(METRICS[name](X), dtype=np.float64) for name in self.names}
+        computed = {
+            name: np.asarray(value, dtype=np.float64)
+            for name, value in all_metrics(X, self.names).items()
+        }
         for name, value in computed.items():
             self.values[name].append(value)
         self.log_norm.append(np.array(log_norm, dtype=np.float64))
