@@ -23,7 +23,8 @@ How a block is matched (names are never used, only op types, constants and shape
    reaches the QKᵀ and ·V MatMuls tells the number of heads, the head size, the key/value head
    grouping (GQA) and exactly which weight column feeds which head, whatever the export's layout.
    The head count therefore comes from the graph's Reshape shape constants; the score scale is only
-   a cross-check (a mismatch is recorded in ``notes``).
+   a cross-check (a mismatch is recorded in ``notes``). Symbolic batch and sequence sizes are
+   probed as 2 and 3 (or as the sizes a static export's head-split Reshape spells out).
 5. Forward from the ·V MatMul through the head merge to the output projection W_O (probed the same
    way for its row order), an optional LayerScale ``Mul`` by a constant, and the residual ``Add``.
 6. The norm: pre-LN when the attention input is a norm's output whose input also enters the
@@ -276,11 +277,18 @@ class MatchReport:
 class _RejectError(Exception):
     """Internal: abandon the current Softmax candidate with a reason."""
 
-    def __init__(self, code: str, reason: str, nodes: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        code: str,
+        reason: str,
+        nodes: Iterable[str] = (),
+        probe_sizes: tuple[int, int] | None = None,
+    ) -> None:
         super().__init__(reason)
         self.code = code
         self.reason = reason
         self.nodes = tuple(nodes)
+        self.probe_sizes = probe_sizes  # (batch, sequence) a static Reshape asks for
 
 
 @dataclass(frozen=True)
@@ -344,12 +352,12 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
     softmaxes = index.nodes_of_type("Softmax")
     if not softmaxes:
         raise NoAttentionBlocksError.from_failures([])
-    matcher = _Matcher(index)
+    matchers = {(PROBE_BATCH, PROBE_SEQUENCE): _Matcher(index, PROBE_BATCH, PROBE_SEQUENCE)}
     blocks: list[AttentionBlock] = []
     failures: list[MatchFailure] = []
     for softmax in softmaxes:
         try:
-            blocks.append(matcher.match(softmax, len(blocks)))
+            blocks.append(_match_with_retry(matchers, index, softmax, len(blocks)))
         except _RejectError as reject:
             failures.append(MatchFailure(softmax.label, reject.reason, reject.nodes, reject.code))
     if not blocks:
@@ -357,12 +365,31 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
     return MatchReport(blocks=blocks, failures=failures, n_softmax=len(softmaxes))
 
 
-class _Matcher:
-    """Pattern matching over one graph (shared shape context across candidates)."""
+def _match_with_retry(
+    matchers: dict[tuple[int, int], _Matcher], index: GraphIndex, softmax: Node, position: int
+) -> AttentionBlock:
+    """Match with the default probe sizes; if a static head-split Reshape needs other batch and
+    sequence sizes (an export with fixed shapes), match once more with those."""
+    try:
+        return matchers[(PROBE_BATCH, PROBE_SEQUENCE)].match(softmax, position)
+    except _RejectError as reject:
+        sizes = reject.probe_sizes
+        if sizes is None or sizes == (PROBE_BATCH, PROBE_SEQUENCE):
+            raise
+    if sizes not in matchers:
+        matchers[sizes] = _Matcher(index, *sizes)
+    return matchers[sizes].match(softmax, position)
 
-    def __init__(self, index: GraphIndex) -> None:
+
+class _Matcher:
+    """Pattern matching over one graph (one shape context, shared across candidates).
+
+    ``batch`` and ``sequence`` are the sizes assumed for symbolic dimensions while probing.
+    """
+
+    def __init__(self, index: GraphIndex, batch: int, sequence: int) -> None:
         self.index = index
-        self.context = ShapeContext(index, batch=PROBE_BATCH, sequence=PROBE_SEQUENCE)
+        self.context = ShapeContext(index, batch=batch, sequence=sequence)
 
     # -- helpers ----------------------------------------------------------------------------------
     def const(self, name: str) -> np.ndarray | None:
@@ -871,13 +898,18 @@ class _Matcher:
             return _apply_layout(node, value, values, node.outputs.index(step.output))
         except (ValueError, TypeError, IndexError) as err:
             if op == "Reshape":
-                target = "an unknown shape" if values[0] is None else str(list(np.ravel(values[0])))
+                target = (
+                    "an unknown shape"
+                    if values[0] is None
+                    else str([int(d) for d in np.ravel(values[0])])
+                )
                 raise _RejectError(
                     "head_reshape",
                     f"{role} head-split Reshape {node.label!r} cannot reshape {role} of shape "
                     f"{value.shape} (projection width {value.shape[-1] if value.ndim else '?'}) "
                     f"into {target}",
                     (node.label,),
+                    probe_sizes=_static_sizes(values[0], value),
                 ) from None
             raise _RejectError(
                 "head_layout",
@@ -1357,6 +1389,21 @@ def _describe_linear(trace: _Trace) -> str:
         extra.append("layout " + "/".join(layout))
     tail = f"; {', '.join(extra)}" if extra else ""
     return f"{linear.kind} {', '.join(linear.nodes)} (weight {linear.weight!r}{tail})"
+
+
+def _static_sizes(target: np.ndarray | None, value: np.ndarray) -> tuple[int, int] | None:
+    """(batch, sequence) spelled out by a static head-split target such as [1, 197, 12, 64]."""
+    if target is None or value.ndim != 3:
+        return None
+    dims = [int(d) for d in np.ravel(target)]
+    if len(dims) < 3 or dims[0] <= 0 or dims[1] <= 0:
+        return None
+    features = dims[2:]
+    known = math.prod(d for d in features if d > 0)
+    fits = (
+        known == value.shape[-1] if all(d > 0 for d in features) else value.shape[-1] % known == 0
+    )
+    return (dims[0], dims[1]) if fits else None
 
 
 def _path_text(trace: _Trace) -> str:
