@@ -23,7 +23,7 @@ from importers.patterns import MatchFailure, find_attention_blocks
 from importers.weights import BlockWeights, extract
 from simulator.attention import layer_norm, rms_norm, softmax
 from tests import tolerances as tol
-from tests.importers.builders import NEAR_MISSES, VARIANTS, Built
+from tests.importers.builders import NEAR_MISSES, VARIANTS, Built, assemble
 
 STRUCTURE = ("index", "n_heads", "n_kv_heads", "d_model", "d_head", "norm", "norm_kind")
 ARRAYS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "gamma", "beta", "layer_scale")
@@ -288,6 +288,64 @@ def test_variant_exported_with_static_shapes_gives_the_same_weights(name, batch,
             assert getattr(block, field) == getattr(want, field)
         for key, value in want.arrays().items():
             assert_array_equal(getattr(block, key), value, err_msg=f"{name} static: {key}")
+
+
+def reencode(model: onnx.ModelProto, name: str, how: str) -> tuple[onnx.ModelProto, np.ndarray]:
+    """Store the float32 initializer ``name`` another way a graph may hold a weight; returns the
+    new model and the weight value the graph now computes (float64)."""
+    changed = onnx.ModelProto()
+    changed.CopyFrom(model)
+    graph = changed.graph
+    position = next(i for i, t in enumerate(graph.initializer) if t.name == name)
+    W = onnx.numpy_helper.to_array(graph.initializer[position])
+    del graph.initializer[position]
+    make = onnx.helper.make_node
+    if how == "constant_node":
+        nodes = [make("Constant", [], [name], value=onnx.numpy_helper.from_array(W))]
+        value = W
+    elif how == "transposed":
+        graph.initializer.append(
+            onnx.numpy_helper.from_array(np.ascontiguousarray(W.T), f"{name}_t")
+        )
+        nodes = [make("Transpose", [f"{name}_t"], [name], perm=[1, 0])]
+        value = W
+    elif how == "identity":
+        graph.initializer.append(onnx.numpy_helper.from_array(W, f"{name}_src"))
+        nodes = [make("Identity", [f"{name}_src"], [name])]
+        value = W
+    else:  # DequantizeLinear, per output column or per tensor, with a nonzero zero point
+        per_column = how == "dequantize_per_column"
+        scale = (np.abs(W).max(axis=0) if per_column else np.abs(W).max()) / np.float32(100)
+        scale = scale.astype(np.float32)
+        zero = np.full(scale.shape, 3, dtype=np.int8)
+        q = (np.clip(np.round(W / scale), -100, 100) + 3).astype(np.int8)
+        graph.initializer.extend(
+            [
+                onnx.numpy_helper.from_array(q, f"{name}_q"),
+                onnx.numpy_helper.from_array(scale, f"{name}_scale"),
+                onnx.numpy_helper.from_array(zero, f"{name}_zero"),
+            ]
+        )
+        nodes = [
+            make("DequantizeLinear", [f"{name}_q", f"{name}_scale", f"{name}_zero"], [name], axis=1)
+        ]
+        value = (q.astype(np.int32) - zero.astype(np.int32)).astype(np.float32) * scale
+    for node in reversed(nodes):
+        graph.node.insert(0, node)
+    onnx.checker.check_model(changed)
+    return changed, value.astype(np.float64)
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["constant_node", "transposed", "identity", "dequantize_per_column", "dequantize_per_tensor"],
+)
+def test_weight_stored_as_a_constant_chain_is_folded(how):
+    assembly = assemble("bert_legacy", 0)
+    model, W_q = reencode(assembly.built.model, assembly.weight_names[0]["q"], how)
+    block = extract(model_from_proto(model))[0]
+    assert_array_equal(block.W_Q, W_q, err_msg=f"W_Q stored as {how}")
+    assert_array_equal(block.W_K, assembly.built.blocks[0].W_K)
 
 
 # -- near misses ------------------------------------------------------------------------------
