@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml requirements-models.txt
 	touch $@
 
 demo: venv
-	$(BIN)/oversmooth demo --out demo-out
+	$(BIN)/oversmooth audit --out demo-out --no-progress
+	@echo "report: demo-out/report.md"
 
 lint: venv
 	$(BIN)/ruff check .
