@@ -422,8 +422,14 @@ def _attention_probs(array: np.ndarray, name: str, n_heads: int) -> np.ndarray:
 
 
 def _prefix_count(exclude_prefix: bool | int, entry: Any) -> int:
-    if exclude_prefix is True:
+    if isinstance(exclude_prefix, bool):
+        if not exclude_prefix:
+            return 0
         return int(entry.prefix_tokens) if entry is not None else 1
+    if not isinstance(exclude_prefix, int | np.integer) or exclude_prefix < 0:
+        raise InputError(
+            f"`exclude_prefix` must be a bool or a non-negative integer; got {exclude_prefix!r}"
+        )
     return int(exclude_prefix)
 
 
@@ -473,6 +479,7 @@ def audit(
     graph = load_model(path)
     report = find_attention_blocks(graph)
     blocks = [block_weights(graph, block) for block in report.blocks]
+    fed = {spec.name for spec in graph_inputs(graph.proto)}  # e.g. a model that reads embeddings
     del graph
     notes: list[str] = []
     inputs = default_inputs(path, entry) if inputs is None else inputs
@@ -483,13 +490,16 @@ def audit(
     prefix = _prefix_count(exclude_prefix, entry)
     layer_names = _layer_tensors(blocks, notes)
     attention = [b.attention_name for b in blocks] if dominance != "none" else []
-    runner = Runner(path, expose=list(dict.fromkeys(layer_names + attention)), provider=provider)
+    exposed = [name for name in dict.fromkeys(layer_names + attention) if name not in fed]
+    runner = Runner(path, expose=exposed, provider=provider)
     eig_H = _value_spectra(blocks, dominance, fold_gamma) if dominance != "none" else []
     per_input = {name: np.full((inputs.batch_size, len(layer_names)), np.nan) for name in METRICS}
     cases: list[DominanceCase] = []
     start = 0
     for outputs in runner.run(inputs, batch_size=batch_size, progress=progress):
-        batch = outputs[layer_names[0]].shape[0]
+        batch = next(iter(outputs.values())).shape[0]
+        for name in fed.intersection(layer_names):
+            outputs[name] = np.asarray(inputs.feeds[name][start : start + batch])
         for layer, name in enumerate(layer_names):
             hidden = _hidden(outputs[name], name)
             masks = _token_masks(inputs, start, batch, hidden.shape[1], prefix)
