@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from importers import inputs as inputs_mod
 from importers.audit import AuditResult, audit
+from importers.graph import load_model
+from importers.inputs import GraphInput
 from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, get_model, models, resolve_model
 from simulator.errors import InputError
 
@@ -58,9 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=IMAGENET_MEAN,
         help="RGB mean for --images",
     )
-    p.add_argument(
-        "--std", type=float, nargs=3, default=IMAGENET_STD, help="RGB std for --images"
-    )
+    p.add_argument("--std", type=float, nargs=3, default=IMAGENET_STD, help="RGB std for --images")
     p.add_argument(
         "--seq-len", type=int, default=32, help="tokens per random text input (default 32)"
     )
@@ -89,30 +90,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _image_size(model: str, path: Path, requested: int | None) -> int:
+def _image_size(model: str, graph: Sequence[GraphInput], requested: int | None) -> int:
     if requested:
         return requested
     if model in {m.name for m in models()}:
         return get_model(model).image_size or 224
-    shapes = [g.shape for g in inputs_mod.graph_inputs(path) if len(g.shape) == 4]
+    shapes = [g.shape for g in graph if len(g.shape) == 4]
     side = shapes[0][-1] if shapes else 224
     return side if isinstance(side, int) else 224
 
 
 def _inputs(args: argparse.Namespace, path: Path) -> inputs_mod.Inputs | None:
-    graph = inputs_mod.graph_inputs(path)
+    # Parse with the importer so that a file that is not ONNX gets its one-line error.
+    graph = inputs_mod.graph_inputs(load_model(path).proto)
     if args.inputs:
         return inputs_mod.from_npz(args.inputs, graph)
     if args.images:
-        size = _image_size(args.model, path, args.image_size)
+        size = _image_size(args.model, graph, args.image_size)
         return inputs_mod.from_images(
             args.images, size=size, mean=args.mean, std=args.std, graph=graph
         )
     if args.text:
         if not args.tokenizer:
-            raise InputError(
-                "`--text` needs `--tokenizer tokenizer.json`; got no tokenizer"
-            )
+            raise InputError("`--text` needs `--tokenizer tokenizer.json`; got no tokenizer")
         return inputs_mod.from_text(args.text, args.tokenizer, graph=graph)
     if args.random is not None:
         return inputs_mod.random_inputs(graph, seed=args.seed, batch=args.random, seq=args.seq_len)
