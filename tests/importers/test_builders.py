@@ -13,9 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
-from scipy.special import erf, expit
 
-from simulator.attention import layer_norm, rms_norm, softmax
 from tests import tolerances as tol
 from tests.importers._builder_parts import BATCH
 from tests.importers.builders import (
@@ -24,12 +22,10 @@ from tests.importers.builders import (
     RECIPES,
     VARIANTS,
     Assembly,
-    ExpectedBlock,
-    MlpReference,
-    Reference,
     assemble,
     assemble_near_miss,
 )
+from tests.importers.reference import reference_forward
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -58,109 +54,6 @@ def _run(assembly: Assembly, *, optimise: bool = False) -> np.ndarray:
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def variant(request: pytest.FixtureRequest) -> tuple[str, Assembly]:
     return request.param, assemble(request.param, SEED)
-
-
-# -- NumPy reference forward pass ---------------------------------------------------------------
-
-
-def _norm(
-    x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, kind: str, eps: float
-) -> np.ndarray:
-    if kind == "rmsnorm":
-        return rms_norm(x, gamma, eps=eps)
-    return layer_norm(x, gamma, beta, eps=eps)
-
-
-def _affine(x: np.ndarray, W: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    return x @ W if b is None else x @ W + b
-
-
-def _heads(x: np.ndarray, n_heads: int) -> np.ndarray:
-    """``(B, T, H*dh) -> (B, H, T, dh)``."""
-    batch, tokens, width = x.shape
-    return x.reshape(batch, tokens, n_heads, width // n_heads).transpose(0, 2, 1, 3)
-
-
-def _rotate(x: np.ndarray, angles: np.ndarray) -> np.ndarray:
-    """RoPE with rotate-half: ``x cos + [-x2, x1] sin``."""
-    first, second = np.split(x, 2, axis=-1)
-    return x * np.cos(angles) + np.concatenate([-second, first], axis=-1) * np.sin(angles)
-
-
-def _keep(reference: Reference, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    """Boolean ``(B|1, 1, T|1, T)``: which keys each query may attend to."""
-    recipe = reference.recipe
-    if recipe.mask.startswith("padding"):
-        return inputs["attention_mask"][:, None, None, :].astype(bool)
-    if recipe.mask.startswith("causal"):
-        return np.tril(np.ones((recipe.n_tokens, recipe.n_tokens), dtype=bool))[None, None]
-    return np.ones((1, 1, 1, recipe.n_tokens), dtype=bool)
-
-
-def _attention(
-    x: np.ndarray, blk: ExpectedBlock, reference: Reference, keep: np.ndarray
-) -> np.ndarray:
-    """``softmax(Q K^T / sqrt(dh) + mask) V W_O + b_O`` per head; kv head ``h // (H / Hkv)``."""
-    q = _heads(_affine(x, blk.W_Q, blk.b_Q), blk.n_heads)
-    k = _heads(_affine(x, blk.W_K, blk.b_K), blk.n_kv_heads)
-    v = _heads(_affine(x, blk.W_V, blk.b_V), blk.n_kv_heads)
-    if reference.rope_angles is not None:
-        q, k = _rotate(q, reference.rope_angles), _rotate(k, reference.rope_angles)
-    group = blk.n_heads // blk.n_kv_heads
-    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    scores = np.where(keep, q @ np.swapaxes(k, -1, -2) / np.sqrt(blk.d_head), -np.inf)
-    context = (softmax(scores) @ v).transpose(0, 2, 1, 3)
-    return _affine(context.reshape(*x.shape[:2], -1), blk.W_O, blk.b_O)
-
-
-def _mlp(x: np.ndarray, mlp: MlpReference) -> np.ndarray:
-    up = _affine(x, mlp.W_up, mlp.b_up)
-    if mlp.W_gate is None:
-        hidden = 0.5 * up * (1 + erf(up / np.sqrt(2)))
-    else:
-        gate = x @ mlp.W_gate
-        hidden = gate * expit(gate) * up
-    return _affine(hidden, mlp.W_down, mlp.b_down)
-
-
-def _block(
-    x: np.ndarray, blk: ExpectedBlock, mlp: MlpReference, reference: Reference, keep: np.ndarray
-) -> np.ndarray:
-    eps = reference.recipe.eps
-
-    def norm(y: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None) -> np.ndarray:
-        return _norm(y, gamma, beta, blk.norm_kind, eps)
-
-    if blk.norm == "post":
-        h = norm(x + _attention(x, blk, reference, keep), blk.gamma, blk.beta)
-        return norm(h + _mlp(h, mlp), mlp.norm_gamma, mlp.norm_beta)
-    attended = _attention(norm(x, blk.gamma, blk.beta), blk, reference, keep)
-    h = x + (attended if blk.layer_scale is None else attended * blk.layer_scale)
-    update = _mlp(norm(h, mlp.norm_gamma, mlp.norm_beta), mlp)
-    return h + (update if mlp.layer_scale is None else update * mlp.layer_scale)
-
-
-def _embed(reference: Reference, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    if reference.word_embeddings is None:
-        return inputs["embeddings"].astype(np.float64)
-    x = reference.word_embeddings[inputs["input_ids"]]
-    if reference.position_embeddings is not None:
-        x = x + reference.position_embeddings
-    if reference.embed_norm is not None:
-        x = _norm(x, *reference.embed_norm, reference.recipe.norm_kind, reference.recipe.eps)
-    return x
-
-
-def reference_forward(assembly: Assembly) -> np.ndarray:
-    """The model's last hidden state ``(B, T, d)`` in float64 from the expected weights."""
-    reference, inputs = assembly.reference, assembly.built.inputs
-    keep = _keep(reference, inputs)
-    x = _embed(reference, inputs)
-    for blk, mlp in zip(assembly.built.blocks, reference.mlps, strict=True):
-        x = _block(x, blk, mlp, reference, keep)
-    if reference.final_norm is not None:
-        x = _norm(x, *reference.final_norm, reference.recipe.norm_kind, reference.recipe.eps)
-    return x
 
 
 # -- variants -----------------------------------------------------------------------------------
