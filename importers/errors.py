@@ -63,11 +63,20 @@ class NoAttentionBlocksError(ImporterError):
 
     @classmethod
     def from_failures(
-        cls, failures: Sequence[MatchFailure], *, top: int = 3
+        cls, failures: Sequence[MatchFailure], *, top: int = 3, fused: Sequence[str] = ()
     ) -> NoAttentionBlocksError:
-        """Build the error with a message naming the ``top`` most common rejection reasons."""
+        """Build the error with a message naming the ``top`` most common rejection reasons.
+
+        ``fused`` lists fused attention op types found instead of a Softmax (not supported).
+        """
         if not failures:
-            return cls("no attention block found: the graph has no Softmax node", ())
+            extra = (
+                f" (it uses fused {', '.join(sorted(set(fused)))} nodes, which hide the attention "
+                f"weights' structure; export without attention fusion)"
+                if fused
+                else ""
+            )
+            return cls(f"no attention block found: the graph has no Softmax node{extra}", ())
         counts = Counter(failure.code for failure in failures)
         example = {}
         for failure in failures:

@@ -79,6 +79,9 @@ _MERGE_OPS = frozenset("Transpose Reshape Flatten Squeeze Unsqueeze Identity Cas
 _VALUE_PRESERVING = frozenset({"Identity", "Cast", "Dropout"})
 _SCORE_PASS = frozenset({"Cast", "Identity"})
 _LINEAR_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul"})
+_FUSED_ATTENTION = frozenset(
+    {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention"}
+)
 
 
 @dataclass(frozen=True)
@@ -351,7 +354,8 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
     index = model.index
     softmaxes = index.nodes_of_type("Softmax")
     if not softmaxes:
-        raise NoAttentionBlocksError.from_failures([])
+        fused = [node.op_type for node in index.nodes if node.op_type in _FUSED_ATTENTION]
+        raise NoAttentionBlocksError.from_failures([], fused=fused)
     matchers = {(PROBE_BATCH, PROBE_SEQUENCE): _Matcher(index, PROBE_BATCH, PROBE_SEQUENCE)}
     blocks: list[AttentionBlock] = []
     failures: list[MatchFailure] = []

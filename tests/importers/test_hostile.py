@@ -203,6 +203,33 @@ def test_cnn_classifier_softmax_is_rejected_with_its_reason(tmp_path, capsys):
     assert not out_file.exists()
 
 
+def test_fused_attention_ops_are_named_as_the_reason(tmp_path, capsys):
+    rng = np.random.default_rng(9)
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "Attention", ["x", "qkv_w", "qkv_b"], ["y"], domain="com.microsoft", num_heads=2
+            )
+        ],
+        "fused",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 8])],
+        [
+            helper.make_tensor("qkv_w", TensorProto.FLOAT, [8, 24], rng.standard_normal(192)),
+            helper.make_tensor("qkv_b", TensorProto.FLOAT, [24], rng.standard_normal(24)),
+        ],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
+    path = tmp_path / "fused.onnx"
+    onnx.save(model, path)
+    status, _, err = run_cli(capsys, "inspect", path)
+    assert status == 1
+    assert_one_line_error(err, "no Softmax node", "fused Attention")
+
+
 # -- external data ----------------------------------------------------------------------------
 
 
