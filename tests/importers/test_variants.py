@@ -20,6 +20,7 @@ from numpy.testing import assert_allclose, assert_array_equal
 from importers.errors import NoAttentionBlocksError
 from importers.graph import model_from_proto
 from importers.patterns import MatchFailure, find_attention_blocks
+from importers.spectra import head_eigenvalues, layer_eigenvalues
 from importers.weights import BlockWeights, extract
 from simulator.attention import layer_norm, rms_norm, softmax
 from tests import tolerances as tol
@@ -288,6 +289,26 @@ def test_variant_exported_with_static_shapes_gives_the_same_weights(name, batch,
             assert getattr(block, field) == getattr(want, field)
         for key, value in want.arrays().items():
             assert_array_equal(getattr(block, key), value, err_msg=f"{name} static: {key}")
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_spectra_traces_match_the_builders_weights(name):
+    """Σ eig(W_O^h W_V^h) = tr(W_O^h W_V^{h // group}) per head (GQA: shared key/value heads), and
+    Σ eig(W_V W_O) over the layer = Σ_h of those traces, from the builder's ground truth."""
+    for block, want in zip(extracted(name, 0), built(name, 0).blocks, strict=True):
+        d, group = want.d_head, want.n_heads // want.n_kv_heads
+        traces = []
+        for head in range(want.n_heads):
+            kv = head // group
+            W_V, W_O = want.W_V[:, kv * d : (kv + 1) * d], want.W_O[head * d : (head + 1) * d]
+            values = head_eigenvalues(block, head)
+            traces.append(np.trace(W_O @ W_V))
+            scale = max(float(np.max(np.abs(values))), 1.0)
+            assert abs(values.sum() - traces[-1]) <= tol.HEAD_SPECTRUM_RTOL * scale, (name, head)
+        layer = layer_eigenvalues(block)
+        assert layer.shape == (want.d_model,)
+        scale = max(float(np.max(np.abs(layer))), 1.0)
+        assert abs(layer.sum() - sum(traces)) <= tol.HEAD_SPECTRUM_RTOL * scale * want.n_heads
 
 
 def reencode(model: onnx.ModelProto, name: str, how: str) -> tuple[onnx.ModelProto, np.ndarray]:
