@@ -4,6 +4,8 @@ Public API
 ----------
 load_model
     Parse an ``.onnx`` file (external data is *not* read), check it, index its graph.
+model_from_proto
+    The same checks and index for a ``ModelProto`` already in memory.
 OnnxModel
     The parsed model, its path, default-domain opset and :class:`GraphIndex`.
 GraphIndex
@@ -43,7 +45,14 @@ __all__ = [
     "Node",
     "OnnxModel",
     "ShapeContext",
+    "apply_slice",
+    "apply_split",
+    "external_data_path",
+    "flatten",
     "load_model",
+    "model_from_proto",
+    "reshape_target",
+    "unsqueeze",
 ]
 
 #: Default-domain opsets accepted: 13 (Softmax over one axis, Split sizes as an input) to 23.
