@@ -10,13 +10,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from importers import inputs as inputs_mod
-from importers.audit import AuditResult, audit
-from importers.graph import load_model
-from importers.inputs import GraphInput
 from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, get_model, models, resolve_model
 from simulator.errors import InputError
+
+if TYPE_CHECKING:  # the audit's modules (onnx, the matcher) load when the command runs
+    from importers import inputs as inputs_mod
+    from importers.audit import AuditResult
+    from importers.inputs import GraphInput
 
 DEFAULT_MODEL = "dinov2-vits14"
 
@@ -101,6 +103,9 @@ def _image_size(model: str, graph: Sequence[GraphInput], requested: int | None) 
 
 
 def _inputs(args: argparse.Namespace, path: Path) -> inputs_mod.Inputs | None:
+    from importers import inputs as inputs_mod
+    from importers.graph import load_model
+
     # Parse with the importer so that a file that is not ONNX gets its one-line error.
     graph = inputs_mod.graph_inputs(load_model(path).proto)
     if args.inputs:
@@ -147,6 +152,7 @@ def _summary(result: AuditResult, out: Path) -> str:
 def run(args: argparse.Namespace) -> int:
     """Audit, draw, write the report folder atomically, print a summary."""
     from figures.audit_report import render
+    from importers.audit import audit
 
     path = resolve_model(args.model)
     inputs = _inputs(args, path)

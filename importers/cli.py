@@ -1,8 +1,8 @@
 """Register the importer's subcommands with the ``oversmooth`` dispatcher.
 
 Subcommands: ``inspect`` (matched attention blocks and rejected candidates), ``weights`` (per-block
-weights to ``.npz``), ``spectra`` (eigenvalues of W_V W_O to CSV), plus ``models`` and ``fetch`` from
-:mod:`importers.cmd_models`.
+weights to ``.npz``), ``spectra`` (eigenvalues of W_V W_O to CSV), ``transform`` (random init and
+± reparameterisation), plus ``models`` and ``fetch`` from :mod:`importers.cmd_models`.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     Only argparse work happens here; onnx and NumPy are imported when a command runs.
     """
-    from importers import cmd_inspect, cmd_models, cmd_spectra, cmd_weights
+    from importers import cmd_inspect, cmd_models, cmd_spectra, cmd_transform, cmd_weights
 
     cmd_inspect.register(subparsers)
     cmd_weights.register(subparsers)
     cmd_spectra.register(subparsers)
     cmd_models.register(subparsers)
+    cmd_transform.register(subparsers)
 
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:

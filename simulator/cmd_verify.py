@@ -13,9 +13,21 @@ import difflib
 import json
 import math
 import time
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-from simulator import checks
 from simulator.errors import InputError
+
+if TYPE_CHECKING:
+    from simulator import checks
+
+
+def _checks() -> ModuleType:
+    """The checks module, imported on first use so building the CLI parser stays cheap (no SciPy)."""
+    from simulator import checks
+
+    return checks
+
 
 _COLUMNS = ("name", "claim", "cases", "passed", "worst margin", "statement")
 _WIDTHS = (36, 5, 6, 6, 12)
@@ -35,9 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--examples",
         type=int,
-        default=checks.DEFAULT_EXAMPLES,
+        default=None,
         metavar="N",
-        help=f"random instances per check (default {checks.DEFAULT_EXAMPLES})",
+        help="random instances per check (default: simulator.checks.DEFAULT_EXAMPLES)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, metavar="S", help="seed of the whole run (default 0)"
@@ -50,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _validated_names(only: list[str] | None) -> list[str]:
-    known = checks.check_names()
+    known = _checks().check_names()
     if only is None:
         return list(known)
     for name in only:
@@ -64,6 +76,8 @@ def _validated_names(only: list[str] | None) -> list[str]:
 
 
 def _validate(args: argparse.Namespace) -> list[str]:
+    if args.examples is None:
+        args.examples = _checks().DEFAULT_EXAMPLES
     if args.examples <= 0:
         raise InputError(f"`--examples` must be a positive integer; got {args.examples}")
     if args.seed < 0:
@@ -107,13 +121,13 @@ def _failure_lines(result: checks.CheckResult) -> list[str]:
 
 
 def _print_list() -> None:
-    for check in checks.CHECKS:
+    for check in _checks().CHECKS:
         tag = " [counterexample]" if check.counterexample else ""
         print(f"{check.name:36s} claim {check.claim:2d}{tag}: {check.statement}")
 
 
 def _json_records(results: list[checks.CheckResult]) -> list[dict[str, object]]:
-    by_name = {check.name: check for check in checks.CHECKS}
+    by_name = {check.name: check for check in _checks().CHECKS}
     return [
         {
             **result.as_dict(),
@@ -128,7 +142,7 @@ def _run_table(names: list[str], examples: int, seed: int) -> list[checks.CheckR
     print(_row(_COLUMNS))
     results = []
     for name in names:
-        (result,) = checks.verify(examples=examples, seed=seed, names=[name])
+        (result,) = _checks().verify(examples=examples, seed=seed, names=[name])
         print(_table_row(result), flush=True)
         results.append(result)
     return results
@@ -142,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     start = time.perf_counter()
     if args.json:
-        results = checks.verify(examples=args.examples, seed=args.seed, names=names)
+        results = _checks().verify(examples=args.examples, seed=args.seed, names=names)
         print(json.dumps(_json_records(results), indent=2, allow_nan=False))
     else:
         results = _run_table(names, args.examples, args.seed)
