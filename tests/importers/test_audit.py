@@ -1,0 +1,554 @@
+"""The model audit against an independent recomputation, and its output folder contract.
+
+The builder models (``tests/importers/builders.py``) have known weights, so every number the audit
+reports can be recomputed in float64 NumPy (``tests/importers/reference.py``: the simulator's
+LayerNorm and softmax, the builders' ground-truth weights, never the importer's): the per-layer
+metrics of the hidden states and the kind of the dominating eigenvalue of ``I + H_h ⊗ A`` per
+(input, layer, head). The folder written by ``AuditResult.save`` must hold every promised file,
+appear whole or not at all, and replace an earlier folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import hashlib
+import json
+import os
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from numpy.testing import assert_allclose
+
+from importers.audit import DOMINANCE_COLUMNS, LAYER_COLUMNS, AuditResult, audit
+from importers.inputs import Inputs, bundled_inputs, graph_inputs, random_inputs
+from importers.runner import ProviderError
+from simulator.errors import InputError, OversmoothError
+from simulator.metrics import METRICS, all_metrics
+from simulator.theory import KINDS, dominance_kinds, kron_eigenvalues
+from tests import tolerances as tol
+from tests.importers.builders import VARIANTS, Assembly, ExpectedBlock, assemble
+from tests.importers.reference import forward_trace
+
+SEED = 5
+#: Variants whose activations onnxruntime quantises at run time: no float recomputation applies.
+RUNTIME_QUANTISED = {"dynamic_quant"}
+FLOAT_VARIANTS = sorted(set(VARIANTS) - RUNTIME_QUANTISED)
+#: Variants with a padding mask (the builders pad the second sequence's last two tokens).
+PADDED = "bert_legacy"
+_CPU = "CPUExecutionProvider"
+_CUDA = "CUDAExecutionProvider"
+
+
+@functools.cache
+def _assembly(name: str) -> Assembly:
+    return assemble(name, SEED)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+def saved_model(folder: Path, name: str) -> Path:
+    """The builder model ``name`` written to ``folder`` (once)."""
+    path = folder / f"{name}.onnx"
+    if not path.exists():
+        onnx.save(_assembly(name).built.model, path)
+    return path
+
+
+def builder_inputs(assembly: Assembly, feeds: dict[str, np.ndarray] | None = None) -> Inputs:
+    """The builder's feeds (or ``feeds``) as audit inputs, the padding mask as the token mask."""
+    feeds = dict(assembly.built.inputs if feeds is None else feeds)
+    mask = feeds.get("attention_mask")
+    batch = next(iter(feeds.values())).shape[0]
+    return Inputs(
+        feeds=feeds,
+        token_mask=None if mask is None else mask.astype(bool),
+        labels=tuple(f"item-{i}" for i in range(batch)),
+        source="test",
+    )
+
+
+def real_tokens(assembly: Assembly, feeds: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    """``(B, T)`` True on the tokens that are not padding."""
+    feeds = assembly.built.inputs if feeds is None else feeds
+    if "attention_mask" in feeds:
+        return feeds["attention_mask"].astype(bool)
+    first = next(iter(feeds.values()))
+    return np.ones(first.shape[:2], dtype=bool)
+
+
+@functools.cache
+def _audited(folder: Path, name: str, **options: object) -> AuditResult:
+    assembly = _assembly(name)
+    return audit(saved_model(folder, name), builder_inputs(assembly), provider="cpu", **options)
+
+
+def audited(folder: Path, name: str, **options: object) -> AuditResult:
+    """The audit of builder model ``name`` on its own feeds (CPU; cached per options)."""
+    return _audited(folder, name, **options)
+
+
+def numpy_metrics(hidden: np.ndarray, keep: np.ndarray) -> dict[str, np.ndarray]:
+    """Every metric per item ``(B,)`` of the tokens ``keep`` (B, T) of ``hidden`` (B, T, d)."""
+    per_item = [all_metrics(hidden[b][keep[b]]) for b in range(hidden.shape[0])]
+    return {name: np.array([float(item[name]) for item in per_item]) for name in METRICS}
+
+
+# -- hidden states: the audit's metrics against the NumPy forward pass ---------------------------
+
+
+@pytest.mark.parametrize("name", FLOAT_VARIANTS)
+def test_audit_metrics_equal_those_of_a_numpy_forward_pass(model_dir: Path, name: str) -> None:
+    assembly = _assembly(name)
+    result = audited(model_dir, name)
+    trace = forward_trace(assembly)
+    assert result.n_layers == len(assembly.built.blocks) + 1
+    keep = real_tokens(assembly)
+    for layer, hidden in enumerate(trace.hidden):
+        expected = numpy_metrics(hidden, keep)
+        for metric in METRICS:
+            assert_allclose(
+                result.metrics[metric][:, layer],
+                expected[metric],
+                rtol=tol.ORT_RTOL,
+                atol=tol.ORT_ATOL,
+                err_msg=f"{name}: {metric} at layer {layer}",
+            )
+
+
+def head_spectrum(block: ExpectedBlock, head: int) -> np.ndarray:
+    """Eigenvalues of the d×d ``W_V^h W_O^h``: those of ``W_O^h W_V^h`` plus the exact zero."""
+    d, kv = block.d_head, head // (block.n_heads // block.n_kv_heads)
+    W_V = block.W_V[:, kv * d : (kv + 1) * d]
+    W_O = block.W_O[head * d : (head + 1) * d, :]
+    nonzero = np.linalg.eigvals(W_O @ W_V)
+    return np.concatenate([nonzero, [0.0]]) if block.d_model > d else nonzero
+
+
+def expected_dominance(
+    assembly: Assembly, attention: list[np.ndarray], keep: np.ndarray
+) -> dict[tuple[int, int, int], tuple[str, float]]:
+    """(input, layer, head) -> (kind, dominating μ) from NumPy attention and the true weights."""
+    cases = {}
+    for layer, (block, probs) in enumerate(zip(assembly.built.blocks, attention, strict=True)):
+        for item in range(probs.shape[0]):
+            real = np.flatnonzero(keep[item])
+            A = probs[item][:, real][:, :, real]
+            eig_A = np.linalg.eigvals(A / A.sum(axis=-1, keepdims=True))
+            for head in range(block.n_heads):
+                eig_H = head_spectrum(block, head)
+                kind = KINDS[int(dominance_kinds(eig_A[head], eig_H))]
+                mu = kron_eigenvalues(eig_A[head], eig_H).ravel()
+                cases[item, layer, head] = (kind, complex(mu[np.argmax(np.abs(mu))]))
+    return cases
+
+
+@pytest.mark.parametrize("name", FLOAT_VARIANTS)
+def test_audit_dominance_equals_a_recomputation_from_numpy_attention(
+    model_dir: Path, name: str
+) -> None:
+    assembly = _assembly(name)
+    result = audited(model_dir, name)
+    keep = real_tokens(assembly)
+    expected = expected_dominance(assembly, forward_trace(assembly).attention, keep)
+    found = {(case.input, case.layer, case.head): case for case in result.dominance}
+    assert found.keys() == expected.keys(), name
+    for key, (kind, mu) in expected.items():
+        case = found[key]
+        assert case.kind == kind, f"{name}: case {key}"
+        # A complex-conjugate pair ties in modulus: compare real part and |imaginary part|.
+        assert_allclose(
+            [case.mu.real, abs(case.mu.imag)],
+            [mu.real, abs(mu.imag)],
+            rtol=tol.ORT_RTOL,
+            atol=tol.ORT_ATOL,
+            err_msg=f"{name}: case {key}",
+        )
+        assert case.n_tokens == int(keep[key[0]].sum())
+        block = assembly.built.blocks[key[1]]
+        spectrum = head_spectrum(block, key[2])
+        gap = np.min(np.abs(spectrum - case.lambda_h))
+        assert gap <= tol.HEAD_SPECTRUM_RTOL * np.max(np.abs(spectrum)), f"{name}: case {key}"
+
+
+def test_dominance_summary_fractions_count_the_cases(model_dir: Path) -> None:
+    result = audited(model_dir, PADDED)
+    summary = result.dominance_summary()
+    kinds = [case.kind for case in result.dominance]
+    assert summary["cases"] == len(kinds) == 2 * sum(b.n_heads for b in result.blocks)
+    assert summary["perron"] == kinds.count("perron") / len(kinds)
+    assert summary["perron"] + summary["non_perron"] == pytest.approx(1.0, abs=tol.EPS)
+    assert summary["balanced"] == kinds.count("balanced") / len(kinds)
+    assert sum(row["cases"] for row in summary["per_layer"]) == len(kinds)
+
+
+def test_layer_granularity_uses_the_whole_layer_spectrum(model_dir: Path) -> None:
+    result = audited(model_dir, "bert_legacy", dominance="layer")
+    for case in result.dominance:
+        block = _assembly("bert_legacy").built.blocks[case.layer]
+        spectrum = np.linalg.eigvals(block.W_V @ block.W_O)
+        gap = np.min(np.abs(spectrum - case.lambda_h))
+        assert gap <= tol.HEAD_SPECTRUM_RTOL * np.max(np.abs(spectrum))
+
+
+def test_dominance_none_fetches_no_attention(model_dir: Path) -> None:
+    result = audited(model_dir, "bert_legacy", dominance="none")
+    assert result.dominance == []
+    assert result.dominance_summary()["perron"] is None
+    exposed = result.provenance["runner"]["exposed"]
+    assert not {block.attention_name for block in result.blocks} & set(exposed)
+    with_attention = audited(model_dir, "bert_legacy")
+    for metric in METRICS:
+        assert_allclose(
+            result.metrics[metric],
+            with_attention.metrics[metric],
+            rtol=tol.ORT_REPEAT_RTOL,
+            atol=tol.ORT_REPEAT_ATOL,
+        )
+
+
+def test_fold_gamma_takes_the_gamma_scaled_head_spectrum(model_dir: Path) -> None:
+    name = "vit_prenorm_layerscale"
+    result = audited(model_dir, name, fold_gamma=True)
+    for case in result.dominance:
+        block = _assembly(name).built.blocks[case.layer]
+        d = block.d_head
+        W_V = block.gamma[:, None] * block.W_V[:, case.head * d : (case.head + 1) * d]
+        W_O = block.W_O[case.head * d : (case.head + 1) * d, :]
+        spectrum = np.concatenate([np.linalg.eigvals(W_O @ W_V), [0.0]])
+        gap = np.min(np.abs(spectrum - case.lambda_h))
+        assert gap <= tol.HEAD_SPECTRUM_RTOL * np.max(np.abs(spectrum))
+
+
+def test_batch_size_does_not_change_the_numbers(model_dir: Path) -> None:
+    one = audited(model_dir, PADDED, batch_size=1)
+    two = audited(model_dir, PADDED, batch_size=2)
+    for metric in METRICS:
+        assert_allclose(
+            one.metrics[metric],
+            two.metrics[metric],
+            rtol=tol.ORT_REPEAT_RTOL,
+            atol=tol.ORT_REPEAT_ATOL,
+        )
+    assert [c.kind for c in one.dominance] == [c.kind for c in two.dominance]
+
+
+# -- padding and prefix tokens --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["bert_legacy", "bert_dynamo", "where_mask", "scale_mul_scores"])
+def test_padding_tokens_are_excluded(model_dir: Path, name: str) -> None:
+    """The padded item's metrics are those of the same sequence run alone, without padding."""
+    assembly = _assembly(name)
+    keep = real_tokens(assembly)
+    item = int(np.argmin(keep.sum(axis=1)))
+    n_real = int(keep[item].sum())
+    assert n_real < keep.shape[1], "the builder pads one sequence"
+    alone_feeds = {
+        key: value[item : item + 1, :n_real] for key, value in assembly.built.inputs.items()
+    }
+    alone = forward_trace(assembly, alone_feeds)
+    result = audited(model_dir, name)
+    for layer, hidden in enumerate(alone.hidden):
+        expected = all_metrics(hidden[0])
+        padded = forward_trace(assembly).hidden[layer][item]
+        with_padding = all_metrics(padded)
+        for metric in METRICS:
+            assert_allclose(
+                result.metrics[metric][item, layer],
+                float(expected[metric]),
+                rtol=tol.ORT_RTOL,
+                atol=tol.ORT_ATOL,
+                err_msg=f"{name}: {metric} at layer {layer}",
+            )
+        # The check has teeth: counting the padding tokens changes the cosine.
+        assert abs(float(with_padding["cosine"]) - float(expected["cosine"])) > tol.ORT_ATOL
+
+
+@pytest.mark.parametrize("prefix", [1, 2])
+def test_exclude_prefix_drops_the_first_tokens(model_dir: Path, prefix: int) -> None:
+    assembly = _assembly(PADDED)
+    result = audited(model_dir, PADDED, exclude_prefix=prefix)
+    keep = real_tokens(assembly).copy()
+    keep[:, :prefix] = False
+    assert result.config["exclude_prefix"] == prefix
+    for layer, hidden in enumerate(forward_trace(assembly).hidden):
+        expected = numpy_metrics(hidden, keep)
+        for metric in METRICS:
+            assert_allclose(
+                result.metrics[metric][:, layer],
+                expected[metric],
+                rtol=tol.ORT_RTOL,
+                atol=tol.ORT_ATOL,
+                err_msg=f"{metric} at layer {layer}",
+            )
+
+
+def test_exclude_prefix_true_drops_one_token_of_a_model_outside_the_zoo(model_dir: Path) -> None:
+    assert audited(model_dir, PADDED, exclude_prefix=True).config["exclude_prefix"] == 1
+    assert audited(model_dir, PADDED, exclude_prefix=False).config["exclude_prefix"] == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"exclude_prefix": -1}, "exclude_prefix"),
+        ({"exclude_prefix": 1.5}, "exclude_prefix"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"dominance": "token"}, "dominance"),
+        ({"provider": "tpu"}, "provider"),
+    ],
+)
+def test_bad_arguments_are_named(model_dir: Path, kwargs: dict, argument: str) -> None:
+    path = saved_model(model_dir, PADDED)
+    with pytest.raises(InputError, match=f"`{argument}`"):
+        audit(path, builder_inputs(_assembly(PADDED)), **kwargs)
+
+
+# -- provider ---------------------------------------------------------------------------------------
+
+
+def _cuda_session_providers(path: Path) -> list[str]:
+    """What onnxruntime itself runs when asked for CUDA first (independent of the runner)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    session = ort.InferenceSession(os.fspath(path), options, providers=[_CUDA, _CPU])
+    return list(session.get_providers())
+
+
+def test_reported_provider_is_what_onnxruntime_used(model_dir: Path) -> None:
+    path = saved_model(model_dir, PADDED)
+    inputs = builder_inputs(_assembly(PADDED))
+    cpu = audit(path, inputs, provider="cpu", dominance="none")
+    assert cpu.provider["used"] == [_CPU]
+    assert cpu.provider["requested"] == "cpu"
+    auto = audit(path, inputs, provider="auto", dominance="none")
+    assert auto.provider["used"][0] == _cuda_session_providers(path)[0]
+    assert auto.provider["used"] == auto.provenance["runner"]["provider_used"]
+    if auto.provider["used"][0] == _CPU:
+        assert "CPU" in auto.provider["note"]
+
+
+def test_cuda_that_cannot_run_is_an_error(model_dir: Path) -> None:
+    path = saved_model(model_dir, PADDED)
+    if _cuda_session_providers(path)[0] == _CUDA:
+        result = audit(path, builder_inputs(_assembly(PADDED)), provider="cuda", dominance="none")
+        assert result.provider["used"][0] == _CUDA
+        return
+    with pytest.raises(ProviderError, match="cuda"):
+        audit(path, builder_inputs(_assembly(PADDED)), provider="cuda")
+
+
+# -- random inputs ----------------------------------------------------------------------------------
+
+
+def test_random_inputs_are_labelled_in_result_and_report(model_dir: Path, tmp_path: Path) -> None:
+    path = saved_model(model_dir, "vit_prenorm_layerscale")
+    inputs = random_inputs(graph_inputs(path), seed=1, batch=2)
+    result = audit(path, inputs, provider="cpu")
+    assert result.inputs["random"] is True
+    assert any("RANDOM" in note for note in result.notes)
+    report = (result.save(tmp_path / "report") / "report.md").read_text(encoding="utf-8")
+    assert "RANDOM" in report
+
+
+# -- the output folder --------------------------------------------------------------------------------
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def draw_one_png(result: AuditResult, folder: Path) -> list[tuple[str, str]]:
+    """A minimal figures callable: one valid PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot(range(result.n_layers), result.metrics["cosine"].mean(axis=0))
+    fig.savefig(folder / "cosine.png")
+    plt.close(fig)
+    return [("mean cosine per layer", "cosine.png")]
+
+
+@pytest.fixture(scope="module")
+def saved(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[AuditResult, Path]:
+    result = audited(model_dir, PADDED)
+    folder = result.save(tmp_path_factory.mktemp("saved") / "audit", figures=draw_one_png)
+    return result, folder
+
+
+def test_saved_folder_holds_every_promised_file(saved: tuple[AuditResult, Path]) -> None:
+    _, folder = saved
+    names = {path.name for path in folder.iterdir()}
+    assert {"audit.json", "layers.csv", "spectra.csv", "dominance.csv", "report.md"} <= names
+    assert "cosine.png" in names
+    assert not [name for name in names if name.startswith(".")], "no temporary file left"
+
+
+def test_audit_json_identifies_model_inputs_provider_and_dominance(
+    model_dir: Path, saved: tuple[AuditResult, Path]
+) -> None:
+    result, folder = saved
+    doc = json.loads((folder / "audit.json").read_text(encoding="utf-8"))
+    model_bytes = saved_model(model_dir, PADDED).read_bytes()
+    assert doc["model"]["sha256"] == hashlib.sha256(model_bytes).hexdigest()
+    assert doc["provider"]["used"] == [_CPU]
+    assert doc["n_inputs"] == 2
+    assert len(doc["blocks"]) == len(_assembly(PADDED).built.blocks)
+    assert [block["n_heads"] for block in doc["blocks"]] == [
+        block.n_heads for block in _assembly(PADDED).built.blocks
+    ]
+    dominance = doc["dominance"]
+    assert dominance["perron"] + dominance["non_perron"] == pytest.approx(1.0, abs=tol.EPS)
+    assert 0.0 <= dominance["perron"] <= 1.0
+    assert doc["inputs"]["digest"] == result.inputs["digest"]
+    assert doc["provenance"]["versions"]["numpy"] == np.__version__
+    assert doc["provenance"]["versions"]["onnx"] == metadata.version("onnx")
+
+
+def test_layers_csv_is_tidy_mean_and_std_over_inputs(saved: tuple[AuditResult, Path]) -> None:
+    result, folder = saved
+    columns, rows = read_csv(folder / "layers.csv")
+    assert columns == list(LAYER_COLUMNS)
+    assert {"layer", "metric", "mean", "std"} <= set(columns)
+    assert len(rows) == result.n_layers * len(METRICS)
+    for row in rows:
+        values = result.metrics[row["metric"]][:, int(row["layer"])]
+        assert float(row["mean"]) == pytest.approx(values.mean(), rel=tol.STEP_RTOL)
+        assert float(row["std"]) == pytest.approx(values.std(), rel=tol.STEP_RTOL, abs=tol.EPS)
+        assert int(row["n"]) == values.size
+
+
+def test_spectra_and_dominance_csv_have_one_row_per_value_and_case(
+    saved: tuple[AuditResult, Path],
+) -> None:
+    result, folder = saved
+    columns, rows = read_csv(folder / "spectra.csv")
+    assert columns == ["layer", "head", "kind", "real", "imag"]
+    assert len(rows) == len(result.spectra)
+    assert {row["kind"] for row in rows} == {"head", "layer"}  # post-LN: no γ-folded kinds
+    columns, rows = read_csv(folder / "dominance.csv")
+    assert columns == list(DOMINANCE_COLUMNS)
+    assert len(rows) == len(result.dominance)
+    assert {row["kind"] for row in rows} <= set(KINDS)
+    for row, case in zip(rows, result.dominance, strict=True):
+        assert float(row["modulus"]) == pytest.approx(abs(case.mu), rel=tol.STEP_RTOL)
+
+
+def test_report_embeds_the_figures_and_records_provenance(
+    saved: tuple[AuditResult, Path],
+) -> None:
+    result, folder = saved
+    report = (folder / "report.md").read_text(encoding="utf-8")
+    assert "](cosine.png)" in report
+    assert (folder / "cosine.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result.model["sha256"] in report
+    assert result.inputs["digest"] in report
+    assert f'"numpy": "{np.__version__}"' in report
+    assert "RANDOM" not in report
+
+
+def _failing_figures(result: AuditResult, folder: Path) -> list[tuple[str, str]]:
+    (folder / "half-drawn.png").write_bytes(b"\x89PNG")
+    raise RuntimeError("drawing failed")
+
+
+def _interrupted_figures(result: AuditResult, folder: Path) -> list[tuple[str, str]]:
+    (folder / "half-drawn.png").write_bytes(b"\x89PNG")
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    ("figures", "error"),
+    [(_failing_figures, RuntimeError), (_interrupted_figures, KeyboardInterrupt)],
+)
+def test_an_error_while_saving_leaves_no_folder_and_no_staging(
+    model_dir: Path, tmp_path: Path, figures, error
+) -> None:
+    result = audited(model_dir, PADDED)
+    with pytest.raises(error):
+        result.save(tmp_path / "audit", figures=figures)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_error_while_saving_keeps_the_previous_folder(model_dir: Path, tmp_path: Path) -> None:
+    result = audited(model_dir, PADDED)
+    folder = result.save(tmp_path / "audit")
+    before = {path.name: path.read_bytes() for path in folder.iterdir()}
+    with pytest.raises(RuntimeError):
+        result.save(folder, figures=_failing_figures)
+    assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
+    assert [path.name for path in tmp_path.iterdir()] == ["audit"]
+
+
+def test_saving_again_replaces_the_folder(model_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "audit"
+    folder.mkdir()
+    (folder / "stale.txt").write_text("from an earlier run", encoding="utf-8")
+    first = audited(model_dir, PADDED)
+    first.save(folder)
+    assert not (folder / "stale.txt").exists()
+    second = audited(model_dir, "bert_dynamo")
+    second.save(folder)
+    doc = json.loads((folder / "audit.json").read_text(encoding="utf-8"))
+    assert doc["model"]["sha256"] == second.model["sha256"] != first.model["sha256"]
+    assert [path.name for path in tmp_path.iterdir()] == ["audit"]
+
+
+# -- a real model -----------------------------------------------------------------------------------
+
+
+def real_model_path(name: str) -> Path:
+    """The installed, hash-checked zoo model; fails in CI and skips elsewhere when unavailable."""
+    from importers.zoo import installed_model_path
+
+    try:
+        return installed_model_path(name)
+    except OversmoothError as err:
+        if os.environ.get("CI"):
+            pytest.fail(str(err))
+        pytest.skip(str(err))
+
+
+@pytest.mark.realmodel
+def test_real_text_model_padding_equals_the_sequence_alone() -> None:
+    """minilm-l3 on a padded pair of bundled sentences vs the shorter one alone."""
+    path = real_model_path("minilm-l3")
+    text = bundled_inputs("text", graph=graph_inputs(path))
+    lengths = text.token_mask.sum(axis=1)
+    short, long = int(np.argmin(lengths)), int(np.argmax(lengths))
+    padded = text.subset([long, short])
+    n_real = int(lengths[short])
+    alone = text.subset([short])
+    alone = Inputs(
+        feeds={key: value[:, :n_real] for key, value in alone.feeds.items()},
+        token_mask=alone.token_mask[:, :n_real],
+        labels=alone.labels,
+        source="test",
+    )
+    with_padding = audit(path, padded, provider="cpu", batch_size=2)
+    by_itself = audit(path, alone, provider="cpu")
+    for metric in METRICS:
+        assert_allclose(
+            with_padding.metrics[metric][1],
+            by_itself.metrics[metric][0],
+            rtol=tol.ORT_RTOL,
+            atol=tol.ORT_ATOL,
+            err_msg=metric,
+        )
+    padded_kinds = [c.kind for c in with_padding.dominance if c.input == 1]
+    assert padded_kinds == [c.kind for c in by_itself.dominance]
+    assert {c.n_tokens for c in with_padding.dominance if c.input == 1} == {n_real}
