@@ -75,3 +75,13 @@ HEAD_SPECTRUM_RTOL = 1e-6
 #: The pre-LN gamma-folded spectrum must differ from the plain one by more than this, relative
 #: to the spectral radius (the sums of the eigenvalues, i.e. the traces, are compared).
 GAMMA_FOLD_MIN_RTOL = 1e-3
+
+
+# --- importers: the model audit and the transforms (random init, ± reparameterisation) --------
+
+#: Columns of a float64 symmetric eigensolver's eigenvector matrix: orthonormal to round-off.
+ORTHONORMAL_ATOL = 1e-12
+
+#: A sample standard deviation of n normal draws against the true one, in standard errors
+#: (std / sqrt(2 n)): six of them make a false alarm a one-in-a-billion event.
+SAMPLE_STD_SIGMAS = 6.0
