@@ -34,9 +34,17 @@ from importers.graph import load_model
 from importers.patterns import AttentionBlock, LinearMatch, find_attention_blocks
 from importers.zoo import resolve_model
 from simulator._io import atomic_output
-from simulator._validation import as_generator, check_choice
+from simulator._validation import as_generator, as_square, check_choice, check_positive_int
+from simulator.errors import InputError
 
-__all__ = ["NEGATIVE_CLIP", "POSITIVE_FLOOR", "TransformError", "random_init", "reparameterize"]
+__all__ = [
+    "NEGATIVE_CLIP",
+    "POSITIVE_FLOOR",
+    "TransformError",
+    "nearest_signed_factors",
+    "random_init",
+    "reparameterize",
+]
 
 #: Λ of a ``plus`` head is at least this fraction of its largest eigenvalue (strictly positive).
 POSITIVE_FLOOR = 1e-3
@@ -61,6 +69,10 @@ class _Stored:
 
     tensor: onnx.TensorProto
     transpose: bool
+
+
+def _type_name(tensor: onnx.TensorProto) -> str:
+    return onnx.TensorProto.DataType.Name(tensor.data_type)
 
 
 def _initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
@@ -94,7 +106,7 @@ def _stored(model: onnx.ModelProto, linear: LinearMatch, role: str) -> _Stored:
     tensor = initializers[name]
     if tensor.data_type not in _FLOAT_TYPES:
         raise TransformError(
-            f"{role} weight {name!r} has ONNX type {tensor.data_type} (quantised); "
+            f"{role} weight {name!r} has ONNX type {_type_name(tensor)} (quantised); "
             "transform needs float weights"
         )
     if linear.alpha != 1.0:
@@ -133,8 +145,21 @@ def nearest_signed_factors(
     Q : (d, d_head) ndarray
         Orthonormal columns.
     lam : (d_head,) ndarray
-        In ``(0, max]`` for plus, in ``[-1, -NEGATIVE_CLIP]`` for minus.
+        In ``[POSITIVE_FLOOR * max(λ_max, 1), max(λ_max, floor)]`` for plus (λ_max the largest
+        eigenvalue of sym(M)), in ``[-1, -NEGATIVE_CLIP]`` for minus.
+
+    Raises
+    ------
+    InputError
+        M is not one square matrix, ``d_head`` is not in ``1..d``, or ``sign`` is unknown.
     """
+    M = as_square(M, "M")
+    if M.ndim != 2:
+        raise InputError(f"`M` must be one (d, d) matrix; got shape {M.shape}")
+    d_head = check_positive_int(d_head, "d_head")
+    if d_head > M.shape[0]:
+        raise InputError(f"`d_head` must be at most d = {M.shape[0]}; got {d_head}")
+    check_choice(sign, "sign", ("plus", "minus"))
     w, U = np.linalg.eigh((M + M.T) / 2)
     if sign == "plus":
         order = np.argsort(w)[::-1][:d_head]
@@ -216,7 +241,7 @@ def _weight_matrices(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
         if len(tensor.dims) >= 2 and int(np.prod(tensor.dims)) > 1:
             if tensor.data_type in _INTEGER_TYPES:
                 raise TransformError(
-                    f"initializer {tensor.name!r} is a quantised ({tensor.data_type}) weight; "
+                    f"initializer {tensor.name!r} is a quantised ({_type_name(tensor)}) weight; "
                     "random init would need requantisation"
                 )
             if tensor.data_type in _FLOAT_TYPES:
