@@ -85,3 +85,7 @@ ORTHONORMAL_ATOL = 1e-12
 #: A sample standard deviation of n normal draws against the true one, in standard errors
 #: (std / sqrt(2 n)): six of them make a false alarm a one-in-a-billion event.
 SAMPLE_STD_SIGMAS = 6.0
+
+#: A product of two float16-stored factors (the ± reparameterised W_V^h, W_O^h of a float16
+#: model) against its float64 value: a few half-precision unit roundoffs (2^-11 ≈ 4.9e-4).
+FLOAT16_RTOL = 2e-3
