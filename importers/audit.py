@@ -476,6 +476,7 @@ def audit(
     batch_size = check_positive_int(batch_size, "batch_size")
     path = resolve_model(model)
     entry = _zoo_entry(model, path)
+    prefix = _prefix_count(exclude_prefix, entry)
     graph = load_model(path)
     report = find_attention_blocks(graph)
     blocks = [block_weights(graph, block) for block in report.blocks]
@@ -487,7 +488,6 @@ def audit(
         notes.append(
             "inputs are RANDOM, not real data: smoothing of noise says little about the model"
         )
-    prefix = _prefix_count(exclude_prefix, entry)
     layer_names = _layer_tensors(blocks, notes)
     attention = [b.attention_name for b in blocks] if dominance != "none" else []
     exposed = [name for name in dict.fromkeys(layer_names + attention) if name not in fed]
