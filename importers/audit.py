@@ -26,6 +26,8 @@ Public API
 ----------
 audit
     Run the audit and return an :class:`AuditResult`.
+layer_tensors
+    The graph tensors the audit records as layers (block 0's input, every block's output).
 AuditResult
     Per-input metrics, dominance cases and spectra, with summaries and ``save(folder)``.
 """
@@ -56,7 +58,14 @@ from simulator.errors import InputError
 from simulator.metrics import METRICS, all_metrics
 from simulator.theory import KINDS, TIE_RTOL, dominance_kinds, kron_eigenvalues
 
-__all__ = ["DOMINANCE_COLUMNS", "LAYER_COLUMNS", "AuditResult", "DominanceCase", "audit"]
+__all__ = [
+    "DOMINANCE_COLUMNS",
+    "LAYER_COLUMNS",
+    "AuditResult",
+    "DominanceCase",
+    "audit",
+    "layer_tensors",
+]
 
 Granularity = Literal["head", "layer", "none"]
 #: Columns of ``layers.csv``.
@@ -331,10 +340,16 @@ def default_inputs(path: Path, entry: Any) -> Inputs:
     return bundled_inputs("text", graph=graph)
 
 
-def _layer_tensors(blocks: Sequence[BlockWeights], notes: list[str]) -> list[str]:
+def layer_tensors(blocks: Sequence[BlockWeights], notes: list[str] | None = None) -> list[str]:
+    """Graph tensors of the recorded layers: block 0's input, then every block's output.
+
+    Layer 0 is the stream entering block 0, layer i the output of block i-1 (see the module
+    docstring). Where a block does not read its predecessor's output, a note is appended to
+    ``notes`` and the predecessor's output is used.
+    """
     names = [blocks[0].input_name] + [block.output_name for block in blocks]
     for i in range(1, len(blocks)):
-        if blocks[i].input_name != blocks[i - 1].output_name:
+        if blocks[i].input_name != blocks[i - 1].output_name and notes is not None:
             notes.append(
                 f"block {i} reads {blocks[i].input_name!r} but block {i - 1} ends at "
                 f"{blocks[i - 1].output_name!r}; layer {i} uses the latter"
@@ -488,7 +503,7 @@ def audit(
         notes.append(
             "inputs are RANDOM, not real data: smoothing of noise says little about the model"
         )
-    layer_names = _layer_tensors(blocks, notes)
+    layer_names = layer_tensors(blocks, notes)
     attention = [b.attention_name for b in blocks] if dominance != "none" else []
     exposed = [name for name in dict.fromkeys(layer_names + attention) if name not in fed]
     runner = Runner(path, expose=exposed, provider=provider)
