@@ -16,6 +16,7 @@ from collections.abc import Sequence
 BENCHMARKS: dict[str, str] = {
     "simulator": "benchmarks.bench_simulator",
     "runner": "benchmarks.bench_runner",
+    "audit": "benchmarks.bench_audit",
 }
 
 
