@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from matplotlib.ticker import MaxNLocator
+
 from figures import _models
 from figures._common import new_figure, run_script
 from figures.audit_report import LAYER_PANELS, plot_layers
@@ -40,6 +42,8 @@ def plot(rows: list[dict[str, Any]]):
         variant = _models.VARIANTS[key]
         sel = _models.rows_of(rows, model=variant.model, transform=variant.transform)
         plot_layers(axes, sel, variant.label, color)
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=len(KEYS))
     return fig
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from matplotlib.ticker import MaxNLocator
+
 from figures import _models
 from figures._common import new_figure, run_script
 from figures.audit_report import LAYER_PANELS, plot_layers
@@ -44,6 +46,8 @@ def plot(rows: list[dict[str, Any]]):
             key = model if transform == "trained" else f"{model}:{transform}"
             sel = _models.rows_of(rows, model=model, transform=transform)
             plot_layers(ax_row, sel, _models.VARIANTS[key].label, COLORS[transform])
+        for ax in ax_row:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax_row[0].set_ylabel(_models.VARIANTS[model].label)
         ax_row[0].legend(loc="best")
     return fig
