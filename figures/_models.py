@@ -5,7 +5,8 @@ A *variant* is a zoo model as trained or after one of the transforms of :mod:`im
 first script that asks runs :func:`importers.audit.audit` on the bundled inputs and keeps a slim
 summary (:class:`Audited`) in memory; later scripts reuse it. Transformed models are written once
 into ``cache_dir()/transformed`` (see :func:`importers.zoo.cache_dir`), named by the source model's
-sha256, the transform, its parameters and a digest of the transform code, and reused by later runs.
+sha256, the transform, its parameters and a digest of the transform code, and reused by later runs
+(a new copy replaces the older copies of the same variant).
 
 Every audit runs on the CPU provider (reproducible numbers), leaves the zoo's prefix tokens (the
 ViT's CLS) out of the metrics and counts dominance per head. Quick mode uses the first
@@ -151,20 +152,27 @@ def _transform_digest() -> str:
     return hashlib.sha256(Path(transform.__file__).read_bytes()).hexdigest()[:12]
 
 
-def _transformed_name(variant: Variant, source: Path) -> str:
+def _transformed_stem(variant: Variant) -> str:
+    """``MODEL-TRANSFORM-PARAMS``: what every cached copy of this variant's file starts with."""
     params = (
         f"std{RANDOM_INIT['std']}-seed{RANDOM_INIT['seed']}"
         if variant.transform == "random-init"
         else "nearest"
     )
-    return (
-        f"{variant.model}-{variant.transform}-{params}-"
-        f"{file_sha256(source)[:12]}-{_transform_digest()}.onnx"
-    )
+    return f"{variant.model}-{variant.transform}-{params}"
+
+
+def _prune_stale(target: Path, stem: str) -> None:
+    """Delete older copies of the same variant (another source model or transform code)."""
+    for stale in target.parent.glob(f"{stem}-*.onnx"):
+        if stale != target:
+            stale.unlink(missing_ok=True)
 
 
 def variant_file(key: str) -> Path:
     """The ONNX file of variant ``key``: the zoo file, or a transformed copy made on first use.
+
+    A new copy replaces older copies of the same variant in the cache folder.
 
     Parameters
     ----------
@@ -181,13 +189,19 @@ def variant_file(key: str) -> Path:
     source = resolve_model(variant.model)
     if variant.transform == "trained":
         return source
-    target = cache_dir() / "transformed" / _transformed_name(variant, source)
+    stem = _transformed_stem(variant)
+    target = (
+        cache_dir()
+        / "transformed"
+        / f"{stem}-{file_sha256(source)[:12]}-{_transform_digest()}.onnx"
+    )
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         if variant.transform == "random-init":
             random_init(source, target, **RANDOM_INIT)
         else:
             reparameterize(source, variant.transform, target)
+        _prune_stale(target, stem)
     return target
 
 
