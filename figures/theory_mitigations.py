@@ -1,10 +1,12 @@
 """Mitigations against the plain update in the smoothing regime (positive H spectrum, fixed A).
 
 Claims (paper-spec §7, claims 25-29): with λ^H > 0 the plain update X + A X W_V W_proj smooths (S6).
-NeuTRENO (λ = 0.6) keeps a non-constant fixed point (claim 27); ResFormer/SVFormer mix in the first
-layer's values (claim 28); Yu & Zhang's similarity removal (τ = 1) strips the attention branch's token
-mean (claim 29); AttnScale (ω = 0.5) and FeatScale (s_h = 0.5) amplify the high-frequency part. The
-figure shows median HFC/LFC and mean token cosine over random draws for each rule.
+ResFormer/SVFormer mix in the first layer's values (claim 28); Yu & Zhang's similarity removal (τ = 1)
+strips the attention branch's token mean (claim 29); AttnScale (ω = 0.5) and FeatScale (s_h = 0.5)
+amplify the high-frequency part. NeuTRENO (λ = 0.6) has a non-constant fixed point for the
+attention-only iteration v <- A v + λ (v0 - v) (claim 27), but inside this residual update X grows
+geometrically while the fidelity term λ (V_0 - V) stays fixed, so here it does not stop smoothing:
+the figure shows that honestly. Median HFC/LFC and mean token cosine over random draws per rule.
 
 Run: ``python -m figures.theory_mitigations [--quick] --out DIR``.
 

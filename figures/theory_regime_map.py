@@ -25,7 +25,7 @@ from simulator.theory import KINDS, dominance_kinds
 NAME = "theory_regime_map"
 LAMBDA_H = (-3.0, 2.0)
 LAMBDA_A1 = (-0.99, 0.99)
-FULL_GRID, QUICK_GRID = 201, 41
+FULL_GRID, QUICK_GRID = 101, 41
 COLUMNS = ("lambda_h", "lambda_a1", "kind", "modulus_perron", "modulus_non_perron")
 
 
