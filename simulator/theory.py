@@ -161,8 +161,9 @@ class Dominance:
     rate : float
         Asymptotic per-layer factor of the leading correction to the metrics:
         ``max |mu_ij| / |mu*|`` over the A-indices i of no dominating mode. For perron kind this is
-        the decay of HFC/LFC, ``max_{i != perron} |mu_ij| / |mu*|`` (S2); otherwise the convergence
-        of HFC/LFC and the cosine to their limits (S3d, S9).
+        the decay of HFC/LFC, ``max_{i != perron} |mu_ij| / |mu*|`` (S2); for non-perron kind the
+        convergence of HFC/LFC and the cosine to their limits (S3d, S9). For balanced kind (a rank-two
+        limit) it is the largest non-dominating mode of any row.
     eig_A, eig_H : complex ndarray
     """
 
@@ -214,10 +215,10 @@ def _dominance_from_spectra(lam_A: ComplexArray, lam_H: ComplexArray, tie_rtol: 
     p = int(perron_index(lam_A))
     kind = KINDS[int(dominance_kinds(lam_A, lam_H, tie_rtol=tie_rtol))]
     top = float(modulus.max())
-    # Modes sharing a dominating A-eigenvector u_i keep X in span(u_i) ⊗ R^d: they change no metric
-    # (HFC/LFC and the cosine depend on u_i alone, and X stays rank one), so the rate comes from the
-    # largest mode in any other row (S2 for perron kind, S3d otherwise).
-    others = modulus[~mask.any(axis=1)]
+    # With a rank-one limit u_i s^T, modes sharing the dominating A-eigenvector u_i keep X in
+    # span(u_i) ⊗ R^d and change no metric, so the rate comes from the largest mode in any other row
+    # (S2 for perron kind, S3d otherwise). A balanced limit is rank two, and every other mode moves it.
+    others = modulus[~mask] if kind == "balanced" else modulus[~mask.any(axis=1)]
     rate = float(others.max() / top) if others.size and top > 0 else 0.0
     i, j = modes[0]
     return Dominance(complex(mu[i, j]), top, modes, kind, p, rate, lam_A, lam_H)

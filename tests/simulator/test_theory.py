@@ -122,6 +122,24 @@ def test_balanced_s4_construction_is_a_balanced_tie(a: dict, seed: int) -> None:
         assert kind.kind != "balanced"
 
 
+@settings(max_examples=20)
+@given(a=attention_params(kinds=("symmetric",), n=(4, 10), scale=(1.0, 2.0)), seed=seeds())
+def test_balanced_rate_counts_the_other_modes_of_the_dominating_rows(a: dict, seed: int) -> None:
+    A = build_attention(a)
+    lam_A = np.sort(np.linalg.eigvals(A).real)
+    assume(lam_A[0] <= -0.05)
+    # The third H eigenvalue puts a slow correction in the Perron row itself: the limit is rank two
+    # (S4), so that mode still moves sigma2/sigma1 and may set the rate.
+    dom = theory.dominance(A, spectra.h_symmetric([-lam_A[0], -1.0, -0.95 * lam_A[0]], rng=seed))
+    assume(dom.kind == "balanced")
+    mu = np.abs(theory.kron_eigenvalues(dom.eig_A, dom.eig_H))
+    dominating = np.zeros(mu.shape, dtype=bool)
+    dominating[tuple(np.array(dom.modes).T)] = True
+    slowest = np.unravel_index(np.argmax(np.where(dominating, -np.inf, mu)), mu.shape)
+    assume(any(slowest[0] == i for i, _ in dom.modes))  # the slowest mode shares a dominating row
+    assert dom.rate == pytest.approx(mu[slowest] / dom.modulus, rel=tol.STEP_RTOL)
+
+
 def test_a_tie_within_one_h_eigenvector_is_not_balanced() -> None:
     # A = 11^T/2 has eigenvalues {0, 1}; with lambda^H = -2 both rows give |mu| = 1 in one column.
     A = np.full((2, 2), 0.5)
@@ -164,6 +182,18 @@ def test_perron_rate_is_the_largest_non_perron_modulus_ratio(a: dict) -> None:
     dom = theory.dominance(A, np.diag(lam_H))
     mu = np.abs(theory.kron_eigenvalues(dom.eig_A, lam_H))
     expected = np.delete(mu, dom.perron, axis=0).max() / 1.7
+    assert dom.rate == pytest.approx(expected, rel=tol.STEP_RTOL)
+
+
+@given(a=attention_params(kinds=("symmetric",), scale=(0.5, 1.5)))
+def test_non_perron_rate_ignores_modes_sharing_the_dominating_a_eigenvector(a: dict) -> None:
+    A = build_attention(a)
+    lam_H = [-0.9, -0.3]  # the dominating row i = argmin lambda^A also holds the -0.3 mode
+    dom = theory.dominance(A, np.diag(lam_H))
+    assert dom.kind == "non-perron"
+    mu = np.abs(theory.kron_eigenvalues(dom.eig_A, lam_H))
+    rows = {i for i, _ in dom.modes}
+    expected = np.delete(mu, sorted(rows), axis=0).max() / dom.modulus
     assert dom.rate == pytest.approx(expected, rel=tol.STEP_RTOL)
 
 
