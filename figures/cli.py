@@ -67,6 +67,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seq-len", type=int, default=32, help="tokens per random text input (default 32)"
     )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=1000,
+        help="random token ids are drawn below this (default 1000; keep it within the model's vocabulary)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of --random inputs")
     p.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--batch-size", type=int, default=4)
@@ -120,7 +126,9 @@ def _inputs(args: argparse.Namespace, path: Path) -> inputs_mod.Inputs | None:
             raise InputError("`--text` needs `--tokenizer tokenizer.json`; got no tokenizer")
         return inputs_mod.from_text(args.text, args.tokenizer, graph=graph)
     if args.random is not None:
-        return inputs_mod.random_inputs(graph, seed=args.seed, batch=args.random, seq=args.seq_len)
+        return inputs_mod.random_inputs(
+            graph, seed=args.seed, batch=args.random, seq=args.seq_len, vocab_size=args.vocab_size
+        )
     return None
 
 

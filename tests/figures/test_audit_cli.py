@@ -152,6 +152,29 @@ def test_random_inputs_are_labelled_random(tmp_path: Path, capsys: pytest.Captur
     assert json.loads((out / "audit.json").read_text(encoding="utf-8"))["inputs"]["random"]
 
 
+def test_random_token_ids_stay_below_the_vocab_size(
+    text_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The builders' vocabulary is small: ids drawn below the default 1000 would be out of range."""
+    out = tmp_path / "report"
+    code, _, err = run_audit(
+        [
+            str(text_model),
+            "--random",
+            "2",
+            "--seq-len",
+            "6",
+            "--vocab-size",
+            "10",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    assert json.loads((out / "audit.json").read_text(encoding="utf-8"))["n_inputs"] == 2
+
+
 def test_npz_inputs_and_cpu_provider_are_recorded(
     tmp_path: Path, text_model: Path, feeds_npz: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
