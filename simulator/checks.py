@@ -706,9 +706,13 @@ def _non_perron_run(p: Mapping[str, Any]) -> tuple[theory.Prediction, FloatArray
         return prediction.hfc_lfc_limit is not None and _rows_rate(system)[0] <= 0.97
 
     system = _scan(p["seed"], lambda gen: _non_perron_system(p, gen), accept)
-    layers = _layers_for(_rows_rate(system)[0], 1e-9)
+    prediction = theory.predict(system.A, system.H)
+    # When u_1 is nearly orthogonal to 1 the limit is large and the LFC tiny: corrections to the
+    # LFC are amplified by the limit itself, so converge that much further.
+    amplification = max(1.0, prediction.hfc_lfc_limit or 1.0)
+    layers = _layers_for(_rows_rate(system)[0], 1e-9 / amplification)
     trajectory = _iterate(_linear_rule(system.A, system.H), system.X0, layers, ("hfc_lfc",))
-    return theory.predict(system.A, system.H), trajectory.final
+    return prediction, trajectory.final
 
 
 def _non_perron_hfc_limit(p: Mapping[str, Any]) -> float:
