@@ -19,7 +19,6 @@ $(STAMP): pyproject.toml requirements-models.txt
 
 demo: venv
 	$(BIN)/oversmooth audit --out demo-out --no-progress
-	@echo "report: demo-out/report.md"
 
 lint: venv
 	$(BIN)/ruff check .
