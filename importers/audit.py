@@ -318,7 +318,7 @@ def _dominance_row(case: DominanceCase) -> list[Any]:
 # ------------------------------------------------------------------------------------------------
 
 
-def _zoo_entry(model: str | Path, path: Path) -> Any:
+def _zoo_entry(model: str | Path) -> Any:
     names = {entry.name for entry in models()}
     if isinstance(model, str) and model in names:
         return get_model(model)
@@ -369,10 +369,8 @@ def _hidden(array: np.ndarray, name: str) -> np.ndarray:
 def _token_masks(
     inputs: Inputs, start: int, batch: int, n_tokens: int, exclude_prefix: int
 ) -> np.ndarray:
-    if inputs.token_mask is not None and inputs.token_mask.shape[1] == n_tokens:
-        mask = inputs.token_mask[start : start + batch].copy()
-    else:  # e.g. image models: every position is a real token
-        mask = np.ones((batch, n_tokens), dtype=bool)
+    # Images have no mask (every position is real); a text mask must match the token axis exactly.
+    mask = inputs.token_mask_for(n_tokens)[start : start + batch].copy()
     mask[:, :exclude_prefix] = False
     return mask
 
@@ -527,7 +525,7 @@ def audit(
     check_choice(dominance, "dominance", ("head", "layer", "none"))
     batch_size = check_positive_int(batch_size, "batch_size")
     path = resolve_model(model)
-    entry = _zoo_entry(model, path)
+    entry = _zoo_entry(model)
     prefix = _prefix_count(exclude_prefix, entry)
     graph = load_model(path)
     report = find_attention_blocks(graph)
