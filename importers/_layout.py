@@ -1,0 +1,348 @@
+"""The head layout probe: which projection columns feed which head, and the head merge into W_O.
+
+The layout ops between a projection and an attention MatMul are run on a tensor whose entries
+encode (token, column); what reaches the QKᵀ and ·V MatMuls tells the number of heads, the head
+size, the key/value head grouping (GQA) and exactly which weight column feeds which head. The same
+encoding, run forward through the head merge, gives the row order of W_O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from importers._projections import _path_text, _Step, _Trace
+from importers._results import LinearMatch
+from importers._walker import _GraphWalker, _RejectError
+from importers.graph import (
+    Node,
+    apply_slice,
+    apply_split,
+    flatten,
+    reshape_target,
+    unsqueeze,
+)
+
+#: Sizes assumed for symbolic batch and sequence dimensions while probing layouts.
+PROBE_BATCH = 2
+PROBE_SEQUENCE = 3
+
+
+@dataclass(frozen=True)
+class _Heads:
+    """Decoded head layout at one attention operand."""
+
+    columns: np.ndarray  # (n_heads, d_head) projection columns feeding each query head
+    head_of: np.ndarray  # (N,) head index of each flattened leading position
+    batch_of: np.ndarray  # (N,) batch index of each flattened leading position
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The probe's findings at the two attention MatMuls."""
+
+    q: _Heads
+    k: _Heads
+    v: _Heads
+    lead: tuple[int, ...]  # broadcast leading axes of the scores, e.g. (batch, heads)
+    tokens: int
+
+
+class _LayoutProbe(_GraphWalker):
+    """Probe the head split at the attention MatMuls and the head merge before W_O."""
+
+    def probe_heads(self, q: _Trace, k: _Trace, v: _Trace) -> _Layout:
+        """Run each projection→operand path on an encoded tensor and decode the head layout."""
+        q_value = self.run_path(q)
+        k_value = self.run_path(k)
+        v_value = self.run_path(v)
+        lead = _broadcast_lead(q_value, k_value, v_value)
+        tokens = q_value.shape[-2]
+        q_heads = self.decode(q_value, q, lead, tokens, transposed=False)
+        k_heads = self.decode(k_value, k, lead, tokens, transposed=True)
+        v_heads = self.decode(v_value, v, lead, tokens, transposed=False)
+        for role, heads in (("K", k_heads), ("V", v_heads)):
+            if not (
+                np.array_equal(heads.head_of, q_heads.head_of)
+                and np.array_equal(heads.batch_of, q_heads.batch_of)
+            ):
+                raise _RejectError(
+                    "head_layout", f"{role} heads are not aligned with the query heads"
+                )
+        return _Layout(q_heads, k_heads, v_heads, lead, tokens)
+
+    def lead_shape(self, linear: LinearMatch) -> tuple[int, ...]:
+        shape = self.context.shape(linear.x)
+        if shape is None or len(shape) < 2 or shape[-1] != linear.d_in:
+            return (PROBE_BATCH, PROBE_SEQUENCE)
+        return shape[:-1]
+
+    def run_path(self, trace: _Trace) -> np.ndarray:
+        lead = self.lead_shape(trace.linear)
+        width = trace.linear.d_out
+        positions = math.prod(lead)
+        value = (
+            np.arange(positions, dtype=np.float64)[:, None] * width + np.arange(width)
+        ).reshape(*lead, width)
+        self.context.set_shape(trace.linear.output, value.shape)
+        for step in trace.steps:
+            if not step.skip:
+                value = self.apply(step, value, trace.role)
+            self.context.set_shape(step.output, value.shape)
+        return value
+
+    def apply(self, step: _Step, value: np.ndarray, role: str) -> np.ndarray:
+        node, op = step.node, step.node.op_type
+        values = [self.context.value(name) if name else None for name in node.inputs[1:]]
+        try:
+            return _apply_layout(node, value, values, node.outputs.index(step.output))
+        except (ValueError, TypeError, IndexError) as err:
+            if op == "Reshape":
+                target = (
+                    "an unknown shape"
+                    if values[0] is None
+                    else str([int(d) for d in np.ravel(values[0])])
+                )
+                raise _RejectError(
+                    "head_reshape",
+                    f"{role} head-split Reshape {node.label!r} cannot reshape {role} of shape "
+                    f"{value.shape} (projection width {value.shape[-1] if value.ndim else '?'}) "
+                    f"into {target}",
+                    (node.label,),
+                    probe_sizes=_static_sizes(values[0], value),
+                ) from None
+            raise _RejectError(
+                "head_layout",
+                f"{role} head layout: {op} {node.label!r} cannot be applied to shape {value.shape}: {err}",
+                (node.label,),
+            ) from None
+
+    def decode(
+        self,
+        value: np.ndarray,
+        trace: _Trace,
+        lead: tuple[int, ...],
+        tokens: int,
+        *,
+        transposed: bool,
+    ) -> _Heads:
+        """Which projection columns reach each (position, head feature) of an attention operand."""
+        role, width = trace.role, trace.linear.d_out
+        path = _path_text(trace)
+        if value.ndim < 2:
+            raise _RejectError(
+                "head_layout", f"{role} reaches the attention with shape {value.shape}"
+            )
+        if transposed:
+            value = np.swapaxes(value, -1, -2)
+        try:
+            value = np.broadcast_to(value, (*lead, *value.shape[-2:]))
+        except ValueError:
+            raise _RejectError(
+                "head_layout", f"{role} of shape {value.shape} does not broadcast to {lead}"
+            ) from None
+        flat = value.reshape(-1, *value.shape[-2:])
+        columns, token = (
+            np.mod(flat, width).astype(np.int64),
+            np.floor_divide(flat, width).astype(np.int64),
+        )
+        features_on_tokens = not (columns == columns[:, :1, :]).all()
+        tokens_on_features = not (token == token[:, :, :1]).all()
+        if (
+            transposed
+            and (features_on_tokens or tokens_on_features)
+            and self.untransposed(value, width)
+        ):
+            raise _RejectError(
+                "k_not_transposed",
+                f"K is not transposed for QK^T: it reaches the score MatMul as (..., tokens, "
+                f"d_head) after {path}",
+            )
+        if features_on_tokens or tokens_on_features or flat.shape[1] != tokens:
+            what = (
+                "mixes projection features into the token axis"
+                if features_on_tokens
+                else "mixes tokens into the head-feature axis"
+                if tokens_on_features
+                else f"changes the token count to {flat.shape[1]}"
+            )
+            code = "head_reshape" if "Reshape" in path else "head_layout"
+            raise _RejectError(
+                code,
+                f"{role} head split {what} (projection width {width}; path {path})",
+            )
+        return _group_heads(columns[:, 0, :], token[:, :, 0], tokens, role)
+
+    @staticmethod
+    def untransposed(value: np.ndarray, width: int) -> bool:
+        swapped = np.swapaxes(value, -1, -2)
+        columns = np.mod(swapped, width)
+        return bool((columns == columns[..., :1, :]).all())
+
+    def head_columns(self, q: _Heads, k: _Heads, v: _Heads) -> dict:
+        d_head = q.columns.shape[1]
+        if k.columns.shape[1] != d_head:
+            raise _RejectError(
+                "head_size", f"head sizes differ: Q has d_head={d_head}, K has {k.columns.shape[1]}"
+            )
+        if v.columns.shape[1] != d_head:
+            raise _RejectError(
+                "head_size",
+                f"head sizes differ: Q/K have d_head={d_head}, V has {v.columns.shape[1]}",
+            )
+        q_columns = q.columns.ravel()
+        if len(np.unique(q_columns)) != q_columns.size:
+            raise _RejectError("head_layout", "query heads read overlapping projection columns")
+        k_blocks, v_blocks = _kv_blocks(k.columns, "K"), _kv_blocks(v.columns, "V")
+        if len(k_blocks) != len(v_blocks):
+            raise _RejectError(
+                "head_layout", f"K has {len(k_blocks)} distinct heads but V has {len(v_blocks)}"
+            )
+        return {
+            "n_kv_heads": len(k_blocks),
+            "q": q_columns,
+            "k": np.concatenate(k_blocks),
+            "v": np.concatenate(v_blocks),
+        }
+
+    def merge_rows(
+        self, name: str, steps: tuple[_Step, ...], linear: LinearMatch, layout: _Layout
+    ) -> np.ndarray:
+        """Probe the head merge from the ·V MatMul output ``name`` (through ``steps``) to W_O;
+        returns the rows of W_O in canonical order."""
+        n_heads, d_head = layout.q.columns.shape
+        width, tokens = n_heads * d_head, layout.tokens
+        head = layout.q.head_of[:, None, None] * d_head + np.arange(d_head)[None, None, :]
+        token = layout.q.batch_of[:, None, None] * tokens + np.arange(tokens)[None, :, None]
+        probe = (head + width * token).astype(np.float64).reshape(*layout.lead, tokens, d_head)
+        self.context.set_shape(name, probe.shape)
+        for step in steps:
+            if not step.skip:
+                probe = self.apply(step, probe, "attention output")
+            self.context.set_shape(step.output, probe.shape)
+        if probe.shape[-1] != width or linear.d_in != width:
+            raise _RejectError(
+                "head_merge",
+                f"head merge gives {probe.shape[-1]} features and W_O reads {linear.d_in}; "
+                f"expected n_heads*d_head = {width}",
+                linear.nodes,
+            )
+        flat = probe.reshape(-1, width)
+        rows, token = np.mod(flat, width).astype(np.int64), np.floor_divide(flat, width)
+        if not ((rows == rows[:1]).all() and (token == token[:, :1]).all()):
+            raise _RejectError(
+                "head_merge", "the head merge mixes tokens into the feature axis", linear.nodes
+            )
+        if not np.array_equal(np.sort(rows[0]), np.arange(width)):
+            raise _RejectError(
+                "head_merge", "the head merge does not cover every head feature once", linear.nodes
+            )
+        return np.argsort(rows[0])
+
+
+def _static_sizes(target: np.ndarray | None, value: np.ndarray) -> tuple[int, int] | None:
+    """(batch, sequence) spelled out by a static head-split target such as [1, 197, 12, 64]."""
+    if target is None or value.ndim != 3:
+        return None
+    dims = [int(d) for d in np.ravel(target)]
+    if len(dims) < 3 or dims[0] <= 0 or dims[1] <= 0:
+        return None
+    features = dims[2:]
+    known = math.prod(d for d in features if d > 0)
+    fits = (
+        known == value.shape[-1] if all(d > 0 for d in features) else value.shape[-1] % known == 0
+    )
+    return (dims[0], dims[1]) if fits else None
+
+
+def _apply_layout(node: Node, value: np.ndarray, values: list, output: int) -> np.ndarray:
+    """Apply one layout op to the probe (shape-like inputs already evaluated in ``values``)."""
+    op = node.op_type
+    if op == "Transpose":
+        perm = node.attr("perm")
+        return np.transpose(value, perm if perm is not None else None)
+    if op == "Reshape":
+        if values[0] is None:
+            raise ValueError("the target shape could not be evaluated")
+        return value.reshape(
+            reshape_target(value.shape, values[0], allowzero=bool(node.attr("allowzero", 0)))
+        )
+    if op == "Flatten":
+        return flatten(value, int(node.attr("axis", 1)))
+    if op in ("Squeeze", "Unsqueeze"):
+        axes = values[0] if values and values[0] is not None else node.attr("axes")
+        axes = None if axes is None else [int(axis) for axis in np.ravel(axes)]
+        if op == "Unsqueeze":
+            return unsqueeze(value, axes or [])
+        return np.squeeze(value) if axes is None else np.squeeze(value, axis=tuple(axes))
+    if op == "Expand":
+        return np.broadcast_to(
+            value, np.broadcast_shapes(value.shape, tuple(int(d) for d in np.ravel(values[0])))
+        )
+    if op == "Tile":
+        return np.tile(value, [int(r) for r in np.ravel(values[0])])
+    if op == "Split":
+        return apply_split(node, value, values[0] if values else None, output)
+    if op == "Slice":
+        return apply_slice(value, *(values + [None] * (4 - len(values)))[:4])
+    if op == "Gather":
+        if values[0] is None:
+            raise ValueError("the Gather indices are not constant")
+        return np.take(value, values[0], axis=int(node.attr("axis", 0)))
+    raise ValueError(f"{op} is not a layout op")
+
+
+def _broadcast_lead(*values: np.ndarray) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*(value.shape[:-2] for value in values)))
+    except ValueError:
+        raise _RejectError(
+            "head_layout",
+            "Q, K and V head axes do not broadcast: "
+            + ", ".join(str(value.shape) for value in values),
+        ) from None
+
+
+def _group_heads(columns: np.ndarray, token: np.ndarray, tokens: int, role: str) -> _Heads:
+    """Split flattened leading positions into (batch, head) from the encoded token index."""
+    batch = token[:, 0] // tokens
+    expected = batch[:, None] * tokens + np.arange(tokens)[None, :]
+    if not np.array_equal(token, expected):
+        raise _RejectError("head_layout", f"{role} reorders or mixes tokens between sequences")
+    head = np.zeros(len(batch), dtype=np.int64)
+    per_batch = None
+    for b in np.unique(batch):
+        positions = np.flatnonzero(batch == b)
+        head[positions] = np.arange(len(positions))
+        if per_batch is None:
+            per_batch = columns[positions]
+        elif not np.array_equal(per_batch, columns[positions]):
+            raise _RejectError("head_layout", f"{role} heads differ between batch items")
+    return _Heads(columns=per_batch, head_of=head, batch_of=batch)
+
+
+def _kv_blocks(columns: np.ndarray, role: str) -> list[np.ndarray]:
+    """Distinct key/value heads in order; query head h must use kv head h // (n_heads / n_kv)."""
+    blocks: list[np.ndarray] = []
+    for row in columns:
+        if not any(np.array_equal(row, block) for block in blocks):
+            blocks.append(row)
+    n_heads, n_kv = len(columns), len(blocks)
+    if n_heads % n_kv:
+        raise _RejectError(
+            "head_layout", f"{n_heads} query heads cannot share {n_kv} {role} heads evenly"
+        )
+    group = n_heads // n_kv
+    for head, row in enumerate(columns):
+        if not np.array_equal(row, blocks[head // group]):
+            raise _RejectError(
+                "head_layout",
+                f"{role} heads are not grouped contiguously: query head {head} does not use "
+                f"{role} head {head // group} of {n_kv}",
+            )
+    flat = np.concatenate(blocks)
+    if len(np.unique(flat)) != flat.size:
+        raise _RejectError("head_layout", f"{role} heads read overlapping projection columns")
+    return blocks

@@ -1,0 +1,256 @@
+"""The Softmax-anchored attention walk: from one Softmax to a whole :class:`AttentionBlock`.
+
+Back from the Softmax to the QKᵀ ``MatMul``, forward to the ·V ``MatMul``, then the projections
+(:mod:`importers._projections`), the head layout (:mod:`importers._layout`) and the residual
+stream and norm (:mod:`importers._norms`); :func:`importers.patterns.find_attention_blocks` runs it
+over every Softmax.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from importers._layout import _Layout, _LayoutProbe
+from importers._norms import _StreamMatcher
+from importers._projections import _describe_linear, _ProjectionFinder, _Trace
+from importers._results import AttentionBlock, LinearMatch
+from importers._walker import _MAX_WALK, _VALUE_PRESERVING, _RejectError
+from importers.graph import Node
+
+#: Relative mismatch tolerated between the score scale found and 1/sqrt(d_head).
+SCALE_RTOL = 1e-3
+_SCORE_PASS = frozenset({"Cast", "Identity"})
+
+
+class _Matcher(_ProjectionFinder, _LayoutProbe, _StreamMatcher):
+    """Pattern matching over one graph (one shape context, shared across candidates).
+
+    ``batch`` and ``sequence`` are the sizes assumed for symbolic dimensions while probing.
+    """
+
+    # -- the whole block --------------------------------------------------------------------------
+    def match(self, softmax: Node, index: int) -> AttentionBlock:
+        scores, score_scale, score_nodes = self.scores_matmul(softmax)
+        value_matmul, guard = self.value_matmul(softmax)
+        q = self.trace(scores.input(0), "Q")
+        k = self.trace(scores.input(1), "K")
+        v = self.trace(value_matmul.input(1), "V")
+        self.check_self_attention(q, k, v)
+        layout = self.probe_heads(q, k, v)
+        self.check_softmax_axis(softmax, len(layout.lead) + 2)
+        columns = self.head_columns(layout.q, layout.k, layout.v)
+        n_heads, d_head = layout.q.columns.shape
+        o, o_rows = self.output_projection(value_matmul, layout)
+        d_model = q.linear.d_in
+        if o.d_out != d_model or k.linear.d_in != d_model or v.linear.d_in != d_model:
+            raise _RejectError(
+                "width_mismatch",
+                f"widths disagree: Q/K/V read {q.linear.d_in}/{k.linear.d_in}/{v.linear.d_in} "
+                f"features but W_O writes {o.d_out}",
+                (o.nodes[-1],),
+            )
+        scale = score_scale * q.scale * k.scale
+        notes = self.scale_notes(scale, d_head)
+        stream = self.block_stream(q.linear.x, o)
+        roles = {
+            "scores": f"MatMul {scores.label!r}"
+            + (f" via {', '.join(score_nodes)}" if score_nodes else ""),
+            "value": f"MatMul {value_matmul.label!r}"
+            + (f" after {', '.join(guard)}" if guard else ""),
+            "Q": _describe_linear(q),
+            "K": _describe_linear(k),
+            "V": _describe_linear(v),
+            "O": f"{o.kind} {', '.join(o.nodes)} (weight {o.weight!r})",
+            **stream.pop("roles"),
+        }
+        return AttentionBlock(
+            index=index,
+            softmax=softmax.label,
+            n_heads=n_heads,
+            n_kv_heads=columns["n_kv_heads"],
+            d_model=d_model,
+            d_head=d_head,
+            scale=scale,
+            attention_name=softmax.outputs[0],
+            q=q.linear,
+            k=k.linear,
+            v=v.linear,
+            o=o,
+            q_columns=columns["q"],
+            k_columns=columns["k"],
+            v_columns=columns["v"],
+            o_rows=o_rows,
+            notes=notes,
+            roles=roles,
+            **stream,
+        )
+
+    def check_self_attention(self, q: _Trace, k: _Trace, v: _Trace) -> None:
+        sources = {self.stream_tensor(trace.linear.x) for trace in (q, k, v)}
+        if len(sources) != 1:
+            raise _RejectError(
+                "not_self_attention",
+                f"Q, K and V project different tensors ({', '.join(sorted(sources))}); "
+                f"only self-attention is supported",
+            )
+
+    def check_softmax_axis(self, softmax: Node, rank: int) -> None:
+        axis = int(softmax.attr("axis", -1))
+        if axis not in (-1, rank - 1):
+            raise _RejectError(
+                "softmax_axis",
+                f"Softmax axis is {axis}; expected the last axis (-1) of the rank-{rank} scores",
+                (softmax.label,),
+            )
+
+    @staticmethod
+    def scale_notes(scale: float, d_head: int) -> tuple[str, ...]:
+        expected = 1.0 / math.sqrt(d_head)
+        if abs(scale / expected - 1.0) <= SCALE_RTOL:
+            return ()
+        return (
+            f"score scale {scale:.6g} differs from 1/sqrt(d_head) = {expected:.6g} "
+            f"(d_head {d_head} taken from the head-split Reshape)",
+        )
+
+    # -- 1. scores ---------------------------------------------------------------------------------
+    def scores_matmul(self, softmax: Node) -> tuple[Node, float, list[str]]:
+        """Walk back from the Softmax to the QKᵀ MatMul; returns (MatMul, scale, nodes passed)."""
+        name, scale, passed = softmax.input(0), 1.0, []
+        for _ in range(_MAX_WALK):
+            node = self.producer(name)
+            if node is None:
+                raise _RejectError(
+                    "no_qk_matmul",
+                    f"QK^T MatMul not found: the Softmax input comes from {self.origin(name)}",
+                )
+            if node.op_type == "MatMul":
+                for operand in node.inputs:
+                    if self.const(operand) is not None:
+                        raise _RejectError(
+                            "no_qk_matmul",
+                            f"QK^T MatMul not found: MatMul {node.label!r} multiplies by the "
+                            f"constant {operand!r}, not a query-key product",
+                            (node.label,),
+                        )
+                return node, scale, passed
+            factor, data = (
+                self.scalar_factor(node) if node.op_type in ("Mul", "Div") else (None, "")
+            )
+            if factor is not None:
+                scale, name = scale * factor, data
+            elif node.op_type in _SCORE_PASS:
+                name = node.input(0)
+            elif node.op_type in ("Add", "Sub", "Where"):
+                name = self.score_branch(node)
+            elif node.op_type in ("Mul", "Div"):
+                raise _RejectError(
+                    "score_scale_not_constant",
+                    f"the scores are scaled by a non-constant factor: {node.op_type} "
+                    f"{node.label!r} reads {self.origin(self.scale_operand(node))}",
+                    (node.label,),
+                )
+            else:
+                raise _RejectError(
+                    "no_qk_matmul",
+                    f"QK^T MatMul not found: walking back from the Softmax reached "
+                    f"{node.op_type} {node.label!r}",
+                    (node.label,),
+                )
+            passed.append(f"{node.op_type} {node.label!r}")
+        raise _RejectError("no_qk_matmul", "QK^T MatMul not found: the path is too long")
+
+    def scale_operand(self, node: Node) -> str:
+        """The operand of a score Mul/Div that is not the scores."""
+        if node.op_type == "Div" or self.reaches_qk(node.input(0), depth=12):
+            return node.input(1)
+        return node.input(0)
+
+    def score_branch(self, node: Node) -> str:
+        """The input of a mask Add/Sub/Where that carries the scores."""
+        positions = {"Add": (0, 1), "Sub": (0,), "Where": (1, 2)}[node.op_type]
+        candidates = [
+            node.input(i) for i in positions if node.input(i) and self.const(node.input(i)) is None
+        ]
+        if len(candidates) == 1:
+            return candidates[0]
+        reaching = [name for name in candidates if self.reaches_qk(name, depth=12)]
+        if reaching:
+            return reaching[0]
+        raise _RejectError(
+            "no_qk_matmul",
+            f"QK^T MatMul not found: no input of {node.op_type} {node.label!r} comes from a "
+            f"product of two non-constant tensors",
+            (node.label,),
+        )
+
+    def reaches_qk(self, name: str, depth: int) -> bool:
+        """Whether a product of two non-constant tensors lies within ``depth`` mask/scale ops."""
+        frontier, seen = [name], set()
+        for _ in range(depth):
+            next_frontier = []
+            for tensor in frontier:
+                node = self.producer(tensor)
+                if node is None or node.position in seen:
+                    continue
+                seen.add(node.position)
+                if node.op_type == "MatMul":
+                    if all(self.const(operand) is None for operand in node.inputs):
+                        return True
+                elif node.op_type in ("Add", "Sub", "Mul", "Div", "Where", "Cast", "Identity"):
+                    next_frontier.extend(operand for operand in node.inputs if operand)
+            frontier = next_frontier
+        return False
+
+    # -- 2. value MatMul ---------------------------------------------------------------------------
+    def value_matmul(self, softmax: Node) -> tuple[Node, list[str]]:
+        """Walk forward from the Softmax to the MatMul with V; returns (MatMul, guard nodes)."""
+        name, passed = softmax.outputs[0], []
+        for _ in range(8):
+            users = self.consumers(name)
+            matmuls = [node for node in users if node.op_type == "MatMul" and node.input(0) == name]
+            if len(matmuls) == 1:
+                return matmuls[0], passed
+            guard = self.nan_guard(name, users)
+            if guard is not None:
+                passed.append(f"IsNaN/Where guard {guard.label!r}")
+                name = guard.outputs[0]
+                continue
+            if (
+                len(users) == 1
+                and users[0].op_type in _VALUE_PRESERVING
+                and users[0].input(0) == name
+            ):
+                passed.append(f"{users[0].op_type} {users[0].label!r}")
+                name = users[0].outputs[0]
+                continue
+            break
+        where = ", ".join(f"{node.op_type} {node.label!r}" for node in users) or (
+            "a graph output only" if name in self.index.graph_outputs else "nothing"
+        )
+        raise _RejectError(
+            "value_matmul_missing",
+            f"value MatMul not found: the Softmax output goes to {where}",
+            tuple(node.label for node in users),
+        )
+
+    def nan_guard(self, name: str, users: list[Node]) -> Node | None:
+        """The Where of an ``IsNaN(p) → Where(isnan, 0, p)`` guard on ``name``, if that is all."""
+        wheres = [node for node in users if node.op_type == "Where" and name in node.inputs[1:]]
+        isnans = [node for node in users if node.op_type == "IsNaN"]
+        if len(wheres) == 1 and len(isnans) == 1 and len(users) == 2:
+            condition = self.producer(wheres[0].input(0))
+            if condition is isnans[0]:
+                return wheres[0]
+        return None
+
+    # -- 5. output projection ----------------------------------------------------------------------
+    def output_projection(
+        self, value_matmul: Node, layout: _Layout
+    ) -> tuple[LinearMatch, np.ndarray]:
+        """Forward from the ·V MatMul through the head merge to W_O; returns (W_O, canonical rows)."""
+        name = value_matmul.outputs[0]
+        linear, steps = self.find_output_linear(name)
+        return linear, self.merge_rows(name, steps, linear, layout)

@@ -1,0 +1,281 @@
+"""After the attention branch: LayerScale, the residual ``Add``, the norm position and kind.
+
+Pre-LN when the attention input is a norm's output whose input also enters the residual Add;
+post-LN when the residual Add is the attention input plus the branch and feeds a norm. Norms are
+fused ``LayerNormalization``, the decomposed LayerNorm chain, RMSNorm
+(Pow/ReduceMean/Add/Sqrt/Reciprocal-or-Div/Mul/Mul), ``SimplifiedLayerNormalization`` or
+``RMSNormalization``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from importers._results import LinearMatch, NormMatch
+from importers._walker import _GraphWalker
+from importers.graph import Node
+
+
+class _StreamMatcher(_GraphWalker):
+    """Recognise the residual stream around an attention branch and the norm on it."""
+
+    def block_stream(self, x: str, o: LinearMatch) -> dict:
+        """Residual Add, LayerScale, norm position and the block's input/output tensor names."""
+        attention_input = self.stream_tensor(x)
+        branch = self.strip_reshapes_forward(o.output)
+        layer_scale, branch = self.layer_scale_after(branch, o.d_out)
+        residual_node, residual_in = self.residual_add(branch)
+        roles: dict[str, str] = {}
+        if layer_scale is not None:
+            roles["layer scale"] = f"Mul by constant {layer_scale!r}"
+        norm, norm_match, norm_output = "none", None, None
+        if residual_node is not None:
+            roles["residual"] = f"Add {residual_node.label!r}"
+            pre = self.norm_ending_at(attention_input)
+            if pre is not None and self.strip_casts(pre.input) == self.strip_casts(residual_in):
+                norm, norm_match = "pre", pre
+            elif self.strip_casts(residual_in) == self.strip_casts(attention_input):
+                post = self.norm_starting_at(residual_node.outputs[0])
+                if post is not None:
+                    norm, norm_match, norm_output = "post", post, post.output
+        if norm_match is not None:
+            roles["norm"] = f"{norm}-LN {norm_match.kind}: {', '.join(norm_match.nodes)}"
+        residual = residual_node.outputs[0] if residual_node is not None else None
+        block_input = (
+            norm_match.input if norm == "pre" else (residual_in if residual_in else attention_input)
+        )
+        sub_block_output = norm_output or residual or o.output
+        output = (
+            self.block_output(sub_block_output, post=norm == "post")
+            if residual
+            else sub_block_output
+        )
+        return {
+            "norm": norm,
+            "norm_kind": norm_match.kind if norm_match is not None else None,
+            "norm_match": norm_match,
+            "has_layer_scale": layer_scale is not None,
+            "layer_scale": layer_scale,
+            "input_name": block_input,
+            "residual_name": residual,
+            "norm_output_name": norm_output,
+            "output_name": output,
+            "roles": roles,
+        }
+
+    def stream_tensor(self, name: str) -> str:
+        """The residual-stream tensor behind a projection input: undo Casts and, for 2-D (Gemm)
+        projections, the Reshape/Flatten that flattened the tokens."""
+        name = self.strip_casts(name)
+        node = self.producer(name)
+        if node is not None and node.op_type in ("Reshape", "Flatten"):
+            shape = self.context.shape(name)
+            target = self.context.value(node.input(1)) if node.op_type == "Reshape" else None
+            if (
+                (shape is not None and len(shape) == 2)
+                or (target is not None and target.size == 2)
+                or node.op_type == "Flatten"
+            ):
+                return self.strip_casts(node.input(0))
+        return name
+
+    def strip_reshapes_forward(self, name: str) -> str:
+        for _ in range(4):
+            users = self.consumers(name)
+            if len(users) == 1 and users[0].op_type in ("Reshape", "Cast", "Identity", "Dropout"):
+                name = users[0].outputs[0]
+            else:
+                break
+        return name
+
+    def layer_scale_after(self, name: str, d_model: int) -> tuple[str | None, str]:
+        users = self.consumers(name)
+        if len(users) == 1 and users[0].op_type == "Mul":
+            other = next((operand for operand in users[0].inputs if operand != name), "")
+            value = self.const(other)
+            if value is not None and value.size in (1, d_model):
+                return other, self.strip_reshapes_forward(users[0].outputs[0])
+        return None, name
+
+    def residual_add(self, name: str) -> tuple[Node | None, str]:
+        adds = [node for node in self.consumers(name) if node.op_type == "Add"]
+        for node in adds:
+            other = next((operand for operand in node.inputs if operand != name), "")
+            if other and self.const(other) is None:
+                return node, other
+        return None, ""
+
+    def block_output(self, name: str, *, post: bool) -> str:
+        """After the attention sub-block: the MLP residual Add (and its norm for post-LN)."""
+        for node in self.consumers(name):
+            others = [operand for operand in node.inputs if operand != name]
+            if node.op_type != "Add" or len(others) != 1 or self.const(others[0]) is not None:
+                continue
+            if post:
+                norm = self.norm_starting_at(node.outputs[0])
+                return norm.output if norm is not None else node.outputs[0]
+            return node.outputs[0]
+        return name
+
+    def norm_starting_at(self, name: str) -> NormMatch | None:
+        """The outermost norm (LayerNorm or RMSNorm) that reads ``name``, searching forward."""
+        frontier, seen, best = [name], set(), None
+        for _ in range(12):
+            next_frontier = []
+            for tensor in frontier:
+                for node in self.consumers(tensor):
+                    if node.position in seen:
+                        continue
+                    seen.add(node.position)
+                    for output in node.outputs:
+                        match = self.norm_ending_at(output)
+                        if match is not None and self.strip_casts(match.input) == self.strip_casts(
+                            name
+                        ):
+                            if best is None or len(match.nodes) > len(best.nodes):
+                                best = match
+                        next_frontier.append(output)
+            frontier = next_frontier
+        return best
+
+    def norm_ending_at(self, name: str) -> NormMatch | None:
+        """The norm whose output is ``name`` (fused op or decomposed chain), else None."""
+        output, passed = name, []
+        node = self.producer(self.strip_casts(name))
+        if node is None:
+            return None
+        fused = self.fused_norm(node, output)
+        if fused is not None:
+            return fused
+        beta = gamma = None
+        if node.op_type == "Add":
+            beta, inner = self.constant_operand(node)
+            if beta is not None:
+                passed.append(node.label)
+                node = self.producer(self.strip_casts(inner))
+        if node is not None and node.op_type == "Mul":
+            gamma, inner = self.constant_operand(node)
+            if gamma is not None:
+                passed.append(node.label)
+                node = self.producer(self.strip_casts(inner))
+        if node is None:
+            return None
+        core = self.norm_core(node)
+        if core is None:
+            return None
+        kind, x, eps, nodes = core
+        if kind == "rmsnorm" and beta is not None:
+            return None
+        return NormMatch(kind, x, output, gamma, beta, eps, tuple(nodes) + tuple(reversed(passed)))
+
+    def fused_norm(self, node: Node, output: str) -> NormMatch | None:
+        kinds = {
+            "LayerNormalization": "layernorm",
+            "SimplifiedLayerNormalization": "rmsnorm",
+            "RMSNormalization": "rmsnorm",
+        }
+        if node.op_type not in kinds:
+            return None
+        axis = int(node.attr("axis", -1))
+        shape = self.context.shape(node.input(0))
+        if axis != -1 and (shape is None or axis != len(shape) - 1):
+            return None
+        return NormMatch(
+            kinds[node.op_type],
+            node.input(0),
+            output,
+            node.input(1) or None,
+            node.input(2) or None,
+            float(node.attr("epsilon", 1e-5)),
+            (node.label,),
+        )
+
+    def constant_operand(self, node: Node) -> tuple[str | None, str]:
+        """(constant, other) for a binary node with one scalar or vector constant operand."""
+        for const_pos in (1, 0):
+            value = self.const(node.input(const_pos))
+            if value is None or self.const(node.input(1 - const_pos)) is not None:
+                continue
+            if value.size == 1 or value.size == value.shape[-1]:
+                return node.input(const_pos), node.input(1 - const_pos)
+        return None, ""
+
+    def norm_core(self, node: Node) -> tuple[str, str, float | None, list[str]] | None:
+        """``(x - mean) / sqrt(var + eps)`` (layernorm) or ``x / sqrt(mean(x²) + eps)`` (rmsnorm)."""
+        if node.op_type == "Div":
+            numerator, root = node.input(0), self.producer(node.input(1))
+            root_nodes = [node.label]
+        elif node.op_type == "Mul":
+            numerator, root, root_nodes = None, None, [node.label]
+            for pos in (0, 1):
+                candidate = self.producer(node.input(pos))
+                inner = self.reciprocal_root(candidate)
+                if inner is not None:
+                    numerator, root = node.input(1 - pos), inner
+                    root_nodes.append(candidate.label)
+                    break
+        else:
+            return None
+        if root is None or root.op_type != "Sqrt":
+            return None
+        variance = self.variance(root.input(0))
+        if variance is None:
+            return None
+        squared, eps, variance_nodes = variance
+        numerator = self.strip_casts(numerator)
+        centred = self.producer(numerator)
+        if centred is not None and centred.op_type == "Sub":
+            mean = self.producer(centred.input(1))
+            if mean is None or mean.op_type != "ReduceMean" or mean.input(0) != centred.input(0):
+                return None
+            if not self.last_axis(mean) or self.strip_casts(squared) != numerator:
+                return None
+            nodes = [mean.label, centred.label, *variance_nodes, root.label, *root_nodes]
+            return "layernorm", centred.input(0), eps, nodes
+        if self.strip_casts(squared) != numerator:
+            return None
+        return "rmsnorm", numerator, eps, [*variance_nodes, root.label, *root_nodes]
+
+    def reciprocal_root(self, node: Node | None) -> Node | None:
+        if node is None:
+            return None
+        if node.op_type == "Reciprocal":
+            return self.producer(node.input(0))
+        if node.op_type == "Div":
+            one = self.const(node.input(0))
+            if one is not None and one.size == 1 and float(one.ravel()[0]) == 1.0:
+                return self.producer(node.input(1))
+        return None
+
+    def variance(self, name: str) -> tuple[str, float | None, list[str]] | None:
+        """``ReduceMean(Pow(y, 2) | Mul(y, y)) + eps`` → (y, eps, nodes)."""
+        add = self.producer(name)
+        if add is None or add.op_type != "Add":
+            return None
+        eps_name, mean_name = self.constant_operand(add)
+        if eps_name is None:
+            return None
+        mean = self.producer(mean_name)
+        if mean is None or mean.op_type != "ReduceMean" or not self.last_axis(mean):
+            return None
+        square = self.producer(mean.input(0))
+        if square is None:
+            return None
+        if square.op_type == "Pow":
+            exponent = self.const(square.input(1))
+            if exponent is None or exponent.size != 1 or float(exponent.ravel()[0]) != 2.0:
+                return None
+        elif not (square.op_type == "Mul" and square.input(0) == square.input(1)):
+            return None
+        eps = float(self.const(eps_name).ravel()[0])
+        return square.input(0), eps, [square.label, mean.label, add.label]
+
+    def last_axis(self, reduce: Node) -> bool:
+        axes = self.const(reduce.input(1)) if reduce.input(1) else reduce.attr("axes")
+        if axes is None or len(np.ravel(axes)) != 1:
+            return False
+        axis = int(np.ravel(axes)[0])
+        if axis == -1:
+            return True
+        shape = self.context.shape(reduce.input(0))
+        return (shape is not None and axis == len(shape) - 1) or (shape is None and axis == 2)

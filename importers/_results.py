@@ -1,0 +1,206 @@
+"""The results of attention matching: :class:`AttentionBlock`, :class:`MatchReport` and their parts.
+
+Re-exported by :mod:`importers.patterns`, the public face; import them from there.
+
+AttentionBlock, MatchReport, MatchFailure, LinearMatch, NormMatch
+    Structure only; :mod:`importers.weights` reads the numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class MatchFailure:
+    """Why one Softmax was not matched as an attention block.
+
+    Attributes
+    ----------
+    softmax : str
+        The Softmax node's name (or ``"Softmax#<position>"``).
+    reason : str
+        One line, naming the part that was not found or did not fit.
+    nodes : tuple of str
+        Nodes involved in the rejection.
+    code : str
+        A stable short tag for the kind of failure (e.g. ``"value_matmul_missing"``).
+    """
+
+    softmax: str
+    reason: str
+    nodes: tuple[str, ...] = ()
+    code: str = "other"
+
+
+@dataclass(frozen=True)
+class LinearMatch:
+    """A projection ``y = x @ W + b`` found in the graph (weights not read yet).
+
+    ``kind`` is ``"matmul"``, ``"gemm"``, ``"fused_matmul"`` or ``"matmul_integer"`` (onnxruntime
+    dynamic quantisation; ``weight_scale``/``weight_zero_point`` name the dequantisation constants).
+    ``transpose`` says the stored weight is (out, in); ``alpha``/``beta`` are Gemm's factors.
+    """
+
+    kind: str
+    x: str
+    weight: str
+    output: str
+    d_in: int
+    d_out: int
+    bias: str | None = None
+    transpose: bool = False
+    alpha: float = 1.0
+    beta: float = 1.0
+    weight_scale: str | None = None
+    weight_zero_point: str | None = None
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NormMatch:
+    """A normalisation found by structure: ``kind`` is ``"layernorm"`` or ``"rmsnorm"``."""
+
+    kind: str
+    input: str
+    output: str
+    gamma: str | None
+    beta: str | None
+    eps: float | None
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionBlock:
+    """One matched self-attention sub-block (structure; weights via :mod:`importers.weights`).
+
+    Attributes
+    ----------
+    index : int
+        Depth order (0 = closest to the input).
+    softmax : str
+        Name of the Softmax node.
+    n_heads, n_kv_heads, d_model, d_head : int
+    norm : {"pre", "post", "none"}
+    norm_kind : {"layernorm", "rmsnorm"} or None
+    has_layer_scale : bool
+    scale : float
+        Product of the scalar factors found on Q, K and the scores (1/sqrt(d_head) normally).
+    input_name : str
+        Residual stream entering the block (pre-LN: the norm's input; post-LN: the attention input).
+    residual_name : str or None
+        Output of the attention residual Add.
+    norm_output_name : str or None
+        Post-LN only: output of the norm after the residual Add.
+    output_name : str
+        Block output after the MLP sub-block when found (else the attention sub-block's output).
+    attention_name : str
+        The Softmax output (attention probabilities, shape (..., n_heads, T, T)).
+    q, k, v, o : LinearMatch
+        The projections (Q, K, V may be one fused projection).
+    q_columns, k_columns, v_columns : ndarray of int
+        Columns of the projection weight, in canonical order (head-major, contiguous heads;
+        K and V hold the ``n_kv_heads`` distinct heads).
+    o_rows : ndarray of int
+        Rows of the W_O weight in canonical order (row ``h*d_head + j`` is head h, feature j).
+    norm_match : NormMatch or None
+    layer_scale : str or None
+        The constant of the LayerScale Mul.
+    notes : tuple of str
+        Non-fatal observations (e.g. a score scale differing from 1/sqrt(d_head)).
+    roles : dict of str to str
+        Node names by role, for reports.
+    """
+
+    index: int
+    softmax: str
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    norm: str
+    norm_kind: str | None
+    has_layer_scale: bool
+    scale: float
+    input_name: str
+    residual_name: str | None
+    norm_output_name: str | None
+    output_name: str
+    attention_name: str
+    q: LinearMatch = field(repr=False)
+    k: LinearMatch = field(repr=False)
+    v: LinearMatch = field(repr=False)
+    o: LinearMatch = field(repr=False)
+    q_columns: np.ndarray = field(repr=False)
+    k_columns: np.ndarray = field(repr=False)
+    v_columns: np.ndarray = field(repr=False)
+    o_rows: np.ndarray = field(repr=False)
+    norm_match: NormMatch | None = field(repr=False)
+    layer_scale: str | None = field(repr=False)
+    notes: tuple[str, ...] = ()
+    roles: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """Graph tensors the weights come from (``W_Q``, ``b_Q``, ..., ``gamma``, ``layer_scale``)."""
+        found = {"softmax": self.softmax}
+        for key, linear in (("Q", self.q), ("K", self.k), ("V", self.v), ("O", self.o)):
+            found[f"W_{key}"] = linear.weight
+            if linear.bias is not None:
+                found[f"b_{key}"] = linear.bias
+        if self.norm_match is not None:
+            if self.norm_match.gamma is not None:
+                found["gamma"] = self.norm_match.gamma
+            if self.norm_match.beta is not None:
+                found["beta"] = self.norm_match.beta
+        if self.layer_scale is not None:
+            found["layer_scale"] = self.layer_scale
+        return found
+
+    def summary(self) -> str:
+        """One line: heads, sizes, norm, LayerScale."""
+        norm = self.norm if self.norm_kind is None else f"{self.norm}-LN {self.norm_kind}"
+        scale = ", LayerScale" if self.has_layer_scale else ""
+        return (
+            f"{self.n_heads} heads ({self.n_kv_heads} kv) x {self.d_head}, "
+            f"d_model {self.d_model}, norm {norm}{scale}"
+        )
+
+
+@dataclass(frozen=True)
+class MatchReport:
+    """Result of :func:`find_attention_blocks`.
+
+    Attributes
+    ----------
+    blocks : list of AttentionBlock
+        In depth (graph) order.
+    failures : list of MatchFailure
+        One per Softmax that was not matched.
+    n_softmax : int
+        Number of Softmax nodes examined.
+    """
+
+    blocks: list[AttentionBlock]
+    failures: list[MatchFailure]
+    n_softmax: int
+
+    def explain(self) -> str:
+        """Multi-line text: for each Softmax, what matched or why it was rejected."""
+        lines = [
+            f"{self.n_softmax} Softmax node(s): {len(self.blocks)} attention block(s) matched, "
+            f"{len(self.failures)} rejected"
+        ]
+        for block in self.blocks:
+            lines.append(f"Softmax {block.softmax!r}: block {block.index}: {block.summary()}")
+            lines.extend(f"  {role}: {what}" for role, what in block.roles.items())
+            lines.extend(f"  note: {note}" for note in block.notes)
+        for failure in self.failures:
+            lines.append(
+                f"Softmax {failure.softmax!r}: rejected [{failure.code}]: {failure.reason}"
+            )
+            if failure.nodes:
+                lines.append(f"  nodes: {', '.join(failure.nodes)}")
+        return "\n".join(lines)

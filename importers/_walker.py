@@ -1,0 +1,108 @@
+"""Shared footing of the attention matcher: the graph-walking helpers and the rejection signal.
+
+:class:`_GraphWalker` holds one graph and one shape context and answers the small questions every
+part of the match asks (constant value, producer, consumers, scalar factor, where a tensor comes
+from). The parts of the matcher (:mod:`importers._projections`, :mod:`importers._layout`,
+:mod:`importers._norms`, :mod:`importers._match_core`) extend it. :class:`_RejectError` abandons
+the current Softmax candidate with a reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from importers.graph import GraphIndex, Node, ShapeContext
+
+_MAX_WALK = 64
+_VALUE_PRESERVING = frozenset({"Identity", "Cast", "Dropout"})
+
+
+class _RejectError(Exception):
+    """Internal: abandon the current Softmax candidate with a reason."""
+
+    def __init__(
+        self,
+        code: str,
+        reason: str,
+        nodes: Iterable[str] = (),
+        probe_sizes: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+        self.nodes = tuple(nodes)
+        self.probe_sizes = probe_sizes  # (batch, sequence) a static Reshape asks for
+
+
+class _GraphWalker:
+    """Graph queries over one graph (one shape context, shared across candidates).
+
+    ``batch`` and ``sequence`` are the sizes assumed for symbolic dimensions while probing.
+    """
+
+    def __init__(self, index: GraphIndex, batch: int, sequence: int) -> None:
+        self.index = index
+        self.context = ShapeContext(index, batch=batch, sequence=sequence)
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def const(self, name: str) -> np.ndarray | None:
+        return self.index.constant_value(name) if name else None
+
+    def producer(self, name: str) -> Node | None:
+        return self.index.producer(name) if name else None
+
+    def consumers(self, name: str) -> list[Node]:
+        """Consumers other than Shape (shape arithmetic reads tensors without using values)."""
+        return [
+            node for node in self.index.consumers(name) if node.op_type not in ("Shape", "Size")
+        ]
+
+    def strip_casts(self, name: str) -> str:
+        node = self.producer(name)
+        while node is not None and node.op_type in ("Cast", "Identity"):
+            name = node.input(0)
+            node = self.producer(name)
+        return name
+
+    def scalar_factor(self, node: Node) -> tuple[float | None, str]:
+        """(factor, data input) for a Mul/Div by a one-element constant, else (None, "")."""
+        if node.op_type == "Mul":
+            for const_pos in (1, 0):
+                value = self.const(node.input(const_pos))
+                if (
+                    value is not None
+                    and value.size == 1
+                    and self.const(node.input(1 - const_pos)) is None
+                ):
+                    return float(value.ravel()[0]), node.input(1 - const_pos)
+        if node.op_type == "Div":
+            value = self.const(node.input(1))
+            if value is not None and value.size == 1 and float(value.ravel()[0]) != 0.0:
+                return 1.0 / float(value.ravel()[0]), node.input(0)
+        return None, ""
+
+    def origin(self, name: str) -> str:
+        """Where a tensor comes from, for messages (graph inputs it is computed from, if few)."""
+        if name in self.index.graph_inputs:
+            return f"graph input {name!r}"
+        if self.const(name) is not None:
+            return f"constant {name!r}"
+        inputs = self.input_ancestors(name, depth=6)
+        if inputs:
+            return f"tensor {name!r}, computed from graph input {', '.join(map(repr, inputs))}"
+        return f"tensor {name!r}"
+
+    def input_ancestors(self, name: str, depth: int) -> list[str]:
+        frontier, found = [name], []
+        for _ in range(depth):
+            next_frontier = []
+            for tensor in frontier:
+                if tensor in self.index.graph_inputs and tensor not in found:
+                    found.append(tensor)
+                node = self.producer(tensor)
+                if node is not None:
+                    next_frontier.extend(operand for operand in node.inputs if operand)
+            frontier = next_frontier
+        return found
