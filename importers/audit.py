@@ -173,10 +173,18 @@ class AuditResult:
             }
         kinds = np.array([case.kind for case in self.dominance])
         layers = np.array([case.layer for case in self.dominance])
+        means = {(r["layer"], r["metric"]): r["mean"] for r in self.layer_rows()}
         per_layer = []
         for layer in np.unique(layers):
-            sel = kinds[layers == layer]
-            per_layer.append({"layer": int(layer), "cases": int(sel.size), **_fractions(sel)})
+            fractions = _fractions(kinds[layers == layer])
+            per_layer.append(
+                {
+                    "layer": int(layer),
+                    "cases": int(np.sum(layers == layer)),
+                    **fractions,
+                    **_block_verdict(fractions["perron"], means, int(layer)),
+                }
+            )
         return {"cases": int(kinds.size), **_fractions(kinds), "per_layer": per_layer}
 
     def spectra_summary(self) -> dict[str, Any]:
@@ -254,6 +262,34 @@ def _fractions(kinds: np.ndarray) -> dict[str, float]:
         "perron": perron,
         "non_perron": 1.0 - perron,
         "balanced": float(np.mean(kinds == "balanced")),
+    }
+
+
+def _block_verdict(
+    perron: float, means: dict[tuple[int, str], float], block: int
+) -> dict[str, Any]:
+    """What block ``block`` did to the stream (layer block -> block + 1) against the theory's call.
+
+    Predicted: smoothing when most of the block's cases are perron-type. Observed: smoothing when
+    HFC/LFC falls and the mean cosine rises, sharpening when both move the other way, else mixed
+    (no verdict). The theory is for repeated linear layers, so this is a heuristic reading.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero or NaN mean gives no verdict
+        ratio = np.float64(means[block + 1, "hfc_lfc"]) / np.float64(means[block, "hfc_lfc"])
+    cosine = means[block + 1, "cosine"] - means[block, "cosine"]
+    predicted = "smoothing" if perron >= 0.5 else "no smoothing"
+    if ratio < 1 and cosine > 0:
+        observed = "smoothing"
+    elif ratio > 1 and cosine < 0:
+        observed = "no smoothing"
+    else:
+        observed = "mixed"
+    return {
+        "hfc_lfc_ratio": float(ratio),
+        "cosine_change": float(cosine),
+        "predicted": predicted,
+        "observed": observed,
+        "agree": None if observed == "mixed" else predicted == observed,
     }
 
 
@@ -655,12 +691,25 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
             f"(1 + λ^H λ^A_n, smoothing) and **{100 * dom['non_perron']:.2f}% non-perron** "
             f"(of which {100 * dom['balanced']:.2f}% balanced ties).",
             "",
-            "| attention block | cases | perron | non-perron |",
-            "|---|---|---|---|",
+            "Per block: the theory predicts smoothing when most cases are perron-type; the block "
+            "smooths when it lowers HFC/LFC and raises the mean cosine (both ways round: no "
+            "smoothing; otherwise mixed). The theory is for repeated linear layers, so read the "
+            "agreement as a heuristic.",
+            "",
+            "| attention block | cases | perron | non-perron | HFC/LFC ×| Δ cosine | predicted | observed |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| {r['layer']} | {r['cases']} | {100 * r['perron']:.1f}% | {100 * r['non_perron']:.1f}% |"
+            f"| {r['layer']} | {r['cases']} | {100 * r['perron']:.1f}% | {100 * r['non_perron']:.1f}% "
+            f"| {_fmt(r['hfc_lfc_ratio'])} | {r['cosine_change']:+.3f} | {r['predicted']} | {r['observed']} |"
             for r in dom["per_layer"]
+        ]
+        decided = [r for r in dom["per_layer"] if r["agree"] is not None]
+        agreed = sum(bool(r["agree"]) for r in decided)
+        lines += [
+            "",
+            f"Prediction and observation agree in {agreed} of {len(decided)} blocks with a clear "
+            f"observed direction ({len(dom['per_layer']) - len(decided)} mixed).",
         ]
     else:
         lines.append("Not computed (dominance disabled).")

@@ -23,7 +23,7 @@ import onnx
 import pytest
 from numpy.testing import assert_allclose
 
-from importers.audit import DOMINANCE_COLUMNS, LAYER_COLUMNS, AuditResult, audit
+from importers.audit import DOMINANCE_COLUMNS, LAYER_COLUMNS, AuditResult, audit, render_report
 from importers.inputs import Inputs, bundled_inputs, graph_inputs, random_inputs
 from importers.runner import ProviderError
 from simulator.errors import InputError, OversmoothError
@@ -186,6 +186,28 @@ def test_dominance_summary_fractions_count_the_cases(model_dir: Path) -> None:
     assert summary["perron"] + summary["non_perron"] == pytest.approx(1.0, abs=tol.EPS)
     assert summary["balanced"] == kinds.count("balanced") / len(kinds)
     assert sum(row["cases"] for row in summary["per_layer"]) == len(kinds)
+
+
+def test_block_verdicts_compare_the_prediction_with_the_observed_change(model_dir: Path) -> None:
+    result = audited(model_dir, PADDED)
+    means = {(r["layer"], r["metric"]): r["mean"] for r in result.layer_rows()}
+    rows = result.dominance_summary()["per_layer"]
+    assert [row["layer"] for row in rows] == [block.index for block in result.blocks]
+    for row in rows:
+        b = row["layer"]
+        ratio = means[b + 1, "hfc_lfc"] / means[b, "hfc_lfc"]
+        change = means[b + 1, "cosine"] - means[b, "cosine"]
+        assert row["hfc_lfc_ratio"] == pytest.approx(ratio, rel=tol.STEP_RTOL)
+        assert row["cosine_change"] == pytest.approx(change, abs=tol.STEP_ATOL)
+        assert row["predicted"] == ("smoothing" if row["perron"] >= 0.5 else "no smoothing")
+        smooths, sharpens = ratio < 1 and change > 0, ratio > 1 and change < 0
+        assert row["observed"] == (
+            "smoothing" if smooths else "no smoothing" if sharpens else "mixed"
+        )
+        assert row["agree"] == (
+            None if row["observed"] == "mixed" else row["predicted"] == row["observed"]
+        )
+    assert "Prediction and observation agree in" in render_report(result)
 
 
 def test_layer_granularity_uses_the_whole_layer_spectrum(model_dir: Path) -> None:
