@@ -14,7 +14,6 @@ import platform
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from simulator._io import atomic_output
+from simulator._io import atomic_output, package_versions
 
 STYLE = Path(__file__).with_name("paper.mplstyle")
 #: Figure widths in inches: one paper column, or the full text width.
@@ -38,16 +37,6 @@ def new_figure(width: str = "full", aspect: float = 0.35, **subplots: Any) -> tu
     w = WIDTHS[width]
     fig, axes = plt.subplots(figsize=(w, w * aspect), layout="constrained", **subplots)
     return fig, axes
-
-
-def _versions() -> dict[str, str]:
-    found = {}
-    for name in PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
 
 
 def _git() -> dict[str, Any]:
@@ -76,7 +65,7 @@ def provenance(name: str, argv: Sequence[str], config: Mapping[str, Any]) -> dic
         "argv": list(argv),
         "git": _git(),
         "python": platform.python_version(),
-        "versions": _versions(),
+        "versions": package_versions(PACKAGES),
         "config": dict(config),
     }
 

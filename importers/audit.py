@@ -39,7 +39,6 @@ import json
 import platform
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,7 +52,7 @@ from importers.runner import Runner
 from importers.spectra import head_eigenvalues, layer_eigenvalues, model_spectra, summarize_spectra
 from importers.weights import BlockWeights, block_weights
 from importers.zoo import file_sha256, get_model, models, resolve_model
-from simulator._io import atomic_directory, atomic_output
+from simulator._io import atomic_directory, atomic_output, package_versions
 from simulator._validation import check_choice, check_positive_int
 from simulator.errors import InputError
 from simulator.metrics import METRICS, all_metrics
@@ -625,22 +624,12 @@ def audit(
         },
         provenance={
             "python": platform.python_version(),
-            "versions": _versions(),
+            "versions": package_versions(_PACKAGES),
             "runner": runner.provenance(),
             "inputs_digest": inputs.digest,
         },
         notes=notes,
     )
-
-
-def _versions() -> dict[str, str]:
-    found = {}
-    for name in _PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Atomic output files: written beside the target, then renamed, so an error leaves nothing behind."""
+"""Output helpers: atomic files and folders (an error leaves nothing behind), and provenance."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import IO
 
@@ -62,3 +63,14 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def package_versions(names: Iterable[str]) -> dict[str, str]:
+    """Installed version of each named distribution, for provenance records (missing ones omitted)."""
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found

@@ -19,6 +19,7 @@ from PIL import Image
 from importers.inputs import bundled_inputs, expected_inputs_text, graph_inputs
 from simulator.cli import main
 from tests.importers.builders import assemble
+from tests.realmodels import require_real_model
 
 SEED = 5
 FILES = ("audit.json", "layers.csv", "spectra.csv", "dominance.csv", "report.md")
@@ -83,19 +84,6 @@ def assert_no_output(folder: Path, keep: set[str]) -> None:
     assert {path.name for path in folder.iterdir()} == keep
 
 
-def real_model(name: str) -> None:
-    """Fail in CI and skip elsewhere when the pinned real model is not installed."""
-    from importers.zoo import installed_model_path
-    from simulator.errors import OversmoothError
-
-    try:
-        installed_model_path(name)
-    except OversmoothError as err:
-        if os.environ.get("CI"):
-            pytest.fail(str(err))
-        pytest.skip(str(err))
-
-
 # -- the happy path ---------------------------------------------------------------------------------
 
 
@@ -103,7 +91,7 @@ def real_model(name: str) -> None:
 def test_audit_of_minilm_l3_writes_the_report_and_prints_a_summary(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    real_model("minilm-l3")
+    require_real_model("minilm-l3")
     out = tmp_path / "report"
     code, stdout, _ = run_audit(["minilm-l3", "--out", str(out), "--provider", "cpu"], capsys)
     assert code == 0

@@ -26,12 +26,13 @@ from numpy.testing import assert_allclose
 from importers.audit import DOMINANCE_COLUMNS, LAYER_COLUMNS, AuditResult, audit, render_report
 from importers.inputs import Inputs, bundled_inputs, graph_inputs, random_inputs
 from importers.runner import ProviderError
-from simulator.errors import InputError, OversmoothError
+from simulator.errors import InputError
 from simulator.metrics import METRICS, all_metrics
 from simulator.theory import KINDS, dominance_kinds, kron_eigenvalues
 from tests import tolerances as tol
 from tests.importers.builders import VARIANTS, Assembly, ExpectedBlock, assemble
 from tests.importers.reference import forward_trace
+from tests.realmodels import require_real_model
 
 SEED = 5
 #: Variants whose activations onnxruntime quantises at run time: no float recomputation applies.
@@ -533,22 +534,10 @@ def test_saving_again_replaces_the_folder(model_dir: Path, tmp_path: Path) -> No
 # -- a real model -----------------------------------------------------------------------------------
 
 
-def real_model_path(name: str) -> Path:
-    """The installed, hash-checked zoo model; fails in CI and skips elsewhere when unavailable."""
-    from importers.zoo import installed_model_path
-
-    try:
-        return installed_model_path(name)
-    except OversmoothError as err:
-        if os.environ.get("CI"):
-            pytest.fail(str(err))
-        pytest.skip(str(err))
-
-
 @pytest.mark.realmodel
 def test_real_text_model_padding_equals_the_sequence_alone() -> None:
     """minilm-l3 on a padded pair of bundled sentences vs the shorter one alone."""
-    path = real_model_path("minilm-l3")
+    path = require_real_model("minilm-l3")
     text = bundled_inputs("text", graph=graph_inputs(path))
     lengths = text.token_mask.sum(axis=1)
     short, long = int(np.argmin(lengths)), int(np.argmax(lengths))

@@ -13,7 +13,8 @@ from numpy.testing import assert_array_equal
 from importers.spectra import LAYER_HEAD, SPECTRUM_KINDS
 from simulator.cli import main
 from tests.importers.builders import NEAR_MISSES, VARIANTS
-from tests.importers.test_real_models import REAL_MODELS, real_model_path
+from tests.importers.test_real_models import REAL_MODELS
+from tests.realmodels import require_real_model
 
 BLOCK_KEYS = {"index", "n_heads", "n_kv_heads", "d_model", "d_head", "norm", "norm_kind", "sources"}
 
@@ -42,7 +43,7 @@ def variant_file(tmp_path):
 
 @pytest.mark.realmodel
 def test_inspect_zoo_name_prints_one_row_per_block(capsys):
-    real_model_path("minilm-l3")
+    require_real_model("minilm-l3")
     status, out, err = run_cli(capsys, "inspect", "minilm-l3")
     assert status == 0, err
     lines = out.strip().splitlines()

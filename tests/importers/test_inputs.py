@@ -15,6 +15,7 @@ from PIL import Image
 from importers import inputs as I  # noqa: N812 - short alias used throughout
 from importers import zoo
 from tests import tolerances as tol
+from tests.realmodels import require_real_model
 
 TEXT_GRAPH = (
     I.GraphInput("input_ids", np.dtype(np.int64), ("batch", "sequence")),
@@ -22,16 +23,6 @@ TEXT_GRAPH = (
 )
 IMAGE_GRAPH = (I.GraphInput("input_image", np.dtype(np.float32), ("batch_size", 3, 224, 224)),)
 CLS_ID, SEP_ID, PAD_ID = 101, 102, 0
-
-
-def _require_installed(name: str) -> Path:
-    """The installed real model; in CI a missing or changed model fails, elsewhere it skips."""
-    try:
-        return zoo.installed_model_path(name)
-    except (zoo.ModelMissingError, zoo.ModelChangedError) as err:
-        if os.environ.get("CI"):
-            pytest.fail(str(err))
-        pytest.skip(str(err))
 
 
 def _save(path: Path, pixels: np.ndarray, mode: str = "RGB") -> Path:
@@ -120,7 +111,7 @@ def test_bundled_inputs_rejects_unknown_kind() -> None:
 @pytest.mark.parametrize("name", [model.name for model in zoo.models()])
 def test_bundled_inputs_fit_each_zoo_model(name: str) -> None:
     model = zoo.get_model(name)
-    graph = I.graph_inputs(_require_installed(name))
+    graph = I.graph_inputs(require_real_model(name))
     batch = I.bundled_inputs(model.kind, graph=graph)
     assert list(batch.feeds) == [spec.name for spec in graph]
     I.check_feeds(batch.feeds, graph)

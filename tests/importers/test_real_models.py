@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +19,6 @@ from importers.inputs import graph_inputs, random_inputs
 from importers.patterns import MatchReport, find_attention_blocks
 from importers.spectra import LAYER_HEAD, head_eigenvalues, model_spectra, summarize_spectra
 from importers.weights import BlockWeights, extract
-from simulator.errors import OversmoothError
 from tests import tolerances as tol
 from tests.importers.test_variants import (
     attention_branch,
@@ -29,6 +26,7 @@ from tests.importers.test_variants import (
     normed,
     run_exposed,
 )
+from tests.realmodels import require_real_model
 
 pytestmark = pytest.mark.realmodel
 
@@ -47,26 +45,14 @@ REAL_MODELS = {
 D_MODEL = 384
 
 
-def real_model_path(name: str) -> Path:
-    """The installed, hash-checked model file; fails in CI and skips elsewhere when unavailable."""
-    from importers.zoo import installed_model_path
-
-    try:
-        return installed_model_path(name)
-    except OversmoothError as err:
-        if os.environ.get("CI"):
-            pytest.fail(str(err))
-        pytest.skip(str(err))
-
-
 @functools.cache
 def report(name: str) -> MatchReport:
-    return find_attention_blocks(load_model(real_model_path(name)))
+    return find_attention_blocks(load_model(require_real_model(name)))
 
 
 @functools.cache
 def weights(name: str) -> tuple[BlockWeights, ...]:
-    return tuple(extract(load_model(real_model_path(name))))
+    return tuple(extract(load_model(require_real_model(name))))
 
 
 @pytest.mark.parametrize("name", sorted(REAL_MODELS))
@@ -114,7 +100,7 @@ def test_real_model_blocks_chain_in_depth_order(name):
 
 @pytest.mark.parametrize("name", sorted(REAL_MODELS))
 def test_real_model_onnxruntime_values_are_recomputed_from_the_extracted_weights(name):
-    path = real_model_path(name)
+    path = require_real_model(name)
     blocks = weights(name)
     chosen = [blocks[0], blocks[-1]]
     feeds = random_inputs(graph_inputs(path), seed=3, batch=1, seq=8).feeds

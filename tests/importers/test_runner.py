@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -11,25 +10,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from importers import zoo
 from importers.inputs import FeedError, bundled_inputs
 from importers.runner import ProviderError, Runner, _cuda_failure_reason, plain_session
 from simulator.attention import layer_norm
 from simulator.errors import InputError
 from tests import tolerances as tol
+from tests.realmodels import require_real_model
 
 D_MODEL = 8
 LN_EPS = 1e-5
-
-
-def _require_installed(name: str) -> Path:
-    """The installed real model; in CI a missing or changed model fails, elsewhere it skips."""
-    try:
-        return zoo.installed_model_path(name)
-    except (zoo.ModelMissingError, zoo.ModelChangedError) as err:
-        if os.environ.get("CI"):
-            pytest.fail(str(err))
-        pytest.skip(str(err))
 
 
 def _tiny_weights(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -271,7 +260,7 @@ def test_plain_session_keeps_original_outputs(tiny) -> None:
 
 @pytest.mark.realmodel
 def test_real_minilm_l3_exposed_layernorm_and_add_outputs() -> None:
-    path = _require_installed("minilm-l3")
+    path = require_real_model("minilm-l3")
     graph = onnx.load(path, load_external_data=False).graph
     norms = [node.output[0] for node in graph.node if node.op_type == "LayerNormalization"]
     adds = [node.output[0] for node in graph.node if node.op_type == "Add"][:6]
@@ -301,7 +290,7 @@ def test_real_minilm_l3_exposed_layernorm_and_add_outputs() -> None:
 @pytest.mark.realmodel
 def test_real_minilm_l3_layernorm_output_is_layernorm_of_its_input() -> None:
     """The exposed LayerNorm output equals LN (float64, ONNX semantics) of its exposed input."""
-    path = _require_installed("minilm-l3")
+    path = require_real_model("minilm-l3")
     model = onnx.load(path)
     node = next(node for node in model.graph.node if node.op_type == "LayerNormalization")
     weights = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}

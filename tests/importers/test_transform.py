@@ -40,7 +40,8 @@ from simulator.cli import build_parser, main
 from simulator.errors import InputError
 from tests import tolerances as tol
 from tests.importers.builders import assemble
-from tests.importers.test_audit import builder_inputs, real_model_path
+from tests.importers.test_audit import builder_inputs
+from tests.realmodels import require_real_model
 
 SEED = 5
 #: Builder variants with float weights and one value head per query head, stored differently:
@@ -301,7 +302,7 @@ def test_quantised_builder_models_are_refused(tmp_path: Path, name: str, how: st
 @pytest.mark.realmodel
 @pytest.mark.parametrize("how", ["plus", "random"])
 def test_real_int8_model_is_refused(tmp_path: Path, how: str) -> None:
-    source = real_model_path("minilm-l6-int8")
+    source = require_real_model("minilm-l6-int8")
     out = tmp_path / "out.onnx"
     with pytest.raises(TransformError, match="quantised"):
         transform(how, source, out)
@@ -386,7 +387,7 @@ def test_random_init_model_runs(model_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def vit_images():
-    path = real_model_path("dinov2-vits14")
+    path = require_real_model("dinov2-vits14")
     return path, bundled_inputs("image", graph=graph_inputs(path)).subset([0, 1])
 
 

@@ -13,18 +13,9 @@ from pathlib import Path
 import pytest
 
 from importers import zoo
+from tests.realmodels import require_real_model
 
 ZOO_NAMES = [model.name for model in zoo.models()]
-
-
-def _require_installed(name: str) -> Path:
-    """The installed real model; in CI a missing or changed model fails, elsewhere it skips."""
-    try:
-        return zoo.installed_model_path(name)
-    except (zoo.ModelMissingError, zoo.ModelChangedError) as err:
-        if os.environ.get("CI"):
-            pytest.fail(str(err))
-        pytest.skip(str(err))
 
 
 @pytest.fixture
@@ -103,7 +94,7 @@ def _leftovers(folder: Path) -> list[Path]:
 @pytest.mark.realmodel
 @pytest.mark.parametrize("name", ZOO_NAMES)
 def test_installed_model_path_is_verified_onnx_file(name: str) -> None:
-    path = _require_installed(name)
+    path = require_real_model(name)
     model = zoo.get_model(name)
     assert path.is_file()
     assert path.suffix == ".onnx"
@@ -295,7 +286,7 @@ def cli(monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.realmodel
 def test_models_json_lists_the_zoo_with_status(cli, capsys: pytest.CaptureFixture[str]) -> None:
     for name in ZOO_NAMES:
-        _require_installed(name)
+        require_real_model(name)
     assert cli(["models", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [row["name"] for row in rows] == ZOO_NAMES
