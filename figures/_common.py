@@ -23,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from simulator._io import atomic_output, package_versions
+from simulator.output import atomic_output, package_versions
 
 STYLE = Path(__file__).with_name("paper.mplstyle")
 #: Figure widths in inches: one paper column, or the full text width.

@@ -28,7 +28,7 @@ import numpy as np
 from figures import _models
 from figures._common import new_figure, parser, run_script
 from figures.audit_report import plot_dominance
-from simulator._io import atomic_output
+from simulator.output import atomic_output
 
 NAME = "table1_dominance"
 #: Our rows: (variant key, fold γ into H), in table order.

@@ -52,11 +52,11 @@ from importers.runner import Runner
 from importers.spectra import head_eigenvalues, layer_eigenvalues, model_spectra, summarize_spectra
 from importers.weights import BlockWeights, block_weights
 from importers.zoo import file_sha256, get_model, models, resolve_model
-from simulator._io import atomic_directory, atomic_output, package_versions
-from simulator._validation import check_choice, check_positive_int
 from simulator.errors import InputError
 from simulator.metrics import METRICS, all_metrics
+from simulator.output import atomic_directory, atomic_output, package_versions
 from simulator.theory import KINDS, TIE_RTOL, dominance_kinds, kron_eigenvalues
+from simulator.validation import check_choice, check_positive_int
 
 __all__ = [
     "DOMINANCE_COLUMNS",

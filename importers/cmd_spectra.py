@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from importers.spectra import model_spectra, summarize_spectra
     from importers.weights import extract
-    from simulator._io import atomic_output
+    from simulator.output import atomic_output
 
     blocks = extract(open_model(args.model))
     rows = model_spectra(blocks)

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from importers.weights import extract
-    from simulator._io import atomic_output
+    from simulator.output import atomic_output
 
     blocks = extract(open_model(args.model))
     arrays = {

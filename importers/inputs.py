@@ -37,8 +37,8 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from simulator._validation import as_generator, check_positive_int
 from simulator.errors import InputError, OversmoothError
+from simulator.validation import as_generator, check_positive_int
 
 __all__ = [
     "DATA_DIR",

@@ -33,9 +33,9 @@ from importers.errors import ImporterError
 from importers.graph import load_model
 from importers.patterns import AttentionBlock, LinearMatch, find_attention_blocks
 from importers.zoo import resolve_model
-from simulator._io import atomic_output
-from simulator._validation import as_generator, as_square, check_choice, check_positive_int
 from simulator.errors import InputError
+from simulator.output import atomic_output
+from simulator.validation import as_generator, as_square, check_choice, check_positive_int
 
 __all__ = [
     "NEGATIVE_CLIP",

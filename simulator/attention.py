@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from simulator._validation import FloatArray, as_float_array, as_tokens
 from simulator.errors import InputError
+from simulator.validation import FloatArray, as_float_array, as_tokens
 
 __all__ = ["attention_matrix", "layer_norm", "rms_norm", "softmax"]
 

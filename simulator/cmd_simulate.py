@@ -17,10 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from simulator._io import atomic_output
-from simulator._validation import as_float_array, check_choice, check_positive_int
 from simulator.dynamics import FLOOR, Trajectory, iterate
 from simulator.errors import InputError
+from simulator.output import atomic_output
 from simulator.spectra import (
     attention_doubly_stochastic,
     attention_general,
@@ -30,6 +29,7 @@ from simulator.spectra import (
 )
 from simulator.theory import Prediction, predict
 from simulator.updates import RULE_OPTIONS, SYSTEM_RULES, rule_from_system
+from simulator.validation import as_float_array, check_choice, check_positive_int
 
 __all__ = ["System", "draw_system", "load_system", "parse_rule_params", "register", "run"]
 

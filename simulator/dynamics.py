@@ -49,9 +49,9 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from simulator._validation import FloatArray, as_float_array, as_tokens, check_positive_int
 from simulator.errors import InputError, NumericalFloorWarning
 from simulator.metrics import METRICS, all_metrics, hfc_lfc, rank1_residual
+from simulator.validation import FloatArray, as_float_array, as_tokens, check_positive_int
 
 __all__ = [
     "FLOOR",

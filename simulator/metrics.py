@@ -25,8 +25,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from simulator._validation import FloatArray, as_tokens, check_choice
 from simulator.errors import InputError
+from simulator.validation import FloatArray, as_tokens, check_choice
 
 __all__ = [
     "METRICS",

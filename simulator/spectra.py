@@ -22,9 +22,9 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from simulator._validation import FloatArray, SeedLike, as_float_array, as_generator, check_choice
 from simulator.attention import softmax
 from simulator.errors import InputError
+from simulator.validation import FloatArray, SeedLike, as_float_array, as_generator, check_choice
 
 __all__ = [
     "Reparameterization",

@@ -22,9 +22,10 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from simulator._validation import as_float_array, as_row_stochastic, as_square
 from simulator.errors import InputError
 from simulator.metrics import hfc_lfc_limit
+from simulator.tolerances import TIE_RTOL
+from simulator.validation import as_float_array, as_row_stochastic, as_square
 
 __all__ = [
     "KINDS",
@@ -43,8 +44,6 @@ Kind = Literal["perron", "non-perron", "balanced"]
 #: Kind names in the order of the integer codes returned by :func:`dominance_kinds`.
 KINDS: tuple[Kind, ...] = ("perron", "non-perron", "balanced")
 
-#: Default relative tolerance under which two moduli |mu| count as tied.
-TIE_RTOL = 1e-9
 
 
 def value_spectrum(W_V: ArrayLike, W_proj: ArrayLike) -> ComplexArray:

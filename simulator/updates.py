@@ -40,15 +40,15 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from simulator._validation import (
+from simulator.attention import LN_EPS, attention_matrix, layer_norm
+from simulator.errors import InputError
+from simulator.validation import (
     FloatArray,
     as_float_array,
     as_row_stochastic,
     as_tokens,
     check_choice,
 )
-from simulator.attention import LN_EPS, attention_matrix, layer_norm
-from simulator.errors import InputError
 
 __all__ = [
     "MLP",

@@ -10,7 +10,7 @@ counterexample. Its unit is stated per check (:attr:`Check.unit`); the common on
 - ``decades``: ``log10(threshold / value)`` for a quantity that must fall below a threshold (capped
   at the float64 floor, so at most ``log10(threshold / eps)``);
 - ``gap``: the relative modulus gap ``(|mu_a| - |mu_b|) / max |mu|`` between the eigenvalue kind
-  that must dominate and the other kind, plus the tie allowance :data:`TIE_RTOL`.
+  that must dominate and the other kind, plus the tie allowance :data:`simulator.tolerances.TIE_RTOL`.
 
 Where the paper's implication can fail outside its hypothesis (claim 11, claim 17's perturbed
 balance) a check with ``counterexample=True`` asserts that it does fail; its margin measures the
@@ -24,8 +24,9 @@ seeds ``[seed, 0], [seed, 1], ...`` for the first instance passing the filter th
 The checks live in submodules by claim group: :mod:`~simulator.checks.linear_algebra` (claims
 1-11), :mod:`~simulator.checks.layer_dynamics` (12-20), :mod:`~simulator.checks.reparameterization`
 (21-24) and :mod:`~simulator.checks.related` (25-30); the machinery is in ``_core`` and the shared
-builders in ``_shared``. :data:`CHECKS` is their registries in claim order; the tolerances, units and
-:data:`SEED` are re-exported here.
+builders in ``_shared``. :data:`CHECKS` is their registries in claim order; the margin units and
+:data:`SEED` are re-exported here. Tolerances live in :mod:`simulator.tolerances`, the one table the
+checks and the tests share.
 """
 
 from __future__ import annotations
@@ -48,37 +49,16 @@ from simulator.checks._core import (
     run_checks,
 )
 from simulator.checks._core import (
-    EIG_RTOL as EIG_RTOL,
-)
-from simulator.checks._core import (
-    EPS as EPS,
-)
-from simulator.checks._core import (
     GAP as GAP,
 )
 from simulator.checks._core import (
-    LIMIT_RTOL as LIMIT_RTOL,
-)
-from simulator.checks._core import (
     MAX_LAYERS as MAX_LAYERS,
-)
-from simulator.checks._core import (
-    RATE_RTOL as RATE_RTOL,
-)
-from simulator.checks._core import (
-    ROUNDOFF_RTOL as ROUNDOFF_RTOL,
 )
 from simulator.checks._core import (
     SCAN_TRIES as SCAN_TRIES,
 )
 from simulator.checks._core import (
     SEED as SEED,
-)
-from simulator.checks._core import (
-    SMOOTH_THRESHOLD as SMOOTH_THRESHOLD,
-)
-from simulator.checks._core import (
-    TIE_RTOL as TIE_RTOL,
 )
 from simulator.checks._core import (
     TOLERANCE as TOLERANCE,

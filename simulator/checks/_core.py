@@ -15,23 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from simulator import theory
-from simulator._validation import SeedLike, as_generator, check_positive_int
 from simulator.errors import InputError, NumericalFloorWarning
+from simulator.validation import SeedLike, as_generator, check_positive_int
 
-EPS = float(np.finfo(np.float64).eps)
-#: A handful of float64 operations against a hand formula.
-ROUNDOFF_RTOL = 1e-12
-#: Eigenvalues from two eigensolvers (or eigenvectors' residuals), relative to the largest modulus.
-EIG_RTOL = 1e-9
-#: A metric after many layers against its predicted limit (claims 14, 15, 17).
-LIMIT_RTOL = 1e-6
-#: A fitted log-rate against the predicted one, on well-separated instances (claim 12).
-RATE_RTOL = 1e-3
-#: A smoothing metric (HFC/LFC, 1 - cos, sigma_2/sigma_1) counts as converged to 0 below this.
-SMOOTH_THRESHOLD = 1e-6
-#: Relative modulus under which two eigenvalues count as tied (allowed by Def. 4).
-TIE_RTOL = theory.TIE_RTOL
 #: Seeds tried when a check keeps only instances passing a separation filter.
 SCAN_TRIES = 256
 #: Upper bound on the layers of any dynamic check.

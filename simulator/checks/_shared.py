@@ -12,17 +12,15 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import linear_sum_assignment
 
 from simulator import dynamics, spectra, theory, updates
-from simulator._validation import FloatArray
 from simulator.checks._core import (
-    EPS,
     MAX_LAYERS,
     SCAN_TRIES,
-    SMOOTH_THRESHOLD,
-    TIE_RTOL,
     FloatRange,
     IntRange,
 )
 from simulator.errors import NumericalFloorWarning
+from simulator.tolerances import EPS, SMOOTH_THRESHOLD, TIE_RTOL
+from simulator.validation import FloatArray
 
 T = TypeVar("T")
 

@@ -11,14 +11,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from simulator import dynamics, metrics, spectra, theory
-from simulator._validation import FloatArray
 from simulator.checks._core import (
     DECADES,
-    LIMIT_RTOL,
-    RATE_RTOL,
-    ROUNDOFF_RTOL,
     SEED,
-    SMOOTH_THRESHOLD,
     TOLERANCE,
     Check,
     Choice,
@@ -44,6 +39,8 @@ from simulator.checks._shared import (
     _tolerance_margin,
     _uniform_spectrum,
 )
+from simulator.tolerances import LIMIT_RTOL, RATE_RTOL, SMOOTH_THRESHOLD, STEP_RTOL
+from simulator.validation import FloatArray
 
 # ----------------------------------------------------------------------------------------------
 # claims 12-20: dynamics of X + A X M
@@ -282,7 +279,7 @@ def _hfc_step_identity(p: Mapping[str, Any]) -> float:
     _, hfc = metrics.lfc_hfc_split(A @ X @ M)
     expected = centring @ A @ centring @ X @ M
     scale = float(np.linalg.norm(A @ X @ M)) + float(np.linalg.norm(X @ M))
-    return _tolerance_margin(_relative(float(np.linalg.norm(hfc - expected)), scale), ROUNDOFF_RTOL)
+    return _tolerance_margin(_relative(float(np.linalg.norm(hfc - expected)), scale), STEP_RTOL)
 
 
 #: Round-off allowance of the S8 bounds, relative to ``(1 + sqrt(lambda_A) s_max(M)) ||HFC[X]||``.

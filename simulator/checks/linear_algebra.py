@@ -11,11 +11,8 @@ from typing import Any
 import numpy as np
 
 from simulator import metrics, spectra, theory
-from simulator._validation import FloatArray
 from simulator.checks._core import (
-    EIG_RTOL,
     GAP,
-    ROUNDOFF_RTOL,
     SEED,
     TOLERANCE,
     Check,
@@ -39,6 +36,8 @@ from simulator.checks._shared import (
     _tolerance_margin,
     _uniform_spectrum,
 )
+from simulator.tolerances import EIG_TOL, STEP_RTOL
+from simulator.validation import FloatArray
 
 # ----------------------------------------------------------------------------------------------
 # claims 1-5: linear algebra
@@ -55,7 +54,7 @@ def _vec_identity(p: Mapping[str, Any]) -> float:
     M = gen.standard_normal((d, d)) / math.sqrt(d)
     lhs = (X + A @ X @ M).flatten(order="F")
     rhs = (np.eye(n * d) + np.kron(M.T, A)) @ X.flatten(order="F")
-    return _tolerance_margin(_relative(_max_abs(lhs - rhs), _max_abs(lhs)), ROUNDOFF_RTOL)
+    return _tolerance_margin(_relative(_max_abs(lhs - rhs), _max_abs(lhs)), STEP_RTOL)
 
 
 def _lemma1_system(p: Mapping[str, Any]) -> tuple[FloatArray, FloatArray]:
@@ -77,7 +76,7 @@ def _lemma1_eigenvalues(p: Mapping[str, Any]) -> float:
     dense = np.linalg.eigvals(np.eye(A.shape[0] * H.shape[0]) + np.kron(H, A))
     predicted = theory.kron_eigenvalues(_eig(A), _eig(H))
     error = _matched_error(dense, predicted)
-    return _tolerance_margin(_relative(error, 1.0 + _max_abs(predicted)), EIG_RTOL)
+    return _tolerance_margin(_relative(error, 1.0 + _max_abs(predicted)), EIG_TOL)
 
 
 def _lemma1_eigenvectors(p: Mapping[str, Any]) -> float:
@@ -92,7 +91,7 @@ def _lemma1_eigenvectors(p: Mapping[str, Any]) -> float:
             v = np.outer(U[:, i], S[:, j]).flatten(order="F")
             residual = np.linalg.norm(T_ @ v - mu[i, j] * v) / np.linalg.norm(v)
             worst = max(worst, float(residual))
-    return _tolerance_margin(_relative(worst, 1.0 + _max_abs(mu)), EIG_RTOL)
+    return _tolerance_margin(_relative(worst, 1.0 + _max_abs(mu)), EIG_TOL)
 
 
 def _perron_conditions(A: FloatArray, eig_tol: float) -> list[float]:
@@ -102,7 +101,7 @@ def _perron_conditions(A: FloatArray, eig_tol: float) -> list[float]:
     others = np.delete(lam, p)
     row_sums = _max_abs(A.sum(axis=1) - 1.0)
     return [
-        _tolerance_margin(row_sums, ROUNDOFF_RTOL),
+        _tolerance_margin(row_sums, STEP_RTOL),
         _tolerance_margin(abs(lam[p] - 1.0), eig_tol),
         float(1.0 - np.abs(others).max()),
     ]
@@ -112,14 +111,14 @@ def _perron_root_real(p: Mapping[str, Any]) -> float:
     gen = np.random.default_rng(p["seed"])
     A = spectra.attention_symmetric_scores(p["n"], scale=p["scale"], scores=p["scores"], rng=gen)
     lam = _eig(A)
-    imaginary = _tolerance_margin(float(np.abs(lam.imag).max()), EIG_RTOL)
-    return min(imaginary, *_perron_conditions(A, EIG_RTOL))
+    imaginary = _tolerance_margin(float(np.abs(lam.imag).max()), EIG_TOL)
+    return min(imaginary, *_perron_conditions(A, EIG_TOL))
 
 
 def _perron_root_general(p: Mapping[str, Any]) -> float:
     gen = np.random.default_rng(p["seed"])
     A = spectra.attention_general(p["n"], scale=p["scale"], rng=gen)
-    return min(_perron_conditions(A, EIG_RTOL))
+    return min(_perron_conditions(A, EIG_TOL))
 
 
 def _psd_scores_spectrum(p: Mapping[str, Any]) -> float:
@@ -130,9 +129,9 @@ def _psd_scores_spectrum(p: Mapping[str, Any]) -> float:
     )
     lam = _eig(A)
     return min(
-        _tolerance_margin(float(np.abs(lam.imag).max()), EIG_RTOL),
-        _tolerance_margin(float(-lam.real.min()), EIG_RTOL),
-        _tolerance_margin(float(lam.real.max() - 1.0), EIG_RTOL),
+        _tolerance_margin(float(np.abs(lam.imag).max()), EIG_TOL),
+        _tolerance_margin(float(-lam.real.min()), EIG_TOL),
+        _tolerance_margin(float(lam.real.max() - 1.0), EIG_TOL),
     )
 
 
@@ -154,7 +153,7 @@ def _closed_form(p: Mapping[str, Any]) -> float:
         magnitude += weight * float(np.linalg.norm(term))
         term = A @ term @ H.T
     error = float(np.linalg.norm(X - total))
-    return _tolerance_margin(_relative(error, magnitude), 100 * ROUNDOFF_RTOL)
+    return _tolerance_margin(_relative(error, magnitude), 100 * STEP_RTOL)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -175,7 +174,7 @@ def _frequency_split(p: Mapping[str, Any]) -> float:
         _relative(float(s[1]) if s.size > 1 else 0.0, norm),
         _relative(abs(float(s[0]) - lfc_norm), norm),
     ]
-    return _tolerance_margin(max(errors), ROUNDOFF_RTOL)
+    return _tolerance_margin(max(errors), STEP_RTOL)
 
 
 def _metric_invariance(p: Mapping[str, Any]) -> float:
@@ -191,7 +190,7 @@ def _metric_invariance(p: Mapping[str, Any]) -> float:
         abs(metrics.sigma_ratio(c * X) - metrics.sigma_ratio(X)),
         abs(metrics.sigma_ratio(X @ Q) - metrics.sigma_ratio(X)),
     ]
-    return _tolerance_margin(float(max(errors)), 1e3 * ROUNDOFF_RTOL)
+    return _tolerance_margin(float(max(errors)), 1e3 * STEP_RTOL)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,7 +212,7 @@ def _corner_theorem(p: Mapping[str, Any]) -> float:
     eig_H = np.sort(np.linalg.eigvalsh(spectra.h_symmetric(lam_H, rng=gen)))
     top = float(np.abs(theory.kron_eigenvalues(eig_A, eig_H)).max())
     corners = [abs(1 + h * a) for h in (eig_H[0], eig_H[-1]) for a in (eig_A[0], eig_A[-1])]
-    return _tolerance_margin(_relative(abs(top - max(corners)), top), ROUNDOFF_RTOL)
+    return _tolerance_margin(_relative(abs(top - max(corners)), top), STEP_RTOL)
 
 
 def _signed_dominance(p: Mapping[str, Any], sign: float, *, perron: bool) -> float:

@@ -11,13 +11,9 @@ from typing import Any
 import numpy as np
 
 from simulator import metrics, spectra, theory, updates
-from simulator._validation import FloatArray
 from simulator.checks._core import (
     DECADES,
-    EIG_RTOL,
-    ROUNDOFF_RTOL,
     SEED,
-    SMOOTH_THRESHOLD,
     TOLERANCE,
     Check,
     Choice,
@@ -37,6 +33,8 @@ from simulator.checks._shared import (
     _relative,
     _tolerance_margin,
 )
+from simulator.tolerances import EIG_TOL, SMOOTH_THRESHOLD, STEP_RTOL
+from simulator.validation import FloatArray
 
 # ----------------------------------------------------------------------------------------------
 # claims 25-30: related methods and metrics
@@ -58,7 +56,7 @@ def _attnscale_algebra(p: Mapping[str, Any]) -> float:
         others = np.delete(lam, int(theory.perron_index(lam)))
         expected = np.concatenate([[1.0], (1.0 + omega) * others])
         errors.append(_matched_error(_eig(A_hat), expected) / (1.0 + abs(omega)))
-    return _tolerance_margin(max(errors), EIG_RTOL)
+    return _tolerance_margin(max(errors), EIG_TOL)
 
 
 def _featscale_algebra(p: Mapping[str, Any]) -> float:
@@ -71,7 +69,7 @@ def _featscale_algebra(p: Mapping[str, Any]) -> float:
     doubled = updates.FeatScaleRule(A, W_V, W_proj, s_d=2 * s_d, s_h=2 * s_h)(X, 0, {})
     scale = _max_abs(linear) + _max_abs(code)
     errors = [_max_abs(zero - linear), _max_abs(code - doubled)]
-    return _tolerance_margin(_relative(max(errors), scale), ROUNDOFF_RTOL)
+    return _tolerance_margin(_relative(max(errors), scale), STEP_RTOL)
 
 
 def _neutreno_system(p: Mapping[str, Any]) -> tuple[FloatArray, FloatArray]:
@@ -99,7 +97,7 @@ def _neutreno_fixed_point(p: Mapping[str, Any]) -> float:
     v = _neutreno_iterate(A, v0, lam, _layers_for(rate, 1e-14))
     error = _relative(float(np.linalg.norm(v - fixed)), float(np.linalg.norm(fixed)))
     return min(
-        _tolerance_margin(error, 100 * ROUNDOFF_RTOL),
+        _tolerance_margin(error, 100 * STEP_RTOL),
         _decades_above(float(metrics.hfc_lfc(fixed)), 1e-8),
     )
 
@@ -130,7 +128,7 @@ def _value_residual_algebra(p: Mapping[str, Any]) -> float:
         expected = X + A @ values @ W_O
         X = rule(X, layer, cache)
         worst = max(worst, _relative(_max_abs(X - expected), _max_abs(expected)))
-    return _tolerance_margin(worst, ROUNDOFF_RTOL)
+    return _tolerance_margin(worst, STEP_RTOL)
 
 
 def _similarity_removal_algebra(p: Mapping[str, Any]) -> float:
@@ -153,8 +151,8 @@ def _similarity_removal_algebra(p: Mapping[str, Any]) -> float:
     ]
     ratio = float(metrics.hfc_lfc(full))
     return min(
-        _tolerance_margin(_relative(max(errors), scale), ROUNDOFF_RTOL),
-        _decades_above(ratio, 1.0 / ROUNDOFF_RTOL),
+        _tolerance_margin(_relative(max(errors), scale), STEP_RTOL),
+        _decades_above(ratio, 1.0 / STEP_RTOL),
     )
 
 
@@ -168,8 +166,8 @@ def _dong_vs_rank1(p: Mapping[str, Any]) -> float:
     dong = float(metrics.dong_residual(X))
     errors = [float(metrics.rank1_residual(X)), _relative(abs(dong - predicted), predicted)]
     return min(
-        _tolerance_margin(max(errors), ROUNDOFF_RTOL),
-        _decades_above(dong, ROUNDOFF_RTOL),
+        _tolerance_margin(max(errors), STEP_RTOL),
+        _decades_above(dong, STEP_RTOL),
     )
 
 

@@ -12,9 +12,7 @@ import numpy as np
 
 from simulator import spectra, theory, updates
 from simulator.checks._core import (
-    EIG_RTOL,
     GAP,
-    ROUNDOFF_RTOL,
     SEED,
     TOLERANCE,
     Check,
@@ -35,6 +33,7 @@ from simulator.checks._shared import (
     _relative,
     _tolerance_margin,
 )
+from simulator.tolerances import EIG_TOL, STEP_RTOL
 
 # ----------------------------------------------------------------------------------------------
 # claims 21-22: LayerNorm
@@ -57,7 +56,7 @@ def _pre_ln_effective_product(p: Mapping[str, Any]) -> float:
         _relative(_max_abs(general - general_folded), scale),
         _relative(_matched_error(effective, -c * spectrum), c * (1.0 + _max_abs(spectrum))),
     ]
-    return _tolerance_margin(max(errors), EIG_RTOL)
+    return _tolerance_margin(max(errors), EIG_TOL)
 
 
 #: Systems per instance of the Pre-LN sign experiment (the claim is about medians, §4).
@@ -94,7 +93,7 @@ def _post_ln_sign_alternation(p: Mapping[str, Any]) -> float:
         X_plus, X_minus = plus(X_plus, layer, {}), minus(X_minus, layer, {})
         sign = -1.0 if layer % 2 == 0 else 1.0
         worst = max(worst, _relative(_max_abs(X_minus - sign * X_plus), _max_abs(X_plus)))
-    return _tolerance_margin(worst, ROUNDOFF_RTOL)
+    return _tolerance_margin(worst, STEP_RTOL)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,7 +119,7 @@ def _reparameterize_construction(p: Mapping[str, Any]) -> float:
         _max_abs(r.V.T @ r.V - np.eye(d)),
         in_range,
     ]
-    return _tolerance_margin(max(errors), ROUNDOFF_RTOL)
+    return _tolerance_margin(max(errors), STEP_RTOL)
 
 
 #: Attention matrices per instance of the Table-1 sanity check.

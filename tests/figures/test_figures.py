@@ -22,7 +22,7 @@ from numpy.testing import assert_allclose
 
 from figures import SCRIPTS
 from figures.__main__ import main as figures_main
-from tests import tolerances as tol
+from simulator import tolerances as tol
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Scripts that audit the zoo models (the rest only need the simulator).

@@ -26,10 +26,10 @@ from numpy.testing import assert_allclose
 from importers.audit import DOMINANCE_COLUMNS, LAYER_COLUMNS, AuditResult, audit, render_report
 from importers.inputs import Inputs, bundled_inputs, graph_inputs, random_inputs
 from importers.runner import ProviderError
+from simulator import tolerances as tol
 from simulator.errors import InputError
 from simulator.metrics import METRICS, all_metrics
 from simulator.theory import KINDS, dominance_kinds, kron_eigenvalues
-from tests import tolerances as tol
 from tests.importers.builders import VARIANTS, Assembly, ExpectedBlock, assemble
 from tests.importers.reference import forward_trace
 from tests.realmodels import require_real_model

@@ -14,7 +14,7 @@ from PIL import Image
 
 from importers import inputs as I  # noqa: N812 - short alias used throughout
 from importers import zoo
-from tests import tolerances as tol
+from simulator import tolerances as tol
 from tests.realmodels import require_real_model
 
 TEXT_GRAPH = (

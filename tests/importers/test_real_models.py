@@ -19,7 +19,7 @@ from importers.inputs import graph_inputs, random_inputs
 from importers.patterns import MatchReport, find_attention_blocks
 from importers.spectra import LAYER_HEAD, head_eigenvalues, model_spectra, summarize_spectra
 from importers.weights import BlockWeights, extract
-from tests import tolerances as tol
+from simulator import tolerances as tol
 from tests.importers.test_variants import (
     attention_branch,
     attention_probabilities,

@@ -12,9 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from importers.inputs import FeedError, bundled_inputs
 from importers.runner import ProviderError, Runner, _cuda_failure_reason, plain_session
+from simulator import tolerances as tol
 from simulator.attention import layer_norm
 from simulator.errors import InputError
-from tests import tolerances as tol
 from tests.realmodels import require_real_model
 
 D_MODEL = 8

@@ -22,8 +22,8 @@ from importers.graph import model_from_proto
 from importers.patterns import MatchFailure, find_attention_blocks
 from importers.spectra import head_eigenvalues, layer_eigenvalues
 from importers.weights import BlockWeights, extract
+from simulator import tolerances as tol
 from simulator.attention import layer_norm, rms_norm, softmax
-from tests import tolerances as tol
 from tests.importers.builders import NEAR_MISSES, VARIANTS, Built, assemble
 
 STRUCTURE = ("index", "n_heads", "n_kv_heads", "d_model", "d_head", "norm", "norm_kind")

@@ -11,7 +11,7 @@ from onnx.reference import ReferenceEvaluator
 
 from simulator.attention import attention_matrix, layer_norm, rms_norm, softmax
 from simulator.errors import InputError
-from tests.tolerances import FLOAT32_ATOL, FLOAT32_RTOL, STEP_ATOL, STEP_RTOL
+from simulator.tolerances import FLOAT32_ATOL, FLOAT32_RTOL, STEP_ATOL, STEP_RTOL
 
 sizes = st.integers(min_value=1, max_value=8)
 seeds = st.integers(min_value=0, max_value=2**32 - 1)

@@ -19,6 +19,7 @@ from simulator.spectra import (
     random_tokens,
 )
 from simulator.theory import predict
+from simulator.tolerances import LIMIT_RTOL, RATE_RTOL, STEP_ATOL, STEP_RTOL, iterated_atol
 from simulator.updates import (
     LinearRule,
     NeuTRENORule,
@@ -27,7 +28,6 @@ from simulator.updates import (
     ValueResidualRule,
     rule_from_system,
 )
-from tests.tolerances import LIMIT_RTOL, RATE_RTOL, STEP_ATOL, STEP_RTOL, iterated_atol
 
 seeds = st.integers(min_value=0, max_value=2**32 - 1)
 

@@ -21,7 +21,7 @@ from simulator.metrics import (
     rank1_residual,
     sigma_ratio,
 )
-from tests.tolerances import FLOOR, STEP_ATOL, STEP_RTOL
+from simulator.tolerances import FLOOR, STEP_ATOL, STEP_RTOL
 
 sizes = st.integers(min_value=2, max_value=8)
 seeds = st.integers(min_value=0, max_value=2**32 - 1)

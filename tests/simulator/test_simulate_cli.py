@@ -12,8 +12,8 @@ import pytest
 from simulator.cli import main
 from simulator.metrics import METRICS, hfc_lfc
 from simulator.spectra import attention_symmetric_scores, h_symmetric
+from simulator.tolerances import STEP_RTOL
 from simulator.updates import SYSTEM_RULES
-from tests.tolerances import STEP_RTOL
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:

@@ -10,8 +10,8 @@ from numpy.testing import assert_allclose, assert_array_equal
 from scipy.optimize import linear_sum_assignment
 
 from simulator import spectra
+from simulator import tolerances as tol
 from simulator.errors import InputError
-from tests import tolerances as tol
 from tests.strategies import (
     attention_params,
     build_attention,
@@ -54,10 +54,10 @@ def test_every_attention_generator_is_positive_and_row_stochastic(params: dict) 
 def test_symmetric_scores_give_a_reversible_a_with_real_spectrum(params: dict) -> None:
     A = build_attention(params)
     lam = np.linalg.eigvals(A)
-    assert np.abs(lam.imag).max() <= tol.EIG_ATOL
+    assert np.abs(lam.imag).max() <= tol.EIG_TOL
     # A = D^{-1} E with E symmetric is reversible: pi_i A_ij = pi_j A_ji (similar to symmetric).
     flow = _stationary(A)[:, None] * A
-    assert_allclose(flow, flow.T, rtol=0, atol=tol.EIG_ATOL * flow.max())
+    assert_allclose(flow, flow.T, rtol=0, atol=tol.EIG_TOL * flow.max())
 
 
 @given(
@@ -69,8 +69,8 @@ def test_symmetric_scores_give_a_reversible_a_with_real_spectrum(params: dict) -
 def test_psd_scores_give_a_spectrum_in_0_1(n: int, scale: float, rank: int, seed: int) -> None:
     A = spectra.attention_symmetric_scores(n, scale=scale, scores="psd", rank=rank, rng=seed)
     lam = np.linalg.eigvals(A).real
-    assert lam.min() >= -tol.EIG_ATOL
-    assert lam.max() <= 1 + tol.EIG_ATOL
+    assert lam.min() >= -tol.EIG_TOL
+    assert lam.max() <= 1 + tol.EIG_TOL
 
 
 def test_indefinite_scores_reach_negative_eigenvalues() -> None:
@@ -87,9 +87,9 @@ def test_doubly_stochastic_is_symmetric_with_mean_free_eigenvectors(params: dict
     assert_allclose(A, A.T, rtol=0, atol=tol.STEP_ATOL)
     assert_allclose(A.sum(axis=0), 1.0, rtol=0, atol=tol.STEP_ATOL)
     lam, U = np.linalg.eigh(A)
-    assert lam[-1] == pytest.approx(1.0, abs=tol.EIG_ATOL)
+    assert lam[-1] == pytest.approx(1.0, abs=tol.EIG_TOL)
     # Every non-Perron eigenvector is orthogonal to 1 (claim 13).
-    assert np.abs(U[:, :-1].sum(axis=0)).max() <= tol.EIG_ATOL
+    assert np.abs(U[:, :-1].sum(axis=0)).max() <= tol.EIG_TOL
 
 
 def test_general_attention_reaches_complex_spectra() -> None:
@@ -109,7 +109,7 @@ def test_h_symmetric_has_exactly_the_prescribed_spectrum(lam: list[float], seed:
     H = spectra.h_symmetric(lam, rng=seed)
     assert_allclose(H, H.T, rtol=0, atol=tol.STEP_ATOL)
     assert_allclose(
-        np.linalg.eigvalsh(H), np.sort(lam), rtol=0, atol=tol.EIG_ATOL * (1 + max(map(abs, lam)))
+        np.linalg.eigvalsh(H), np.sort(lam), rtol=0, atol=tol.EIG_TOL * (1 + max(map(abs, lam)))
     )
 
 
@@ -118,7 +118,7 @@ def test_h_nonsymmetric_real_spectrum(lam: list[float], seed: int) -> None:
     H = spectra.h_nonsymmetric(lam, rng=seed)
     assert H.dtype == np.float64
     scale = 1 + max(map(abs, lam))
-    assert _matched_distance(np.linalg.eigvals(H), np.asarray(lam)) <= tol.EIG_ATOL * scale
+    assert _matched_distance(np.linalg.eigvals(H), np.asarray(lam)) <= tol.EIG_TOL * scale
 
 
 @given(lam=complex_spectra(), condition=st.floats(1.0, 100.0), seed=seeds())
@@ -126,7 +126,7 @@ def test_h_nonsymmetric_complex_pairs(lam: list[complex], condition: float, seed
     H = spectra.h_nonsymmetric(lam, condition=condition, rng=seed)
     assert np.isrealobj(H)
     scale = condition * (1 + max(map(abs, lam)))
-    assert _matched_distance(np.linalg.eigvals(H), np.asarray(lam)) <= tol.EIG_ATOL * scale
+    assert _matched_distance(np.linalg.eigvals(H), np.asarray(lam)) <= tol.EIG_TOL * scale
 
 
 def test_h_nonsymmetric_is_not_symmetric() -> None:
@@ -159,7 +159,7 @@ def test_reparameterize_builds_h_with_spectrum_lambda(
         assert np.all(r.eigenvalues >= 0)
     scale = 1 + np.abs(expected).max()
     assert_allclose(r.H, r.H.T, rtol=0, atol=tol.STEP_ATOL * scale)
-    assert_allclose(np.linalg.eigvalsh(r.H), np.sort(expected), rtol=0, atol=tol.EIG_ATOL * scale)
+    assert_allclose(np.linalg.eigvalsh(r.H), np.sort(expected), rtol=0, atol=tol.EIG_TOL * scale)
     assert_allclose(r.W_V @ r.W_proj, r.H, rtol=0, atol=tol.STEP_ATOL * scale)
     assert_allclose(r.V.T @ r.V, np.eye(d), rtol=0, atol=tol.STEP_ATOL)
 
@@ -200,7 +200,7 @@ def test_h_symmetric_takes_one_spectrum_per_system() -> None:
     lam = np.array([[1.0, 2.0], [-1.0, 0.5], [0.0, 3.0]])
     H = spectra.h_symmetric(lam, rng=0)
     assert H.shape == (3, 2, 2)
-    assert_allclose(np.linalg.eigvalsh(H), np.sort(lam, axis=-1), rtol=0, atol=tol.EIG_ATOL)
+    assert_allclose(np.linalg.eigvalsh(H), np.sort(lam, axis=-1), rtol=0, atol=tol.EIG_TOL)
 
 
 def test_batched_attention_systems_are_independent() -> None:

@@ -12,8 +12,8 @@ from numpy.testing import assert_allclose
 from scipy.optimize import linear_sum_assignment
 
 from simulator import dynamics, metrics, spectra, theory, updates
+from simulator import tolerances as tol
 from simulator.errors import InputError, NumericalFloorWarning
-from tests import tolerances as tol
 from tests.strategies import (
     attention_params,
     build_attention,
@@ -47,7 +47,7 @@ def test_lemma1_real_h_matches_dense_eig(a: dict, h: dict) -> None:
     dense = np.linalg.eigvals(np.eye(A.shape[0] * H.shape[0]) + np.kron(H, A))
     mu = theory.kron_eigenvalues(np.linalg.eigvals(A), np.linalg.eigvals(H))
     assert mu.shape == (A.shape[0], H.shape[0])
-    assert _matched_distance(dense, mu) <= tol.EIG_ATOL * (1 + np.abs(mu).max())
+    assert _matched_distance(dense, mu) <= tol.EIG_TOL * (1 + np.abs(mu).max())
 
 
 @given(a=attention_params(n=(2, 5)), lam=complex_spectra(max_pairs=2, max_real=2), seed=seeds())
@@ -56,7 +56,7 @@ def test_lemma1_complex_h_matches_dense_eig(a: dict, lam: list[complex], seed: i
     H = spectra.h_nonsymmetric(lam, rng=seed)
     dense = np.linalg.eigvals(np.eye(A.shape[0] * H.shape[0]) + np.kron(H, A))
     mu = theory.kron_eigenvalues(np.linalg.eigvals(A), lam)
-    assert _matched_distance(dense, mu) <= tol.EIG_ATOL * (1 + np.abs(mu).max())
+    assert _matched_distance(dense, mu) <= tol.EIG_TOL * (1 + np.abs(mu).max())
 
 
 def test_kron_eigenvalues_broadcasts_batches() -> None:
@@ -210,7 +210,7 @@ def test_value_spectrum_equals_the_dense_product_spectrum(d: int, d_v: int, seed
     got = theory.value_spectrum(W_V, W_proj)
     assert got.shape == (d,)
     dense = np.linalg.eigvals(W_V @ W_proj)
-    assert _matched_distance(got, dense) <= tol.EIG_ATOL * (1 + np.abs(dense).max())
+    assert _matched_distance(got, dense) <= tol.EIG_TOL * (1 + np.abs(dense).max())
     if d_v < d:
         assert np.count_nonzero(got == 0) >= d - d_v
         small = np.linalg.eigvals(W_proj @ W_V)

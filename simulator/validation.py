@@ -6,12 +6,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from simulator.errors import InputError
+from simulator.tolerances import STOCHASTIC_ATOL
 
 FloatArray = NDArray[np.float64]
 SeedLike = int | np.random.Generator | None
 
-#: Row sums of a row-stochastic matrix must equal one to this absolute tolerance.
-STOCHASTIC_ATOL = 1e-8
 
 
 def as_generator(seed: SeedLike) -> np.random.Generator:

@@ -1,4 +1,9 @@
-"""Every numerical tolerance the tests use, named once, with the reason for its size."""
+"""Every numerical tolerance of the project, named once, with the reason for its size.
+
+One table for both users: the claim checks of :mod:`simulator.checks` (``oversmooth verify``) and the
+test suite import their tolerances from here, so a check and the test of the same identity can never
+drift apart. Values are float64 unless a comment says otherwise.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,19 @@ EPS = float(np.finfo(np.float64).eps)
 STEP_RTOL = 1e-12
 STEP_ATOL = 1e-12
 
-#: Eigenvalues from two different eigensolvers (Kronecker-free vs dense, Lemma 1): eigenvalue
-#: conditioning of non-normal matrices costs a few digits.
-EIG_ATOL = 1e-9
+#: Eigenvalues from two different eigensolvers (Kronecker-free vs dense, Lemma 1), relative to
+#: the largest modulus (absolute on O(1) spectra): eigenvalue conditioning of non-normal matrices
+#: costs a few digits.
+EIG_TOL = 1e-9
+
+#: Relative modulus under which two eigenvalues |mu| count as tied (Definition 4 allows ties).
+TIE_RTOL = 1e-9
+
+#: A smoothing metric (HFC/LFC, 1 - cos, sigma_2/sigma_1) counts as converged to 0 below this.
+SMOOTH_THRESHOLD = 1e-6
+
+#: Row sums of a row-stochastic matrix must equal one to this absolute tolerance.
+STOCHASTIC_ATOL = 1e-8
 
 #: Theorem bounds (inequalities): slack for round-off only.
 BOUND_RTOL = 1e-9
@@ -21,7 +36,7 @@ BOUND_ATOL = 1e-12
 #: A fitted asymptotic rate against the predicted one, on well-separated instances (claim 12).
 RATE_RTOL = 1e-3
 
-#: A metric after many layers against its predicted limit (claims 14, 15).
+#: A metric after many layers against its predicted limit (claims 14, 15, 17).
 LIMIT_RTOL = 1e-6
 
 #: Metrics below this are at the float64 floor (fitting them fits round-off).
