@@ -37,10 +37,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from importers import zoo
-from importers.audit import layer_tensors
 from importers.graph import load_model
-from importers.inputs import bundled_inputs, graph_inputs
-from importers.runner import Runner, plain_session
+from importers.run.audit import layer_tensors
+from importers.run.runner import Runner, plain_session
+from importers.run.sources import bundled_inputs
 from importers.weights import extract
 
 __all__ = ["Breakdown", "Overhead", "audit_breakdown", "command_seconds", "main", "overhead"]
@@ -80,13 +80,13 @@ def load_average() -> str:
 
 def overhead(name: str, *, batch: int = 4, repeats: int = 9) -> Overhead:
     """Interleaved median timings of the plain session and the audit's runner on zoo ``name``."""
-    path = zoo.resolve_model(name, allow_fetch=False)
+    path = zoo.lookup(name, allow_fetch=False).path
     graph = load_model(path)
-    fed = {spec.name for spec in graph_inputs(graph.proto)}
+    fed = {spec.name for spec in load_model(graph.proto).inputs}
     exposed = [t for t in layer_tensors(extract(graph)) if t not in fed]
     del graph
-    runner = Runner(path, expose=exposed, provider="cpu")
-    plain = plain_session(path, provider="cpu")
+    runner = Runner(load_model(path), expose=exposed, provider="cpu")
+    plain = plain_session(load_model(path), provider="cpu")
     kind = zoo.get_model(name).kind
     feeds = bundled_inputs(kind, graph=runner.inputs).subset(slice(0, batch)).feeds
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from importers import zoo
 from importers.graph import load_model
-from importers.patterns import find_attention_blocks
+from importers.match import find_attention_blocks
 from simulator.errors import OversmoothError
 
 __all__ = ["main"]

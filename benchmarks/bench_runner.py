@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import onnx
 
 from importers import zoo
-from importers.inputs import bundled_inputs
-from importers.runner import Runner, plain_session
+from importers.graph import load_model
+from importers.run.runner import Runner, plain_session
+from importers.run.sources import bundled_inputs
 
 __all__ = ["Overhead", "hidden_state_names", "main", "measure"]
 
@@ -73,11 +74,11 @@ def _time(call: Callable[[], object]) -> float:
 
 def measure(name: str, *, batch: int = 4, repeats: int = 9, threads: int | None = None) -> Overhead:
     """Interleaved median timings of plain vs instrumented inference on zoo model ``name``."""
-    path = zoo.resolve_model(name, allow_fetch=False)
+    path = zoo.lookup(name, allow_fetch=False).path
     spec = zoo.get_model(name)
     exposed = hidden_state_names(onnx.load(path, load_external_data=False))
-    runner = Runner(path, expose=exposed, provider="cpu", threads=threads)
-    plain = plain_session(path, provider="cpu", threads=threads)
+    runner = Runner(load_model(path), expose=exposed, provider="cpu", threads=threads)
+    plain = plain_session(load_model(path), provider="cpu", threads=threads)
     feeds = bundled_inputs(spec.kind, graph=runner.inputs).subset(slice(0, batch)).feeds
 
     def run_plain() -> object:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import platform
 import subprocess
 import sys
@@ -23,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from simulator.output import atomic_output, package_versions
+from simulator.output import atomic_output, package_versions, write_json, write_tidy_csv
 
 STYLE = Path(__file__).with_name("paper.mplstyle")
 #: Figure widths in inches: one paper column, or the full text width.
@@ -70,12 +69,13 @@ def provenance(name: str, argv: Sequence[str], config: Mapping[str, Any]) -> dic
     }
 
 
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return repr(value)
-    if value is None:
-        return ""
-    return str(value)
+def _sorted_keys(value: Any) -> Any:
+    """``value`` with every mapping's keys sorted (stable provenance files across runs)."""
+    if isinstance(value, Mapping):
+        return {key: _sorted_keys(value[key]) for key in sorted(value, key=str)}
+    if isinstance(value, list | tuple):
+        return [_sorted_keys(item) for item in value]
+    return value
 
 
 def save_outputs(
@@ -89,14 +89,8 @@ def save_outputs(
     """Write ``NAME.csv``, ``NAME.json`` and ``NAME.png`` into ``out``, each atomically."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.csv", out / f"{name}.json", out / f"{name}.png"]
-    with atomic_output(paths[0]) as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow([_cell(row.get(c)) for c in columns])
-    with atomic_output(paths[1]) as handle:
-        json.dump(meta, handle, indent=2, sort_keys=True, default=str)
-        handle.write("\n")
+    write_tidy_csv(paths[0], columns, rows)
+    write_json(paths[1], _sorted_keys(meta))
     save_png(fig, paths[2])
     return paths
 

@@ -41,9 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from importers.audit import audit
-from importers.inputs import Inputs, bundled_inputs, graph_inputs
-from importers.zoo import cache_dir, file_sha256, get_model, resolve_model
+from importers.graph import OnnxModel, load_model
+from importers.run import Inputs, audit, default_inputs
+from importers.run.records import DominanceSummary
+from importers.value_spectra import SpectrumRow
+from importers.zoo import cache_dir, file_sha256, get_model, lookup
 
 __all__ = [
     "AUDIT_SETTINGS",
@@ -127,9 +129,9 @@ class Audited:
     ----------
     variant : Variant
     layer_rows : list of dict
-        :meth:`importers.audit.AuditResult.layer_rows`: ``layer, metric, mean, std, n``.
-    dominance : dict
-        :meth:`importers.audit.AuditResult.dominance_summary`.
+        :meth:`importers.run.records.AuditResult.layer_rows`: ``layer, metric, mean, std, n``.
+    dominance : DominanceSummary
+        :meth:`importers.run.records.AuditResult.dominance_summary`.
     spectra : list of SpectrumRow
     provenance : dict
         Model file sha256, inputs (source, digest, count), provider used, audit configuration.
@@ -137,8 +139,8 @@ class Audited:
 
     variant: Variant
     layer_rows: list[dict[str, Any]]
-    dominance: dict[str, Any]
-    spectra: list[Any]
+    dominance: DominanceSummary
+    spectra: list[SpectrumRow]
     provenance: dict[str, Any]
 
 
@@ -186,7 +188,7 @@ def variant_file(key: str) -> Path:
     from importers.transform import random_init, reparameterize
 
     variant = VARIANTS[key]
-    source = resolve_model(variant.model)
+    source = lookup(variant.model).path
     if variant.transform == "trained":
         return source
     stem = _transformed_stem(variant)
@@ -205,15 +207,9 @@ def variant_file(key: str) -> Path:
     return target
 
 
-def _inputs(variant: Variant, path: Path, quick: bool) -> Inputs:
+def _inputs(variant: Variant, model: OnnxModel, quick: bool) -> Inputs:
     entry = get_model(variant.model)
-    graph = graph_inputs(path)
-    if entry.kind == "image":
-        inputs = bundled_inputs(
-            "image", graph=graph, size=entry.image_size or 224, mean=entry.mean, std=entry.std
-        )
-    else:
-        inputs = bundled_inputs("text", graph=graph)
+    inputs = default_inputs(model.inputs, entry)
     return inputs.subset(slice(0, QUICK_INPUTS[entry.kind])) if quick else inputs
 
 
@@ -239,10 +235,10 @@ def audited(key: str, quick: bool, fold_gamma: bool = False) -> Audited:
 
 
 def _audit(variant: Variant, quick: bool, fold_gamma: bool) -> Audited:
-    path = variant_file(variant.key)
-    inputs = _inputs(variant, path, quick)
+    model = load_model(variant_file(variant.key))
+    inputs = _inputs(variant, model, quick)
     prefix = get_model(variant.model).prefix_tokens
-    result = audit(path, inputs, exclude_prefix=prefix, fold_gamma=fold_gamma, **AUDIT_SETTINGS)
+    result = audit(model, inputs, exclude_prefix=prefix, fold_gamma=fold_gamma, **AUDIT_SETTINGS)
     return Audited(
         variant=variant,
         layer_rows=result.layer_rows(),
@@ -251,30 +247,29 @@ def _audit(variant: Variant, quick: bool, fold_gamma: bool) -> Audited:
         provenance={
             "model": variant.model,
             "transform": variant.transform,
-            "file_sha256": result.model["sha256"],
-            "n_blocks": result.model["n_blocks"],
+            "file_sha256": result.model.sha256,
+            "n_blocks": result.model.n_blocks,
             "inputs": {
-                "source": result.inputs["source"],
+                "source": result.inputs.source,
                 "digest": inputs.digest,
-                "n_inputs": result.inputs["n_inputs"],
+                "n_inputs": result.inputs.n_inputs,
             },
-            "provider_used": result.provider["used"],
-            "config": result.config,
+            "provider_used": list(result.provider.used),
+            "config": result.config.to_dict(),
         },
     )
 
 
 @functools.cache
-def spectra(key: str) -> list[Any]:
-    """The W_V W_O eigenvalue rows of variant ``key`` (:func:`importers.spectra.model_spectra`).
+def spectra(key: str) -> list[SpectrumRow]:
+    """The W_V W_O eigenvalue rows of variant ``key`` (:func:`importers.value_spectra.model_spectra`).
 
     Taken from an audit already made in this process, else computed from the weights alone.
     """
     for (cached_key, _, _), result in _AUDITS.items():
         if cached_key == key:
             return result.spectra
-    from importers.graph import load_model
-    from importers.spectra import model_spectra
+    from importers.value_spectra import model_spectra
     from importers.weights import extract
 
     return model_spectra(extract(load_model(variant_file(key))))

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from figures._common import new_figure, save_png
-from importers.audit import AuditResult
+from importers.run.records import AuditResult
 
 #: Panels of the per-layer figure: metric, axis label, log scale.
 LAYER_PANELS = (
@@ -64,10 +64,9 @@ def plot_spectrum(ax: Any, real: np.ndarray, label: str, color: str | None = Non
     ax.set_xlabel("Re λ of W_V W_O")
 
 
-def plot_dominance(ax: Any, per_layer: Sequence[dict[str, Any]]) -> None:
+def plot_dominance(ax: Any, layers: Sequence[int], perron_fractions: Sequence[float]) -> None:
     """Stacked bars: perron / non-perron fraction per attention block."""
-    layers = [int(r["layer"]) for r in per_layer]
-    perron = np.array([float(r["perron"]) for r in per_layer])
+    perron = np.asarray(perron_fractions, dtype=float)
     ax.bar(layers, perron, color="#D55E00", label="perron (1 + λ^H λ^A_n)")
     ax.bar(layers, 1 - perron, bottom=perron, color="#0072B2", label="non-perron (1 + λ^H λ^A_1)")
     ax.set_ylim(0, 1)
@@ -79,7 +78,7 @@ def render(result: AuditResult, folder: Path) -> list[tuple[str, str]]:
     """Draw ``layers.png``, ``spectra.png`` and ``dominance.png`` into ``folder``."""
     drawn = []
     fig, axes = new_figure("full", 0.33, ncols=3)
-    plot_layers(axes, result.layer_rows(), result.model["name"])
+    plot_layers(axes, result.layer_rows(), result.model.name)
     save_png(fig, folder / "layers.png")
     drawn.append(("smoothing metrics per layer", "layers.png"))
 
@@ -92,9 +91,9 @@ def render(result: AuditResult, folder: Path) -> list[tuple[str, str]]:
     drawn.append(("eigenvalues of W_V W_O (real parts)", "spectra.png"))
 
     summary = result.dominance_summary()
-    if summary["cases"]:
+    if summary.cases:
         fig, ax = new_figure("column", 0.75)
-        plot_dominance(ax, summary["per_layer"])
+        plot_dominance(ax, [r.layer for r in summary.per_layer], [r.perron for r in summary.per_layer])
         ax.legend(fontsize=6, loc="lower right")
         save_png(fig, folder / "dominance.png")
         drawn.append(("dominating eigenvalue kind per block", "dominance.png"))

@@ -12,13 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, get_model, models, resolve_model
-from simulator.errors import InputError
+from importers.errors import ImporterInputError
+from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, ZooModel, lookup
 
-if TYPE_CHECKING:  # the audit's modules (onnx, the matcher) load when the command runs
-    from importers import inputs as inputs_mod
-    from importers.audit import AuditResult
-    from importers.inputs import GraphInput
+if TYPE_CHECKING:  # types only: the audit's modules (onnx, the matcher) load when the command runs
+    from importers.graph import GraphInput
+    from importers.run import AuditResult, Inputs
 
 DEFAULT_MODEL = "dinov2-vits14"
 
@@ -98,35 +97,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _image_size(model: str, graph: Sequence[GraphInput], requested: int | None) -> int:
+def _image_size(entry: ZooModel | None, graph: Sequence[GraphInput], requested: int | None) -> int:
     if requested:
         return requested
-    if model in {m.name for m in models()}:
-        return get_model(model).image_size or 224
+    if entry is not None:
+        return entry.image_size or 224
     shapes = [g.shape for g in graph if len(g.shape) == 4]
     side = shapes[0][-1] if shapes else 224
     return side if isinstance(side, int) else 224
 
 
-def _inputs(args: argparse.Namespace, path: Path) -> inputs_mod.Inputs | None:
-    from importers import inputs as inputs_mod
-    from importers.graph import load_model
+def _inputs(
+    args: argparse.Namespace, graph: Sequence[GraphInput], entry: ZooModel | None
+) -> Inputs | None:
+    from importers.run import sources
 
-    # Parse with the importer so that a file that is not ONNX gets its one-line error.
-    graph = inputs_mod.graph_inputs(load_model(path).proto)
     if args.inputs:
-        return inputs_mod.from_npz(args.inputs, graph)
+        return sources.from_npz(args.inputs, graph)
     if args.images:
-        size = _image_size(args.model, graph, args.image_size)
-        return inputs_mod.from_images(
+        size = _image_size(entry, graph, args.image_size)
+        return sources.from_images(
             args.images, size=size, mean=args.mean, std=args.std, graph=graph
         )
     if args.text:
         if not args.tokenizer:
-            raise InputError("`--text` needs `--tokenizer tokenizer.json`; got no tokenizer")
-        return inputs_mod.from_text(args.text, args.tokenizer, graph=graph)
+            raise ImporterInputError(
+                "`--text` needs `--tokenizer tokenizer.json`; got no tokenizer"
+            )
+        return sources.from_text(args.text, args.tokenizer, graph=graph)
     if args.random is not None:
-        return inputs_mod.random_inputs(
+        return sources.random_inputs(
             graph, seed=args.seed, batch=args.random, seq=args.seq_len, vocab_size=args.vocab_size
         )
     return None
@@ -134,11 +134,11 @@ def _inputs(args: argparse.Namespace, path: Path) -> inputs_mod.Inputs | None:
 
 def _summary(result: AuditResult, out: Path) -> str:
     rows = {(r["layer"], r["metric"]): r["mean"] for r in result.layer_rows()}
+    model, inputs, provider = result.model, result.inputs, result.provider
     lines = [
-        f"model {result.model['name']} ({result.model['n_blocks']} blocks), "
-        f"{result.inputs['n_inputs']} inputs from {result.inputs['source']}"
-        + (" [RANDOM]" if result.inputs["random"] else ""),
-        f"provider: {', '.join(result.provider['used'])} ({result.provider['note']})",
+        f"model {model.name} ({model.n_blocks} blocks), "
+        f"{inputs.n_inputs} inputs from {inputs.source}" + (" [RANDOM]" if inputs.random else ""),
+        f"provider: {', '.join(provider.used)} ({provider.note})",
         "layer  hfc_lfc   cosine  sigma_ratio",
     ]
     lines += [
@@ -147,10 +147,10 @@ def _summary(result: AuditResult, out: Path) -> str:
         for layer in range(result.n_layers)
     ]
     dom = result.dominance_summary()
-    if dom["cases"]:
+    if dom.cases:
         lines.append(
-            f"dominating eigenvalue over {dom['cases']} (input, layer, head) cases: "
-            f"{100 * dom['perron']:.2f}% perron, {100 * dom['non_perron']:.2f}% non-perron"
+            f"dominating eigenvalue over {dom.cases} (input, layer, head) cases: "
+            f"{100 * (dom.perron or 0):.2f}% perron, {100 * (dom.non_perron or 0):.2f}% non-perron"
         )
     lines += [f"note: {note}" for note in result.notes]
     lines.append(f"report: {out / 'report.md'}")
@@ -160,14 +160,17 @@ def _summary(result: AuditResult, out: Path) -> str:
 def run(args: argparse.Namespace) -> int:
     """Audit, draw, write the report folder atomically, print a summary."""
     from figures.audit_report import render
-    from importers.audit import audit
+    from importers.graph import load_model
+    from importers.run import audit, save_audit
 
-    path = resolve_model(args.model)
-    inputs = _inputs(args, path)
+    ref = lookup(args.model)
+    model = load_model(ref.path)  # parsed once: inputs, matching and the runner share it
+    inputs = _inputs(args, model.inputs, ref.entry)
     exclude = True if args.exclude_prefix == -1 else args.exclude_prefix
     result = audit(
-        args.model,
+        model,
         inputs,
+        entry=ref.entry,
         provider=args.provider,
         batch_size=args.batch_size,
         exclude_prefix=exclude,
@@ -175,8 +178,7 @@ def run(args: argparse.Namespace) -> int:
         fold_gamma=args.fold_gamma,
         progress=not args.no_progress and sys.stderr.isatty(),
     )
-    name = result.model["name"]
-    out = args.out or Path(f"audit-{name}")
-    result.save(out, figures=render)
+    out = args.out or Path(f"audit-{result.model.name}")
+    save_audit(result, out, figures=render)
     print(_summary(result, out))
     return 0

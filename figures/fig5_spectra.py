@@ -7,7 +7,7 @@ nonzero eigenvalues of W_V^h W_O^h, claim 31), per whole layer (the d eigenvalue
 for the pre-LN ViT with the attention norm's γ folded in (diag(γ) W_V W_O, paper-spec §4; the
 MiniLMs are post-LN, so they have no γ-folded variant). Histograms are of Re λ / max |Re λ| so that
 models of different scale share one axis; the legend gives the fraction with negative real part and
-the skewness of the real parts (importers.spectra.summarize_spectra). From the weights alone: quick
+the skewness of the real parts (importers.value_spectra.summarize_spectra). From the weights alone: quick
 and full runs give the same numbers.
 
 Run: ``python -m figures.fig5_spectra [--quick] --out DIR``.
@@ -26,14 +26,14 @@ import numpy as np
 
 from figures import _models
 from figures._common import new_figure, run_script
-from importers.spectra import summarize_spectra
+from importers.value_spectra import summarize_spectra
 from importers.zoo import file_sha256
 
 NAME = "fig5_spectra"
 #: Trained models: the vision model first, then the language models.
 KEYS = ("dinov2-vits14", "minilm-l6-int8", "minilm-l3")
 COLORS = {"dinov2-vits14": "C1", "minilm-l6-int8": "C0", "minilm-l3": "C2"}
-#: Panels: title and the spectrum kinds drawn in it (importers.spectra.SPECTRUM_KINDS).
+#: Panels: title and the spectrum kinds drawn in it (importers.value_spectra.SPECTRUM_KINDS).
 PANELS = (
     (r"per head, $W_V^h W_O^h$", ("head",)),
     (r"whole layer, $W_V W_O$", ("layer",)),

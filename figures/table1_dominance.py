@@ -98,15 +98,15 @@ def _our_rows(key: str, fold_gamma: bool, quick: bool) -> list[dict[str, Any]]:
         "n_inputs": result.provenance["inputs"]["n_inputs"],
         "counterpart": COUNTERPART.get((variant.modality, variant.transform)),
     }
-    parts = [("all", summary)] + [(str(r["layer"]), r) for r in summary["per_layer"]]
+    parts = [("all", summary)] + [(str(r.layer), r) for r in summary.per_layer]
     return [
         {
             **base,
             "layer": layer,
-            "cases": part["cases"],
-            "perron_pct": 100 * part["perron"],
-            "non_perron_pct": 100 * part["non_perron"],
-            "balanced_pct": 100 * part["balanced"],
+            "cases": part.cases,
+            "perron_pct": 100 * (part.perron or 0.0),
+            "non_perron_pct": 100 * (part.non_perron or 0.0),
+            "balanced_pct": 100 * (part.balanced or 0.0),
         }
         for layer, part in parts
     ]
@@ -167,11 +167,13 @@ def plot(rows: list[dict[str, Any]]):
     fig, (left, right) = new_figure("full", 0.5, ncols=2, width_ratios=(2.2, 1))
     _plot_totals(left, _models.rows_of(rows, layer="all"))
     per_block = [
-        {"layer": int(row["layer"]), "perron": row["perron_pct"] / 100}
+        row
         for row in _models.rows_of(rows, source="ours", model=PER_BLOCK, transform="trained")
         if row["layer"] != "all"
     ]
-    plot_dominance(right, per_block)
+    plot_dominance(
+        right, [int(row["layer"]) for row in per_block], [row["perron_pct"] / 100 for row in per_block]
+    )
     right.set_title(f"{_models.VARIANTS[PER_BLOCK].label}\nper attention block")
     return fig
 

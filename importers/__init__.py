@@ -1,19 +1,30 @@
-"""ONNX importer: find attention blocks in exported Transformers by graph structure, read their weights.
+"""ONNX importer: find attention blocks in exported Transformers by graph structure, read their
+weights, run the model and audit its smoothing.
 
-Public API
-----------
-load_model
-    Parse and check an ``.onnx`` file without reading external data eagerly.
-find_attention_blocks
-    Match every Softmax as a self-attention block (blocks plus the reasons for rejected candidates).
-extract
-    Weights of every matched block as float64 :class:`BlockWeights` (row-vector convention).
-block_weights
-    Weights of one matched block.
-model_spectra, summarize_spectra
-    Eigenvalues of W_V W_O per head and per layer (and with the pre-LN γ folded in), and a summary.
+Sub-packages and modules
+------------------------
+graph
+    The one ONNX parser: :func:`load_model`, graph index, constant folding, static shapes.
+match
+    :func:`find_attention_blocks`: blocks by structure, and why other Softmax nodes were rejected.
+weights
+    :func:`extract`: each matched block's W_Q, W_K, W_V, W_O, biases and norm as float64.
+value_spectra
+    Eigenvalues of W_V W_O per head and per layer (Fig. 5).
+transform
+    Random-init and ± reparameterised copies of a model (Table 1's columns).
+zoo
+    The pinned real models: :func:`~importers.zoo.lookup` turns a path or zoo name into a file.
+run
+    Inputs, the onnxruntime :class:`~importers.run.Runner`, :func:`~importers.run.audit` and its
+    report.
+commands
+    The ``oversmooth`` subcommands (``inspect``, ``weights``, ``spectra``, ``transform``, ``models``,
+    ``fetch``).
+errors
+    The one error hierarchy: every error raised here is an :class:`ImporterError`.
 
-The names are loaded on first use, so importing this package (or a light submodule such as
+The names below are loaded on first use, so importing this package (or a light module such as
 ``importers.zoo``) imports neither onnx nor onnxruntime.
 """
 
@@ -28,19 +39,20 @@ if TYPE_CHECKING:
         ExtractionError,
         ImporterError,
         ModelFileError,
-        NoAttentionBlocksError,
         UnsupportedModelError,
     )
     from importers.graph import SUPPORTED_OPSETS, GraphIndex, OnnxModel, load_model
-    from importers.patterns import (
+    from importers.match import (
         AttentionBlock,
         LinearMatch,
         MatchFailure,
         MatchReport,
+        NoAttentionBlocksError,
         NormMatch,
         find_attention_blocks,
     )
-    from importers.spectra import SpectrumRow, model_spectra, summarize_spectra
+    from importers.run import AuditResult, audit, save_audit
+    from importers.value_spectra import SpectrumRow, model_spectra, summarize_spectra
     from importers.weights import BlockWeights, block_weights, extract
 
 _EXPORTS = {
@@ -49,19 +61,20 @@ _EXPORTS = {
         "ExtractionError",
         "ImporterError",
         "ModelFileError",
-        "NoAttentionBlocksError",
         "UnsupportedModelError",
     ),
     "importers.graph": ("SUPPORTED_OPSETS", "GraphIndex", "OnnxModel", "load_model"),
-    "importers.patterns": (
+    "importers.match": (
         "AttentionBlock",
         "LinearMatch",
         "MatchFailure",
         "MatchReport",
+        "NoAttentionBlocksError",
         "NormMatch",
         "find_attention_blocks",
     ),
-    "importers.spectra": ("SpectrumRow", "model_spectra", "summarize_spectra"),
+    "importers.run": ("AuditResult", "audit", "save_audit"),
+    "importers.value_spectra": ("SpectrumRow", "model_spectra", "summarize_spectra"),
     "importers.weights": ("BlockWeights", "block_weights", "extract"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -69,6 +82,7 @@ _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in nam
 __all__ = [
     "SUPPORTED_OPSETS",
     "AttentionBlock",
+    "AuditResult",
     "BlockWeights",
     "ExternalDataError",
     "ExtractionError",
@@ -83,11 +97,13 @@ __all__ = [
     "OnnxModel",
     "SpectrumRow",
     "UnsupportedModelError",
+    "audit",
     "block_weights",
     "extract",
     "find_attention_blocks",
     "load_model",
     "model_spectra",
+    "save_audit",
     "summarize_spectra",
 ]
 

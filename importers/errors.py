@@ -1,33 +1,64 @@
-"""Errors raised by the ONNX importer.
+"""The importer's one error hierarchy: every error it raises is an :class:`ImporterError`.
 
-Every class derives from :class:`simulator.errors.OversmoothError`, so the ``oversmooth`` command turns
-it into a one-line message and its ``exit_code`` (2 for a bad model file, 1 when a well-formed model has
-no recognisable attention block).
+:class:`ImporterError` derives from :class:`simulator.errors.OversmoothError`, so the ``oversmooth``
+command turns any of them into a one-line message and its ``exit_code``: 2 for bad input of any kind,
+1 when a well-formed model has no recognisable attention block.
+
+Hierarchy
+---------
+ImporterError
+    ImporterInputError (also a ``simulator.errors.InputError``): a bad argument or input file
+        UnknownModelError: neither an existing file nor a zoo name
+        FeedError: feeds that do not fit the model's graph inputs
+    ModelFileError: not ONNX, truncated, internally inconsistent
+    UnsupportedModelError: well-formed, but outside what the importer handles (opset, fused ops)
+    ExternalDataError: external data outside the model's folder, missing or short
+    ExtractionError: a matched block's weights cannot be read
+    TransformError: a transform that cannot be applied to this model
+    ModelMissingError, ModelChangedError, FetchError: the zoo's pinned models
+    RunnerError: onnxruntime could not load or run the model
+        ProviderError: the requested execution provider cannot be used
+    MissingDependencyError (also an ``ImportError``): an optional package is needed
+    NoAttentionBlocksError (exit 1; in :mod:`importers.match.results`, beside the failures it carries)
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-from simulator.errors import OversmoothError
-
-if TYPE_CHECKING:
-    from importers.patterns import MatchFailure
+from simulator.errors import InputError, OversmoothError
 
 __all__ = [
     "ExternalDataError",
     "ExtractionError",
+    "FeedError",
+    "FetchError",
     "ImporterError",
+    "ImporterInputError",
+    "MissingDependencyError",
+    "ModelChangedError",
     "ModelFileError",
-    "NoAttentionBlocksError",
+    "ModelMissingError",
+    "ProviderError",
+    "RunnerError",
+    "TransformError",
+    "UnknownModelError",
     "UnsupportedModelError",
 ]
 
 
 class ImporterError(OversmoothError):
     """Base class of the importer's errors (exit status 2 unless a subclass says otherwise)."""
+
+
+class ImporterInputError(ImporterError, InputError):
+    """An argument or input file has the wrong type, value or content."""
+
+
+class UnknownModelError(ImporterInputError):
+    """A name is neither an existing file nor a zoo name."""
+
+
+class FeedError(ImporterInputError):
+    """Feeds do not fit the model's graph inputs; the message lists what the model expects."""
 
 
 class ModelFileError(ImporterError, ValueError):
@@ -46,47 +77,29 @@ class ExtractionError(ImporterError, ValueError):
     """A matched block's weights could not be read (wrong size, unsupported encoding)."""
 
 
-class NoAttentionBlocksError(ImporterError):
-    """No Softmax in the graph matched the attention pattern.
+class ModelMissingError(ImporterError):
+    """A zoo model is neither installed, nor cached, nor (when allowed) fetched."""
 
-    Attributes
-    ----------
-    failures : tuple of MatchFailure
-        One entry per rejected Softmax candidate (empty when the graph has no Softmax at all).
-    """
 
-    exit_code = 1
+class ModelChangedError(ImporterError):
+    """A zoo model file (or its wheel) does not have the pinned sha256."""
 
-    def __init__(self, message: str, failures: Sequence[MatchFailure] = ()) -> None:
-        super().__init__(message)
-        self.failures = tuple(failures)
 
-    @classmethod
-    def from_failures(
-        cls, failures: Sequence[MatchFailure], *, top: int = 3, fused: Sequence[str] = ()
-    ) -> NoAttentionBlocksError:
-        """Build the error with a message naming the ``top`` most common rejection reasons.
+class FetchError(ImporterError):
+    """Downloading or unpacking a zoo wheel failed."""
 
-        ``fused`` lists fused attention op types found instead of a Softmax (not supported).
-        """
-        if not failures:
-            extra = (
-                f" (it uses fused {', '.join(sorted(set(fused)))} nodes, which hide the attention "
-                f"weights' structure; export without attention fusion)"
-                if fused
-                else ""
-            )
-            return cls(f"no attention block found: the graph has no Softmax node{extra}", ())
-        counts = Counter(failure.code for failure in failures)
-        example = {}
-        for failure in failures:
-            example.setdefault(failure.code, failure)
-        parts = []
-        for code, count in counts.most_common(top):
-            times = f" (x{count})" if count > 1 else ""
-            parts.append(f"Softmax {example[code].softmax!r}: {example[code].reason}{times}")
-        return cls(
-            f"no attention block found among {len(failures)} Softmax node(s); "
-            f"most common reasons: {'; '.join(parts)}",
-            failures,
-        )
+
+class TransformError(ImporterError, ValueError):
+    """A model cannot be transformed as asked (quantised weights, grouped-query attention, too large)."""
+
+
+class RunnerError(ImporterError):
+    """onnxruntime could not load or run the model."""
+
+
+class ProviderError(RunnerError):
+    """The requested execution provider cannot be used."""
+
+
+class MissingDependencyError(ImporterError, ImportError):
+    """An optional dependency is needed for this input source."""

@@ -29,18 +29,16 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from importers.errors import ImporterError
+from importers.errors import ImporterInputError, TransformError
 from importers.graph import load_model
-from importers.patterns import AttentionBlock, LinearMatch, find_attention_blocks
-from importers.zoo import resolve_model
-from simulator.errors import InputError
+from importers.match import AttentionBlock, LinearMatch, find_attention_blocks
+from importers.zoo import lookup
 from simulator.output import atomic_output
 from simulator.validation import as_generator, as_square, check_choice, check_positive_int
 
 __all__ = [
     "NEGATIVE_CLIP",
     "POSITIVE_FLOOR",
-    "TransformError",
     "nearest_signed_factors",
     "random_init",
     "reparameterize",
@@ -57,10 +55,6 @@ _INTEGER_TYPES = {
     onnx.TensorProto.INT4,
     onnx.TensorProto.UINT4,
 }
-
-
-class TransformError(ImporterError, ValueError):
-    """The model cannot be transformed safely (e.g. quantised weights)."""
 
 
 @dataclass(frozen=True)
@@ -150,15 +144,15 @@ def nearest_signed_factors(
 
     Raises
     ------
-    InputError
+    ImporterInputError
         M is not one square matrix, ``d_head`` is not in ``1..d``, or ``sign`` is unknown.
     """
     M = as_square(M, "M")
     if M.ndim != 2:
-        raise InputError(f"`M` must be one (d, d) matrix; got shape {M.shape}")
+        raise ImporterInputError(f"`M` must be one (d, d) matrix; got shape {M.shape}")
     d_head = check_positive_int(d_head, "d_head")
     if d_head > M.shape[0]:
-        raise InputError(f"`d_head` must be at most d = {M.shape[0]}; got {d_head}")
+        raise ImporterInputError(f"`d_head` must be at most d = {M.shape[0]}; got {d_head}")
     check_choice(sign, "sign", ("plus", "minus"))
     w, U = np.linalg.eigh((M + M.T) / 2)
     if sign == "plus":
@@ -192,12 +186,17 @@ def _reparameterize_block(
     _write(o, W_o)
 
 
-def _blocks(model_path: Path) -> list[AttentionBlock]:
-    return find_attention_blocks(load_model(model_path)).blocks
+def _matched_with_weights(model: str | os.PathLike[str]) -> tuple[list[AttentionBlock], onnx.ModelProto]:
+    """Parse the model once: its attention blocks (refusing models without any, with the
+    importer's message), then its proto with every external tensor read in (from inside its
+    folder only: the loader has checked every location)."""
+    from onnx.external_data_helper import load_external_data_for_model
 
-
-def _load_full(path: Path) -> onnx.ModelProto:
-    return onnx.load(os.fspath(path), load_external_data=True)
+    loaded = load_model(lookup(model).path)
+    blocks = find_attention_blocks(loaded).blocks
+    if loaded.path is not None:
+        load_external_data_for_model(loaded.proto, os.fspath(loaded.path.parent))
+    return blocks, loaded.proto
 
 
 def _save(model: onnx.ModelProto, out: str | os.PathLike[str]) -> Path:
@@ -228,9 +227,7 @@ def reparameterize(
     Path
     """
     check_choice(sign, "sign", ("plus", "minus"))
-    path = resolve_model(model)
-    blocks = _blocks(path)
-    proto = _load_full(path)
+    blocks, proto = _matched_with_weights(model)
     for block in blocks:
         _reparameterize_block(proto, block, sign)
     return _save(proto, out)
@@ -268,9 +265,7 @@ def random_init(
     if not np.isfinite(std) or std <= 0:
         raise TransformError(f"`std` must be a positive number; got {std!r}")
     rng = as_generator(seed)
-    path = resolve_model(model)
-    _blocks(path)  # refuse models without attention blocks, with the importer's message
-    proto = _load_full(path)
+    _, proto = _matched_with_weights(model)
     for tensor in list(_weight_matrices(proto)):
         dtype = numpy_helper.to_array(tensor).dtype
         fresh = rng.normal(0.0, std, tuple(tensor.dims)).astype(dtype)

@@ -6,7 +6,7 @@ BlockWeights
     W_Q, W_K, W_V, W_O, biases, the attention sub-block's norm parameters and LayerScale of one block,
     plus the graph tensor names the audit needs (block input/output, residual, attention probabilities).
 block_weights
-    One :class:`~importers.patterns.AttentionBlock` → :class:`BlockWeights`.
+    One :class:`~importers.match.AttentionBlock` → :class:`BlockWeights`.
 extract
     Every block of a model, in depth order.
 linear_weights
@@ -23,14 +23,14 @@ in float64.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 from numpy.typing import NDArray
 
 from importers.errors import ExtractionError
 from importers.graph import GraphIndex, OnnxModel
-from importers.patterns import AttentionBlock, LinearMatch, find_attention_blocks
+from importers.match import AttentionBlock, LinearMatch, find_attention_blocks
 
 __all__ = ["WEIGHT_KEYS", "BlockWeights", "block_weights", "extract", "linear_weights"]
 
@@ -52,15 +52,15 @@ WEIGHT_KEYS = (
 )
 
 
-@dataclass(frozen=True, eq=False)
-class BlockWeights:
-    """Weights of one attention sub-block (float64, read-only arrays).
+@dataclass(frozen=True, eq=False, kw_only=True)
+class BlockWeights(AttentionBlock):
+    """A matched attention sub-block with its weights read (float64, read-only arrays).
+
+    The structure (sizes, norm position, graph tensor names, ``sources``, ``to_dict()``) is
+    inherited from :class:`~importers.match.AttentionBlock`; this record adds the numbers.
 
     Attributes
     ----------
-    index, n_heads, n_kv_heads, d_model, d_head : int
-    norm : {"pre", "post", "none"}
-    norm_kind : {"layernorm", "rmsnorm"} or None
     W_Q : (d_model, n_heads*d_head) ndarray
     W_K, W_V : (d_model, n_kv_heads*d_head) ndarray
     W_O : (n_heads*d_head, d_model) ndarray
@@ -71,19 +71,8 @@ class BlockWeights:
     layer_scale : (d_model,) ndarray or None
     eps : float or None
         The norm's epsilon.
-    sources : dict of str to str
-        Graph tensor each array came from, plus ``softmax`` (node name).
-    input_name, residual_name, norm_output_name, output_name, attention_name : str or None
-        See :class:`~importers.patterns.AttentionBlock`.
     """
 
-    index: int
-    n_heads: int
-    n_kv_heads: int
-    d_model: int
-    d_head: int
-    norm: str
-    norm_kind: str | None
     W_Q: FloatArray = field(repr=False)
     W_K: FloatArray = field(repr=False)
     W_V: FloatArray = field(repr=False)
@@ -96,12 +85,6 @@ class BlockWeights:
     beta: FloatArray | None = field(repr=False)
     layer_scale: FloatArray | None = field(repr=False)
     eps: float | None
-    sources: dict[str, str] = field(repr=False)
-    input_name: str = field(repr=False)
-    residual_name: str | None = field(repr=False)
-    norm_output_name: str | None = field(repr=False)
-    output_name: str = field(repr=False)
-    attention_name: str = field(repr=False)
 
     @property
     def kv_group(self) -> int:
@@ -133,7 +116,7 @@ def extract(model: OnnxModel) -> list[BlockWeights]:
     Raises
     ------
     NoAttentionBlocksError
-        Nothing matched (see :func:`importers.patterns.find_attention_blocks`).
+        Nothing matched (see :func:`importers.match.find_attention_blocks`).
     ExtractionError
         A matched weight has an unexpected size.
     """
@@ -149,14 +132,9 @@ def block_weights(model: OnnxModel, block: AttentionBlock) -> BlockWeights:
     W_o, b_o = linear_weights(index, block.o)
     norm = block.norm_match
     d = block.d_model
+    structure = {item.name: getattr(block, item.name) for item in fields(AttentionBlock)}
     return BlockWeights(
-        index=block.index,
-        n_heads=block.n_heads,
-        n_kv_heads=block.n_kv_heads,
-        d_model=d,
-        d_head=block.d_head,
-        norm=block.norm,
-        norm_kind=block.norm_kind,
+        **structure,
         W_Q=_frozen(W_q[:, block.q_columns]),
         W_K=_frozen(W_k[:, block.k_columns]),
         W_V=_frozen(W_v[:, block.v_columns]),
@@ -167,14 +145,8 @@ def block_weights(model: OnnxModel, block: AttentionBlock) -> BlockWeights:
         b_O=None if b_o is None else _frozen(b_o),
         gamma=_vector(index, norm.gamma if norm else None, d, "gamma"),
         beta=_vector(index, norm.beta if norm else None, d, "beta"),
-        layer_scale=_vector(index, block.layer_scale, d, "layer_scale"),
+        layer_scale=_vector(index, block.layer_scale_name, d, "layer_scale"),
         eps=norm.eps if norm else None,
-        sources=block.sources,
-        input_name=block.input_name,
-        residual_name=block.residual_name,
-        norm_output_name=block.norm_output_name,
-        output_name=block.output_name,
-        attention_name=block.attention_name,
     )
 
 

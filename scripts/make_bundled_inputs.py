@@ -39,7 +39,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from importers.inputs import TEXT_FEEDS, load_image  # noqa: E402
+from importers.run.feeds import TEXT_FEEDS  # noqa: E402 - after the sys.path insert
+from importers.run.sources import load_image  # noqa: E402
 
 IMAGE_SIZE = 224
 SKIMAGE_PIN = "scikit-image==0.26.0"

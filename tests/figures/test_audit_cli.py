@@ -16,7 +16,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
-from importers.inputs import bundled_inputs, expected_inputs_text, graph_inputs
+from importers.graph import load_model
+from importers.run.feeds import expected_inputs_text
+from importers.run.sources import bundled_inputs
 from simulator.cli import main
 from tests.importers.builders import assemble
 from tests.realmodels import require_real_model
@@ -211,7 +213,7 @@ def test_npz_that_does_not_fit_the_model_lists_what_it_expects(
     )
     assert code == 2
     assert stdout == ""
-    assert_one_line_error(err, problem, expected_inputs_text(graph_inputs(text_model)))
+    assert_one_line_error(err, problem, expected_inputs_text(load_model(text_model).inputs))
     assert_no_output(tmp_path, {text_model.name, "x.npz"})
 
 

@@ -23,9 +23,13 @@ import onnx
 import pytest
 from numpy.testing import assert_allclose
 
-from importers.audit import DOMINANCE_COLUMNS, LAYER_COLUMNS, AuditResult, audit, render_report
-from importers.inputs import Inputs, bundled_inputs, graph_inputs, random_inputs
-from importers.runner import ProviderError
+from importers.errors import ProviderError
+from importers.graph import load_model
+from importers.run.audit import audit
+from importers.run.feeds import Inputs
+from importers.run.records import DOMINANCE_COLUMNS, LAYER_COLUMNS, AuditResult
+from importers.run.report import render_report, save_audit
+from importers.run.sources import bundled_inputs, random_inputs
 from simulator import tolerances as tol
 from simulator.errors import InputError
 from simulator.metrics import METRICS, all_metrics
@@ -182,31 +186,31 @@ def test_dominance_summary_fractions_count_the_cases(model_dir: Path) -> None:
     result = audited(model_dir, PADDED)
     summary = result.dominance_summary()
     kinds = [case.kind for case in result.dominance]
-    assert summary["cases"] == len(kinds) == 2 * sum(b.n_heads for b in result.blocks)
-    assert summary["perron"] == kinds.count("perron") / len(kinds)
-    assert summary["perron"] + summary["non_perron"] == pytest.approx(1.0, abs=tol.EPS)
-    assert summary["balanced"] == kinds.count("balanced") / len(kinds)
-    assert sum(row["cases"] for row in summary["per_layer"]) == len(kinds)
+    assert summary.cases == len(kinds) == 2 * sum(b.n_heads for b in result.blocks)
+    assert summary.perron == kinds.count("perron") / len(kinds)
+    assert summary.perron + summary.non_perron == pytest.approx(1.0, abs=tol.EPS)
+    assert summary.balanced == kinds.count("balanced") / len(kinds)
+    assert sum(row.cases for row in summary.per_layer) == len(kinds)
 
 
 def test_block_verdicts_compare_the_prediction_with_the_observed_change(model_dir: Path) -> None:
     result = audited(model_dir, PADDED)
     means = {(r["layer"], r["metric"]): r["mean"] for r in result.layer_rows()}
-    rows = result.dominance_summary()["per_layer"]
-    assert [row["layer"] for row in rows] == [block.index for block in result.blocks]
+    rows = result.dominance_summary().per_layer
+    assert [row.layer for row in rows] == [w.index for w in result.blocks]
     for row in rows:
-        b = row["layer"]
+        b = row.layer
         ratio = means[b + 1, "hfc_lfc"] / means[b, "hfc_lfc"]
         change = means[b + 1, "cosine"] - means[b, "cosine"]
-        assert row["hfc_lfc_ratio"] == pytest.approx(ratio, rel=tol.STEP_RTOL)
-        assert row["cosine_change"] == pytest.approx(change, abs=tol.STEP_ATOL)
-        assert row["predicted"] == ("smoothing" if row["perron"] >= 0.5 else "no smoothing")
+        assert row.hfc_lfc_ratio == pytest.approx(ratio, rel=tol.STEP_RTOL)
+        assert row.cosine_change == pytest.approx(change, abs=tol.STEP_ATOL)
+        assert row.predicted == ("smoothing" if row.perron >= 0.5 else "no smoothing")
         smooths, sharpens = ratio < 1 and change > 0, ratio > 1 and change < 0
-        assert row["observed"] == (
+        assert row.observed == (
             "smoothing" if smooths else "no smoothing" if sharpens else "mixed"
         )
-        assert row["agree"] == (
-            None if row["observed"] == "mixed" else row["predicted"] == row["observed"]
+        assert row.agree == (
+            None if row.observed == "mixed" else row.predicted == row.observed
         )
     assert "Prediction and observation agree in" in render_report(result)
 
@@ -223,9 +227,9 @@ def test_layer_granularity_uses_the_whole_layer_spectrum(model_dir: Path) -> Non
 def test_dominance_none_fetches_no_attention(model_dir: Path) -> None:
     result = audited(model_dir, "bert_legacy", dominance="none")
     assert result.dominance == []
-    assert result.dominance_summary()["perron"] is None
-    exposed = result.provenance["runner"]["exposed"]
-    assert not {block.attention_name for block in result.blocks} & set(exposed)
+    assert result.dominance_summary().perron is None
+    exposed = result.provenance.runner["exposed"]
+    assert not {w.attention_name for w in result.blocks} & set(exposed)
     with_attention = audited(model_dir, "bert_legacy")
     for metric in METRICS:
         assert_allclose(
@@ -300,7 +304,7 @@ def test_exclude_prefix_drops_the_first_tokens(model_dir: Path, prefix: int) -> 
     result = audited(model_dir, PADDED, exclude_prefix=prefix)
     keep = real_tokens(assembly).copy()
     keep[:, :prefix] = False
-    assert result.config["exclude_prefix"] == prefix
+    assert result.config.exclude_prefix == prefix
     for layer, hidden in enumerate(forward_trace(assembly).hidden):
         expected = numpy_metrics(hidden, keep)
         for metric in METRICS:
@@ -314,8 +318,8 @@ def test_exclude_prefix_drops_the_first_tokens(model_dir: Path, prefix: int) -> 
 
 
 def test_exclude_prefix_true_drops_one_token_of_a_model_outside_the_zoo(model_dir: Path) -> None:
-    assert audited(model_dir, PADDED, exclude_prefix=True).config["exclude_prefix"] == 1
-    assert audited(model_dir, PADDED, exclude_prefix=False).config["exclude_prefix"] == 0
+    assert audited(model_dir, PADDED, exclude_prefix=True).config.exclude_prefix == 1
+    assert audited(model_dir, PADDED, exclude_prefix=False).config.exclude_prefix == 0
 
 
 @pytest.mark.parametrize(
@@ -351,20 +355,20 @@ def test_reported_provider_is_what_onnxruntime_used(model_dir: Path) -> None:
     path = saved_model(model_dir, PADDED)
     inputs = builder_inputs(_assembly(PADDED))
     cpu = audit(path, inputs, provider="cpu", dominance="none")
-    assert cpu.provider["used"] == [_CPU]
-    assert cpu.provider["requested"] == "cpu"
+    assert cpu.provider.used == (_CPU,)
+    assert cpu.provider.requested == "cpu"
     auto = audit(path, inputs, provider="auto", dominance="none")
-    assert auto.provider["used"][0] == _cuda_session_providers(path)[0]
-    assert auto.provider["used"] == auto.provenance["runner"]["provider_used"]
-    if auto.provider["used"][0] == _CPU:
-        assert "CPU" in auto.provider["note"]
+    assert auto.provider.used[0] == _cuda_session_providers(path)[0]
+    assert list(auto.provider.used) == auto.provenance.runner["provider_used"]
+    if auto.provider.used[0] == _CPU:
+        assert "CPU" in auto.provider.note
 
 
 def test_cuda_that_cannot_run_is_an_error(model_dir: Path) -> None:
     path = saved_model(model_dir, PADDED)
     if _cuda_session_providers(path)[0] == _CUDA:
         result = audit(path, builder_inputs(_assembly(PADDED)), provider="cuda", dominance="none")
-        assert result.provider["used"][0] == _CUDA
+        assert result.provider.used[0] == _CUDA
         return
     with pytest.raises(ProviderError, match="cuda"):
         audit(path, builder_inputs(_assembly(PADDED)), provider="cuda")
@@ -375,11 +379,11 @@ def test_cuda_that_cannot_run_is_an_error(model_dir: Path) -> None:
 
 def test_random_inputs_are_labelled_in_result_and_report(model_dir: Path, tmp_path: Path) -> None:
     path = saved_model(model_dir, "vit_prenorm_layerscale")
-    inputs = random_inputs(graph_inputs(path), seed=1, batch=2)
+    inputs = random_inputs(load_model(path).inputs, seed=1, batch=2)
     result = audit(path, inputs, provider="cpu")
-    assert result.inputs["random"] is True
+    assert result.inputs.random is True
     assert any("RANDOM" in note for note in result.notes)
-    report = (result.save(tmp_path / "report") / "report.md").read_text(encoding="utf-8")
+    report = (save_audit(result, tmp_path / "report") / "report.md").read_text(encoding="utf-8")
     assert "RANDOM" in report
 
 
@@ -409,7 +413,7 @@ def draw_one_png(result: AuditResult, folder: Path) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def saved(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[AuditResult, Path]:
     result = audited(model_dir, PADDED)
-    folder = result.save(tmp_path_factory.mktemp("saved") / "audit", figures=draw_one_png)
+    folder = save_audit(result, tmp_path_factory.mktemp("saved") / "audit", figures=draw_one_png)
     return result, folder
 
 
@@ -437,7 +441,7 @@ def test_audit_json_identifies_model_inputs_provider_and_dominance(
     dominance = doc["dominance"]
     assert dominance["perron"] + dominance["non_perron"] == pytest.approx(1.0, abs=tol.EPS)
     assert 0.0 <= dominance["perron"] <= 1.0
-    assert doc["inputs"]["digest"] == result.inputs["digest"]
+    assert doc["inputs"]["digest"] == result.inputs.digest
     assert doc["provenance"]["versions"]["numpy"] == np.__version__
     assert doc["provenance"]["versions"]["onnx"] == metadata.version("onnx")
 
@@ -478,8 +482,8 @@ def test_report_embeds_the_figures_and_records_provenance(
     report = (folder / "report.md").read_text(encoding="utf-8")
     assert "](cosine.png)" in report
     assert (folder / "cosine.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert result.model["sha256"] in report
-    assert result.inputs["digest"] in report
+    assert result.model.sha256 in report
+    assert result.inputs.digest in report
     assert f'"numpy": "{np.__version__}"' in report
     assert "RANDOM" not in report
 
@@ -503,16 +507,16 @@ def test_an_error_while_saving_leaves_no_folder_and_no_staging(
 ) -> None:
     result = audited(model_dir, PADDED)
     with pytest.raises(error):
-        result.save(tmp_path / "audit", figures=figures)
+        save_audit(result, tmp_path / "audit", figures=figures)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_an_error_while_saving_keeps_the_previous_folder(model_dir: Path, tmp_path: Path) -> None:
     result = audited(model_dir, PADDED)
-    folder = result.save(tmp_path / "audit")
+    folder = save_audit(result, tmp_path / "audit")
     before = {path.name: path.read_bytes() for path in folder.iterdir()}
     with pytest.raises(RuntimeError):
-        result.save(folder, figures=_failing_figures)
+        save_audit(result, folder, figures=_failing_figures)
     assert {path.name: path.read_bytes() for path in folder.iterdir()} == before
     assert [path.name for path in tmp_path.iterdir()] == ["audit"]
 
@@ -522,12 +526,12 @@ def test_saving_again_replaces_the_folder(model_dir: Path, tmp_path: Path) -> No
     folder.mkdir()
     (folder / "stale.txt").write_text("from an earlier run", encoding="utf-8")
     first = audited(model_dir, PADDED)
-    first.save(folder)
+    save_audit(first, folder)
     assert not (folder / "stale.txt").exists()
     second = audited(model_dir, "bert_dynamo")
-    second.save(folder)
+    save_audit(second, folder)
     doc = json.loads((folder / "audit.json").read_text(encoding="utf-8"))
-    assert doc["model"]["sha256"] == second.model["sha256"] != first.model["sha256"]
+    assert doc["model"]["sha256"] == second.model.sha256 != first.model.sha256
     assert [path.name for path in tmp_path.iterdir()] == ["audit"]
 
 
@@ -538,7 +542,7 @@ def test_saving_again_replaces_the_folder(model_dir: Path, tmp_path: Path) -> No
 def test_real_text_model_padding_equals_the_sequence_alone() -> None:
     """minilm-l3 on a padded pair of bundled sentences vs the shorter one alone."""
     path = require_real_model("minilm-l3")
-    text = bundled_inputs("text", graph=graph_inputs(path))
+    text = bundled_inputs("text", graph=load_model(path).inputs)
     lengths = text.token_mask.sum(axis=1)
     short, long = int(np.argmin(lengths)), int(np.argmax(lengths))
     padded = text.subset([long, short])

@@ -22,11 +22,10 @@ from importers.errors import (
     ExternalDataError,
     ImporterError,
     ModelFileError,
-    NoAttentionBlocksError,
     UnsupportedModelError,
 )
 from importers.graph import OnnxModel, load_model
-from importers.patterns import find_attention_blocks
+from importers.match import NoAttentionBlocksError, find_attention_blocks
 from importers.weights import extract
 from simulator.cli import main
 from tests.importers.builders import VARIANTS

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from numpy.testing import assert_array_equal
 
-from importers.spectra import LAYER_HEAD, SPECTRUM_KINDS
+from importers.value_spectra import LAYER_HEAD, SPECTRUM_KINDS
 from simulator.cli import main
 from tests.importers.builders import NEAR_MISSES, VARIANTS
 from tests.importers.test_real_models import REAL_MODELS
@@ -69,7 +69,7 @@ def test_inspect_json_describes_blocks_and_failures(capsys, variant_file, name):
         for key in BLOCK_KEYS - {"sources"}:
             assert block[key] == getattr(want, key), key
         assert {"W_Q", "W_K", "W_V", "W_O"} <= set(block["sources"])
-        assert block["layer_scale"] == (want.layer_scale is not None)
+        assert block["has_layer_scale"] == (want.layer_scale is not None)
 
 
 def test_inspect_explain_shows_matches_and_rejections(capsys, tmp_path):

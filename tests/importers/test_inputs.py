@@ -12,16 +12,20 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from importers import inputs as I  # noqa: N812 - short alias used throughout
-from importers import zoo
+from importers import errors, zoo
+from importers.graph import GraphInput, load_model
+from importers.run import sources
+from importers.run.feeds import check_feeds, feeds_digest, for_graph
+from importers.zoo import IMAGENET_MEAN, IMAGENET_STD
 from simulator import tolerances as tol
+from simulator.errors import InputError
 from tests.realmodels import require_real_model
 
 TEXT_GRAPH = (
-    I.GraphInput("input_ids", np.dtype(np.int64), ("batch", "sequence")),
-    I.GraphInput("attention_mask", np.dtype(np.int64), ("batch", "sequence")),
+    GraphInput("input_ids", np.dtype(np.int64), ("batch", "sequence")),
+    GraphInput("attention_mask", np.dtype(np.int64), ("batch", "sequence")),
 )
-IMAGE_GRAPH = (I.GraphInput("input_image", np.dtype(np.float32), ("batch_size", 3, 224, 224)),)
+IMAGE_GRAPH = (GraphInput("input_image", np.dtype(np.float32), ("batch_size", 3, 224, 224)),)
 CLS_ID, SEP_ID, PAD_ID = 101, 102, 0
 
 
@@ -30,7 +34,7 @@ def _save(path: Path, pixels: np.ndarray, mode: str = "RGB") -> Path:
     return path
 
 
-def _unnormalise(pixels: np.ndarray, mean=I._IMAGENET_MEAN, std=I._IMAGENET_STD) -> np.ndarray:
+def _unnormalise(pixels: np.ndarray, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> np.ndarray:
     return pixels * np.asarray(std)[:, None, None] + np.asarray(mean)[:, None, None]
 
 
@@ -38,7 +42,7 @@ def _unnormalise(pixels: np.ndarray, mean=I._IMAGENET_MEAN, std=I._IMAGENET_STD)
 
 
 def test_bundled_text_is_cls_sep_wrapped_and_padded() -> None:
-    batch = I.bundled_inputs("text")
+    batch = sources.bundled_inputs("text")
     ids = batch.feeds["input_ids"]
     mask = batch.feeds["attention_mask"]
     lengths = mask.sum(axis=1)
@@ -58,8 +62,8 @@ def test_bundled_text_is_cls_sep_wrapped_and_padded() -> None:
 
 
 def test_bundled_sentences_are_plain_english_of_varied_length() -> None:
-    batch = I.bundled_inputs("text")
-    lines = (I.DATA_DIR / "sentences.txt").read_text(encoding="utf-8").splitlines()
+    batch = sources.bundled_inputs("text")
+    lines = (sources.DATA_DIR / "sentences.txt").read_text(encoding="utf-8").splitlines()
     assert batch.labels == tuple(lines)
     words = [len(sentence.split()) for sentence in batch.labels]
     assert min(words) >= 8
@@ -71,7 +75,7 @@ def test_bundled_sentences_are_plain_english_of_varied_length() -> None:
 
 
 def test_bundled_images_are_normalised_rgb_nchw() -> None:
-    batch = I.bundled_inputs("image")
+    batch = sources.bundled_inputs("image")
     pixels = batch.feeds["pixel_values"]
     assert batch.source == "bundled-images"
     assert pixels.shape == (6, 3, 224, 224)
@@ -89,19 +93,19 @@ def test_bundled_images_are_normalised_rgb_nchw() -> None:
 
 
 def test_bundled_images_are_documented_in_licence_note() -> None:
-    licence = (I.DATA_DIR / "LICENSE.md").read_text(encoding="utf-8")
-    files = sorted(path.name for path in (I.DATA_DIR / "images").glob("*.png"))
+    licence = (sources.DATA_DIR / "LICENSE.md").read_text(encoding="utf-8")
+    files = sorted(path.name for path in (sources.DATA_DIR / "images").glob("*.png"))
     assert 5 <= len(files) <= 6
     for name in files:
         assert f"images/{name}" in licence
-        with Image.open(I.DATA_DIR / "images" / name) as image:
+        with Image.open(sources.DATA_DIR / "images" / name) as image:
             assert image.size == (224, 224)
             assert image.mode == "RGB"
 
 
 def test_bundled_inputs_rejects_unknown_kind() -> None:
-    with pytest.raises(I.InputError, match=r"`kind` must be one of text, image; got 'audio'"):
-        I.bundled_inputs("audio")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=r"`kind` must be one of text, image; got 'audio'"):
+        sources.bundled_inputs("audio")  # type: ignore[arg-type]
 
 
 # --- mapping onto graph inputs ----------------------------------------------------------------
@@ -111,20 +115,20 @@ def test_bundled_inputs_rejects_unknown_kind() -> None:
 @pytest.mark.parametrize("name", [model.name for model in zoo.models()])
 def test_bundled_inputs_fit_each_zoo_model(name: str) -> None:
     model = zoo.get_model(name)
-    graph = I.graph_inputs(require_real_model(name))
-    batch = I.bundled_inputs(model.kind, graph=graph)
+    graph = load_model(require_real_model(name)).inputs
+    batch = sources.bundled_inputs(model.kind, graph=graph)
     assert list(batch.feeds) == [spec.name for spec in graph]
-    I.check_feeds(batch.feeds, graph)
-    assert batch.digest == I.feeds_digest(batch.feeds)
+    check_feeds(batch.feeds, graph)
+    assert batch.digest == feeds_digest(batch.feeds)
 
 
 def test_for_graph_drops_feeds_the_graph_lacks_and_casts_ids() -> None:
     graph = (
-        I.GraphInput("input_ids", np.dtype(np.int32), ("b", "t")),
-        I.GraphInput("attention_mask", np.dtype(np.int32), ("b", "t")),
+        GraphInput("input_ids", np.dtype(np.int32), ("b", "t")),
+        GraphInput("attention_mask", np.dtype(np.int32), ("b", "t")),
     )
-    text = I.bundled_inputs("text")
-    mapped = I.for_graph(text, graph)
+    text = sources.bundled_inputs("text")
+    mapped = for_graph(text, graph)
     assert set(mapped.feeds) == {"input_ids", "attention_mask"}
     assert mapped.feeds["input_ids"].dtype == np.int32
     assert np.array_equal(mapped.feeds["input_ids"], text.feeds["input_ids"])
@@ -134,32 +138,32 @@ def test_for_graph_drops_feeds_the_graph_lacks_and_casts_ids() -> None:
 
 def test_for_graph_maps_text_by_name_fragment() -> None:
     graph = (
-        I.GraphInput("ids", np.dtype(np.int64), ("b", "t")),
-        I.GraphInput("mask", np.dtype(np.int64), ("b", "t")),
-        I.GraphInput("segment_type", np.dtype(np.int64), ("b", "t")),
+        GraphInput("ids", np.dtype(np.int64), ("b", "t")),
+        GraphInput("mask", np.dtype(np.int64), ("b", "t")),
+        GraphInput("segment_type", np.dtype(np.int64), ("b", "t")),
     )
-    text = I.bundled_inputs("text")
-    mapped = I.for_graph(text, graph)
+    text = sources.bundled_inputs("text")
+    mapped = for_graph(text, graph)
     assert np.array_equal(mapped.feeds["mask"], text.feeds["attention_mask"])
     assert np.array_equal(mapped.feeds["segment_type"], text.feeds["token_type_ids"])
 
 
 def test_for_graph_maps_image_to_the_single_float_input() -> None:
-    mapped = I.bundled_inputs("image", graph=IMAGE_GRAPH)
+    mapped = sources.bundled_inputs("image", graph=IMAGE_GRAPH)
     assert list(mapped.feeds) == ["input_image"]
 
 
 def test_image_of_wrong_size_lists_the_expected_inputs() -> None:
-    with pytest.raises(I.FeedError) as info:
-        I.bundled_inputs("image", size=112, graph=IMAGE_GRAPH)
+    with pytest.raises(errors.FeedError) as info:
+        sources.bundled_inputs("image", size=112, graph=IMAGE_GRAPH)
     message = str(info.value)
     assert "axis 2 must be 224" in message
     assert "input_image: float32 [batch_size, 3, 224, 224]" in message
 
 
 def test_text_into_image_model_is_refused() -> None:
-    with pytest.raises(I.FeedError, match="no text feed fits graph input 'input_image'"):
-        I.bundled_inputs("text", graph=IMAGE_GRAPH)
+    with pytest.raises(errors.FeedError, match="no text feed fits graph input 'input_image'"):
+        sources.bundled_inputs("text", graph=IMAGE_GRAPH)
 
 
 @pytest.mark.parametrize(
@@ -196,8 +200,8 @@ def test_text_into_image_model_is_refused() -> None:
     ids=["missing", "unknown", "dtype", "rank", "symbolic-dim"],
 )
 def test_check_feeds_errors_list_what_the_model_expects(feeds: dict, problem: str) -> None:
-    with pytest.raises(I.FeedError) as info:
-        I.check_feeds(feeds, TEXT_GRAPH)
+    with pytest.raises(errors.FeedError) as info:
+        check_feeds(feeds, TEXT_GRAPH)
     message = str(info.value)
     assert problem in message
     assert "input_ids: int64 [batch, sequence]; attention_mask: int64 [batch, sequence]" in message
@@ -205,11 +209,11 @@ def test_check_feeds_errors_list_what_the_model_expects(feeds: dict, problem: st
 
 
 def test_check_feeds_fixed_dim() -> None:
-    with pytest.raises(I.FeedError, match=r"axis 1 must be 3; got shape \(1, 1, 224, 224\)"):
-        I.check_feeds({"input_image": np.zeros((1, 1, 224, 224), np.float32)}, IMAGE_GRAPH)
+    with pytest.raises(errors.FeedError, match=r"axis 1 must be 3; got shape \(1, 1, 224, 224\)"):
+        check_feeds({"input_image": np.zeros((1, 1, 224, 224), np.float32)}, IMAGE_GRAPH)
 
 
-def test_graph_inputs_reads_names_dtypes_and_symbolic_dims(tmp_path: Path) -> None:
+def test_model_inputs_read_names_dtypes_and_symbolic_dims(tmp_path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper
 
@@ -224,8 +228,8 @@ def test_graph_inputs_reads_names_dtypes_and_symbolic_dims(tmp_path: Path) -> No
         initializer=[helper.make_tensor("w", TensorProto.FLOAT, [4], [0.0] * 4)],
     )
     path = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(graph), path)
-    assert I.graph_inputs(path) == (I.GraphInput("ids", np.dtype(np.int64), ("batch", "seq")),)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert load_model(path).inputs == (GraphInput("ids", np.dtype(np.int64), ("batch", "seq")),)
 
 
 # --- images -----------------------------------------------------------------------------------
@@ -241,7 +245,7 @@ def test_from_images_resizes_shorter_side_and_centre_crops(tmp_path: Path) -> No
     rgba = np.full((40, 40, 4), 200, np.uint8)
     _save(tmp_path / "c_rgba.png", rgba, mode="RGBA")
     (tmp_path / "notes.txt").write_text("not an image")
-    batch = I.from_images(tmp_path, size=30, mean=(0, 0, 0), std=(1, 1, 1))
+    batch = sources.from_images(tmp_path, size=30, mean=(0, 0, 0), std=(1, 1, 1))
     pixels = batch.feeds["pixel_values"]
     assert batch.labels == ("a_tall.png", "b_wide.png", "c_rgba.png")
     assert batch.source == f"images:{tmp_path}"
@@ -257,25 +261,25 @@ def test_from_images_resizes_shorter_side_and_centre_crops(tmp_path: Path) -> No
 def test_from_images_unreadable_file_is_named(tmp_path: Path) -> None:
     _save(tmp_path / "good.png", np.zeros((8, 8, 3), np.uint8))
     (tmp_path / "broken.jpg").write_bytes(b"definitely not a jpeg")
-    with pytest.raises(I.InputError, match=r"cannot read .*broken\.jpg"):
-        I.from_images(tmp_path, size=8)
+    with pytest.raises(InputError, match=r"cannot read .*broken\.jpg"):
+        sources.from_images(tmp_path, size=8)
 
 
 def test_from_images_empty_or_missing_folder(tmp_path: Path) -> None:
-    with pytest.raises(I.InputError, match="must contain image files"):
-        I.from_images(tmp_path)
-    with pytest.raises(I.InputError, match="must be a folder of images"):
-        I.from_images(tmp_path / "absent")
+    with pytest.raises(InputError, match="must contain image files"):
+        sources.from_images(tmp_path)
+    with pytest.raises(InputError, match="must be a folder of images"):
+        sources.from_images(tmp_path / "absent")
 
 
 # --- npz, text, random ------------------------------------------------------------------------
 
 
 def test_from_npz_round_trip_with_labels(tmp_path: Path) -> None:
-    text = I.for_graph(I.bundled_inputs("text"), TEXT_GRAPH)
+    text = for_graph(sources.bundled_inputs("text"), TEXT_GRAPH)
     path = tmp_path / "feeds.npz"
     np.savez(path, labels=np.asarray(text.labels), **text.feeds)
-    loaded = I.from_npz(path, TEXT_GRAPH)
+    loaded = sources.from_npz(path, TEXT_GRAPH)
     assert loaded.digest == text.digest
     assert loaded.source == f"npz:{text.digest[:12]}"
     assert loaded.labels == text.labels
@@ -285,12 +289,12 @@ def test_from_npz_round_trip_with_labels(tmp_path: Path) -> None:
 def test_from_npz_bad_file_and_bad_feeds(tmp_path: Path) -> None:
     junk = tmp_path / "junk.npz"
     junk.write_bytes(b"no zip here")
-    with pytest.raises(I.InputError, match=r"cannot read .*junk\.npz"):
-        I.from_npz(junk, TEXT_GRAPH)
+    with pytest.raises(InputError, match=r"cannot read .*junk\.npz"):
+        sources.from_npz(junk, TEXT_GRAPH)
     short = tmp_path / "short.npz"
     np.savez(short, input_ids=np.zeros((2, 4), np.int64))
-    with pytest.raises(I.FeedError, match="missing feed"):
-        I.from_npz(short, TEXT_GRAPH)
+    with pytest.raises(errors.FeedError, match="missing feed"):
+        sources.from_npz(short, TEXT_GRAPH)
 
 
 def test_from_text_without_tokenizers_names_the_extra(
@@ -299,8 +303,8 @@ def test_from_text_without_tokenizers_names_the_extra(
     file = tmp_path / "s.txt"
     file.write_text("one sentence\n")
     monkeypatch.setitem(sys.modules, "tokenizers", None)
-    with pytest.raises(I.MissingDependencyError, match=r"oversmooth\[text\]"):
-        I.from_text(file, tmp_path / "tokenizer.json")
+    with pytest.raises(errors.MissingDependencyError, match=r"oversmooth\[text\]"):
+        sources.from_text(file, tmp_path / "tokenizer.json")
 
 
 class _FakeEncoding:
@@ -342,7 +346,7 @@ def test_from_text_maps_tokenizer_output_to_graph_feeds(
     monkeypatch.setitem(sys.modules, "tokenizers", fake)
     file = tmp_path / "s.txt"
     file.write_text("two words\n\n  three words here  \n", encoding="utf-8")
-    batch = I.from_text(file, tmp_path / "tokenizer.json", graph=TEXT_GRAPH)
+    batch = sources.from_text(file, tmp_path / "tokenizer.json", graph=TEXT_GRAPH)
     assert batch.labels == ("two words", "three words here")
     assert batch.source == f"text:{file}"
     assert set(batch.feeds) == {"input_ids", "attention_mask"}
@@ -355,15 +359,15 @@ def test_from_text_maps_tokenizer_output_to_graph_feeds(
 def test_from_text_empty_file_is_named(tmp_path: Path) -> None:
     file = tmp_path / "empty.txt"
     file.write_text("\n  \n", encoding="utf-8")
-    with pytest.raises(I.InputError, match="at least one non-empty line"):
-        I.from_text(file, tmp_path / "tokenizer.json")
+    with pytest.raises(InputError, match="at least one non-empty line"):
+        sources.from_text(file, tmp_path / "tokenizer.json")
 
 
 def test_random_inputs_are_labelled_reproducible_and_shaped() -> None:
-    graph = (*TEXT_GRAPH, I.GraphInput("token_type_ids", np.dtype(np.int64), ("batch", "sequence")))
-    first = I.random_inputs(graph, seed=3, batch=4, seq=9, vocab_size=50)
-    again = I.random_inputs(graph, seed=3, batch=4, seq=9, vocab_size=50)
-    other = I.random_inputs(graph, seed=4, batch=4, seq=9, vocab_size=50)
+    graph = (*TEXT_GRAPH, GraphInput("token_type_ids", np.dtype(np.int64), ("batch", "sequence")))
+    first = sources.random_inputs(graph, seed=3, batch=4, seq=9, vocab_size=50)
+    again = sources.random_inputs(graph, seed=3, batch=4, seq=9, vocab_size=50)
+    other = sources.random_inputs(graph, seed=4, batch=4, seq=9, vocab_size=50)
     assert first.random
     assert first.source == "random"
     assert first.labels == tuple(f"random-3-{index}" for index in range(4))
@@ -373,26 +377,26 @@ def test_random_inputs_are_labelled_reproducible_and_shaped() -> None:
     assert np.all(first.feeds["attention_mask"] == 1)
     assert np.all(first.feeds["token_type_ids"] == 0)
     assert first.token_mask.all()
-    I.check_feeds(first.feeds, graph)
+    check_feeds(first.feeds, graph)
 
 
 def test_random_inputs_keep_fixed_dims() -> None:
-    batch = I.random_inputs(IMAGE_GRAPH, seed=0, batch=2)
+    batch = sources.random_inputs(IMAGE_GRAPH, seed=0, batch=2)
     assert batch.feeds["input_image"].shape == (2, 3, 224, 224)
     assert batch.feeds["input_image"].dtype == np.float32
     assert batch.token_mask is None
 
 
 def test_subset_and_token_mask_for() -> None:
-    text = I.bundled_inputs("text")
+    text = sources.bundled_inputs("text")
     part = text.subset([1, 3])
     assert part.labels == (text.labels[1], text.labels[3])
     assert np.array_equal(part.feeds["input_ids"], text.feeds["input_ids"][[1, 3]])
-    assert part.digest == I.feeds_digest(part.feeds)
+    assert part.digest == feeds_digest(part.feeds)
     assert part.token_mask_for(text.token_mask.shape[1]).shape == (2, text.token_mask.shape[1])
-    with pytest.raises(I.InputError, match="`n_tokens` must equal"):
+    with pytest.raises(InputError, match="`n_tokens` must equal"):
         part.token_mask_for(3)
-    images = I.bundled_inputs("image").subset(slice(0, 2))
+    images = sources.bundled_inputs("image").subset(slice(0, 2))
     assert images.token_mask_for(257).shape == (2, 257)
     assert images.token_mask_for(257).all()
 

@@ -15,9 +15,9 @@ from numpy.testing import assert_allclose
 from scipy.optimize import linear_sum_assignment
 
 from importers.graph import load_model
-from importers.inputs import graph_inputs, random_inputs
-from importers.patterns import MatchReport, find_attention_blocks
-from importers.spectra import LAYER_HEAD, head_eigenvalues, model_spectra, summarize_spectra
+from importers.match import MatchReport, find_attention_blocks
+from importers.run.sources import random_inputs
+from importers.value_spectra import LAYER_HEAD, head_eigenvalues, model_spectra, summarize_spectra
 from importers.weights import BlockWeights, extract
 from simulator import tolerances as tol
 from tests.importers.test_variants import (
@@ -103,7 +103,7 @@ def test_real_model_onnxruntime_values_are_recomputed_from_the_extracted_weights
     path = require_real_model(name)
     blocks = weights(name)
     chosen = [blocks[0], blocks[-1]]
-    feeds = random_inputs(graph_inputs(path), seed=3, batch=1, seq=8).feeds
+    feeds = random_inputs(load_model(path).inputs, seed=3, batch=1, seq=8).feeds
     names = [n for b in chosen for n in (b.input_name, b.attention_name, b.residual_name)]
     names += [b.norm_output_name for b in chosen if b.norm_output_name]
     values = run_exposed(load_model(path).proto, feeds, names)

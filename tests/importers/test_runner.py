@@ -10,8 +10,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from importers.inputs import FeedError, bundled_inputs
-from importers.runner import ProviderError, Runner, _cuda_failure_reason, plain_session
+from importers.errors import FeedError, ProviderError
+from importers.graph import load_model, model_from_proto
+from importers.run.runner import Runner, cuda_failure_reason, plain_session
+from importers.run.sources import bundled_inputs
 from simulator import tolerances as tol
 from simulator.attention import layer_norm
 from simulator.errors import InputError
@@ -77,7 +79,7 @@ def _assert_float32_close(actual: np.ndarray, expected: np.ndarray, what: str) -
 
 def test_exposed_tensors_match_numpy_recomputation(tiny) -> None:
     path, weights, x = tiny
-    runner = Runner(path, expose=["ln", "resid"], provider="cpu", threads=1)
+    runner = Runner(load_model(path), expose=["ln", "resid"], provider="cpu", threads=1)
     assert runner.output_names == ["ln", "resid"]
     outputs = runner.collect({"x": x})
     expected = _reference(x, weights)
@@ -89,7 +91,7 @@ def test_exposed_tensors_match_numpy_recomputation(tiny) -> None:
 
 def test_include_outputs_appends_original_outputs(tiny) -> None:
     path, weights, x = tiny
-    runner = Runner(path, expose=["ln"], include_outputs=True, provider="cpu")
+    runner = Runner(load_model(path), expose=["ln"], include_outputs=True, provider="cpu")
     assert runner.output_names == ["ln", "y"]
     outputs = runner.collect({"x": x})
     _assert_float32_close(outputs["y"], _reference(x, weights)["y"], "y")
@@ -97,7 +99,7 @@ def test_include_outputs_appends_original_outputs(tiny) -> None:
 
 def test_batches_equal_one_big_batch(tiny) -> None:
     path, _, x = tiny
-    runner = Runner(path, expose=["ln", "resid"], provider="cpu")
+    runner = Runner(load_model(path), expose=["ln", "resid"], provider="cpu")
     whole = runner.collect({"x": x})
     pieces = list(runner.run({"x": x}, batch_size=2))
     assert [piece["ln"].shape[0] for piece in pieces] == [2, 2, 1]
@@ -123,7 +125,7 @@ def test_external_data_model_runs_and_leaves_no_temporary_file(tmp_path: Path, t
     )
     before = sorted(p.name for p in folder.iterdir())
     assert before == ["tiny_ext.data", "tiny_ext.onnx"]
-    runner = Runner(path, expose=["resid"], provider="cpu")
+    runner = Runner(load_model(path), expose=["resid"], provider="cpu")
     outputs = runner.collect({"x": x})
     assert sorted(p.name for p in folder.iterdir()) == before
     _assert_float32_close(outputs["resid"], _reference(x, weights)["resid"], "resid")
@@ -131,7 +133,7 @@ def test_external_data_model_runs_and_leaves_no_temporary_file(tmp_path: Path, t
 
 def test_bad_feeds_list_the_model_inputs(tiny) -> None:
     path, _, x = tiny
-    runner = Runner(path, expose=["ln"], provider="cpu")
+    runner = Runner(load_model(path), expose=["ln"], provider="cpu")
     expected = "x: float32 [batch, tokens, 8]"
     with pytest.raises(FeedError, match=re.escape(expected)):
         next(runner.run({"x": x.astype(np.float64)}))
@@ -144,9 +146,9 @@ def test_bad_feeds_list_the_model_inputs(tiny) -> None:
 def test_unknown_exposed_name_is_a_clear_error(tiny) -> None:
     path, _, _ = tiny
     with pytest.raises(InputError, match=r"got 'lnn', which no node produces \(closest: ln"):
-        Runner(path, expose=["lnn"], provider="cpu")
+        Runner(load_model(path), expose=["lnn"], provider="cpu")
     with pytest.raises(InputError, match="list of tensor names"):
-        Runner(path, expose="ln", provider="cpu")  # type: ignore[arg-type]
+        Runner(load_model(path), expose="ln", provider="cpu")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -160,28 +162,29 @@ def test_unknown_exposed_name_is_a_clear_error(tiny) -> None:
 def test_bad_options_are_named(tiny, kwargs: dict, message: str) -> None:
     path, _, _ = tiny
     with pytest.raises(InputError, match=re.escape(message)):
-        Runner(path, expose=["ln"], **kwargs)
+        Runner(load_model(path), expose=["ln"], **kwargs)
 
 
-def test_bad_model_files(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="must be an existing ONNX file"):
-        Runner(tmp_path / "absent.onnx", expose=["a"])
-    junk = tmp_path / "junk.onnx"
-    junk.write_bytes(b"\x00\xffnot a protobuf at all" * 10)
-    with pytest.raises(InputError, match=r"cannot parse .*junk\.onnx"):
-        Runner(junk, expose=["a"])
+def test_an_in_memory_model_runs_and_is_left_unchanged(tiny) -> None:
+    path, _, x = tiny
+    model = model_from_proto(onnx.load(path))
+    before = model.proto.SerializeToString()
+    runner = Runner(model, expose=["ln"], provider="cpu")
+    assert runner.provenance()["model"] is None
+    assert runner.collect({"x": x})["ln"].shape == x.shape
+    assert model.proto.SerializeToString() == before
 
 
 def test_bad_batch_size(tiny) -> None:
     path, _, x = tiny
-    runner = Runner(path, expose=["ln"], provider="cpu")
+    runner = Runner(load_model(path), expose=["ln"], provider="cpu")
     with pytest.raises(InputError, match="`batch_size` must be a positive integer"):
         next(runner.run({"x": x}, batch_size=0))
 
 
 def test_provenance_records_every_session_option(tiny) -> None:
     path, _, _ = tiny
-    runner = Runner(path, expose=["ln"], provider="cpu", threads=1, optimization="basic")
+    runner = Runner(load_model(path), expose=["ln"], provider="cpu", threads=1, optimization="basic")
     record = runner.provenance()
     assert record["provider_requested"] == "cpu"
     assert record["provider_used"] == ["CPUExecutionProvider"]
@@ -195,18 +198,18 @@ def test_provenance_records_every_session_option(tiny) -> None:
 
 def test_cpu_provider_runs_on_cpu(tiny) -> None:
     path, _, _ = tiny
-    runner = Runner(path, expose=["ln"], provider="cpu")
+    runner = Runner(load_model(path), expose=["ln"], provider="cpu")
     assert runner.provider_used == ["CPUExecutionProvider"]
 
 
 def _cuda_session_works(path: Path) -> bool:
     """Whether this machine can really run a CUDA session (not merely list the provider)."""
-    return "CUDAExecutionProvider" in plain_session(path, provider="auto").get_providers()
+    return "CUDAExecutionProvider" in plain_session(load_model(path), provider="auto").get_providers()
 
 
 def test_auto_provider_reports_what_runs_and_why(tiny) -> None:
     path, _, x = tiny
-    runner = Runner(path, expose=["ln"], provider="auto")
+    runner = Runner(load_model(path), expose=["ln"], provider="auto")
     assert runner.provider_used == list(runner.session.get_providers())
     assert runner.provider_note
     if runner.provider_used[0] == "CPUExecutionProvider":
@@ -217,7 +220,7 @@ def test_auto_provider_reports_what_runs_and_why(tiny) -> None:
 def test_cuda_requested_but_unavailable_is_a_clear_error(tiny) -> None:
     path, weights, x = tiny
     if _cuda_session_works(path):
-        runner = Runner(path, expose=["ln"], provider="cuda")
+        runner = Runner(load_model(path), expose=["ln"], provider="cuda")
         assert runner.provider_used[0] == "CUDAExecutionProvider"
         assert runner.provenance()["io_binding"]
         _assert_float32_close(
@@ -225,31 +228,31 @@ def test_cuda_requested_but_unavailable_is_a_clear_error(tiny) -> None:
         )
         return
     with pytest.raises(ProviderError, match="`provider` cuda"):
-        Runner(path, expose=["ln"], provider="cuda")
+        Runner(load_model(path), expose=["ln"], provider="cuda")
 
 
 def test_provider_failure_leaves_stderr_alone(tiny, capfd: pytest.CaptureFixture[str]) -> None:
     path, _, _ = tiny
-    Runner(path, expose=["ln"], provider="auto")
+    Runner(load_model(path), expose=["ln"], provider="auto")
     captured = capfd.readouterr()
     assert captured.out == ""
     assert captured.err == ""
 
 
-def test_cuda_failure_reason_is_extracted_from_the_log() -> None:
+def testcuda_failure_reason_is_extracted_from_the_log() -> None:
     log = [
         "\x1b[1;31m2026 [E:onnxruntime:Default, provider_bridge_ort.cc:1] Failed to load library "
         "libonnxruntime_providers_cuda.so with error: libcublasLt.so.13: cannot open shared "
         "object file\x1b[m",
         "[W:onnxruntime:Default] Failed to create CUDAExecutionProvider.",
     ]
-    assert _cuda_failure_reason(log) == "libcublasLt.so.13: cannot open shared object file"
-    assert _cuda_failure_reason([]) == "onnxruntime gave no reason"
+    assert cuda_failure_reason(log) == "libcublasLt.so.13: cannot open shared object file"
+    assert cuda_failure_reason([]) == "onnxruntime gave no reason"
 
 
 def test_plain_session_keeps_original_outputs(tiny) -> None:
     path, weights, x = tiny
-    session = plain_session(path, provider="cpu", threads=1)
+    session = plain_session(load_model(path), provider="cpu", threads=1)
     assert [output.name for output in session.get_outputs()] == ["y"]
     (y,) = session.run(None, {"x": x})
     _assert_float32_close(y, _reference(x, weights)["y"], "plain y")
@@ -264,7 +267,7 @@ def test_real_minilm_l3_exposed_layernorm_and_add_outputs() -> None:
     graph = onnx.load(path, load_external_data=False).graph
     norms = [node.output[0] for node in graph.node if node.op_type == "LayerNormalization"]
     adds = [node.output[0] for node in graph.node if node.op_type == "Add"][:6]
-    runner = Runner(path, expose=[*norms, *adds], provider="cpu")
+    runner = Runner(load_model(path), expose=[*norms, *adds], provider="cpu")
     text = bundled_inputs("text", graph=runner.inputs)
     batch = text.subset(slice(0, 4))
     outputs = runner.collect(batch, batch_size=3)
@@ -276,7 +279,7 @@ def test_real_minilm_l3_exposed_layernorm_and_add_outputs() -> None:
         assert hidden.dtype == np.float32
         assert np.all(np.isfinite(hidden))
     # The last LayerNorm is the graph's own last hidden state, exposed as `onnx::Shape_422`.
-    plain = plain_session(path, provider="cpu")
+    plain = plain_session(load_model(path), provider="cpu")
     (last,) = plain.run(["onnx::Shape_422"], batch.feeds)
     for item, length in enumerate(lengths):
         np.testing.assert_allclose(
@@ -295,7 +298,7 @@ def test_real_minilm_l3_layernorm_output_is_layernorm_of_its_input() -> None:
     node = next(node for node in model.graph.node if node.op_type == "LayerNormalization")
     weights = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
     eps = next((attr.f for attr in node.attribute if attr.name == "epsilon"), 1e-5)
-    runner = Runner(path, expose=[node.input[0], node.output[0]], provider="cpu")
+    runner = Runner(load_model(path), expose=[node.input[0], node.output[0]], provider="cpu")
     batch = bundled_inputs("text", graph=runner.inputs).subset([0, 9])
     outputs = runner.collect(batch)
     expected = layer_norm(

@@ -22,11 +22,10 @@ from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 from onnx import numpy_helper
 
-from importers import cmd_transform
-from importers.audit import audit
-from importers.graph import model_from_proto
-from importers.inputs import bundled_inputs, graph_inputs
-from importers.spectra import head_eigenvalues
+from importers.commands import transform as cmd_transform
+from importers.graph import load_model, model_from_proto
+from importers.run.audit import audit
+from importers.run.sources import bundled_inputs
 from importers.transform import (
     NEGATIVE_CLIP,
     POSITIVE_FLOOR,
@@ -35,6 +34,7 @@ from importers.transform import (
     random_init,
     reparameterize,
 )
+from importers.value_spectra import head_eigenvalues
 from importers.weights import BlockWeights, extract
 from simulator import tolerances as tol
 from simulator.cli import build_parser, main
@@ -260,7 +260,7 @@ def test_reparameterized_builder_model_dominance(
 ) -> None:
     path = _reparameterized(model_dir, name, sign)
     result = audit(path, builder_inputs(assemble(name, SEED)), provider="cpu")
-    assert result.dominance_summary()["perron"] == perron
+    assert result.dominance_summary().perron == perron
 
 
 def test_reparameterize_refuses_shared_value_heads(model_dir: Path) -> None:
@@ -388,7 +388,7 @@ def test_random_init_model_runs(model_dir: Path) -> None:
 @pytest.fixture(scope="module")
 def vit_images():
     path = require_real_model("dinov2-vits14")
-    return path, bundled_inputs("image", graph=graph_inputs(path)).subset([0, 1])
+    return path, bundled_inputs("image", graph=load_model(path).inputs).subset([0, 1])
 
 
 @pytest.mark.realmodel
@@ -475,7 +475,7 @@ def test_oversmooth_transform_end_to_end(
     assert code == 0
     assert str(out) in capsys.readouterr().out
     result = audit(out, builder_inputs(assemble("bert_legacy", SEED)), provider="cpu")
-    assert result.dominance_summary()["perron"] == 0.0
+    assert result.dominance_summary().perron == 0.0
 
 
 @pytest.mark.parametrize("how", [["--reparam", "plus"], ["--random-init"]])

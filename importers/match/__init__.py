@@ -4,7 +4,7 @@ Public API
 ----------
 find_attention_blocks
     Match every Softmax; returns a :class:`MatchReport` (blocks in depth order plus the reason each
-    rejected Softmax failed), or raises :class:`~importers.errors.NoAttentionBlocksError`.
+    rejected Softmax failed), or raises :class:`NoAttentionBlocksError` (exit status 1).
 AttentionBlock, MatchReport, MatchFailure, LinearMatch, NormMatch
     The results (structure only; :mod:`importers.weights` reads the numbers).
 
@@ -33,33 +33,34 @@ How a block is matched (names are never used, only op types, constants and shape
    (Pow/ReduceMean/Add/Sqrt/Reciprocal-or-Div/Mul/Mul), ``SimplifiedLayerNormalization`` or
    ``RMSNormalization``.
 
-This module is the public face; the work is done in private modules: :mod:`importers._results`
-(the result classes), :mod:`importers._match_core` (the Softmax-anchored walk, steps 1, 2 and 5),
-:mod:`importers._projections` (step 3), :mod:`importers._layout` (the probe, steps 4 and 5),
-:mod:`importers._norms` (step 6) and :mod:`importers._walker` (the shared graph queries).
+This package's ``__init__`` is the public face; the work is done in its modules: :mod:`importers.match.results`
+(the result classes), :mod:`importers.match.core` (the Softmax-anchored walk, steps 1, 2 and 5),
+:mod:`importers.match.projections` (step 3), :mod:`importers.match.layout` (the probe, steps 4 and 5),
+:mod:`importers.match.norms` (step 6) and :mod:`importers.match.walker` (the shared graph queries).
 """
 
 from __future__ import annotations
 
-from importers._layout import PROBE_BATCH, PROBE_SEQUENCE
-from importers._match_core import SCALE_RTOL as SCALE_RTOL
-from importers._match_core import _Matcher
-from importers._results import (
+from importers.graph import GraphIndex, Node, OnnxModel
+from importers.match.core import SCALE_RTOL as SCALE_RTOL
+from importers.match.core import Matcher
+from importers.match.layout import PROBE_BATCH, PROBE_SEQUENCE
+from importers.match.results import (
     AttentionBlock,
     LinearMatch,
     MatchFailure,
     MatchReport,
+    NoAttentionBlocksError,
     NormMatch,
 )
-from importers._walker import _RejectError
-from importers.errors import NoAttentionBlocksError
-from importers.graph import GraphIndex, Node, OnnxModel
+from importers.match.walker import RejectError
 
 __all__ = [
     "AttentionBlock",
     "LinearMatch",
     "MatchFailure",
     "MatchReport",
+    "NoAttentionBlocksError",
     "NormMatch",
     "find_attention_blocks",
 ]
@@ -92,13 +93,13 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
     if not softmaxes:
         fused = [node.op_type for node in index.nodes if node.op_type in _FUSED_ATTENTION]
         raise NoAttentionBlocksError.from_failures([], fused=fused)
-    matchers = {(PROBE_BATCH, PROBE_SEQUENCE): _Matcher(index, PROBE_BATCH, PROBE_SEQUENCE)}
+    matchers = {(PROBE_BATCH, PROBE_SEQUENCE): Matcher(index, PROBE_BATCH, PROBE_SEQUENCE)}
     blocks: list[AttentionBlock] = []
     failures: list[MatchFailure] = []
     for softmax in softmaxes:
         try:
             blocks.append(_match_with_retry(matchers, index, softmax, len(blocks)))
-        except _RejectError as reject:
+        except RejectError as reject:
             failures.append(MatchFailure(softmax.label, reject.reason, reject.nodes, reject.code))
     if not blocks:
         raise NoAttentionBlocksError.from_failures(failures)
@@ -106,16 +107,16 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
 
 
 def _match_with_retry(
-    matchers: dict[tuple[int, int], _Matcher], index: GraphIndex, softmax: Node, position: int
+    matchers: dict[tuple[int, int], Matcher], index: GraphIndex, softmax: Node, position: int
 ) -> AttentionBlock:
     """Match with the default probe sizes; if a static head-split Reshape needs other batch and
     sequence sizes (an export with fixed shapes), match once more with those."""
     try:
         return matchers[(PROBE_BATCH, PROBE_SEQUENCE)].match(softmax, position)
-    except _RejectError as reject:
+    except RejectError as reject:
         sizes = reject.probe_sizes
         if sizes is None or sizes == (PROBE_BATCH, PROBE_SEQUENCE):
             raise
     if sizes not in matchers:
-        matchers[sizes] = _Matcher(index, *sizes)
+        matchers[sizes] = Matcher(index, *sizes)
     return matchers[sizes].match(softmax, position)

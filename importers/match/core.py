@@ -1,8 +1,8 @@
 """The Softmax-anchored attention walk: from one Softmax to a whole :class:`AttentionBlock`.
 
 Back from the Softmax to the QKᵀ ``MatMul``, forward to the ·V ``MatMul``, then the projections
-(:mod:`importers._projections`), the head layout (:mod:`importers._layout`) and the residual
-stream and norm (:mod:`importers._norms`); :func:`importers.patterns.find_attention_blocks` runs it
+(:mod:`importers.match.projections`), the head layout (:mod:`importers.match.layout`) and the residual
+stream and norm (:mod:`importers.match.norms`); :func:`importers.match.find_attention_blocks` runs it
 over every Softmax.
 """
 
@@ -12,19 +12,19 @@ import math
 
 import numpy as np
 
-from importers._layout import _Layout, _LayoutProbe
-from importers._norms import _StreamMatcher
-from importers._projections import _describe_linear, _ProjectionFinder, _Trace
-from importers._results import AttentionBlock, LinearMatch
-from importers._walker import _MAX_WALK, _VALUE_PRESERVING, _RejectError
 from importers.graph import Node
+from importers.match.layout import Layout, LayoutProbe
+from importers.match.norms import StreamMatcher
+from importers.match.projections import ProjectionFinder, Trace, describe_linear
+from importers.match.results import AttentionBlock, LinearMatch
+from importers.match.walker import MAX_WALK, VALUE_PRESERVING, RejectError
 
 #: Relative mismatch tolerated between the score scale found and 1/sqrt(d_head).
 SCALE_RTOL = 1e-3
 _SCORE_PASS = frozenset({"Cast", "Identity"})
 
 
-class _Matcher(_ProjectionFinder, _LayoutProbe, _StreamMatcher):
+class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
     """Pattern matching over one graph (one shape context, shared across candidates).
 
     ``batch`` and ``sequence`` are the sizes assumed for symbolic dimensions while probing.
@@ -45,7 +45,7 @@ class _Matcher(_ProjectionFinder, _LayoutProbe, _StreamMatcher):
         o, o_rows = self.output_projection(value_matmul, layout)
         d_model = q.linear.d_in
         if o.d_out != d_model or k.linear.d_in != d_model or v.linear.d_in != d_model:
-            raise _RejectError(
+            raise RejectError(
                 "width_mismatch",
                 f"widths disagree: Q/K/V read {q.linear.d_in}/{k.linear.d_in}/{v.linear.d_in} "
                 f"features but W_O writes {o.d_out}",
@@ -59,9 +59,9 @@ class _Matcher(_ProjectionFinder, _LayoutProbe, _StreamMatcher):
             + (f" via {', '.join(score_nodes)}" if score_nodes else ""),
             "value": f"MatMul {value_matmul.label!r}"
             + (f" after {', '.join(guard)}" if guard else ""),
-            "Q": _describe_linear(q),
-            "K": _describe_linear(k),
-            "V": _describe_linear(v),
+            "Q": describe_linear(q),
+            "K": describe_linear(k),
+            "V": describe_linear(v),
             "O": f"{o.kind} {', '.join(o.nodes)} (weight {o.weight!r})",
             **stream.pop("roles"),
         }
@@ -87,10 +87,10 @@ class _Matcher(_ProjectionFinder, _LayoutProbe, _StreamMatcher):
             **stream,
         )
 
-    def check_self_attention(self, q: _Trace, k: _Trace, v: _Trace) -> None:
+    def check_self_attention(self, q: Trace, k: Trace, v: Trace) -> None:
         sources = {self.stream_tensor(trace.linear.x) for trace in (q, k, v)}
         if len(sources) != 1:
-            raise _RejectError(
+            raise RejectError(
                 "not_self_attention",
                 f"Q, K and V project different tensors ({', '.join(sorted(sources))}); "
                 f"only self-attention is supported",
@@ -99,7 +99,7 @@ class _Matcher(_ProjectionFinder, _LayoutProbe, _StreamMatcher):
     def check_softmax_axis(self, softmax: Node, rank: int) -> None:
         axis = int(softmax.attr("axis", -1))
         if axis not in (-1, rank - 1):
-            raise _RejectError(
+            raise RejectError(
                 "softmax_axis",
                 f"Softmax axis is {axis}; expected the last axis (-1) of the rank-{rank} scores",
                 (softmax.label,),
@@ -119,17 +119,17 @@ class _Matcher(_ProjectionFinder, _LayoutProbe, _StreamMatcher):
     def scores_matmul(self, softmax: Node) -> tuple[Node, float, list[str]]:
         """Walk back from the Softmax to the QKᵀ MatMul; returns (MatMul, scale, nodes passed)."""
         name, scale, passed = softmax.input(0), 1.0, []
-        for _ in range(_MAX_WALK):
+        for _ in range(MAX_WALK):
             node = self.producer(name)
             if node is None:
-                raise _RejectError(
+                raise RejectError(
                     "no_qk_matmul",
                     f"QK^T MatMul not found: the Softmax input comes from {self.origin(name)}",
                 )
             if node.op_type == "MatMul":
                 for operand in node.inputs:
                     if self.const(operand) is not None:
-                        raise _RejectError(
+                        raise RejectError(
                             "no_qk_matmul",
                             f"QK^T MatMul not found: MatMul {node.label!r} multiplies by the "
                             f"constant {operand!r}, not a query-key product",
@@ -146,21 +146,21 @@ class _Matcher(_ProjectionFinder, _LayoutProbe, _StreamMatcher):
             elif node.op_type in ("Add", "Sub", "Where"):
                 name = self.score_branch(node)
             elif node.op_type in ("Mul", "Div"):
-                raise _RejectError(
+                raise RejectError(
                     "score_scale_not_constant",
                     f"the scores are scaled by a non-constant factor: {node.op_type} "
                     f"{node.label!r} reads {self.origin(self.scale_operand(node))}",
                     (node.label,),
                 )
             else:
-                raise _RejectError(
+                raise RejectError(
                     "no_qk_matmul",
                     f"QK^T MatMul not found: walking back from the Softmax reached "
                     f"{node.op_type} {node.label!r}",
                     (node.label,),
                 )
             passed.append(f"{node.op_type} {node.label!r}")
-        raise _RejectError("no_qk_matmul", "QK^T MatMul not found: the path is too long")
+        raise RejectError("no_qk_matmul", "QK^T MatMul not found: the path is too long")
 
     def scale_operand(self, node: Node) -> str:
         """The operand of a score Mul/Div that is not the scores."""
@@ -179,7 +179,7 @@ class _Matcher(_ProjectionFinder, _LayoutProbe, _StreamMatcher):
         reaching = [name for name in candidates if self.reaches_qk(name, depth=12)]
         if reaching:
             return reaching[0]
-        raise _RejectError(
+        raise RejectError(
             "no_qk_matmul",
             f"QK^T MatMul not found: no input of {node.op_type} {node.label!r} comes from a "
             f"product of two non-constant tensors",
@@ -220,7 +220,7 @@ class _Matcher(_ProjectionFinder, _LayoutProbe, _StreamMatcher):
                 continue
             if (
                 len(users) == 1
-                and users[0].op_type in _VALUE_PRESERVING
+                and users[0].op_type in VALUE_PRESERVING
                 and users[0].input(0) == name
             ):
                 passed.append(f"{users[0].op_type} {users[0].label!r}")
@@ -230,7 +230,7 @@ class _Matcher(_ProjectionFinder, _LayoutProbe, _StreamMatcher):
         where = ", ".join(f"{node.op_type} {node.label!r}" for node in users) or (
             "a graph output only" if name in self.index.graph_outputs else "nothing"
         )
-        raise _RejectError(
+        raise RejectError(
             "value_matmul_missing",
             f"value MatMul not found: the Softmax output goes to {where}",
             tuple(node.label for node in users),
@@ -248,7 +248,7 @@ class _Matcher(_ProjectionFinder, _LayoutProbe, _StreamMatcher):
 
     # -- 5. output projection ----------------------------------------------------------------------
     def output_projection(
-        self, value_matmul: Node, layout: _Layout
+        self, value_matmul: Node, layout: Layout
     ) -> tuple[LinearMatch, np.ndarray]:
         """Forward from the ·V MatMul through the head merge to W_O; returns (W_O, canonical rows)."""
         name = value_matmul.outputs[0]

@@ -1,9 +1,9 @@
 """Shared footing of the attention matcher: the graph-walking helpers and the rejection signal.
 
-:class:`_GraphWalker` holds one graph and one shape context and answers the small questions every
+:class:`GraphWalker` holds one graph and one shape context and answers the small questions every
 part of the match asks (constant value, producer, consumers, scalar factor, where a tensor comes
-from). The parts of the matcher (:mod:`importers._projections`, :mod:`importers._layout`,
-:mod:`importers._norms`, :mod:`importers._match_core`) extend it. :class:`_RejectError` abandons
+from). The parts of the matcher (:mod:`importers.match.projections`, :mod:`importers.match.layout`,
+:mod:`importers.match.norms`, :mod:`importers.match.core`) extend it. :class:`RejectError` abandons
 the current Softmax candidate with a reason.
 """
 
@@ -15,11 +15,11 @@ import numpy as np
 
 from importers.graph import GraphIndex, Node, ShapeContext
 
-_MAX_WALK = 64
-_VALUE_PRESERVING = frozenset({"Identity", "Cast", "Dropout"})
+MAX_WALK = 64
+VALUE_PRESERVING = frozenset({"Identity", "Cast", "Dropout"})
 
 
-class _RejectError(Exception):
+class RejectError(Exception):
     """Internal: abandon the current Softmax candidate with a reason."""
 
     def __init__(
@@ -36,7 +36,7 @@ class _RejectError(Exception):
         self.probe_sizes = probe_sizes  # (batch, sequence) a static Reshape asks for
 
 
-class _GraphWalker:
+class GraphWalker:
     """Graph queries over one graph (one shape context, shared across candidates).
 
     ``batch`` and ``sequence`` are the sizes assumed for symbolic dimensions while probing.

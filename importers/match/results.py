@@ -1,6 +1,6 @@
 """The results of attention matching: :class:`AttentionBlock`, :class:`MatchReport` and their parts.
 
-Re-exported by :mod:`importers.patterns`, the public face; import them from there.
+Re-exported by :mod:`importers.match`, the public face; import them from there.
 
 AttentionBlock, MatchReport, MatchFailure, LinearMatch, NormMatch
     Structure only; :mod:`importers.weights` reads the numbers.
@@ -8,9 +8,14 @@ AttentionBlock, MatchReport, MatchFailure, LinearMatch, NormMatch
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+from importers.errors import ImporterError
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,15 @@ class MatchFailure:
     reason: str
     nodes: tuple[str, ...] = ()
     code: str = "other"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The failure's JSON record: ``softmax``, ``code``, ``reason``, ``nodes``."""
+        return {
+            "softmax": self.softmax,
+            "code": self.code,
+            "reason": self.reason,
+            "nodes": list(self.nodes),
+        }
 
 
 @dataclass(frozen=True)
@@ -106,7 +120,7 @@ class AttentionBlock:
     o_rows : ndarray of int
         Rows of the W_O weight in canonical order (row ``h*d_head + j`` is head h, feature j).
     norm_match : NormMatch or None
-    layer_scale : str or None
+    layer_scale_name : str or None
         The constant of the LayerScale Mul.
     notes : tuple of str
         Non-fatal observations (e.g. a score scale differing from 1/sqrt(d_head)).
@@ -138,7 +152,7 @@ class AttentionBlock:
     v_columns: np.ndarray = field(repr=False)
     o_rows: np.ndarray = field(repr=False)
     norm_match: NormMatch | None = field(repr=False)
-    layer_scale: str | None = field(repr=False)
+    layer_scale_name: str | None = field(repr=False)
     notes: tuple[str, ...] = ()
     roles: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -155,9 +169,32 @@ class AttentionBlock:
                 found["gamma"] = self.norm_match.gamma
             if self.norm_match.beta is not None:
                 found["beta"] = self.norm_match.beta
-        if self.layer_scale is not None:
-            found["layer_scale"] = self.layer_scale
+        if self.layer_scale_name is not None:
+            found["layer_scale"] = self.layer_scale_name
         return found
+
+    def to_dict(self) -> dict[str, Any]:
+        """The block's JSON record, used by ``inspect --json`` and ``audit.json`` alike."""
+        return {
+            "index": self.index,
+            "n_heads": self.n_heads,
+            "n_kv_heads": self.n_kv_heads,
+            "d_model": self.d_model,
+            "d_head": self.d_head,
+            "norm": self.norm,
+            "norm_kind": self.norm_kind,
+            "has_layer_scale": self.has_layer_scale,
+            "scale": self.scale,
+            "sources": self.sources,
+            "tensors": {
+                "input": self.input_name,
+                "residual": self.residual_name,
+                "norm_output": self.norm_output_name,
+                "output": self.output_name,
+                "attention": self.attention_name,
+            },
+            "notes": list(self.notes),
+        }
 
     def summary(self) -> str:
         """One line: heads, sizes, norm, LayerScale."""
@@ -187,6 +224,14 @@ class MatchReport:
     failures: list[MatchFailure]
     n_softmax: int
 
+    def to_dict(self) -> dict[str, Any]:
+        """``{"n_softmax", "blocks": [...], "failures": [...]}`` (see :meth:`AttentionBlock.to_dict`)."""
+        return {
+            "n_softmax": self.n_softmax,
+            "blocks": [block.to_dict() for block in self.blocks],
+            "failures": [failure.to_dict() for failure in self.failures],
+        }
+
     def explain(self) -> str:
         """Multi-line text: for each Softmax, what matched or why it was rejected."""
         lines = [
@@ -204,3 +249,49 @@ class MatchReport:
             if failure.nodes:
                 lines.append(f"  nodes: {', '.join(failure.nodes)}")
         return "\n".join(lines)
+
+
+class NoAttentionBlocksError(ImporterError):
+    """No Softmax in the graph matched the attention pattern.
+
+    Attributes
+    ----------
+    failures : tuple of MatchFailure
+        One entry per rejected Softmax candidate (empty when the graph has no Softmax at all).
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, failures: Sequence[MatchFailure] = ()) -> None:
+        super().__init__(message)
+        self.failures = tuple(failures)
+
+    @classmethod
+    def from_failures(
+        cls, failures: Sequence[MatchFailure], *, top: int = 3, fused: Sequence[str] = ()
+    ) -> NoAttentionBlocksError:
+        """Build the error with a message naming the ``top`` most common rejection reasons.
+
+        ``fused`` lists fused attention op types found instead of a Softmax (not supported).
+        """
+        if not failures:
+            extra = (
+                f" (it uses fused {', '.join(sorted(set(fused)))} nodes, which hide the attention "
+                f"weights' structure; export without attention fusion)"
+                if fused
+                else ""
+            )
+            return cls(f"no attention block found: the graph has no Softmax node{extra}", ())
+        counts = Counter(failure.code for failure in failures)
+        example = {}
+        for failure in failures:
+            example.setdefault(failure.code, failure)
+        parts = []
+        for code, count in counts.most_common(top):
+            times = f" (x{count})" if count > 1 else ""
+            parts.append(f"Softmax {example[code].softmax!r}: {example[code].reason}{times}")
+        return cls(
+            f"no attention block found among {len(failures)} Softmax node(s); "
+            f"most common reasons: {'; '.join(parts)}",
+            failures,
+        )

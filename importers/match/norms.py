@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from importers._results import LinearMatch, NormMatch
-from importers._walker import _GraphWalker
 from importers.graph import Node
+from importers.match.results import LinearMatch, NormMatch
+from importers.match.walker import GraphWalker
 
 
-class _StreamMatcher(_GraphWalker):
+class StreamMatcher(GraphWalker):
     """Recognise the residual stream around an attention branch and the norm on it."""
 
     def block_stream(self, x: str, o: LinearMatch) -> dict:
@@ -55,7 +55,7 @@ class _StreamMatcher(_GraphWalker):
             "norm_kind": norm_match.kind if norm_match is not None else None,
             "norm_match": norm_match,
             "has_layer_scale": layer_scale is not None,
-            "layer_scale": layer_scale,
+            "layer_scale_name": layer_scale,
             "input_name": block_input,
             "residual_name": residual,
             "norm_output_name": norm_output,

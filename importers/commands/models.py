@@ -77,7 +77,7 @@ def run_fetch(args: argparse.Namespace) -> int:
 
         path = zoo.fetch(model.name, progress=report)
     else:
-        path = zoo.resolve_model(model.name, allow_fetch=False)
+        path = zoo.lookup(model.name, allow_fetch=False).path
     print(path)
     return 0
 

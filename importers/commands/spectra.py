@@ -11,11 +11,8 @@ written atomically.
 from __future__ import annotations
 
 import argparse
-import csv
 
-from importers.cli import add_model_argument, open_model
-
-HEADER = ("layer", "head", "kind", "real", "imag")
+from importers.commands.common import add_model_argument, open_model
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,17 +33,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from importers.spectra import model_spectra, summarize_spectra
+    from importers.value_spectra import SPECTRA_COLUMNS, model_spectra, summarize_spectra
     from importers.weights import extract
-    from simulator.output import atomic_output
+    from simulator.output import write_tidy_csv
 
     blocks = extract(open_model(args.model))
     rows = model_spectra(blocks)
-    with atomic_output(args.out) as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(HEADER)
-        for row in rows:
-            writer.writerow((row.layer, row.head, row.kind, repr(row.real), repr(row.imag)))
+    write_tidy_csv(args.out, SPECTRA_COLUMNS, ((r.layer, r.head, r.kind, r.real, r.imag) for r in rows))
     print(f"wrote {args.out}: {len(rows)} eigenvalues from {len(blocks)} block(s)")
     if args.summary:
         print(f"{'kind':<12} {'count':>6} {'negative':>9} {'skewness':>9} {'radius':>10}")

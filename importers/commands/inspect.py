@@ -1,7 +1,9 @@
 """``oversmooth inspect MODEL``: the attention blocks found in an ONNX graph, and why others were not.
 
 Prints one row per block (index, heads, key/value heads, d_model, d_head, norm position, norm kind,
-LayerScale). ``--json`` prints ``{"model", "opset", "blocks": [...], "failures": [...]}`` instead;
+LayerScale). ``--json`` prints ``{"model", "opset", "n_softmax", "blocks": [...], "failures": [...]}``
+instead (each block as :meth:`~importers.match.AttentionBlock.to_dict`, the same record as in
+``audit.json``);
 ``--explain`` adds, for every Softmax, the nodes matched or the reason it was rejected. Exit status 1
 when no block matched (the message names the most common reasons), 2 for an unreadable model.
 """
@@ -9,14 +11,14 @@ when no block matched (the message names the most common reasons), 2 for an unre
 from __future__ import annotations
 
 import argparse
-import json
 from typing import TYPE_CHECKING
 
-from importers.cli import add_model_argument, open_model
+from importers.commands.common import add_model_argument, open_model
+from simulator.output import to_json
 
 if TYPE_CHECKING:
     from importers.graph import OnnxModel
-    from importers.patterns import AttentionBlock, MatchFailure, MatchReport
+    from importers.match import AttentionBlock, MatchReport
 
 _COLUMNS = ("block", "heads", "kv_heads", "d_model", "d_head", "norm", "norm_kind", "layer_scale")
 
@@ -39,25 +41,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from importers.errors import NoAttentionBlocksError
-    from importers.patterns import MatchReport, find_attention_blocks
+    from importers.match import MatchReport, NoAttentionBlocksError, find_attention_blocks
 
     model = open_model(args.model)
     try:
         report = find_attention_blocks(model)
     except NoAttentionBlocksError as err:
         if args.json:
-            print(
-                json.dumps(
-                    _as_json(model, MatchReport([], list(err.failures), len(err.failures))),
-                    indent=2,
-                )
-            )
+            print(_as_json(model, MatchReport([], list(err.failures), len(err.failures))))
         elif args.explain:
             print(MatchReport([], list(err.failures), len(err.failures)).explain())
         raise
     if args.json:
-        print(json.dumps(_as_json(model, report), indent=2))
+        print(_as_json(model, report))
         return 0
     print(f"model: {model.path} (opset {model.opset})")
     print(_table(report.blocks))
@@ -90,42 +86,5 @@ def _table(blocks: list[AttentionBlock]) -> str:
     )
 
 
-def _block_json(block: AttentionBlock) -> dict:
-    return {
-        "index": block.index,
-        "n_heads": block.n_heads,
-        "n_kv_heads": block.n_kv_heads,
-        "d_model": block.d_model,
-        "d_head": block.d_head,
-        "norm": block.norm,
-        "norm_kind": block.norm_kind,
-        "layer_scale": block.has_layer_scale,
-        "scale": block.scale,
-        "sources": block.sources,
-        "tensors": {
-            "input": block.input_name,
-            "residual": block.residual_name,
-            "norm_output": block.norm_output_name,
-            "output": block.output_name,
-            "attention": block.attention_name,
-        },
-        "notes": list(block.notes),
-    }
-
-
-def _failure_json(failure: MatchFailure) -> dict:
-    return {
-        "softmax": failure.softmax,
-        "code": failure.code,
-        "reason": failure.reason,
-        "nodes": list(failure.nodes),
-    }
-
-
-def _as_json(model: OnnxModel, report: MatchReport) -> dict:
-    return {
-        "model": str(model.path),
-        "opset": model.opset,
-        "blocks": [_block_json(block) for block in report.blocks],
-        "failures": [_failure_json(failure) for failure in report.failures],
-    }
+def _as_json(model: OnnxModel, report: MatchReport) -> str:
+    return to_json({"model": model.path, "opset": model.opset, **report.to_dict()})

@@ -13,9 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from importers._projections import _path_text, _Step, _Trace
-from importers._results import LinearMatch
-from importers._walker import _GraphWalker, _RejectError
 from importers.graph import (
     Node,
     apply_slice,
@@ -24,6 +21,9 @@ from importers.graph import (
     reshape_target,
     unsqueeze,
 )
+from importers.match.projections import Step, Trace, path_text
+from importers.match.results import LinearMatch
+from importers.match.walker import GraphWalker, RejectError
 
 #: Sizes assumed for symbolic batch and sequence dimensions while probing layouts.
 PROBE_BATCH = 2
@@ -40,7 +40,7 @@ class _Heads:
 
 
 @dataclass(frozen=True)
-class _Layout:
+class Layout:
     """The probe's findings at the two attention MatMuls."""
 
     q: _Heads
@@ -50,10 +50,10 @@ class _Layout:
     tokens: int
 
 
-class _LayoutProbe(_GraphWalker):
+class LayoutProbe(GraphWalker):
     """Probe the head split at the attention MatMuls and the head merge before W_O."""
 
-    def probe_heads(self, q: _Trace, k: _Trace, v: _Trace) -> _Layout:
+    def probe_heads(self, q: Trace, k: Trace, v: Trace) -> Layout:
         """Run each projection→operand path on an encoded tensor and decode the head layout."""
         q_value = self.run_path(q)
         k_value = self.run_path(k)
@@ -68,10 +68,10 @@ class _LayoutProbe(_GraphWalker):
                 np.array_equal(heads.head_of, q_heads.head_of)
                 and np.array_equal(heads.batch_of, q_heads.batch_of)
             ):
-                raise _RejectError(
+                raise RejectError(
                     "head_layout", f"{role} heads are not aligned with the query heads"
                 )
-        return _Layout(q_heads, k_heads, v_heads, lead, tokens)
+        return Layout(q_heads, k_heads, v_heads, lead, tokens)
 
     def lead_shape(self, linear: LinearMatch) -> tuple[int, ...]:
         shape = self.context.shape(linear.x)
@@ -79,7 +79,7 @@ class _LayoutProbe(_GraphWalker):
             return (PROBE_BATCH, PROBE_SEQUENCE)
         return shape[:-1]
 
-    def run_path(self, trace: _Trace) -> np.ndarray:
+    def run_path(self, trace: Trace) -> np.ndarray:
         lead = self.lead_shape(trace.linear)
         width = trace.linear.d_out
         positions = math.prod(lead)
@@ -93,7 +93,7 @@ class _LayoutProbe(_GraphWalker):
             self.context.set_shape(step.output, value.shape)
         return value
 
-    def apply(self, step: _Step, value: np.ndarray, role: str) -> np.ndarray:
+    def apply(self, step: Step, value: np.ndarray, role: str) -> np.ndarray:
         node, op = step.node, step.node.op_type
         values = [self.context.value(name) if name else None for name in node.inputs[1:]]
         try:
@@ -105,7 +105,7 @@ class _LayoutProbe(_GraphWalker):
                     if values[0] is None
                     else str([int(d) for d in np.ravel(values[0])])
                 )
-                raise _RejectError(
+                raise RejectError(
                     "head_reshape",
                     f"{role} head-split Reshape {node.label!r} cannot reshape {role} of shape "
                     f"{value.shape} (projection width {value.shape[-1] if value.ndim else '?'}) "
@@ -113,7 +113,7 @@ class _LayoutProbe(_GraphWalker):
                     (node.label,),
                     probe_sizes=_static_sizes(values[0], value),
                 ) from None
-            raise _RejectError(
+            raise RejectError(
                 "head_layout",
                 f"{role} head layout: {op} {node.label!r} cannot be applied to shape {value.shape}: {err}",
                 (node.label,),
@@ -122,7 +122,7 @@ class _LayoutProbe(_GraphWalker):
     def decode(
         self,
         value: np.ndarray,
-        trace: _Trace,
+        trace: Trace,
         lead: tuple[int, ...],
         tokens: int,
         *,
@@ -130,9 +130,9 @@ class _LayoutProbe(_GraphWalker):
     ) -> _Heads:
         """Which projection columns reach each (position, head feature) of an attention operand."""
         role, width = trace.role, trace.linear.d_out
-        path = _path_text(trace)
+        path = path_text(trace)
         if value.ndim < 2:
-            raise _RejectError(
+            raise RejectError(
                 "head_layout", f"{role} reaches the attention with shape {value.shape}"
             )
         if transposed:
@@ -140,7 +140,7 @@ class _LayoutProbe(_GraphWalker):
         try:
             value = np.broadcast_to(value, (*lead, *value.shape[-2:]))
         except ValueError:
-            raise _RejectError(
+            raise RejectError(
                 "head_layout", f"{role} of shape {value.shape} does not broadcast to {lead}"
             ) from None
         flat = value.reshape(-1, *value.shape[-2:])
@@ -155,7 +155,7 @@ class _LayoutProbe(_GraphWalker):
             and (features_on_tokens or tokens_on_features)
             and self.untransposed(value, width)
         ):
-            raise _RejectError(
+            raise RejectError(
                 "k_not_transposed",
                 f"K is not transposed for QK^T: it reaches the score MatMul as (..., tokens, "
                 f"d_head) after {path}",
@@ -169,7 +169,7 @@ class _LayoutProbe(_GraphWalker):
                 else f"changes the token count to {flat.shape[1]}"
             )
             code = "head_reshape" if "Reshape" in path else "head_layout"
-            raise _RejectError(
+            raise RejectError(
                 code,
                 f"{role} head split {what} (projection width {width}; path {path})",
             )
@@ -184,20 +184,20 @@ class _LayoutProbe(_GraphWalker):
     def head_columns(self, q: _Heads, k: _Heads, v: _Heads) -> dict:
         d_head = q.columns.shape[1]
         if k.columns.shape[1] != d_head:
-            raise _RejectError(
+            raise RejectError(
                 "head_size", f"head sizes differ: Q has d_head={d_head}, K has {k.columns.shape[1]}"
             )
         if v.columns.shape[1] != d_head:
-            raise _RejectError(
+            raise RejectError(
                 "head_size",
                 f"head sizes differ: Q/K have d_head={d_head}, V has {v.columns.shape[1]}",
             )
         q_columns = q.columns.ravel()
         if len(np.unique(q_columns)) != q_columns.size:
-            raise _RejectError("head_layout", "query heads read overlapping projection columns")
+            raise RejectError("head_layout", "query heads read overlapping projection columns")
         k_blocks, v_blocks = _kv_blocks(k.columns, "K"), _kv_blocks(v.columns, "V")
         if len(k_blocks) != len(v_blocks):
-            raise _RejectError(
+            raise RejectError(
                 "head_layout", f"K has {len(k_blocks)} distinct heads but V has {len(v_blocks)}"
             )
         return {
@@ -208,7 +208,7 @@ class _LayoutProbe(_GraphWalker):
         }
 
     def merge_rows(
-        self, name: str, steps: tuple[_Step, ...], linear: LinearMatch, layout: _Layout
+        self, name: str, steps: tuple[Step, ...], linear: LinearMatch, layout: Layout
     ) -> np.ndarray:
         """Probe the head merge from the ·V MatMul output ``name`` (through ``steps``) to W_O;
         returns the rows of W_O in canonical order."""
@@ -223,7 +223,7 @@ class _LayoutProbe(_GraphWalker):
                 probe = self.apply(step, probe, "attention output")
             self.context.set_shape(step.output, probe.shape)
         if probe.shape[-1] != width or linear.d_in != width:
-            raise _RejectError(
+            raise RejectError(
                 "head_merge",
                 f"head merge gives {probe.shape[-1]} features and W_O reads {linear.d_in}; "
                 f"expected n_heads*d_head = {width}",
@@ -232,11 +232,11 @@ class _LayoutProbe(_GraphWalker):
         flat = probe.reshape(-1, width)
         rows, token = np.mod(flat, width).astype(np.int64), np.floor_divide(flat, width)
         if not ((rows == rows[:1]).all() and (token == token[:, :1]).all()):
-            raise _RejectError(
+            raise RejectError(
                 "head_merge", "the head merge mixes tokens into the feature axis", linear.nodes
             )
         if not np.array_equal(np.sort(rows[0]), np.arange(width)):
-            raise _RejectError(
+            raise RejectError(
                 "head_merge", "the head merge does not cover every head feature once", linear.nodes
             )
         return np.argsort(rows[0])
@@ -298,7 +298,7 @@ def _broadcast_lead(*values: np.ndarray) -> tuple[int, ...]:
     try:
         return tuple(np.broadcast_shapes(*(value.shape[:-2] for value in values)))
     except ValueError:
-        raise _RejectError(
+        raise RejectError(
             "head_layout",
             "Q, K and V head axes do not broadcast: "
             + ", ".join(str(value.shape) for value in values),
@@ -310,7 +310,7 @@ def _group_heads(columns: np.ndarray, token: np.ndarray, tokens: int, role: str)
     batch = token[:, 0] // tokens
     expected = batch[:, None] * tokens + np.arange(tokens)[None, :]
     if not np.array_equal(token, expected):
-        raise _RejectError("head_layout", f"{role} reorders or mixes tokens between sequences")
+        raise RejectError("head_layout", f"{role} reorders or mixes tokens between sequences")
     head = np.zeros(len(batch), dtype=np.int64)
     per_batch = None
     for b in np.unique(batch):
@@ -319,7 +319,7 @@ def _group_heads(columns: np.ndarray, token: np.ndarray, tokens: int, role: str)
         if per_batch is None:
             per_batch = columns[positions]
         elif not np.array_equal(per_batch, columns[positions]):
-            raise _RejectError("head_layout", f"{role} heads differ between batch items")
+            raise RejectError("head_layout", f"{role} heads differ between batch items")
     return _Heads(columns=per_batch, head_of=head, batch_of=batch)
 
 
@@ -331,18 +331,18 @@ def _kv_blocks(columns: np.ndarray, role: str) -> list[np.ndarray]:
             blocks.append(row)
     n_heads, n_kv = len(columns), len(blocks)
     if n_heads % n_kv:
-        raise _RejectError(
+        raise RejectError(
             "head_layout", f"{n_heads} query heads cannot share {n_kv} {role} heads evenly"
         )
     group = n_heads // n_kv
     for head, row in enumerate(columns):
         if not np.array_equal(row, blocks[head // group]):
-            raise _RejectError(
+            raise RejectError(
                 "head_layout",
                 f"{role} heads are not grouped contiguously: query head {head} does not use "
                 f"{role} head {head // group} of {n_kv}",
             )
     flat = np.concatenate(blocks)
     if len(np.unique(flat)) != flat.size:
-        raise _RejectError("head_layout", f"{role} heads read overlapping projection columns")
+        raise RejectError("head_layout", f"{role} heads read overlapping projection columns")
     return blocks

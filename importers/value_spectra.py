@@ -33,12 +33,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from importers.errors import ImporterInputError
 from importers.weights import BlockWeights
-from simulator.errors import InputError
 from simulator.theory import value_spectrum
 
 __all__ = [
     "LAYER_HEAD",
+    "SPECTRA_COLUMNS",
     "SPECTRUM_KINDS",
     "SpectrumRow",
     "SpectrumSummary",
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 SPECTRUM_KINDS = ("head", "layer", "head-gamma", "layer-gamma")
+#: Columns of ``spectra.csv``: one eigenvalue per row.
+SPECTRA_COLUMNS = ("layer", "head", "kind", "real", "imag")
 #: The ``head`` value of layer-level rows.
 LAYER_HEAD = -1
 
@@ -120,7 +123,7 @@ def layer_eigenvalues(block: BlockWeights, *, gamma: bool = False) -> np.ndarray
 
 def _scale_rows(block: BlockWeights, W_V: np.ndarray) -> np.ndarray:
     if block.gamma is None:
-        raise InputError(f"`block` must have a norm γ to fold in; block {block.index} has none")
+        raise ImporterInputError(f"`block` must have a norm γ to fold in; block {block.index} has none")
     return block.gamma[:, None] * W_V
 
 

@@ -39,16 +39,15 @@ from typing import Any, Literal
 
 import numpy as np
 
-from importers.inputs import GraphInput, Inputs, check_feeds, graph_inputs
+from importers.errors import ImporterInputError, ProviderError, RunnerError
+from importers.graph import GraphInput, OnnxModel
+from importers.run.feeds import Inputs, check_feeds
 from importers.zoo import file_sha256
-from simulator.errors import InputError, OversmoothError
 
 __all__ = [
     "OPTIMIZATION_LEVELS",
     "PROVIDERS",
-    "ProviderError",
     "Runner",
-    "RunnerError",
     "plain_session",
     "session_options",
 ]
@@ -77,14 +76,6 @@ _CONFIG_ENTRIES = {
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: Why the CUDA provider could not be created earlier in this process (empty: not tried/worked).
 _CUDA_FAILURE: list[str] = []
-
-
-class RunnerError(OversmoothError):
-    """onnxruntime could not load or run the model."""
-
-
-class ProviderError(RunnerError):
-    """The requested execution provider cannot be used."""
 
 
 def _ort() -> Any:
@@ -123,9 +114,9 @@ def _check_options(threads: int | None, optimization: str) -> _Options:
     if threads is not None and (
         isinstance(threads, bool) or not isinstance(threads, int) or threads <= 0
     ):
-        raise InputError(f"`threads` must be a positive integer or None; got {threads!r}")
+        raise ImporterInputError(f"`threads` must be a positive integer or None; got {threads!r}")
     if optimization not in OPTIMIZATION_LEVELS:
-        raise InputError(
+        raise ImporterInputError(
             f"`optimization` must be one of {', '.join(OPTIMIZATION_LEVELS)}; got {optimization!r}"
         )
     return _Options(threads or default_threads(), optimization)
@@ -173,7 +164,7 @@ def _captured_stderr() -> Iterator[list[str]]:
             lines.extend(sink.read().decode("utf-8", "replace").splitlines())
 
 
-def _cuda_failure_reason(lines: Sequence[str]) -> str:
+def cuda_failure_reason(lines: Sequence[str]) -> str:
     """The most specific reason in onnxruntime's log for a CUDA provider it could not create."""
     clean = [_ANSI.sub("", line).strip() for line in lines]
     for line in clean:
@@ -215,7 +206,7 @@ def _open_session(ort: Any, model: bytes | str, so: Any, provider: str) -> tuple
         return _create(ort, model, so, [_CPU])[0], f"{_CUDA} failed ({err}); using the CPU"
     if _CUDA in session.get_providers():
         return session, f"{_CUDA} created"
-    reason = f"{_CUDA} is listed but could not be created: {_cuda_failure_reason(log)}"
+    reason = f"{_CUDA} is listed but could not be created: {cuda_failure_reason(log)}"
     _CUDA_FAILURE[:] = [reason]
     if provider == "cuda":
         raise ProviderError(f"`provider` cuda requested but the session runs on the CPU; {reason}")
@@ -224,19 +215,8 @@ def _open_session(ort: Any, model: bytes | str, so: Any, provider: str) -> tuple
 
 def _check_provider(provider: str) -> str:
     if provider not in PROVIDERS:
-        raise InputError(f"`provider` must be one of {', '.join(PROVIDERS)}; got {provider!r}")
+        raise ImporterInputError(f"`provider` must be one of {', '.join(PROVIDERS)}; got {provider!r}")
     return provider
-
-
-def _load_graph(path: Path) -> Any:
-    import onnx
-
-    if not path.is_file():
-        raise InputError(f"`model` must be an existing ONNX file; got {path}")
-    try:
-        return onnx.load(os.fspath(path), load_external_data=False)
-    except Exception as err:  # protobuf decode errors have no common base
-        raise InputError(f"`model` must be an ONNX file; cannot parse {path}: {err}") from err
 
 
 def _graph_tensors(graph: Any) -> Iterator[Any]:
@@ -267,14 +247,14 @@ def _tensor_names(model: Any) -> list[str]:
 
 def _check_exposed(expose: Sequence[str], model: Any) -> list[str]:
     if isinstance(expose, str):
-        raise InputError(f"`expose` must be a list of tensor names; got the string {expose!r}")
+        raise ImporterInputError(f"`expose` must be a list of tensor names; got the string {expose!r}")
     wanted = list(dict.fromkeys(expose))
     known = set(_tensor_names(model))
     for name in wanted:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=3)
             hint = f" (closest: {', '.join(close)})" if close else ""
-            raise InputError(
+            raise ImporterInputError(
                 f"`expose` must name node outputs of the model; got {name!r}, which no node "
                 f"produces{hint}"
             )
@@ -333,12 +313,14 @@ def _inferred_types(model: Any) -> dict[str, Any]:
     return {value.name: value.type for value in typed if value.type.HasField("tensor_type")}
 
 
-def _augment(model: Any, expose: Sequence[str], keep_outputs: bool) -> list[str]:
-    """Make ``expose`` (plus the originals if ``keep_outputs``) the outputs of ``model``, in place.
+@contextlib.contextmanager
+def _exposed_outputs(model: Any, expose: Sequence[str], keep_outputs: bool) -> Iterator[list[str]]:
+    """Make ``expose`` (plus the originals if ``keep_outputs``) the outputs of ``model`` for a while.
 
     Exposed tensors are typed by ONNX shape inference where it can; the others are left untyped
-    for onnxruntime to type. Editing in place avoids a second copy of the weights. Returns the
-    output names in order.
+    for onnxruntime to type. The graph is edited in place (no second copy of the weights) and its
+    original outputs are restored when the block ends, so the caller's model is unchanged. Yields
+    the output names in order.
     """
     import onnx
 
@@ -346,28 +328,31 @@ def _augment(model: Any, expose: Sequence[str], keep_outputs: bool) -> list[str]
     types = _inferred_types(model) if expose else {}
     del model.graph.output[:]
     names: list[str] = []
-    for name in expose:
-        value = onnx.ValueInfoProto(name=name)
-        if name in types:
-            value.type.CopyFrom(types[name])
-        model.graph.output.append(value)
-        names.append(name)
-    if keep_outputs:
-        for value in original:
-            if value.name not in names:
-                model.graph.output.append(value)
-                names.append(value.name)
-    return names
+    try:
+        for name in expose:
+            value = onnx.ValueInfoProto(name=name)
+            if name in types:
+                value.type.CopyFrom(types[name])
+            model.graph.output.append(value)
+            names.append(name)
+        if keep_outputs:
+            for value in original:
+                if value.name not in names:
+                    model.graph.output.append(value)
+                    names.append(value.name)
+        yield names
+    finally:
+        del model.graph.output[:]
+        model.graph.output.extend(original)
 
 
 @contextlib.contextmanager
 def _temporary_model_file(model: Any, folder: Path) -> Iterator[str]:
-    """Save ``model`` to a temporary file in ``folder``; delete it when the block ends.
+    """Save ``model`` (without its external data) to a temporary file in ``folder``; delete it after.
 
     For models with external data: relative data locations resolve against the model's folder,
     so the temporary file there references the same data files.
     """
-    import onnx
 
     try:
         fd, tmp = tempfile.mkstemp(prefix=".oversmooth-", suffix=".onnx", dir=folder)
@@ -377,8 +362,8 @@ def _temporary_model_file(model: Any, folder: Path) -> Iterator[str]:
         ) from err
     os.close(fd)
     try:
-        onnx.save(model, tmp)
-        del model
+        with open(tmp, "wb") as handle:
+            handle.write(model.SerializeToString())
         yield tmp
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -388,7 +373,7 @@ def _temporary_model_file(model: Any, folder: Path) -> Iterator[str]:
 def _batch_count(feeds: Mapping[str, np.ndarray]) -> int:
     sizes = {int(np.asarray(array).shape[0]) for array in feeds.values() if np.ndim(array)}
     if len(sizes) != 1:
-        raise InputError(
+        raise ImporterInputError(
             f"`feeds` must share one batch size along axis 0; got sizes {sorted(sizes)}"
         )
     return sizes.pop()
@@ -398,7 +383,7 @@ def _check_batch_size(batch_size: int | None, n_items: int) -> int:
     if batch_size is None:
         return max(1, n_items)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise InputError(f"`batch_size` must be a positive integer or None; got {batch_size!r}")
+        raise ImporterInputError(f"`batch_size` must be a positive integer or None; got {batch_size!r}")
     return batch_size
 
 
@@ -407,8 +392,9 @@ class Runner:
 
     Parameters
     ----------
-    model_path : path-like
-        The ONNX file (external data next to it is supported).
+    model : OnnxModel
+        From :func:`importers.graph.load_model` (external data next to its file is supported). Its
+        graph is not changed: the exposed outputs are added to a serialized copy.
     expose : sequence of str
         Node output names to return (e.g. LayerNorm or residual ``Add`` outputs). Keep it to
         block-boundary tensors: every exposed ``(B, T, D)`` tensor is copied back per batch.
@@ -437,7 +423,7 @@ class Runner:
 
     def __init__(
         self,
-        model_path: str | os.PathLike[str],
+        model: OnnxModel,
         *,
         expose: Sequence[str],
         provider: Provider = "auto",
@@ -445,37 +431,45 @@ class Runner:
         include_outputs: bool = False,
         optimization: Optimization = "all",
     ) -> None:
-        self.model_path = Path(model_path)
+        self.model_path = model.path
         self.provider = _check_provider(provider)
         self._options = _check_options(threads, optimization)
-        model = _load_graph(self.model_path)
-        exposed = _check_exposed(expose, model)
+        proto = model.proto
+        exposed = _check_exposed(expose, proto)
         if not exposed and not include_outputs:
-            raise InputError("`expose` must name at least one tensor when include_outputs=False")
-        self.inputs: tuple[GraphInput, ...] = graph_inputs(model)
+            raise ImporterInputError(
+                "`expose` must name at least one tensor when include_outputs=False"
+            )
+        self.inputs: tuple[GraphInput, ...] = model.inputs
         self.exposed = exposed
         self.include_outputs = include_outputs
-        self.output_names = _augment(model, exposed, include_outputs)
         ort = _ort()
         self._ort_version = ort.__version__
         so = session_options(self._options.threads, self._options.optimization)  # type: ignore[arg-type]
-        if _uses_external_data(model):
-            with _temporary_model_file(model, self.model_path.parent) as tmp:
-                del model
-                self.session, self.provider_note = _open_session(ort, tmp, so, self.provider)
-        else:
-            # Drop the parsed graph before onnxruntime parses its own copy: one copy at a time.
-            serialized = model.SerializeToString()
-            del model
+        with _exposed_outputs(proto, exposed, include_outputs) as names:
+            self.output_names = names
+            if _uses_external_data(proto):
+                if model.path is None:
+                    raise RunnerError(
+                        "a model with external data needs its folder; got an in-memory model"
+                    )
+                with _temporary_model_file(proto, model.path.parent) as tmp:
+                    self.session, self.provider_note = _open_session(ort, tmp, so, self.provider)
+            else:
+                serialized = proto.SerializeToString()
+        if not _uses_external_data(proto):
+            # The outputs are restored first, so only one serialized copy exists while onnxruntime
+            # parses its own.
             self.session, self.provider_note = _open_session(ort, serialized, so, self.provider)
+            del serialized
         self.provider_used: list[str] = list(self.session.get_providers())
         self._on_cuda = self.provider_used[0] == _CUDA
 
     def provenance(self) -> dict[str, Any]:
         """Every choice that affects the numbers: model, outputs, provider and session options."""
         return {
-            "model": str(self.model_path),
-            "model_sha256": file_sha256(self.model_path),
+            "model": None if self.model_path is None else str(self.model_path),
+            "model_sha256": None if self.model_path is None else file_sha256(self.model_path),
             "exposed": list(self.exposed),
             "include_outputs": self.include_outputs,
             "provider_requested": self.provider,
@@ -555,7 +549,7 @@ class Runner:
 
 
 def plain_session(
-    model_path: str | os.PathLike[str],
+    model: OnnxModel,
     *,
     provider: Provider = "auto",
     threads: int | None = None,
@@ -566,7 +560,7 @@ def plain_session(
     The baseline for instrumentation overhead: the fully fused graph with its own outputs.
     """
     return Runner(
-        model_path,
+        model,
         expose=[],
         provider=provider,
         threads=threads,

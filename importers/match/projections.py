@@ -3,17 +3,17 @@ from the attention output forward to W_O.
 
 A projection is ``MatMul`` with a constant weight (+ bias ``Add``), ``Gemm``, ``FusedMatMul``, or
 ``DynamicQuantizeLinear``→``MatMulInteger``; the walk back passes head-split layout ops, scalar
-scaling and rotary embeddings, recorded as :class:`_Step` s of a :class:`_Trace` for the layout
-probe (:mod:`importers._layout`).
+scaling and rotary embeddings, recorded as :class:`Step` s of a :class:`Trace` for the layout
+probe (:mod:`importers.match.layout`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from importers._results import LinearMatch
-from importers._walker import _MAX_WALK, _VALUE_PRESERVING, _GraphWalker, _RejectError
 from importers.graph import Node
+from importers.match.results import LinearMatch
+from importers.match.walker import MAX_WALK, VALUE_PRESERVING, GraphWalker, RejectError
 
 _LAYOUT_OPS = frozenset(
     "Transpose Reshape Squeeze Unsqueeze Flatten Expand Tile Split Slice Gather "
@@ -24,7 +24,7 @@ _LINEAR_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul"})
 
 
 @dataclass(frozen=True)
-class _Step:
+class Step:
     """One op on the path between a projection and an attention MatMul operand."""
 
     node: Node
@@ -34,57 +34,57 @@ class _Step:
 
 
 @dataclass(frozen=True)
-class _Trace:
+class Trace:
     role: str
     linear: LinearMatch
-    steps: tuple[_Step, ...]
+    steps: tuple[Step, ...]
     scale: float
     rope: bool
 
 
-class _ProjectionFinder(_GraphWalker):
+class ProjectionFinder(GraphWalker):
     """Find the Q/K/V projections behind the attention operands and W_O after the head merge."""
 
     # -- Q, K, V: back from the attention operands ------------------------------------------------
-    def trace(self, name: str, role: str) -> _Trace:
+    def trace(self, name: str, role: str) -> Trace:
         """Walk back from an attention operand to its projection."""
-        steps: list[_Step] = []
+        steps: list[Step] = []
         scale, rope, start = 1.0, False, name
-        for _ in range(_MAX_WALK):
+        for _ in range(MAX_WALK):
             linear = self.linear_ending_at(name, role)
             if linear is not None:
-                return _Trace(role, linear, tuple(reversed(steps)), scale, rope)
+                return Trace(role, linear, tuple(reversed(steps)), scale, rope)
             node = self.producer(name)
             if node is None:
-                raise _RejectError(
+                raise RejectError(
                     f"{role.lower()}_projection_missing",
                     f"{role} projection not found: walking back from the attention reached "
                     f"{self.origin(name)}",
                 )
             op = node.op_type
             if op in _LAYOUT_OPS and node.input(0):
-                steps.append(_Step(node, node.input(0), name, skip=op in _VALUE_PRESERVING))
+                steps.append(Step(node, node.input(0), name, skip=op in VALUE_PRESERVING))
                 name = node.input(0)
                 continue
             factor, data = self.scalar_factor(node) if op in ("Mul", "Div") else (None, "")
             if factor is not None:
                 scale *= factor
-                steps.append(_Step(node, data, name, skip=True))
+                steps.append(Step(node, data, name, skip=True))
                 name = data
                 continue
             source = self.rope_source(node) if op == "Add" else None
             if source is not None:
                 rope = True
-                steps.append(_Step(node, source, name, skip=True))
+                steps.append(Step(node, source, name, skip=True))
                 name = source
                 continue
-            raise _RejectError(
+            raise RejectError(
                 f"{role.lower()}_projection_missing",
                 f"{role} projection not found: walking back from {start!r} reached {op} "
                 f"{node.label!r} (expected a MatMul/Gemm with a constant weight)",
                 (node.label,),
             )
-        raise _RejectError(
+        raise RejectError(
             f"{role.lower()}_projection_missing", f"{role} projection not found: path too long"
         )
 
@@ -122,7 +122,7 @@ class _ProjectionFinder(_GraphWalker):
         if self.const(x) is not None:
             return None
         if weight is None:
-            raise _RejectError(
+            raise RejectError(
                 f"{role.lower()}_weight_not_constant",
                 f"{role} projection weight is not a constant: {node.op_type} {node.label!r} "
                 f"reads its weight from {self.origin(weight_name)}",
@@ -131,7 +131,7 @@ class _ProjectionFinder(_GraphWalker):
         transpose_a = bool(node.attr("transA", 0))
         transpose = bool(node.attr("transB", 0)) if node.op_type != "MatMul" else False
         if weight.ndim != 2 or transpose_a:
-            raise _RejectError(
+            raise RejectError(
                 f"{role.lower()}_projection_unsupported",
                 f"{role} projection {node.op_type} {node.label!r} has a weight of shape "
                 f"{weight.shape}{' and transA=1' if transpose_a else ''}; expected a 2-D weight",
@@ -228,9 +228,9 @@ class _ProjectionFinder(_GraphWalker):
         return negated
 
     # -- W_O: forward from the attention output ----------------------------------------------------
-    def find_output_linear(self, name: str) -> tuple[LinearMatch, tuple[_Step, ...]]:
-        steps: list[_Step] = []
-        for _ in range(_MAX_WALK):
+    def find_output_linear(self, name: str) -> tuple[LinearMatch, tuple[Step, ...]]:
+        steps: list[Step] = []
+        for _ in range(MAX_WALK):
             users = self.consumers(name)
             if len(users) != 1:
                 where = (
@@ -238,7 +238,7 @@ class _ProjectionFinder(_GraphWalker):
                     if users
                     else ("a graph output" if name in self.index.graph_outputs else "no node")
                 )
-                raise _RejectError(
+                raise RejectError(
                     "no_output_projection",
                     f"output projection not found: the attention output {name!r} goes to {where}",
                     tuple(node.label for node in users),
@@ -249,17 +249,17 @@ class _ProjectionFinder(_GraphWalker):
                 return linear, tuple(steps)
             if user.op_type in _MERGE_OPS and user.input(0) == name:
                 steps.append(
-                    _Step(user, name, user.outputs[0], skip=user.op_type in _VALUE_PRESERVING)
+                    Step(user, name, user.outputs[0], skip=user.op_type in VALUE_PRESERVING)
                 )
                 name = user.outputs[0]
                 continue
-            raise _RejectError(
+            raise RejectError(
                 "no_output_projection",
                 f"output projection not found: the attention output reaches {user.op_type} "
                 f"{user.label!r}, not a MatMul with a constant weight",
                 (user.label,),
             )
-        raise _RejectError("no_output_projection", "output projection not found: path too long")
+        raise RejectError("no_output_projection", "output projection not found: path too long")
 
     def output_linear_at(self, user: Node, name: str) -> LinearMatch | None:
         """W_O when ``user`` starts a projection of ``name`` (else None)."""
@@ -273,10 +273,10 @@ class _ProjectionFinder(_GraphWalker):
             return None
         try:
             linear = self.linear_ending_at(self.bias_after(end), "output")
-        except _RejectError as reject:
-            raise _RejectError("no_output_projection", reject.reason, reject.nodes) from None
+        except RejectError as reject:
+            raise RejectError("no_output_projection", reject.reason, reject.nodes) from None
         if linear is None or linear.x != name:
-            raise _RejectError(
+            raise RejectError(
                 "no_output_projection",
                 f"output projection not found: {user.op_type} {user.label!r} does not multiply "
                 f"the attention output by a constant weight",
@@ -303,7 +303,7 @@ class _ProjectionFinder(_GraphWalker):
         return name
 
 
-def _describe_linear(trace: _Trace) -> str:
+def describe_linear(trace: Trace) -> str:
     linear = trace.linear
     extra = []
     if trace.scale != 1.0:
@@ -317,6 +317,6 @@ def _describe_linear(trace: _Trace) -> str:
     return f"{linear.kind} {', '.join(linear.nodes)} (weight {linear.weight!r}{tail})"
 
 
-def _path_text(trace: _Trace) -> str:
+def path_text(trace: Trace) -> str:
     steps = [f"{step.node.op_type} {step.node.label!r}" for step in trace.steps if not step.skip]
     return " -> ".join([f"projection {trace.linear.nodes[-1]!r}", *steps])

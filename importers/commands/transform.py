@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from importers.cli import add_model_argument
+from importers.commands.common import add_model_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

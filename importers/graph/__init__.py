@@ -1,0 +1,50 @@
+"""The one ONNX parser of the importer: loading, graph navigation, constant folding, static shapes.
+
+Everything that reads an ``.onnx`` file goes through :func:`load_model`; every other part of the
+importer (matching, weights, running, auditing) takes the resulting :class:`OnnxModel`.
+
+Modules
+-------
+load
+    :func:`load_model`, :func:`model_from_proto`, :class:`OnnxModel`, :class:`GraphInput`.
+index
+    :class:`GraphIndex`: producers, consumers, constants read on demand (external data only from
+    inside the model's folder).
+folding
+    Constant folding of weight chains and ONNX array semantics (Reshape, Slice, Split, ...).
+shapes
+    :class:`ShapeContext`: static shapes and shape arithmetic under assumed batch/sequence sizes.
+node
+    :class:`Node`: one node with its position.
+"""
+
+from __future__ import annotations
+
+from importers.graph.folding import apply_slice, apply_split, flatten, reshape_target, unsqueeze
+from importers.graph.index import GraphIndex, external_data_path
+from importers.graph.load import (
+    SUPPORTED_OPSETS,
+    GraphInput,
+    OnnxModel,
+    load_model,
+    model_from_proto,
+)
+from importers.graph.node import Node
+from importers.graph.shapes import ShapeContext
+
+__all__ = [
+    "SUPPORTED_OPSETS",
+    "GraphIndex",
+    "GraphInput",
+    "Node",
+    "OnnxModel",
+    "ShapeContext",
+    "apply_slice",
+    "apply_split",
+    "external_data_path",
+    "flatten",
+    "load_model",
+    "model_from_proto",
+    "reshape_target",
+    "unsqueeze",
+]

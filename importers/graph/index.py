@@ -1,0 +1,241 @@
+"""Navigation over a graph's top level: producers, consumers, and constants read on demand.
+
+Public API
+----------
+GraphIndex
+    Producer/consumers per tensor and :meth:`GraphIndex.constant_value`, which reads an initializer
+    on first use (external data only from inside the model's folder) and folds simple weight chains
+    (see :mod:`importers.graph.folding`).
+external_data_path
+    Resolve an external-data location, refusing anything outside the model's folder.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from importers.errors import ExternalDataError, ModelFileError
+from importers.graph.folding import FOLDERS
+from importers.graph.node import DEFAULT_DOMAINS, Node
+
+__all__ = ["GraphIndex", "external_data_path"]
+
+
+class GraphIndex:
+    """Navigation over a graph's top level: producers, consumers, constants.
+
+    Parameters
+    ----------
+    graph : onnx.GraphProto
+        Parsed without external data.
+    base_dir : Path or None
+        Folder that external-data locations are relative to (the model's folder).
+    """
+
+    def __init__(self, graph: onnx.GraphProto, base_dir: Path | None = None) -> None:
+        self.graph = graph
+        self.base_dir = base_dir
+        self.nodes = [Node(position, proto) for position, proto in enumerate(graph.node)]
+        self.initializers = {tensor.name: tensor for tensor in graph.initializer}
+        self.graph_inputs = {value.name: value for value in graph.input}
+        self.graph_outputs = [value.name for value in graph.output]
+        self._producer: dict[str, Node] = {}
+        self._consumers: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            for name in node.proto.output:
+                if name:
+                    self._producer[name] = node
+            for name in node.proto.input:
+                if name:
+                    self._consumers.setdefault(name, []).append(node)
+        self._constants: dict[str, np.ndarray | None] = {}
+
+    # -- structure ---------------------------------------------------------------------------
+    def producer(self, name: str) -> Node | None:
+        """The node that outputs tensor ``name`` (None for graph inputs and initializers)."""
+        return self._producer.get(name)
+
+    def consumers(self, name: str) -> list[Node]:
+        """The nodes that read tensor ``name``, in graph order."""
+        return list(self._consumers.get(name, ()))
+
+    def nodes_of_type(self, op_type: str) -> list[Node]:
+        """All nodes with this op type, in graph (topological) order."""
+        return [node for node in self.nodes if node.op_type == op_type]
+
+    def is_defined(self, name: str) -> bool:
+        """Whether a top-level tensor of that name exists (node output, initializer or input)."""
+        return name in self._producer or name in self.initializers or name in self.graph_inputs
+
+    def undefined_inputs(self) -> Iterator[tuple[Node, str]]:
+        """(node, tensor) pairs where a node reads a tensor defined nowhere at the top level."""
+        for node in self.nodes:
+            for name in node.proto.input:
+                if name and not self.is_defined(name):
+                    yield node, name
+
+    # -- constants ---------------------------------------------------------------------------
+    def is_constant(self, name: str) -> bool:
+        """Whether ``name`` is a constant or a fold of constants (see :meth:`constant_value`)."""
+        return self.constant_value(name) is not None
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` if it is a constant or a simple fold of constants, else None.
+
+        Initializers are read on first use (external data lazily, from inside the model's folder).
+        Folded producers: Constant, Identity, Cast, Transpose, Reshape, Unsqueeze, Squeeze,
+        Flatten, Concat, Gather, Neg, Sqrt, Reciprocal, Add/Sub/Mul/Div of constants (e.g. int8 Cast→Mul
+        dequantisation) and DequantizeLinear. Arithmetic keeps the graph's dtype, so a folded
+        float32 product equals what the runtime computes.
+        """
+        if not name:
+            return None
+        stack = [name]
+        while stack:
+            top = stack[-1]
+            if top in self._constants:
+                stack.pop()
+                continue
+            pending = self._pending_input(top)
+            if pending is not None:
+                stack.append(pending)
+                continue
+            self._constants[top] = self._fold(top)
+            stack.pop()
+        return self._constants[name]
+
+    def _foldable_producer(self, name: str) -> Node | None:
+        if name in self.initializers or name in self.graph_inputs:
+            return None
+        node = self._producer.get(name)
+        if node is None or node.op_type not in FOLDERS or node.domain not in DEFAULT_DOMAINS:
+            return None
+        return node
+
+    def _pending_input(self, name: str) -> str | None:
+        """An input of ``name``'s producer still to evaluate (None when folding can proceed)."""
+        node = self._foldable_producer(name)
+        if node is None or node.op_type == "Constant":
+            return None
+        for input_name in node.inputs:
+            if input_name and input_name not in self._constants:
+                return input_name
+            if input_name and self._constants[input_name] is None:
+                return None
+        return None
+
+    def _fold(self, name: str) -> np.ndarray | None:
+        if name in self.initializers:
+            return self.read_tensor(self.initializers[name])
+        node = self._foldable_producer(name)
+        if node is None:
+            return None
+        if node.op_type == "Constant":
+            return FOLDERS["Constant"](node, [])
+        values = []
+        for input_name in node.inputs:
+            value = self._constants.get(input_name) if input_name else None
+            if input_name and value is None:
+                return None
+            values.append(value)
+        try:
+            return FOLDERS[node.op_type](node, values)
+        except (ValueError, TypeError, IndexError):
+            return None
+
+    def read_tensor(self, tensor: onnx.TensorProto) -> np.ndarray:
+        """Decode one initializer (reading its external file region if it has one)."""
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            tensor = self._with_external_bytes(tensor)
+        try:
+            return numpy_helper.to_array(tensor)
+        except (ValueError, TypeError) as err:
+            raise ModelFileError(
+                f"initializer {tensor.name!r} cannot be decoded (dims {list(tensor.dims)}, "
+                f"data type {tensor.data_type}): {err}; the model file may be truncated"
+            ) from err
+
+    def _with_external_bytes(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        path = external_data_path(self.base_dir, info.get("location", ""), tensor.name)
+        offset = int(info.get("offset", 0) or 0)
+        length = int(info["length"]) if info.get("length") else -1
+        if not path.is_file():
+            raise ExternalDataError(
+                f"external data of initializer {tensor.name!r} must be in {info['location']!r} "
+                f"next to the model; got no such file"
+            )
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            raw = handle.read(length)
+        expected = _expected_nbytes(tensor)
+        if (length >= 0 and len(raw) != length) or (expected is not None and len(raw) != expected):
+            raise ExternalDataError(
+                f"external data of initializer {tensor.name!r} must hold "
+                f"{expected if expected is not None else length} bytes at offset {offset} of "
+                f"{info['location']!r}; got {len(raw)}"
+            )
+        copy = onnx.TensorProto()
+        copy.name = tensor.name
+        copy.data_type = tensor.data_type
+        copy.dims.extend(tensor.dims)
+        copy.raw_data = raw
+        return copy
+
+
+def _expected_nbytes(tensor: onnx.TensorProto) -> int | None:
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    except (KeyError, ValueError):
+        return None
+    if tensor.data_type in (onnx.TensorProto.STRING,) or dtype.itemsize == 0:
+        return None
+    sub_byte = {
+        getattr(onnx.TensorProto, name)
+        for name in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+        if hasattr(onnx.TensorProto, name)
+    }
+    if tensor.data_type in sub_byte:
+        return None
+    return math.prod(tensor.dims) * dtype.itemsize
+
+
+def external_data_path(base_dir: Path | None, location: str, tensor_name: str) -> Path:
+    """Resolve an external-data ``location``; it must be a relative path inside ``base_dir``.
+
+    Raises
+    ------
+    ExternalDataError
+        Empty, absolute, containing ``..``, or resolving (through links) outside ``base_dir``.
+    """
+    if base_dir is None:
+        raise ExternalDataError(
+            f"initializer {tensor_name!r} stores its data externally, which needs the model's "
+            f"folder; got a model without a path"
+        )
+    posix, windows = PurePosixPath(location), PureWindowsPath(location)
+    if not location or posix.is_absolute() or windows.is_absolute() or windows.drive:
+        raise ExternalDataError(
+            f"external data location of initializer {tensor_name!r} must be a relative path "
+            f"inside the model's folder; got {location!r}"
+        )
+    if ".." in posix.parts or ".." in windows.parts:
+        raise ExternalDataError(
+            f"external data location of initializer {tensor_name!r} must stay inside the "
+            f"model's folder; got {location!r} (contains '..')"
+        )
+    base = base_dir.resolve()
+    path = (base / location).resolve()
+    if not path.is_relative_to(base):
+        raise ExternalDataError(
+            f"external data location of initializer {tensor_name!r} must stay inside the "
+            f"model's folder; got {location!r}, which resolves outside it"
+        )
+    return path
+

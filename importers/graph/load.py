@@ -1,0 +1,196 @@
+"""Loading an ONNX file: parse without reading external data, check, index.
+
+Public API
+----------
+load_model
+    Parse an ``.onnx`` file (external data is *not* read), check it, index its graph.
+model_from_proto
+    The same checks and index for a ``ModelProto`` already in memory.
+OnnxModel
+    The parsed model, its path, default-domain opset, :class:`GraphIndex` and graph inputs.
+GraphInput
+    Name, dtype and shape (symbolic dims by name) of one graph input.
+SUPPORTED_OPSETS
+    The default-domain opset range accepted (13 to 23 inclusive).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+
+from importers.errors import ModelFileError, UnsupportedModelError
+from importers.graph.index import GraphIndex, external_data_path
+from importers.graph.node import DEFAULT_DOMAINS
+
+__all__ = ["SUPPORTED_OPSETS", "GraphInput", "OnnxModel", "load_model", "model_from_proto"]
+
+#: Default-domain opsets accepted: 13 (Softmax over one axis, Split sizes as an input) to 23.
+SUPPORTED_OPSETS = (13, 23)
+
+Dim = int | str | None
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    """One graph input of an ONNX model (initializers excluded).
+
+    Attributes
+    ----------
+    name : str
+        Input name.
+    dtype : numpy.dtype
+        Element type.
+    shape : tuple of (int or str or None)
+        Fixed dims as ints, symbolic dims as their names, unknown dims as None.
+    """
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[Dim, ...]
+
+    def describe(self) -> str:
+        """One line: ``name: dtype [dim, ...]``."""
+        dims = ", ".join("?" if dim is None else str(dim) for dim in self.shape)
+        return f"{self.name}: {self.dtype} [{dims}]"
+
+
+def _graph_input(value: onnx.ValueInfoProto) -> GraphInput:
+    tensor = value.type.tensor_type
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+    dims: list[Dim] = []
+    for dim in tensor.shape.dim:
+        if dim.HasField("dim_value"):
+            dims.append(int(dim.dim_value))
+        else:
+            dims.append(dim.dim_param or None)
+    return GraphInput(value.name, dtype, tuple(dims))
+
+
+@dataclass(frozen=True, eq=False)
+class OnnxModel:
+    """A parsed ONNX model (external data not loaded) and its graph index.
+
+    Attributes
+    ----------
+    path : Path or None
+        Where it was read from (None for an in-memory model).
+    proto : onnx.ModelProto
+    opset : int
+        Default-domain opset version.
+    index : GraphIndex
+    inputs : tuple of GraphInput
+        The graph inputs to feed.
+    """
+
+    path: Path | None
+    proto: onnx.ModelProto = field(repr=False)
+    opset: int
+    index: GraphIndex = field(repr=False)
+
+    @property
+    def inputs(self) -> tuple[GraphInput, ...]:
+        """The graph inputs a caller must feed (initializers excluded), in graph order."""
+        constants = set(self.index.initializers)
+        return tuple(
+            _graph_input(value) for value in self.proto.graph.input if value.name not in constants
+        )
+
+    @property
+    def name(self) -> str:
+        """The file name, or the graph name for an in-memory model."""
+        return self.path.name if self.path is not None else (self.proto.graph.name or "<model>")
+
+
+def load_model(path: str | os.PathLike[str]) -> OnnxModel:
+    """Parse and check an ONNX file without reading external data.
+
+    Parameters
+    ----------
+    path : path-like
+        An ``.onnx`` file. External-data tensors must live inside the same folder.
+
+    Returns
+    -------
+    OnnxModel
+
+    Raises
+    ------
+    ModelFileError
+        Not a file, not ONNX, truncated, or a node reads a tensor defined nowhere.
+    UnsupportedModelError
+        Default-domain opset outside :data:`SUPPORTED_OPSETS`.
+    ExternalDataError
+        An external-data location is absolute, contains ``..`` or escapes the folder.
+    """
+    file = Path(path)
+    if not file.exists():
+        raise ModelFileError(
+            f"`model` must be an existing ONNX file; got {str(path)!r} (no such file)"
+        )
+    if not file.is_file():
+        raise ModelFileError(
+            f"`model` must be an ONNX file; got {str(path)!r} (not a regular file)"
+        )
+    data = file.read_bytes()
+    proto = _parse(data, str(path))
+    return model_from_proto(proto, path=file)
+
+
+def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> OnnxModel:
+    """Check an already parsed model and index it (``path`` locates external data)."""
+    where = repr(str(path)) if path is not None else "the model"
+    if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
+        raise ModelFileError(
+            f"`model` must be an ONNX model; {where} has no graph, IR version or opset import "
+            f"(not ONNX, or truncated)"
+        )
+    opset = _default_opset(proto, where)
+    index = GraphIndex(proto.graph, path.parent if path is not None else None)
+    if not index.nodes:
+        raise ModelFileError(f"`model` must contain a graph with nodes; {where} has none")
+    for node, name in index.undefined_inputs():
+        raise ModelFileError(
+            f"`model` is truncated or inconsistent: node {node.label!r} ({node.op_type}) reads "
+            f"tensor {name!r}, which no node, initializer or graph input defines"
+        )
+    for tensor in proto.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            info = {entry.key: entry.value for entry in tensor.external_data}
+            external_data_path(index.base_dir, info.get("location", ""), tensor.name)
+    return OnnxModel(path=path, proto=proto, opset=opset, index=index)
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    if not data:
+        raise ModelFileError(f"`model` must be an ONNX file; got {where!r} (empty file)")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as err:
+        raise ModelFileError(
+            f"`model` must be an ONNX file; {where!r} does not parse as one "
+            f"(not ONNX, or truncated): {err}"
+        ) from None
+    return proto
+
+
+def _default_opset(proto: onnx.ModelProto, where: str) -> int:
+    versions = [entry.version for entry in proto.opset_import if entry.domain in DEFAULT_DOMAINS]
+    if not versions:
+        raise UnsupportedModelError(
+            f"`model` must import the default ONNX domain; {where} imports only "
+            f"{sorted(entry.domain for entry in proto.opset_import)}"
+        )
+    opset = int(versions[0])
+    low, high = SUPPORTED_OPSETS
+    if not low <= opset <= high:
+        raise UnsupportedModelError(
+            f"`model` must use default-domain opset {low} to {high}; {where} uses opset {opset}"
+        )
+    return opset

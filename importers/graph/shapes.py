@@ -1,0 +1,308 @@
+"""Static tensor shapes and small integer values (shape arithmetic) under assumed batch and sequence sizes.
+
+Public API
+----------
+ShapeContext
+    ``shape(name)`` and ``value(name)`` of any tensor, evaluated iteratively and memoised; None
+    wherever an op is not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from importers.errors import ImporterError
+from importers.graph.folding import (
+    FOLDERS,
+    apply_slice,
+    apply_split,
+    binary_fold,
+    flatten,
+    fold_squeeze,
+    node_axes,
+    reshape_target,
+    unsqueeze,
+)
+from importers.graph.index import GraphIndex
+from importers.graph.node import Node
+
+__all__ = ["ShapeContext"]
+
+
+class _MissingDependencyError(Exception):
+    """Internal: a dependency (``kind``, ``name``) must be computed first."""
+
+    def __init__(self, request: tuple[str, str]) -> None:
+        super().__init__(request)
+        self.request = request
+
+
+_SAME_SHAPE = frozenset(
+    "Cast Identity Erf Sqrt Relu Gelu Sigmoid Tanh Neg Reciprocal Softmax LogSoftmax IsNaN "
+    "Abs Exp Log Not Clip LeakyRelu Softplus Round Floor Ceil LayerNormalization "
+    "SimplifiedLayerNormalization RMSNormalization Dropout BatchNormalization HardSigmoid "
+    "Elu Selu Sin Cos".split()
+)
+_BROADCAST = frozenset(
+    "Add Sub Mul Div Pow Where Equal Greater Less GreaterOrEqual LessOrEqual And Or Xor Max Min "
+    "Mod BitwiseAnd BitwiseOr".split()
+)
+
+
+class ShapeContext:
+    """Static tensor shapes and small integer values, assuming concrete batch and sequence sizes.
+
+    Symbolic graph-input dimensions take ``batch`` (axis 0) or ``sequence`` (other axes) unless the
+    same symbol was seen before. Shapes may also be pinned with :meth:`set_shape`. Evaluation is
+    iterative (no recursion), memoised, and returns None wherever an op is not modelled.
+    """
+
+    def __init__(self, index: GraphIndex, *, batch: int, sequence: int) -> None:
+        self.index = index
+        self.batch = batch
+        self.sequence = sequence
+        self._memo: dict[tuple[str, str], Any] = {}
+        self._symbols: dict[str, int] = {}
+
+    def set_shape(self, name: str, shape: tuple[int, ...]) -> None:
+        """Pin the shape of ``name`` (used for tensors computed by a probe)."""
+        self._memo[("shape", name)] = tuple(int(dim) for dim in shape)
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The static shape of tensor ``name`` under the assumed sizes, or None."""
+        return self._resolve(("shape", name))
+
+    def value(self, name: str) -> np.ndarray | None:
+        """The value of a small integer tensor (shape arithmetic), or None."""
+        return self._resolve(("value", name))
+
+    def _get(self, kind: str, name: str) -> Any:
+        request = (kind, name)
+        if request not in self._memo:
+            raise _MissingDependencyError(request)
+        return self._memo[request]
+
+    def _resolve(self, request: tuple[str, str]) -> Any:
+        stack = [request]
+        on_stack = {request}
+        while stack:
+            top = stack[-1]
+            if top in self._memo:
+                stack.pop()
+                on_stack.discard(top)
+                continue
+            try:
+                result = self._compute(*top)
+            except ImporterError:
+                raise
+            except _MissingDependencyError as missing:
+                if missing.request in on_stack:
+                    self._memo[top] = None
+                else:
+                    stack.append(missing.request)
+                    on_stack.add(missing.request)
+                continue
+            except (ValueError, TypeError, IndexError, OverflowError):
+                result = None
+            self._memo[top] = result
+            stack.pop()
+            on_stack.discard(top)
+        return self._memo[request]
+
+    def _compute(self, kind: str, name: str) -> Any:
+        if not name:
+            return None
+        constant = self.index.constant_value(name)
+        if constant is not None:
+            return tuple(constant.shape) if kind == "shape" else constant
+        if name in self.index.graph_inputs:
+            return self._input_shape(name) if kind == "shape" else None
+        node = self.index.producer(name)
+        if node is None:
+            return None
+        if kind == "shape":
+            return self._node_shape(node, node.outputs.index(name))
+        return self._node_value(node)
+
+    def _input_shape(self, name: str) -> tuple[int, ...] | None:
+        value_type = self.index.graph_inputs[name].type
+        if not value_type.HasField("tensor_type") or not value_type.tensor_type.HasField("shape"):
+            return None
+        dims = []
+        for axis, dim in enumerate(value_type.tensor_type.shape.dim):
+            if dim.HasField("dim_value"):
+                dims.append(int(dim.dim_value))
+                continue
+            default = self.batch if axis == 0 else self.sequence
+            dims.append(
+                self._symbols.setdefault(dim.dim_param, default) if dim.dim_param else default
+            )
+        return tuple(dims)
+
+    def _node_shape(self, node: Node, output: int) -> tuple[int, ...] | None:
+        op = node.op_type
+        if op in _SAME_SHAPE and output == 0:
+            return self._get("shape", node.input(0))
+        if op in _BROADCAST:
+            shapes = [self._get("shape", name) for name in node.inputs]
+            return None if None in shapes else tuple(np.broadcast_shapes(*shapes))
+        if op == "Shape":
+            data = self._get("value", node.outputs[0])
+            return None if data is None else tuple(data.shape)
+        rule = _SHAPE_RULES.get(op)
+        if rule is None:
+            return None
+        dummy = rule(self, node, output)
+        return None if dummy is None else tuple(dummy.shape)
+
+    def dummy(self, name: str) -> np.ndarray:
+        """A zero-strided array with the shape of ``name`` (raises _MissingDependencyError or ValueError)."""
+        shape = self._get("shape", name)
+        if shape is None:
+            raise ValueError(name)
+        return np.broadcast_to(np.zeros((), dtype=np.int8), shape)
+
+    def _node_value(self, node: Node) -> np.ndarray | None:
+        op = node.op_type
+        if op == "Shape":
+            shape = self._get("shape", node.input(0))
+            if shape is None:
+                return None
+            start, end = node.attr("start", 0), node.attr("end")
+            return np.asarray(shape[start:end], dtype=np.int64)
+        if op == "Size":
+            shape = self._get("shape", node.input(0))
+            return None if shape is None else np.asarray(math.prod(shape), dtype=np.int64)
+        folder = FOLDERS.get(op) or _VALUE_RULES.get(op)
+        if folder is None:
+            return None
+        values = [self._get("value", name) if name else None for name in node.inputs]
+        if any(value is None for name, value in zip(node.inputs, values, strict=True) if name):
+            return None
+        return folder(node, values)
+
+
+def _slice_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray | None:
+    data = context.dummy(node.input(0))
+    return apply_slice(
+        data, *(context._get("value", name) if name else None for name in node.inputs[1:5])
+    )
+
+
+
+
+def _split_rule(context: ShapeContext, node: Node, output: int) -> np.ndarray:
+    sizes = context._get("value", node.input(1)) if node.input(1) else None
+    return apply_split(node, context.dummy(node.input(0)), sizes, output)
+
+
+def _reduce_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
+    data = context.dummy(node.input(0))
+    axes = context._get("value", node.input(1)) if node.input(1) else node.attr("axes")
+    keepdims = bool(node.attr("keepdims", 1))
+    if axes is None or len(np.ravel(axes)) == 0:
+        axes = range(data.ndim)
+    axes = tuple(int(axis) % data.ndim for axis in np.ravel(axes))
+    return np.zeros(np.sum(data, axis=axes, keepdims=keepdims).shape, dtype=np.int8)
+
+
+def _matmul_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
+    a, b = context.dummy(node.input(0)), context.dummy(node.input(1))
+    if a.ndim >= 2 and b.ndim >= 2:  # contract over one element only: the shape is all we need
+        return np.matmul(a[..., :1], b[..., :1, :])
+    return np.matmul(a, b)
+
+
+def _gemm_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
+    a, b = context.dummy(node.input(0)), context.dummy(node.input(1))
+    rows = a.shape[1] if node.attr("transA", 0) else a.shape[0]
+    cols = b.shape[0] if node.attr("transB", 0) else b.shape[1]
+    return np.broadcast_to(np.zeros((), np.int8), (rows, cols))
+
+
+def _with_values(function: Callable) -> Callable:
+    def rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
+        data = context.dummy(node.input(0))
+        values = [context._get("value", name) if name else None for name in node.inputs[1:]]
+        return function(node, data, values)
+
+    return rule
+
+
+_SHAPE_RULES: Mapping[str, Callable[[ShapeContext, Node, int], np.ndarray | None]] = {
+    "Transpose": _with_values(lambda node, data, _v: np.transpose(data, node.attr("perm"))),
+    "Reshape": _with_values(
+        lambda node, data, v: data.reshape(
+            reshape_target(data.shape, v[0], allowzero=bool(node.attr("allowzero", 0)))
+        )
+    ),
+    "Flatten": _with_values(
+        lambda node, data, _v: flatten(np.zeros(data.shape, np.int8), int(node.attr("axis", 1)))
+    ),
+    "Unsqueeze": _with_values(
+        lambda node, data, v: unsqueeze(data, node_axes(node, [None, *v], 1) or [])
+    ),
+    "Squeeze": _with_values(lambda node, data, v: fold_squeeze(node, [data, *v])),
+    "Expand": _with_values(
+        lambda _node, data, v: np.broadcast_to(
+            data, np.broadcast_shapes(data.shape, tuple(np.ravel(v[0])))
+        )
+    ),
+    "Tile": _with_values(
+        lambda _node, data, v: np.zeros(
+            tuple(d * int(r) for d, r in zip(data.shape, np.ravel(v[0]), strict=True)), np.int8
+        )
+    ),
+    "Gather": lambda context, node, _o: np.take(
+        context.dummy(node.input(0)),
+        np.zeros(context._get("shape", node.input(1)), np.int64),
+        axis=int(node.attr("axis", 0)),
+    ),
+    "Concat": lambda context, node, _o: np.concatenate(
+        [context.dummy(name) for name in node.inputs], axis=int(node.attr("axis"))
+    ),
+    "Slice": _slice_rule,
+    "Split": _split_rule,
+    "ReduceMean": _reduce_rule,
+    "ReduceSum": _reduce_rule,
+    "ReduceMax": _reduce_rule,
+    "MatMul": _matmul_rule,
+    "Gemm": _gemm_rule,
+    "ConstantOfShape": lambda context, node, _o: np.zeros(
+        tuple(np.ravel(context._get("value", node.input(0)))), np.int8
+    ),
+}
+
+
+def _value_where(_node: Node, values: list) -> np.ndarray:
+    return np.where(values[0], values[1], values[2])
+
+
+def _value_range(_node: Node, values: list) -> np.ndarray:
+    start, limit, delta = (np.ravel(value)[0] for value in values)
+    return np.arange(start, limit, delta)
+
+
+_VALUE_RULES: Mapping[str, Callable[[Node, list], np.ndarray]] = {
+    "Slice": lambda _node, values: apply_slice(values[0], *values[1:5]),
+    "Equal": binary_fold(np.equal),
+    "Where": _value_where,
+    "Max": lambda _node, values: np.maximum.reduce(values),
+    "Min": lambda _node, values: np.minimum.reduce(values),
+    "Not": lambda _node, values: np.logical_not(values[0]),
+    "Abs": lambda _node, values: np.abs(values[0]),
+    "Range": _value_range,
+    "ReduceProd": lambda _node, values: np.asarray(np.prod(values[0]), dtype=values[0].dtype),
+    "Expand": lambda _node, values: np.broadcast_to(
+        values[0], np.broadcast_shapes(values[0].shape, tuple(np.ravel(values[1])))
+    ),
+    "ConstantOfShape": lambda node, values: np.full(
+        tuple(np.ravel(values[0])),
+        node.attr("value", np.zeros(1, np.float32)).ravel()[0],
+    ),
+}
+

@@ -1,0 +1,53 @@
+"""Running a model: inputs, the onnxruntime runner, the audit, its records and its report.
+
+Modules
+-------
+feeds
+    :class:`Inputs` (feeds plus provenance) and checking feeds against a model's graph inputs.
+sources
+    Where inputs come from: bundled photographs and sentences, ``.npz``, images, text, noise.
+runner
+    :class:`Runner`: an onnxruntime session that returns chosen intermediate tensors.
+audit
+    :func:`audit`: per-layer smoothing, dominating eigenvalues and value spectra of a real model.
+records
+    :class:`AuditResult` and its typed parts, each with one ``to_dict()``.
+report
+    :func:`save_audit`: the report folder (JSON, tidy CSVs, Markdown), written atomically.
+"""
+
+from __future__ import annotations
+
+from importers.run.audit import audit, layer_tensors
+from importers.run.feeds import Inputs, check_feeds, for_graph
+from importers.run.records import AuditResult, DominanceCase
+from importers.run.report import render_report, save_audit
+from importers.run.runner import Runner, plain_session
+from importers.run.sources import (
+    bundled_inputs,
+    default_inputs,
+    from_images,
+    from_npz,
+    from_text,
+    random_inputs,
+)
+
+__all__ = [
+    "AuditResult",
+    "DominanceCase",
+    "Inputs",
+    "Runner",
+    "audit",
+    "bundled_inputs",
+    "check_feeds",
+    "default_inputs",
+    "for_graph",
+    "from_images",
+    "from_npz",
+    "from_text",
+    "layer_tensors",
+    "plain_session",
+    "random_inputs",
+    "render_report",
+    "save_audit",
+]

@@ -1,0 +1,325 @@
+"""The model audit: run a real ONNX Transformer on real inputs and measure smoothing layer by layer.
+
+For every input and layer the audit records the simulator's smoothing metrics of the hidden states;
+for every (input, layer, head) it finds the dominating eigenvalue of ``I + H_h ⊗ A`` from the real
+attention matrix A and the head's value-projection product (paper-spec §6.2, Table 1); and it reports
+the eigenvalues of W_V W_O per head and layer (Fig. 5).
+
+Layers
+------
+Layer 0 is the residual stream entering the first attention block (after the embeddings and any
+embedding norm); layer i is the output of block i-1, i.e. the stream entering block i. For a post-LN
+block that is the output of its last norm; for a pre-LN block the residual after its MLP add, before
+any final norm. Padding tokens (from the attention mask) never enter a metric; prefix tokens (CLS,
+registers) are left out of the metrics when ``exclude_prefix`` is set.
+
+Dominance counting
+------------------
+One case per (input, layer, head). A is the head's attention matrix restricted to real tokens (rows
+renormalised). H_h has the d_head eigenvalues of ``W_O^h W_V^h`` plus the zero eigenvalue of the
+rank-deficient d×d product (``granularity="head"``), or the d eigenvalues of the whole-layer
+``W_V W_O`` (``"layer"``); with ``fold_gamma`` the pre-LN γ is folded in (``diag(γ) W_V W_O``). The
+kind is perron when every dominating ``1 + λ^H λ^A`` uses the Perron root of A, non-perron otherwise
+(balanced ties, S4, are non-perron and also counted separately).
+
+Public API
+----------
+audit
+    Run the audit and return an :class:`~importers.run.records.AuditResult` (write it with
+    :func:`importers.run.report.save_audit`).
+layer_tensors
+    The graph tensors the audit records as layers (block 0's input, every block's output).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from importers.errors import ImporterInputError
+from importers.graph import OnnxModel, load_model
+from importers.match import find_attention_blocks
+from importers.run.feeds import Inputs
+from importers.run.records import (
+    AuditConfig,
+    AuditResult,
+    DominanceCase,
+    InputsInfo,
+    ModelInfo,
+    Provenance,
+    ProviderInfo,
+)
+from importers.run.runner import Runner
+from importers.run.sources import default_inputs
+from importers.value_spectra import head_eigenvalues, layer_eigenvalues, model_spectra
+from importers.weights import BlockWeights, block_weights
+from importers.zoo import ModelRef, ZooModel, file_sha256, lookup
+from simulator.metrics import METRICS, all_metrics
+from simulator.output import package_versions
+from simulator.theory import KINDS, dominance_kinds, kron_eigenvalues
+from simulator.tolerances import TIE_RTOL
+from simulator.validation import check_choice, check_positive_int
+
+__all__ = ["audit", "layer_tensors"]
+
+Granularity = Literal["head", "layer", "none"]
+_PACKAGES = ("oversmooth", "numpy", "scipy", "onnx", "onnxruntime", "onnxruntime-gpu")
+
+
+def layer_tensors(blocks: Sequence[BlockWeights], notes: list[str] | None = None) -> list[str]:
+    """Graph tensors of the recorded layers: block 0's input, then every block's output.
+
+    Layer 0 is the stream entering block 0, layer i the output of block i-1 (see the module
+    docstring). Where a block does not read its predecessor's output, a note is appended to
+    ``notes`` and the predecessor's output is used.
+    """
+    names = [blocks[0].input_name] + [block.output_name for block in blocks]
+    for i in range(1, len(blocks)):
+        if blocks[i].input_name != blocks[i - 1].output_name and notes is not None:
+            notes.append(
+                f"block {i} reads {blocks[i].input_name!r} but block {i - 1} ends at "
+                f"{blocks[i - 1].output_name!r}; layer {i} uses the latter"
+            )
+    return names
+
+
+def _hidden(array: np.ndarray, name: str) -> np.ndarray:
+    if array.ndim != 3:
+        raise ImporterInputError(
+            f"hidden state {name!r} must have shape (batch, tokens, features); got {array.shape}"
+        )
+    return array
+
+
+def _token_masks(
+    inputs: Inputs, start: int, batch: int, n_tokens: int, exclude_prefix: int
+) -> np.ndarray:
+    # Images have no mask (every position is real); a text mask must match the token axis exactly.
+    mask = inputs.token_mask_for(n_tokens)[start : start + batch].copy()
+    mask[:, :exclude_prefix] = False
+    return mask
+
+
+def _value_spectra(
+    blocks: Sequence[BlockWeights], granularity: Granularity, fold_gamma: bool
+) -> list[np.ndarray]:
+    """Per block a (n_heads, k) array of H eigenvalues used for dominance."""
+    spectra = []
+    for block in blocks:
+        gamma = fold_gamma and block.norm == "pre" and block.gamma is not None
+        if granularity == "layer":
+            values = np.tile(layer_eigenvalues(block, gamma=gamma), (block.n_heads, 1))
+        else:
+            values = np.stack(
+                [head_eigenvalues(block, h, gamma=gamma) for h in range(block.n_heads)]
+            )
+            if block.d_model > block.d_head:  # the d×d product also has the eigenvalue 0
+                values = np.concatenate([values, np.zeros((block.n_heads, 1))], axis=1)
+        spectra.append(values)
+    return spectra
+
+
+def _dominance_cases(
+    probs: np.ndarray,
+    token_mask: np.ndarray,
+    eig_H: np.ndarray,
+    item: int,
+    layer: int,
+    tie_rtol: float,
+) -> list[DominanceCase]:
+    """Cases for every head of one input: probs (heads, T, T), token_mask (T,), eig_H (heads, k)."""
+    keep = np.flatnonzero(token_mask)
+    A = probs[:, keep][:, :, keep].astype(np.float64)
+    A = A / A.sum(axis=-1, keepdims=True)
+    eig_A = np.linalg.eigvals(A)
+    kinds = dominance_kinds(eig_A, eig_H, tie_rtol=tie_rtol)
+    mu = kron_eigenvalues(eig_A, eig_H)
+    cases = []
+    for head in range(A.shape[0]):
+        i, j = np.unravel_index(np.argmax(np.abs(mu[head])), mu[head].shape)
+        cases.append(
+            DominanceCase(
+                item,
+                layer,
+                head,
+                KINDS[int(kinds[head])],
+                complex(mu[head, i, j]),
+                complex(eig_A[head, i]),
+                complex(eig_H[head, j]),
+                int(keep.size),
+            )
+        )
+    return cases
+
+
+def _attention_probs(array: np.ndarray, name: str, n_heads: int) -> np.ndarray:
+    if array.ndim != 4 or array.shape[1] != n_heads or array.shape[2] != array.shape[3]:
+        raise ImporterInputError(
+            f"attention probabilities {name!r} must have shape (batch, {n_heads}, T, T); got {array.shape}"
+        )
+    return array
+
+
+def _measure_layers(
+    outputs: dict[str, np.ndarray],
+    layer_names: Sequence[str],
+    inputs: Inputs,
+    start: int,
+    prefix: int,
+    per_input: dict[str, np.ndarray],
+) -> None:
+    """Fill ``per_input[metric][item, layer]`` for one batch of hidden states (real tokens only)."""
+    for layer, name in enumerate(layer_names):
+        hidden = _hidden(outputs[name], name)
+        masks = _token_masks(inputs, start, hidden.shape[0], hidden.shape[1], prefix)
+        for b in range(hidden.shape[0]):
+            for metric, value in all_metrics(hidden[b][masks[b]].astype(np.float64)).items():
+                per_input[metric][start + b, layer] = float(value)
+
+
+def _measure_dominance(
+    outputs: dict[str, np.ndarray],
+    blocks: Sequence[BlockWeights],
+    attention: Sequence[str],
+    inputs: Inputs,
+    start: int,
+    eig_H: Sequence[np.ndarray],
+    tie_rtol: float,
+) -> list[DominanceCase]:
+    """Dominance cases of one batch: every (input, layer, head) with its attention matrix."""
+    cases: list[DominanceCase] = []
+    for layer, (block, name) in enumerate(zip(blocks, attention, strict=False)):
+        probs = _attention_probs(outputs[name], name, block.n_heads)
+        real = _token_masks(inputs, start, probs.shape[0], probs.shape[-1], 0)
+        for b in range(probs.shape[0]):
+            cases += _dominance_cases(probs[b], real[b], eig_H[layer], start + b, layer, tie_rtol)
+    return cases
+
+
+def _prefix_count(exclude_prefix: bool | int, entry: ZooModel | None) -> int:
+    if isinstance(exclude_prefix, bool):
+        if not exclude_prefix:
+            return 0
+        return int(entry.prefix_tokens) if entry is not None else 1
+    if not isinstance(exclude_prefix, int | np.integer) or exclude_prefix < 0:
+        raise ImporterInputError(
+            f"`exclude_prefix` must be a bool or a non-negative integer; got {exclude_prefix!r}"
+        )
+    return int(exclude_prefix)
+
+
+def _open(model: str | os.PathLike[str] | OnnxModel, entry: ZooModel | None) -> ModelRef:
+    """The model as (file, zoo entry), plus the loaded graph: parsed once, here or by the caller."""
+    if isinstance(model, OnnxModel):
+        if model.path is None:
+            raise ImporterInputError("`model` must have been loaded from a file; got an in-memory model")
+        return ModelRef(model.path, entry)
+    return lookup(model)
+
+
+def audit(
+    model: str | os.PathLike[str] | OnnxModel,
+    inputs: Inputs | None = None,
+    *,
+    entry: ZooModel | None = None,
+    provider: Literal["auto", "cpu", "cuda"] = "auto",
+    batch_size: int = 4,
+    exclude_prefix: bool | int = False,
+    dominance: Granularity = "head",
+    fold_gamma: bool = False,
+    tie_rtol: float = TIE_RTOL,
+    progress: bool = False,
+) -> AuditResult:
+    """Audit a model: per-layer smoothing of real inputs, dominating eigenvalues, value spectra.
+
+    Parameters
+    ----------
+    model : str, path or OnnxModel
+        An ONNX file or a zoo name (``oversmooth models``; fetched on first use), or a model already
+        loaded with :func:`importers.graph.load_model` (it is not parsed again).
+    inputs : Inputs, optional
+        Default: the bundled photographs (image models) or sentences (text models).
+    entry : ZooModel, optional
+        The zoo entry of an already loaded ``model`` (preprocessing, prefix tokens, display name);
+        looked up automatically when ``model`` is a zoo name.
+    provider : {"auto", "cpu", "cuda"}
+        onnxruntime execution provider; ``"cuda"`` fails unless the session really runs on CUDA.
+    batch_size : int
+        Inputs per onnxruntime call (bounds memory).
+    exclude_prefix : bool or int
+        Leave prefix tokens out of the metrics: True uses the zoo's count (CLS = 1), an int counts.
+    dominance : {"head", "layer", "none"}
+        H granularity of the dominance table, or skip it (no attention tensors fetched).
+    fold_gamma : bool
+        Fold the pre-LN γ into H for the dominance table.
+    tie_rtol : float
+        Relative tolerance for ties of |μ|.
+    progress : bool
+        Show a progress bar (stderr).
+
+    Returns
+    -------
+    AuditResult
+    """
+    check_choice(dominance, "dominance", ("head", "layer", "none"))
+    batch_size = check_positive_int(batch_size, "batch_size")
+    ref = _open(model, entry)
+    prefix = _prefix_count(exclude_prefix, ref.entry)
+    graph = model if isinstance(model, OnnxModel) else load_model(ref.path)
+    blocks = [block_weights(graph, block) for block in find_attention_blocks(graph).blocks]
+    fed = {spec.name for spec in graph.inputs}  # e.g. a model that reads embeddings
+    notes: list[str] = []
+    inputs = default_inputs(graph.inputs, ref.entry) if inputs is None else inputs
+    if inputs.random:
+        notes.append(
+            "inputs are RANDOM, not real data: smoothing of noise says little about the model"
+        )
+    layer_names = layer_tensors(blocks, notes)
+    attention = [b.attention_name for b in blocks] if dominance != "none" else []
+    exposed = [name for name in dict.fromkeys(layer_names + attention) if name not in fed]
+    runner = Runner(graph, expose=exposed, provider=provider)
+    eig_H = _value_spectra(blocks, dominance, fold_gamma) if dominance != "none" else []
+    per_input = {name: np.full((inputs.batch_size, len(layer_names)), np.nan) for name in METRICS}
+    cases: list[DominanceCase] = []
+    start = 0
+    for outputs in runner.run(inputs, batch_size=batch_size, progress=progress):
+        batch = next(iter(outputs.values())).shape[0]
+        for name in fed.intersection(layer_names):
+            outputs[name] = np.asarray(inputs.feeds[name][start : start + batch])
+        # Many small SVD and eigenvalue problems: one BLAS thread each is fastest, and it avoids
+        # the collapse of multithreaded BLAS on a busy machine (5-20x measured on 2 cores).
+        with threadpool_limits(limits=1, user_api="blas"):
+            _measure_layers(outputs, layer_names, inputs, start, prefix, per_input)
+            cases += _measure_dominance(outputs, blocks, attention, inputs, start, eig_H, tie_rtol)
+        start += batch
+    return AuditResult(
+        model=ModelInfo(ref.name, str(ref.path), file_sha256(ref.path), len(blocks)),
+        inputs=InputsInfo(
+            inputs.source, inputs.digest, inputs.batch_size, inputs.random, tuple(inputs.labels)
+        ),
+        provider=ProviderInfo(provider, tuple(runner.provider_used), runner.provider_note),
+        blocks=blocks,
+        metrics=per_input,
+        dominance=cases,
+        spectra=model_spectra(blocks),
+        config=AuditConfig(
+            batch_size=batch_size,
+            exclude_prefix=prefix,
+            dominance=dominance,
+            fold_gamma=fold_gamma,
+            tie_rtol=tie_rtol,
+            metrics=tuple(METRICS),
+        ),
+        provenance=Provenance(
+            python=platform.python_version(),
+            versions=package_versions(_PACKAGES),
+            runner=runner.provenance(),
+            inputs_digest=inputs.digest,
+        ),
+        notes=notes,
+    )

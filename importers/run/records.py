@@ -1,0 +1,321 @@
+"""What an audit measured, as typed records: :class:`AuditResult` and its parts.
+
+Every record has one ``to_dict()``, used by every JSON output (``audit.json``, the report's
+provenance block, the figures' caches), so a key is spelled once.
+
+Public API
+----------
+AuditResult
+    Everything one audit measured, with per-layer rows and summaries.
+ModelInfo, InputsInfo, ProviderInfo, AuditConfig, Provenance
+    What was run, on what, where, how.
+DominanceCase
+    The dominating eigenvalue of ``I + H_h ⊗ A`` for one (input, layer, head).
+DominanceSummary, BlockVerdict
+    Perron / non-Perron fractions overall and per attention block, with each block's predicted and
+    observed direction.
+LAYER_COLUMNS, DOMINANCE_COLUMNS
+    The columns of ``layers.csv`` and ``dominance.csv``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from importers.value_spectra import SpectrumRow, summarize_spectra
+from importers.weights import BlockWeights
+
+__all__ = [
+    "DOMINANCE_COLUMNS",
+    "LAYER_COLUMNS",
+    "AuditConfig",
+    "AuditResult",
+    "BlockVerdict",
+    "DominanceCase",
+    "DominanceSummary",
+    "InputsInfo",
+    "ModelInfo",
+    "Provenance",
+    "ProviderInfo",
+]
+
+#: Columns of ``layers.csv``.
+LAYER_COLUMNS = ("layer", "metric", "mean", "std", "n")
+#: Columns of ``dominance.csv``.
+DOMINANCE_COLUMNS = (
+    "input",
+    "layer",
+    "head",
+    "kind",
+    "mu_real",
+    "mu_imag",
+    "modulus",
+    "lambda_a_real",
+    "lambda_a_imag",
+    "lambda_h_real",
+    "lambda_h_imag",
+    "n_tokens",
+)
+
+
+class Record:
+    """Mixin: ``to_dict()`` of a dataclass, field by field (nested records stay objects; the JSON
+    serialiser :func:`simulator.output.to_json` converts them through their own ``to_dict``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {item.name: getattr(self, item.name) for item in fields(self)}  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ModelInfo(Record):
+    """The audited model: display name, file, its sha256, the number of attention blocks."""
+
+    name: str
+    path: str
+    sha256: str
+    n_blocks: int
+
+
+@dataclass(frozen=True)
+class InputsInfo(Record):
+    """The inputs: where they came from, their digest, how many, whether random, their labels."""
+
+    source: str
+    digest: str
+    n_inputs: int
+    random: bool
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ProviderInfo(Record):
+    """The onnxruntime provider asked for, the providers the session really runs, and why."""
+
+    requested: str
+    used: tuple[str, ...]
+    note: str
+
+
+@dataclass(frozen=True)
+class AuditConfig(Record):
+    """Every option that changes the numbers."""
+
+    batch_size: int
+    exclude_prefix: int
+    dominance: str
+    fold_gamma: bool
+    tie_rtol: float
+    metrics: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Provenance(Record):
+    """Python and package versions, the runner's session record, the inputs' digest."""
+
+    python: str
+    versions: dict[str, str]
+    runner: dict[str, Any]
+    inputs_digest: str
+
+
+@dataclass(frozen=True)
+class DominanceCase(Record):
+    """The dominating eigenvalue ``μ = 1 + λ^H λ^A`` of ``I + H_h ⊗ A`` for one (input, layer, head).
+
+    ``kind`` is ``"perron"`` (μ uses the Perron root of A: smoothing), ``"non-perron"`` or
+    ``"balanced"`` (tied dominating modes in both A and H; counted as non-perron too).
+    """
+
+    input: int
+    layer: int
+    head: int
+    kind: str
+    mu: complex
+    lambda_a: complex
+    lambda_h: complex
+    n_tokens: int
+
+    def row(self) -> tuple[Any, ...]:
+        """The ``dominance.csv`` row, in :data:`DOMINANCE_COLUMNS` order."""
+        return (
+            self.input,
+            self.layer,
+            self.head,
+            self.kind,
+            self.mu.real,
+            self.mu.imag,
+            abs(self.mu),
+            self.lambda_a.real,
+            self.lambda_a.imag,
+            self.lambda_h.real,
+            self.lambda_h.imag,
+            self.n_tokens,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(zip(DOMINANCE_COLUMNS, self.row(), strict=True))
+
+
+@dataclass(frozen=True)
+class BlockVerdict(Record):
+    """One attention block: its dominance fractions against what it did to the stream.
+
+    ``layer`` is the block's index: it maps layer ``layer`` to ``layer + 1``. Predicted: smoothing
+    when most of its cases are perron-type. Observed: smoothing when the mean HFC/LFC falls
+    (``hfc_lfc_ratio`` < 1) and the mean cosine rises, "no smoothing" when both move the other way,
+    else "mixed" (``agree`` is None). The theory is for repeated linear layers: a heuristic reading.
+    """
+
+    layer: int
+    cases: int
+    perron: float
+    non_perron: float
+    balanced: float
+    hfc_lfc_ratio: float
+    cosine_change: float
+    predicted: str
+    observed: str
+    agree: bool | None
+
+
+@dataclass(frozen=True)
+class DominanceSummary(Record):
+    """Fractions of perron / non-perron / balanced cases overall (None without cases) and per block."""
+
+    cases: int
+    perron: float | None
+    non_perron: float | None
+    balanced: float | None
+    per_layer: tuple[BlockVerdict, ...]
+
+
+def _fractions(kinds: np.ndarray) -> tuple[float, float, float]:
+    perron = float(np.mean(kinds == "perron"))
+    return perron, 1.0 - perron, float(np.mean(kinds == "balanced"))
+
+
+def _verdict(
+    layer: int, kinds: np.ndarray, means: dict[tuple[int, str], float]
+) -> BlockVerdict:
+    perron, non_perron, balanced = _fractions(kinds)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero or NaN mean gives no verdict
+        ratio = np.float64(means[layer + 1, "hfc_lfc"]) / np.float64(means[layer, "hfc_lfc"])
+    cosine = means[layer + 1, "cosine"] - means[layer, "cosine"]
+    predicted = "smoothing" if perron >= 0.5 else "no smoothing"
+    if ratio < 1 and cosine > 0:
+        observed = "smoothing"
+    elif ratio > 1 and cosine < 0:
+        observed = "no smoothing"
+    else:
+        observed = "mixed"
+    return BlockVerdict(
+        layer=layer,
+        cases=int(kinds.size),
+        perron=perron,
+        non_perron=non_perron,
+        balanced=balanced,
+        hfc_lfc_ratio=float(ratio),
+        cosine_change=float(cosine),
+        predicted=predicted,
+        observed=observed,
+        agree=None if observed == "mixed" else predicted == observed,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class AuditResult:
+    """Everything one audit measured.
+
+    Attributes
+    ----------
+    model : ModelInfo
+    inputs : InputsInfo
+    provider : ProviderInfo
+    blocks : list of BlockWeights
+    metrics : dict of str to (n_inputs, n_layers) ndarray
+        Every metric of :data:`simulator.metrics.METRICS` per input and layer (NaN where undefined).
+    dominance : list of DominanceCase
+    spectra : list of SpectrumRow
+    config : AuditConfig
+    provenance : Provenance
+    notes : list of str
+        Observations worth reading (random inputs, a layer-boundary mismatch).
+    """
+
+    model: ModelInfo
+    inputs: InputsInfo
+    provider: ProviderInfo
+    blocks: list[BlockWeights]
+    metrics: dict[str, np.ndarray]
+    dominance: list[DominanceCase]
+    spectra: list[SpectrumRow]
+    config: AuditConfig
+    provenance: Provenance
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_layers(self) -> int:
+        """Number of recorded layers (blocks + 1)."""
+        return next(iter(self.metrics.values())).shape[1]
+
+    def layer_rows(self) -> list[dict[str, Any]]:
+        """Tidy ``layer,metric,mean,std,n`` rows: mean and std over inputs (NaN-aware)."""
+        rows = []
+        for layer in range(self.n_layers):
+            for name, values in self.metrics.items():
+                column = values[:, layer]
+                finite = column[np.isfinite(column)]
+                rows.append(
+                    {
+                        "layer": layer,
+                        "metric": name,
+                        "mean": float(finite.mean()) if finite.size else float("nan"),
+                        "std": float(finite.std()) if finite.size else float("nan"),
+                        "n": int(finite.size),
+                    }
+                )
+        return rows
+
+    def final_metrics(self) -> dict[str, float]:
+        """Each metric's mean over inputs at the last layer."""
+        last = self.n_layers - 1
+        return {row["metric"]: row["mean"] for row in self.layer_rows() if row["layer"] == last}
+
+    def dominance_summary(self) -> DominanceSummary:
+        """Fractions of perron / non-perron cases overall and per attention block (they sum to 1)."""
+        if not self.dominance:
+            return DominanceSummary(0, None, None, None, ())
+        kinds = np.array([case.kind for case in self.dominance])
+        layers = np.array([case.layer for case in self.dominance])
+        means = {(r["layer"], r["metric"]): r["mean"] for r in self.layer_rows()}
+        per_layer = tuple(
+            _verdict(int(layer), kinds[layers == layer], means) for layer in np.unique(layers)
+        )
+        return DominanceSummary(int(kinds.size), *_fractions(kinds), per_layer)
+
+    def spectra_summary(self) -> dict[str, Any]:
+        """Per spectrum kind: count, negative fraction, skewness, spectral radius."""
+        return {kind: vars(summary) for kind, summary in summarize_spectra(self.spectra).items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``audit.json`` document."""
+        return {
+            "model": self.model,
+            "provider": self.provider,
+            "n_inputs": self.inputs.n_inputs,
+            "inputs": self.inputs,
+            "blocks": self.blocks,
+            "layers": {
+                "definition": "layer 0 = stream entering block 0; layer i = output of block i-1",
+                "count": self.n_layers,
+                "final": self.final_metrics(),
+            },
+            "dominance": self.dominance_summary(),
+            "spectra": self.spectra_summary(),
+            "config": self.config,
+            "provenance": self.provenance,
+            "notes": self.notes,
+        }

@@ -1,0 +1,414 @@
+"""Where a model's inputs come from: bundled photographs and sentences, user files, or labelled noise.
+
+Every source returns an :class:`~importers.run.feeds.Inputs`; given the model's graph inputs it maps
+the canonical feeds onto them and checks them (:func:`~importers.run.feeds.for_graph`).
+
+Public API
+----------
+bundled_inputs
+    The photographs or sentences shipped with the package.
+default_inputs
+    The bundled inputs that suit a model (its zoo entry, else its graph inputs).
+from_npz, from_images, from_text, random_inputs
+    Inputs from an ``.npz`` of feeds, a folder of images, a text file (needs ``tokenizers``) or noise.
+load_image
+    One image as an RGB ``(size, size, 3)`` uint8 array: shorter side resized, centre-cropped.
+DATA_DIR, IMAGE_SUFFIXES
+    The bundled data folder; the image file suffixes read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from importers.errors import FeedError, ImporterInputError, MissingDependencyError
+from importers.graph import GraphInput
+from importers.graph.load import Dim
+from importers.run.feeds import IMAGE_FEED, TEXT_FEEDS, Inputs, check_feeds, feeds_digest, for_graph
+from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, ZooModel
+from simulator.validation import as_generator, check_positive_int
+
+__all__ = [
+    "DATA_DIR",
+    "IMAGE_SUFFIXES",
+    "bundled_inputs",
+    "default_inputs",
+    "from_images",
+    "from_npz",
+    "from_text",
+    "load_image",
+    "random_inputs",
+]
+
+#: Folder of the bundled inputs (images/, sentences.txt, sentences.npz, LICENSE.md).
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+#: File suffixes :func:`from_images` reads.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def _maybe_for_graph(inputs: Inputs, expected: Sequence[GraphInput] | None) -> Inputs:
+    return inputs if expected is None else for_graph(inputs, expected)
+
+
+def load_image(path: str | os.PathLike[str], size: int) -> NDArray[np.uint8]:
+    """Read an image as RGB, resize its shorter side to ``size`` (bicubic) and centre-crop.
+
+    Returns
+    -------
+    (size, size, 3) uint8 ndarray
+
+    Raises
+    ------
+    ImporterInputError
+        The file cannot be read as an image (the message names the file).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            rgb = image.convert("RGB")
+    except (OSError, UnidentifiedImageError, ValueError) as err:
+        raise ImporterInputError(
+            f"`images` must be readable image files; cannot read {path}: {err}"
+        ) from err
+    width, height = rgb.size
+    scale = size / min(width, height)
+    new_size = (max(size, round(width * scale)), max(size, round(height * scale)))
+    resized = rgb.resize(new_size, Image.Resampling.BICUBIC)
+    left = (new_size[0] - size) // 2
+    top = (new_size[1] - size) // 2
+    cropped = resized.crop((left, top, left + size, top + size))
+    return np.asarray(cropped, dtype=np.uint8)
+
+
+def _normalise(
+    images: NDArray[np.uint8], mean: Sequence[float], std: Sequence[float]
+) -> NDArray[np.float32]:
+    """(B, H, W, 3) uint8 → (B, 3, H, W) float32, ``(x / 255 - mean) / std`` per channel."""
+    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        raise ImporterInputError(
+            f"`mean` and `std` must have 3 entries with std > 0; got {tuple(mean)}, {tuple(std)}"
+        )
+    scaled = images.astype(np.float32) / np.float32(255.0)
+    normalised = (scaled - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    return np.ascontiguousarray(normalised.transpose(0, 3, 1, 2), dtype=np.float32)
+
+
+def _image_inputs(
+    files: Sequence[Path], size: int, mean: Sequence[float], std: Sequence[float], source: str
+) -> Inputs:
+    pixels = np.stack([load_image(path, size) for path in files])
+    return Inputs(
+        feeds={IMAGE_FEED: _normalise(pixels, mean, std)},
+        token_mask=None,
+        labels=tuple(path.name for path in files),
+        source=source,
+    )
+
+
+def _image_files(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        raise ImporterInputError(f"`images` must be a folder of images; got {directory}")
+    files = sorted(
+        path
+        for path in directory.iterdir()
+        if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
+    )
+    if not files:
+        raise ImporterInputError(
+            f"`images` must contain image files ({', '.join(IMAGE_SUFFIXES)}); got none in "
+            f"{directory}"
+        )
+    return files
+
+
+def from_images(
+    directory: str | os.PathLike[str],
+    *,
+    size: int = 224,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    graph: Sequence[GraphInput] | None = None,
+) -> Inputs:
+    """Every image in a folder (sorted by name), as one normalised NCHW float32 batch.
+
+    Each image is converted to RGB, its shorter side resized to ``size`` and centre-cropped
+    (:func:`load_image`), then normalised per channel as ``(x / 255 - mean) / std``.
+
+    Parameters
+    ----------
+    directory : path-like
+        Folder of ``.png``/``.jpg``/... files.
+    size : int
+        Output side in pixels.
+    mean, std : sequence of 3 floats
+        Per-channel normalisation (ImageNet by default).
+    graph : sequence of GraphInput, optional
+        Map and check the feed against these graph inputs.
+
+    Returns
+    -------
+    Inputs
+        ``feeds`` holds one ``(B, 3, size, size)`` float32 array; ``labels`` are file names.
+    """
+    folder = Path(directory)
+    inputs = _image_inputs(_image_files(folder), size, mean, std, f"images:{folder}")
+    return _maybe_for_graph(inputs, graph)
+
+
+def _text_inputs(
+    ids: np.ndarray, mask: np.ndarray, types: np.ndarray, labels: Sequence[str], source: str
+) -> Inputs:
+    feeds = {
+        "input_ids": np.asarray(ids, dtype=np.int64),
+        "attention_mask": np.asarray(mask, dtype=np.int64),
+        "token_type_ids": np.asarray(types, dtype=np.int64),
+    }
+    return Inputs(
+        feeds=feeds,
+        token_mask=feeds["attention_mask"].astype(bool),
+        labels=tuple(labels),
+        source=source,
+    )
+
+
+def _read_sentences(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ImporterInputError(f"`text` must be a readable UTF-8 text file; cannot read {path}") from err
+    sentences = [line.strip() for line in text.splitlines() if line.strip()]
+    if not sentences:
+        raise ImporterInputError(f"`text` must hold at least one non-empty line; got none in {path}")
+    return sentences
+
+
+def _load_tokenizer(tokenizer_json: Path, max_length: int) -> Any:
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as err:
+        raise MissingDependencyError(
+            "reading text files needs the `tokenizers` package; install it with "
+            "`pip install 'oversmooth[text]'` (or `pip install tokenizers`)"
+        ) from err
+    try:
+        tokenizer = Tokenizer.from_file(os.fspath(tokenizer_json))
+    except Exception as err:  # tokenizers raises its own untyped exceptions
+        raise ImporterInputError(
+            f"`tokenizer` must be a tokenizer.json file; cannot load {tokenizer_json}: {err}"
+        ) from err
+    tokenizer.enable_truncation(max_length=max_length)
+    tokenizer.enable_padding()
+    return tokenizer
+
+
+def from_text(
+    file: str | os.PathLike[str],
+    tokenizer_json: str | os.PathLike[str],
+    *,
+    max_length: int = 512,
+    graph: Sequence[GraphInput] | None = None,
+) -> Inputs:
+    """One sentence per non-empty line of ``file``, tokenized with a Hugging Face ``tokenizer.json``.
+
+    Needs the optional ``tokenizers`` package. Sequences are padded to the longest and truncated to
+    ``max_length`` tokens.
+
+    Returns
+    -------
+    Inputs
+        ``input_ids``, ``attention_mask``, ``token_type_ids`` as ``(B, T)`` int64; labels are the
+        sentences.
+
+    Raises
+    ------
+    MissingDependencyError
+        ``tokenizers`` is not installed (the message names the extra to install).
+    """
+    path = Path(file)
+    sentences = _read_sentences(path)
+    tokenizer = _load_tokenizer(Path(tokenizer_json), max_length)
+    encodings = tokenizer.encode_batch(sentences)
+    inputs = _text_inputs(
+        np.array([enc.ids for enc in encodings]),
+        np.array([enc.attention_mask for enc in encodings]),
+        np.array([enc.type_ids for enc in encodings]),
+        sentences,
+        f"text:{path}",
+    )
+    return _maybe_for_graph(inputs, graph)
+
+
+def _bundled_text() -> Inputs:
+    sentences = _read_sentences(DATA_DIR / "sentences.txt")
+    with np.load(DATA_DIR / "sentences.npz", allow_pickle=False) as data:
+        arrays = {name: data[name] for name in TEXT_FEEDS}
+    return _text_inputs(
+        arrays["input_ids"],
+        arrays["attention_mask"],
+        arrays["token_type_ids"],
+        sentences,
+        "bundled-text",
+    )
+
+
+def bundled_inputs(
+    kind: Literal["text", "image"],
+    *,
+    graph: Sequence[GraphInput] | None = None,
+    size: int = 224,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+) -> Inputs:
+    """The real inputs shipped with the package.
+
+    ``"image"``: six CC0 / public-domain photographs (224x224 RGB PNG, see ``data/LICENSE.md``),
+    normalised with ``mean``/``std`` and resized if ``size`` differs. ``"text"``: a dozen English
+    sentences of 8–40 words, pre-tokenized with the BERT uncased WordPiece vocabulary
+    (``[CLS] … [SEP]``, padded to the longest).
+
+    Parameters
+    ----------
+    kind : {"text", "image"}
+        What the model reads (``ZooModel.kind``).
+    graph : sequence of GraphInput, optional
+        Map and check the feeds against these graph inputs.
+    size, mean, std
+        Image side and normalisation (images only).
+    """
+    if kind == "text":
+        inputs = _bundled_text()
+    elif kind == "image":
+        files = sorted((DATA_DIR / "images").glob("*.png"))
+        inputs = _image_inputs(files, size, mean, std, "bundled-images")
+    else:
+        raise ImporterInputError(f"`kind` must be one of text, image; got {kind!r}")
+    return _maybe_for_graph(inputs, graph)
+
+
+def _npz_labels(data: Mapping[str, np.ndarray], batch: int) -> tuple[str, ...]:
+    if "labels" in data:
+        labels = tuple(str(label) for label in np.asarray(data["labels"]).reshape(-1))
+        if len(labels) != batch:
+            raise ImporterInputError(f"`labels` in the npz must have {batch} entries; got {len(labels)}")
+        return labels
+    return tuple(f"item-{index}" for index in range(batch))
+
+
+def from_npz(path: str | os.PathLike[str], graph: Sequence[GraphInput]) -> Inputs:
+    """Feeds stored in an ``.npz`` under the graph input names (plus an optional ``labels`` array).
+
+    The token mask is taken from an ``attention_mask`` feed when there is one.
+
+    Raises
+    ------
+    ImporterInputError
+        The file cannot be read as an npz (message names the file).
+    FeedError
+        The arrays do not fit the graph inputs.
+    """
+    file = Path(path)
+    try:
+        with np.load(file, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError) as err:
+        raise ImporterInputError(f"`inputs` must be a readable .npz file; cannot read {file}") from err
+    feeds = {name: array for name, array in arrays.items() if name != "labels"}
+    check_feeds(feeds, graph)
+    batch = next((int(array.shape[0]) for array in feeds.values() if array.ndim), 1)
+    mask_name = next((spec.name for spec in graph if "mask" in spec.name.lower()), None)
+    mask = feeds[mask_name].astype(bool) if mask_name else None
+    digest = feeds_digest(feeds)
+    return Inputs(
+        feeds=feeds,
+        token_mask=mask if mask is not None and mask.ndim == 2 else None,
+        labels=_npz_labels(arrays, batch),
+        source=f"npz:{digest[:12]}",
+        digest=digest,
+    )
+
+
+def _random_dim(axis: int, dim: Dim, batch: int, seq: int) -> int:
+    if isinstance(dim, int):
+        return dim
+    return batch if axis == 0 else seq
+
+
+def _random_feed(
+    spec: GraphInput, shape: tuple[int, ...], rng: np.random.Generator, vocab_size: int
+) -> np.ndarray:
+    lowered = spec.name.lower()
+    if spec.dtype.kind in "iu":
+        if "mask" in lowered:
+            return np.ones(shape, dtype=spec.dtype)
+        if "type" in lowered or "position" in lowered:
+            return np.zeros(shape, dtype=spec.dtype)
+        return rng.integers(0, vocab_size, size=shape).astype(spec.dtype)
+    if spec.dtype.kind == "f":
+        return rng.standard_normal(shape).astype(spec.dtype)
+    if spec.dtype.kind == "b":
+        return np.ones(shape, dtype=bool)
+    raise FeedError(f"cannot make random data for {spec.describe()}")
+
+
+def random_inputs(
+    graph: Sequence[GraphInput],
+    *,
+    seed: int = 0,
+    batch: int = 2,
+    seq: int = 16,
+    vocab_size: int = 1000,
+) -> Inputs:
+    """Labelled random feeds for every graph input (``random=True``; not real data).
+
+    Axis 0 of a symbolic shape gets ``batch``, other symbolic axes ``seq``, fixed axes their size.
+    Integer inputs whose name contains ``mask`` are ones, ``type``/``position`` zeros, others ids
+    drawn uniformly from ``[0, vocab_size)``; float inputs are standard normal.
+    """
+    for value, name in ((batch, "batch"), (seq, "seq"), (vocab_size, "vocab_size")):
+        check_positive_int(value, name)
+    rng = as_generator(seed)
+    feeds = {}
+    for spec in graph:
+        shape = tuple(_random_dim(axis, dim, batch, seq) for axis, dim in enumerate(spec.shape))
+        feeds[spec.name] = _random_feed(spec, shape, rng, vocab_size)
+    n_items = next((array.shape[0] for array in feeds.values() if array.ndim), 1)
+    mask_name = next((spec.name for spec in graph if "mask" in spec.name.lower()), None)
+    mask = feeds[mask_name].astype(bool) if mask_name and feeds[mask_name].ndim == 2 else None
+    return Inputs(
+        feeds=feeds,
+        token_mask=mask,
+        labels=tuple(f"random-{seed}-{index}" for index in range(n_items)),
+        source="random",
+        random=True,
+    )
+
+
+def default_inputs(graph: Sequence[GraphInput], entry: ZooModel | None = None) -> Inputs:
+    """The bundled photographs or sentences that suit a model, mapped onto its graph inputs.
+
+    A zoo entry says what the model reads and how to preprocess images; without one, a single
+    4-axis float input means images (at the graph's side when it is fixed, else 224), anything else
+    text.
+    """
+    if entry is not None:
+        if entry.kind == "image":
+            return bundled_inputs(
+                "image",
+                graph=graph,
+                size=entry.image_size or 224,
+                mean=entry.mean or IMAGENET_MEAN,
+                std=entry.std or IMAGENET_STD,
+            )
+        return bundled_inputs("text", graph=graph)
+    image = [g for g in graph if g.dtype.kind == "f" and len(g.shape) == 4]
+    if image:
+        side = image[0].shape[-1]
+        return bundled_inputs("image", graph=graph, size=side if isinstance(side, int) else 224)
+    return bundled_inputs("text", graph=graph)
