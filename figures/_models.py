@@ -67,9 +67,9 @@ Transform = Literal["trained", "random-init", "plus", "minus"]
 #: Bundled inputs per model kind in quick mode (full mode uses all: 6 images, 12 sentences).
 QUICK_INPUTS = {"image": 2, "text": 3}
 #: Parameters of :func:`importers.transform.random_init`.
-RANDOM_INIT = {"std": 0.02, "seed": 0}
-#: Fixed keyword arguments of every :func:`importers.audit.audit` call.
-AUDIT_SETTINGS = {"provider": "cpu", "batch_size": 4, "dominance": "head"}
+RANDOM_INIT: dict[str, Any] = {"std": 0.02, "seed": 0}
+#: Fixed keyword arguments of every :func:`importers.run.audit` call.
+AUDIT_SETTINGS: dict[str, Any] = {"provider": "cpu", "batch_size": 4, "dominance": "head"}
 
 
 @dataclass(frozen=True)
@@ -287,7 +287,7 @@ def smoothing_rows(keys: Sequence[str], quick: bool) -> list[dict[str, Any]]:
     list of dict
         One row per (variant, layer, metric) with the :data:`SMOOTHING_COLUMNS` keys.
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key in keys:
         result = audited(key, quick)
         variant = result.variant

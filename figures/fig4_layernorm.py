@@ -44,7 +44,7 @@ def _system(h_spectrum: str, draws: int) -> tuple[np.ndarray, np.ndarray, np.nda
 def compute(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Median and quartiles of HFC/LFC per layer for every (H spectrum, norm, gamma sign)."""
     size = QUICK if quick else FULL
-    rows = []
+    rows: list[dict[str, Any]] = []
     for h_spectrum in H_SPECTRA:
         A, H, X0 = _system(h_spectrum, size["draws"])
         for norm, rule_name in NORMS.items():

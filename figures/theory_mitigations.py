@@ -50,7 +50,7 @@ def compute(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     A = spectra.attention_symmetric_scores(N_TOKENS, batch=size["draws"], rng=rng)
     H = spectra.h_symmetric(rng.uniform(0.05, 1.0, (size["draws"], D_MODEL)), rng=rng)
     X0 = spectra.random_tokens(N_TOKENS, D_MODEL, batch=size["draws"], rng=rng)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for label, (name, options) in RULES.items():
         rule = rule_from_system(name, A=A, W_V=H, W_proj=np.eye(D_MODEL), **options)
         trajectory = iterate(rule, X0, size["layers"], metrics=METRICS, floor=None)

@@ -190,6 +190,8 @@ def _dequantize_integer(index: GraphIndex, linear: LinearMatch, raw: np.ndarray)
         shifted = shifted - (
             zero_point.reshape(1, -1) if zero_point.size > 1 else zero_point.reshape(())
         )
+    if linear.weight_scale is None:
+        raise ExtractionError(f"integer weight {linear.weight!r} must have a scale; got none")
     scale = _constant(index, linear.weight_scale).astype(np.float64)
     scale = scale.reshape(1, -1) if scale.size > 1 else scale.reshape(())
     return shifted.astype(np.float64) * scale

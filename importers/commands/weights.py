@@ -9,6 +9,7 @@ column blocks (rows for W_O). The file is written atomically: on any error nothi
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from importers.commands.common import add_model_argument, open_model
 
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from simulator.output import atomic_output
 
     blocks = extract(open_model(args.model))
-    arrays = {
+    arrays: dict[str, Any] = {
         f"blocks.{block.index}.{key}": value
         for block in blocks
         for key, value in block.arrays().items()

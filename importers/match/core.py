@@ -118,7 +118,8 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
     # -- 1. scores ---------------------------------------------------------------------------------
     def scores_matmul(self, softmax: Node) -> tuple[Node, float, list[str]]:
         """Walk back from the Softmax to the QKᵀ MatMul; returns (MatMul, scale, nodes passed)."""
-        name, scale, passed = softmax.input(0), 1.0, []
+        name, scale = softmax.input(0), 1.0
+        passed: list[str] = []
         for _ in range(MAX_WALK):
             node = self.producer(name)
             if node is None:
@@ -190,7 +191,7 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
         """Whether a product of two non-constant tensors lies within ``depth`` mask/scale ops."""
         frontier, seen = [name], set()
         for _ in range(depth):
-            next_frontier = []
+            next_frontier: list[str] = []
             for tensor in frontier:
                 node = self.producer(tensor)
                 if node is None or node.position in seen:
@@ -207,7 +208,8 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
     # -- 2. value MatMul ---------------------------------------------------------------------------
     def value_matmul(self, softmax: Node) -> tuple[Node, list[str]]:
         """Walk forward from the Softmax to the MatMul with V; returns (MatMul, guard nodes)."""
-        name, passed = softmax.outputs[0], []
+        name = softmax.outputs[0]
+        passed: list[str] = []
         for _ in range(8):
             users = self.consumers(name)
             matmuls = [node for node in users if node.op_type == "MatMul" and node.input(0) == name]

@@ -320,6 +320,8 @@ def _group_heads(columns: np.ndarray, token: np.ndarray, tokens: int, role: str)
             per_batch = columns[positions]
         elif not np.array_equal(per_batch, columns[positions]):
             raise RejectError("head_layout", f"{role} heads differ between batch items")
+    if per_batch is None:
+        raise RejectError("head_layout", f"{role} heads: the probe reached no batch item")
     return _Heads(columns=per_batch, head_of=head, batch_of=batch)
 
 

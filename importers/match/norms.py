@@ -42,7 +42,9 @@ class StreamMatcher(GraphWalker):
             roles["norm"] = f"{norm}-LN {norm_match.kind}: {', '.join(norm_match.nodes)}"
         residual = residual_node.outputs[0] if residual_node is not None else None
         block_input = (
-            norm_match.input if norm == "pre" else (residual_in if residual_in else attention_input)
+            norm_match.input
+            if norm == "pre" and norm_match is not None
+            else (residual_in if residual_in else attention_input)
         )
         sub_block_output = norm_output or residual or o.output
         output = (
@@ -210,13 +212,13 @@ class StreamMatcher(GraphWalker):
             for pos in (0, 1):
                 candidate = self.producer(node.input(pos))
                 inner = self.reciprocal_root(candidate)
-                if inner is not None:
+                if inner is not None and candidate is not None:
                     numerator, root = node.input(1 - pos), inner
                     root_nodes.append(candidate.label)
                     break
         else:
             return None
-        if root is None or root.op_type != "Sqrt":
+        if root is None or root.op_type != "Sqrt" or numerator is None:
             return None
         variance = self.variance(root.input(0))
         if variance is None:
@@ -267,7 +269,10 @@ class StreamMatcher(GraphWalker):
                 return None
         elif not (square.op_type == "Mul" and square.input(0) == square.input(1)):
             return None
-        eps = float(self.const(eps_name).ravel()[0])
+        eps_value = self.const(eps_name)
+        if eps_value is None:
+            return None
+        eps = float(eps_value.ravel()[0])
         return square.input(0), eps, [square.label, mean.label, add.label]
 
     def last_axis(self, reduce: Node) -> bool:

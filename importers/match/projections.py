@@ -164,7 +164,7 @@ class ProjectionFinder(GraphWalker):
                 if cast is not None and cast.op_type == "Cast"
                 else None
             )
-            if integer is None or integer.op_type != "MatMulInteger":
+            if cast is None or integer is None or integer.op_type != "MatMulInteger":
                 continue
             quantize = self.producer(integer.input(0))
             weight = self.const(integer.input(1))
@@ -198,9 +198,10 @@ class ProjectionFinder(GraphWalker):
     def rope_source(self, node: Node) -> str | None:
         """x for ``Add(Mul(x, cos), Mul(rotate_half(x), sin))`` (rotary embedding), else None."""
         muls = [self.producer(operand) for operand in node.inputs]
-        if len(muls) != 2 or any(mul is None or mul.op_type != "Mul" for mul in muls):
+        pair = [mul for mul in muls if mul is not None and mul.op_type == "Mul"]
+        if len(muls) != 2 or len(pair) != 2:
             return None
-        for plain, rotated in (muls, muls[::-1]):
+        for plain, rotated in (pair, pair[::-1]):
             for x in plain.inputs:
                 if any(self.is_rotate_half(operand, x) for operand in rotated.inputs):
                     return x
@@ -263,6 +264,7 @@ class ProjectionFinder(GraphWalker):
 
     def output_linear_at(self, user: Node, name: str) -> LinearMatch | None:
         """W_O when ``user`` starts a projection of ``name`` (else None)."""
+        end: str | None
         if user.op_type in _LINEAR_OPS and user.input(0) == name:
             end = user.outputs[0]
         elif user.op_type == "DynamicQuantizeLinear" and user.input(0) == name:

@@ -283,7 +283,7 @@ class NoAttentionBlocksError(ImporterError):
             )
             return cls(f"no attention block found: the graph has no Softmax node{extra}", ())
         counts = Counter(failure.code for failure in failures)
-        example = {}
+        example: dict[str, MatchFailure] = {}
         for failure in failures:
             example.setdefault(failure.code, failure)
         parts = []

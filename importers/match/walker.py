@@ -97,7 +97,7 @@ class GraphWalker:
     def input_ancestors(self, name: str, depth: int) -> list[str]:
         frontier, found = [name], []
         for _ in range(depth):
-            next_frontier = []
+            next_frontier: list[str] = []
             for tensor in frontier:
                 if tensor in self.index.graph_inputs and tensor not in found:
                     found.append(tensor)
