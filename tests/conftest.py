@@ -1,12 +1,32 @@
-"""Test configuration: hypothesis profiles, the deep marker, and strict floating point."""
+"""Test configuration: a private home for every cache, hypothesis profiles, the deep marker, and
+strict floating point.
+
+Hermetic by construction: before any test module is imported, the oversmooth model cache
+(``OVERSMOOTH_CACHE``) and matplotlib's config/cache folder (``MPLCONFIGDIR``) point into one
+temporary folder per test session, removed at the end; CLI subprocesses inherit them. Nothing is
+written into the user's home folder.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+
+#: The session's private folder for caches (see the module docstring).
+SESSION_HOME = Path(tempfile.mkdtemp(prefix="oversmooth-tests-"))
+os.environ["OVERSMOOTH_CACHE"] = str(SESSION_HOME / "cache")
+os.environ["MPLCONFIGDIR"] = str(SESSION_HOME / "matplotlib")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(SESSION_HOME, ignore_errors=True)
+
 
 settings.register_profile(
     "ci",
