@@ -1,8 +1,8 @@
 """The audit's cost: instrumented inference overhead, and ``oversmooth audit`` end to end.
 
-1. Overhead. For each installed zoo model, the audit's own :class:`importers.runner.Runner` (the
-   layer tensors of :func:`importers.audit.layer_tensors` exposed, no attention probabilities)
-   against :func:`importers.runner.plain_session` (the unmodified, fully fused graph) on the same
+1. Overhead. For each installed zoo model, the audit's own :class:`importers.run.Runner` (the
+   layer tensors of :func:`importers.run.audit.layer_tensors` exposed, no attention probabilities)
+   against :func:`importers.run.plain_session` (the unmodified, fully fused graph) on the same
    batch of bundled inputs, on the CPU, in one process: one warm-up each, then interleaved runs;
    the ratio of the medians is printed (target ≤ 1.15).
 2. The whole command. ``oversmooth audit`` (default: dinov2-vits14 on the bundled photographs, as

@@ -1,7 +1,7 @@
 """Instrumentation overhead: exposing hidden states vs the plain, fully fused onnxruntime session.
 
 For each installed zoo model, at batch 4 of the bundled real inputs, time the plain session
-(original outputs, every fusion available) and a :class:`importers.runner.Runner` that exposes the
+(original outputs, every fusion available) and a :class:`importers.run.Runner` that exposes the
 block-boundary hidden states (every ``LayerNormalization`` output and every residual ``Add`` that
 feeds a decomposed LayerNorm's ``ReduceMean``). Both live in the same process with the same session
 options; runs are interleaved after one warm-up each, and the ratio of the medians is printed.

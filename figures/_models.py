@@ -2,7 +2,7 @@
 
 A *variant* is a zoo model as trained or after one of the transforms of :mod:`importers.transform`
 (random init, ± reparameterisation). One ``python -m figures`` run audits each variant once: the
-first script that asks runs :func:`importers.audit.audit` on the bundled inputs and keeps a slim
+first script that asks runs :func:`importers.run.audit` on the bundled inputs and keeps a slim
 summary (:class:`Audited`) in memory; later scripts reuse it. Transformed models are written once
 into ``cache_dir()/transformed`` (see :func:`importers.zoo.cache_dir`), named by the source model's
 sha256, the transform, its parameters and a digest of the transform code, and reused by later runs

@@ -1,6 +1,6 @@
 """``oversmooth audit``: the main job. Registered here because its report includes pictures.
 
-The measurement itself lives in :mod:`importers.audit`; this layer adds the PNG figures
+The measurement itself lives in :mod:`importers.run.audit`; this layer adds the PNG figures
 (:mod:`figures.audit_report`) and prints a summary.
 """
 

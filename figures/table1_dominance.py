@@ -6,7 +6,7 @@ smoothing) or another eigenvalue (1 + λ^H_j λ^A_1, non-Perron), random init gi
 trained vision models a mix (ViT-B/16 70.27%, DeiT-B/16 57.82%, ViT-Ti 98.92%), ViT-Ti⁺ 100% and
 ViT-Ti⁻ 0%. Here: the zoo models (DINOv2 ViT-S/14, MiniLM-L6, MiniLM-L3) as trained, after random
 init, and after the post-hoc ± reparameterisation (no retraining), on the bundled inputs, H per head
-(importers.audit, ``dominance="head"``); the trained ViT also with its pre-LN γ folded into H. The
+(importers.run.audit, ``dominance="head"``); the trained ViT also with its pre-LN γ folded into H. The
 paper's numbers stand beside ours for reference only: its models, data and training differ from ours.
 Also writes ``table1_dominance.md`` (a Markdown table).
 

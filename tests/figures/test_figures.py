@@ -24,6 +24,8 @@ from figures import SCRIPTS
 from figures.__main__ import main as figures_main
 from simulator import tolerances as tol
 
+pytestmark = pytest.mark.figures
+
 ROOT = Path(__file__).resolve().parents[2]
 #: Scripts that audit the zoo models (the rest only need the simulator).
 REAL_MODEL_SCRIPTS = frozenset(
