@@ -24,7 +24,7 @@ from importers.errors import ExternalDataError, ModelFileError
 from importers.graph.folding import FOLDERS
 from importers.graph.node import DEFAULT_DOMAINS, Node
 
-__all__ = ["GraphIndex", "external_data_path"]
+__all__ = ["GraphIndex", "external_data_path", "graph_tensors", "uses_external_data"]
 
 
 class GraphIndex:
@@ -96,18 +96,21 @@ class GraphIndex:
         """
         if not name:
             return None
-        stack = [name]
+        stack, on_stack = [name], {name}
         while stack:
             top = stack[-1]
             if top in self._constants:
                 stack.pop()
+                on_stack.discard(top)
                 continue
             pending = self._pending_input(top)
-            if pending is not None:
+            if pending in on_stack:  # a cycle (an Identity pair, an Add reading itself): not constant
+                self._constants[pending] = None
+            elif pending is not None:
                 stack.append(pending)
-                continue
-            self._constants[top] = self._fold(top)
-            stack.pop()
+                on_stack.add(pending)
+            else:
+                self._constants[top] = self._fold(top)
         return self._constants[name]
 
     def _foldable_producer(self, name: str) -> Node | None:
@@ -137,7 +140,9 @@ class GraphIndex:
         if node is None:
             return None
         if node.op_type == "Constant":
-            return FOLDERS["Constant"](node, [])
+            tensor = node.tensor_attr("value")
+            # Through read_tensor: external data only from inside the model's folder.
+            return self.read_tensor(tensor) if tensor is not None else FOLDERS["Constant"](node, [])
         values = []
         for input_name in node.inputs:
             value = self._constants.get(input_name) if input_name else None
@@ -238,4 +243,25 @@ def external_data_path(base_dir: Path | None, location: str, tensor_name: str) -
             f"model's folder; got {location!r}, which resolves outside it"
         )
     return path
+
+
+def graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor stored in ``graph``: initializers, node attributes (Constant values and the
+    like) and, recursively, the same inside subgraphs (If, Loop, Scan bodies)."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            subgraphs = [attribute.g] if attribute.HasField("g") else []
+            for subgraph in (*subgraphs, *attribute.graphs):
+                yield from graph_tensors(subgraph)
+
+
+def uses_external_data(graph: onnx.GraphProto) -> bool:
+    """Whether any tensor of ``graph`` (see :func:`graph_tensors`) stores its data in a file."""
+    return any(
+        tensor.data_location == onnx.TensorProto.EXTERNAL for tensor in graph_tensors(graph)
+    )
 

@@ -25,7 +25,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from importers.errors import ModelFileError, UnsupportedModelError
-from importers.graph.index import GraphIndex, external_data_path
+from importers.graph.index import GraphIndex, external_data_path, graph_tensors
 from importers.graph.node import DEFAULT_DOMAINS
 
 __all__ = ["SUPPORTED_OPSETS", "GraphInput", "OnnxModel", "load_model", "model_from_proto"]
@@ -159,7 +159,7 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
             f"`model` is truncated or inconsistent: node {node.label!r} ({node.op_type}) reads "
             f"tensor {name!r}, which no node, initializer or graph input defines"
         )
-    for tensor in proto.graph.initializer:
+    for tensor in graph_tensors(proto.graph):  # every tensor, wherever it sits
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             info = {entry.key: entry.value for entry in tensor.external_data}
             external_data_path(index.base_dir, info.get("location", ""), tensor.name)

@@ -50,9 +50,20 @@ class Node:
             if attribute.name == name:
                 value = onnx.helper.get_attribute_value(attribute)
                 if isinstance(value, onnx.TensorProto):
+                    if value.data_location == onnx.TensorProto.EXTERNAL:
+                        # numpy_helper would resolve it against the current directory; only
+                        # GraphIndex.read_tensor may read external data (inside the model folder).
+                        return default
                     return numpy_helper.to_array(value)
                 return value
         return default
+
+    def tensor_attr(self, name: str) -> onnx.TensorProto | None:
+        """The raw ``TensorProto`` of a tensor attribute (None when absent or not a tensor)."""
+        for attribute in self.proto.attribute:
+            if attribute.name == name and attribute.HasField("t"):
+                return attribute.t
+        return None
 
     def input(self, position: int) -> str:
         """The name of input ``position`` ("" when absent or optional-and-omitted)."""

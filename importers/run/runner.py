@@ -41,6 +41,7 @@ import numpy as np
 
 from importers.errors import ImporterInputError, ProviderError, RunnerError
 from importers.graph import GraphInput, OnnxModel
+from importers.graph.index import uses_external_data
 from importers.run.feeds import Inputs, check_feeds
 from importers.zoo import file_sha256
 
@@ -85,6 +86,8 @@ def _ort() -> Any:
         raise RunnerError(
             "running models needs onnxruntime; install `onnxruntime` (or `onnxruntime-gpu`)"
         ) from err
+    # Errors reach the user as one line of ours; onnxruntime's own log would print before it.
+    onnxruntime.set_default_logger_severity(4)
     return onnxruntime
 
 
@@ -217,27 +220,6 @@ def _check_provider(provider: str) -> str:
     if provider not in PROVIDERS:
         raise ImporterInputError(f"`provider` must be one of {', '.join(PROVIDERS)}; got {provider!r}")
     return provider
-
-
-def _graph_tensors(graph: Any) -> Iterator[Any]:
-    """Initializers and constant-attribute tensors of ``graph`` and its subgraphs."""
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            for subgraph in (
-                *([attribute.g] if attribute.HasField("g") else []),
-                *attribute.graphs,
-            ):
-                yield from _graph_tensors(subgraph)
-
-
-def _uses_external_data(model: Any) -> bool:
-    from onnx.external_data_helper import uses_external_data
-
-    return any(uses_external_data(tensor) for tensor in _graph_tensors(model.graph))
 
 
 def _tensor_names(model: Any) -> list[str]:
@@ -448,7 +430,7 @@ class Runner:
         so = session_options(self._options.threads, self._options.optimization)  # type: ignore[arg-type]
         with _exposed_outputs(proto, exposed, include_outputs) as names:
             self.output_names = names
-            if _uses_external_data(proto):
+            if uses_external_data(proto.graph):
                 if model.path is None:
                     raise RunnerError(
                         "a model with external data needs its folder; got an in-memory model"
@@ -457,7 +439,7 @@ class Runner:
                     self.session, self.provider_note = _open_session(ort, tmp, so, self.provider)
             else:
                 serialized = proto.SerializeToString()
-        if not _uses_external_data(proto):
+        if not uses_external_data(proto.graph):
             # The outputs are restored first, so only one serialized copy exists while onnxruntime
             # parses its own.
             self.session, self.provider_note = _open_session(ort, serialized, so, self.provider)

@@ -297,3 +297,90 @@ def test_short_external_data_is_refused(tmp_path, capsys):
     status, _, err = run_cli(capsys, "inspect", path)
     assert status == 2
     assert_one_line_error(err, "external data", "bytes")
+
+
+def _weight_as_constant_node(model: onnx.ModelProto) -> str:
+    """Move the first large initializer into a Constant node; returns the tensor's name."""
+    tensor = next(t for t in model.graph.initializer if t.dims and np.prod(t.dims) > 16)
+    model.graph.initializer.remove(tensor)
+    model.graph.node.insert(0, helper.make_node("Constant", [], [tensor.name], value=tensor))
+    return tensor.name
+
+
+def test_constant_node_external_data_is_never_read_from_the_current_folder(
+    tmp_path, monkeypatch, capsys
+):
+    """A Constant's tensor naming `w.bin` must be read from the model's folder or not at all: a
+    `w.bin` in the current directory (here: full of a recognisable value) is never used."""
+    model = VARIANTS["bert_legacy"](0).model
+    name = _weight_as_constant_node(model)
+    constant = next(node for node in model.graph.node if node.output[0] == name)
+    tensor = constant.attribute[0].t
+    size = int(np.prod(tensor.dims))
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", "w.bin"
+    folder, elsewhere = tmp_path / "model", tmp_path / "cwd"
+    folder.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "w.bin").write_bytes(np.full(size, 7.0, np.float32).tobytes())
+    path = folder / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(ExternalDataError, match="no such file"):
+        extract(load_model(path))
+    status, _, err = run_cli(capsys, "weights", path, "--out", tmp_path / "w.npz")
+    assert status == 2
+    assert_one_line_error(err, "external data", "w.bin")
+    assert not (tmp_path / "w.npz").exists()
+
+
+def test_constant_node_external_data_outside_the_folder_is_refused_at_load(tmp_path):
+    model = VARIANTS["bert_legacy"](0).model
+    name = _weight_as_constant_node(model)
+    tensor = next(node for node in model.graph.node if node.output[0] == name).attribute[0].t
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", "../w.bin"
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(ExternalDataError, match="inside the model's folder"):
+        load_model(path)
+
+
+def _cyclic_weight_model(op: str) -> onnx.ModelProto:
+    """A MatMul whose weight comes from a cycle: an Identity pair, or an Add reading its output."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    if op == "Identity":
+        nodes = [
+            helper.make_node("Identity", ["b"], ["a"]),
+            helper.make_node("Identity", ["a"], ["b"]),
+        ]
+    else:
+        nodes = [helper.make_node("Add", ["a", "a"], ["a"])]
+    nodes += [
+        helper.make_node("MatMul", ["x", "a"], ["m"]),
+        helper.make_node("Softmax", ["m"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "cycle", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("op", ["Identity", "Add"])
+def test_weight_cycles_end_in_a_refusal_not_a_hang(tmp_path, capsys, op):
+    import signal
+
+    path = tmp_path / "cycle.onnx"
+    path.write_bytes(_cyclic_weight_model(op).SerializeToString())
+    signal.alarm(20)  # a hang fails the test instead of blocking the suite
+    try:
+        assert load_model(path).index.constant_value("a") is None
+        status, _, err = run_cli(capsys, "inspect", path)
+    finally:
+        signal.alarm(0)
+    assert status == 1
+    assert_one_line_error(err, "no attention block")
