@@ -179,6 +179,6 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
     )
     out = args.out or Path(f"audit-{result.model.name}")
-    save_audit(result, out, figures=render)
+    save_audit(result, out, figures=render, label="--out")
     print(_summary(result, out))
     return 0

@@ -304,13 +304,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write(path: str, option: str, writer: Any, mode: str) -> None:
-    try:
-        with atomic_output(path, mode) as handle:
-            writer(handle)
-    except OSError as err:
-        raise InputError(
-            f"`{option}` must be a writable file path; got {path!r} ({err.strerror or err})"
-        ) from None
+    with atomic_output(path, mode, label=option) as handle:  # errors name the option, one line
+        writer(handle)
 
 
 def _write_csv(handle: Any, trajectory: Trajectory) -> None:

@@ -25,17 +25,45 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
+from simulator.errors import InputError
+
+
+def _kind(path: Path) -> str:
+    """What ``path`` is, in words, for error messages."""
+    if path.is_dir():
+        return "folder"
+    if path.is_char_device() or path.is_block_device():
+        return "device"
+    if path.is_fifo():
+        return "named pipe"
+    if path.is_socket():
+        return "socket"
+    return "special file"
+
+
+def _checked_target(path: str | os.PathLike[str], what: str, label: str) -> Path:
+    if not os.fspath(path):
+        raise InputError(f"`{label}` must name a {what}; got an empty string")
+    return Path(path)
+
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]:
+def atomic_output(
+    path: str | os.PathLike[str], mode: str = "w", *, label: str = "output"
+) -> Iterator[IO]:
     """Open a temporary file next to ``path``; on success rename it onto ``path``, else delete it.
+
+    Only a regular file (or nothing) is ever replaced: a folder, device, pipe or socket at ``path``
+    is refused before anything is written, so a device file can never be renamed over. Any
+    ``OSError`` while writing (read-only folder, a name too long, a full disk) becomes one
+    :class:`~simulator.errors.InputError` line, and nothing is left behind.
 
     Parameters
     ----------
@@ -43,34 +71,75 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO]
         Final destination. Its folder is created if missing.
     mode : {"w", "wb"}
         Text (UTF-8, ``newline=""`` for CSV) or binary.
+    label : str
+        How error messages name the destination (a command passes its option, e.g. ``"--out"``).
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    target = _checked_target(path, "file", label)
+    tmp = None
     try:
+        if target.exists() and not target.is_file():
+            raise InputError(
+                f"`{label}` must be a regular file or not exist yet; {str(target)!r} is a "
+                f"{_kind(target)}"
+            )
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
         kwargs = {"encoding": "utf-8", "newline": ""} if "b" not in mode else {}
         with os.fdopen(fd, mode, **kwargs) as handle:
             yield handle
         os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    except OSError as err:
+        raise InputError(
+            f"`{label}` must be a writable file path; cannot write {str(target)!r}: "
+            f"{err.strerror or err}"
+        ) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def _check_folder_target(target: Path, ours: Callable[[Path], bool] | None, label: str) -> None:
+    if target.is_symlink() or target.is_file():
+        kind = "symbolic link" if target.is_symlink() else "file"
+        raise InputError(
+            f"`{label}` must be a folder of ours or not exist yet; {str(target)!r} is a {kind}"
+        )
+    if target.exists():
+        if not target.is_dir():
+            raise InputError(
+                f"`{label}` must be a folder of ours or not exist yet; {str(target)!r} is a "
+                f"{_kind(target)}"
+            )
+        if any(target.iterdir()) and not (ours is not None and ours(target)):
+            raise InputError(
+                f"`{label}` {str(target)!r} exists and is not an earlier output of this command; "
+                f"choose another folder or remove it"
+            )
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_directory(
+    path: str | os.PathLike[str],
+    *,
+    ours: Callable[[Path], bool] | None = None,
+    label: str = "output",
+) -> Iterator[Path]:
     """Yield an empty staging folder beside ``path``; on success it replaces ``path`` as a whole.
 
     On any error (or interrupt) the staging folder is removed and ``path`` is left as it was, so a
-    report folder is never half written.
+    report folder is never half written. An existing ``path`` is replaced only when it is an empty
+    folder or ``ours(path)`` says it is an earlier output of the same command; anything else (a
+    file, a device, someone's folder) is refused before anything is written.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(
-        tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
-    )
+    target = _checked_target(path, "folder", label)
+    staging = None
     try:
+        _check_folder_target(target, ours, label)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(
+            tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+        )
         yield staging
         if target.exists():
             old = Path(
@@ -81,9 +150,15 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        staging = None
+    except OSError as err:
+        raise InputError(
+            f"`{label}` must be a writable folder path; cannot write {str(target)!r}: "
+            f"{err.strerror or err}"
+        ) from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def package_versions(names: Iterable[str]) -> dict[str, str]:
@@ -109,6 +184,8 @@ def write_tidy_csv(
     path: str | os.PathLike[str],
     columns: Sequence[str],
     rows: Iterable[Sequence[Any] | Mapping[str, Any]],
+    *,
+    label: str = "output",
 ) -> Path:
     """Write a tidy CSV atomically: a header of ``columns``, then one line per row.
 
@@ -127,7 +204,7 @@ def write_tidy_csv(
     pathlib.Path
     """
     target = Path(path)
-    with atomic_output(target) as handle:
+    with atomic_output(target, label=label) as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(columns)
         for row in rows:
@@ -166,9 +243,9 @@ def to_json(value: Any, *, indent: int | None = 2) -> str:
     return json.dumps(_jsonable(value), indent=indent, allow_nan=False)
 
 
-def write_json(path: str | os.PathLike[str], value: Any) -> Path:
+def write_json(path: str | os.PathLike[str], value: Any, *, label: str = "output") -> Path:
     """Write :func:`to_json` of ``value`` (plus a final newline) to ``path`` atomically."""
     target = Path(path)
-    with atomic_output(target) as handle:
+    with atomic_output(target, label=label) as handle:
         handle.write(to_json(value) + "\n")
     return target

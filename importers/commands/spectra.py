@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
     blocks = extract(open_model(args.model))
     rows = model_spectra(blocks)
-    write_tidy_csv(args.out, SPECTRA_COLUMNS, ((r.layer, r.head, r.kind, r.real, r.imag) for r in rows))
+    cells = ((r.layer, r.head, r.kind, r.real, r.imag) for r in rows)
+    write_tidy_csv(args.out, SPECTRA_COLUMNS, cells, label="--out")
     print(f"wrote {args.out}: {len(rows)} eigenvalues from {len(blocks)} block(s)")
     if args.summary:
         print(f"{'kind':<12} {'count':>6} {'negative':>9} {'skewness':>9} {'radius':>10}")

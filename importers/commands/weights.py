@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         for block in blocks
         for key, value in block.arrays().items()
     }
-    with atomic_output(args.out, "wb") as handle:
+    with atomic_output(args.out, "wb", label="--out") as handle:
         np.savez(handle, **arrays)
     print(f"wrote {args.out}: {len(blocks)} block(s), {len(arrays)} arrays")
     return 0

@@ -28,7 +28,7 @@ from importers.run.records import (
 from importers.value_spectra import SPECTRA_COLUMNS
 from simulator.output import atomic_directory, atomic_output, to_json, write_json, write_tidy_csv
 
-__all__ = ["REPORT_FILES", "render_report", "save_audit", "write_audit_files"]
+__all__ = ["REPORT_FILES", "is_report_folder", "render_report", "save_audit", "write_audit_files"]
 
 #: The files of a report folder, besides the PNG figures.
 REPORT_FILES = ("audit.json", "layers.csv", "spectra.csv", "dominance.csv", "report.md")
@@ -45,7 +45,9 @@ def write_audit_files(
     write_json(paths[0], result)
     write_tidy_csv(paths[1], LAYER_COLUMNS, result.layer_rows())
     write_tidy_csv(
-        paths[2], SPECTRA_COLUMNS, ((r.layer, r.head, r.kind, r.real, r.imag) for r in result.spectra)
+        paths[2],
+        SPECTRA_COLUMNS,
+        ((r.layer, r.head, r.kind, r.real, r.imag) for r in result.spectra),
     )
     write_tidy_csv(paths[3], DOMINANCE_COLUMNS, (case.row() for case in result.dominance))
     with atomic_output(paths[4]) as handle:
@@ -53,8 +55,17 @@ def write_audit_files(
     return paths
 
 
+def is_report_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds an earlier audit report (so ``save_audit`` may replace it)."""
+    return all((folder / name).is_file() for name in ("audit.json", "report.md"))
+
+
 def save_audit(
-    result: AuditResult, folder: str | os.PathLike[str], *, figures: FigureMaker | None = None
+    result: AuditResult,
+    folder: str | os.PathLike[str],
+    *,
+    figures: FigureMaker | None = None,
+    label: str = "folder",
 ) -> Path:
     """Write the report folder atomically: all files appear together or none do.
 
@@ -66,9 +77,11 @@ def save_audit(
     figures : callable, optional
         ``figures(result, staging_folder) -> [(title, file name), ...]`` draws PNGs into the
         staging folder; the report embeds them (``figures.audit_report.render`` does this).
+    label : str
+        How error messages name the destination (the CLI passes ``"--out"``).
     """
     target = Path(folder)
-    with atomic_directory(target) as staging:
+    with atomic_directory(target, ours=is_report_folder, label=label) as staging:
         drawn = figures(result, staging) if figures is not None else ()
         write_audit_files(result, staging, drawn)
     return target

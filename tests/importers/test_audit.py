@@ -521,18 +521,27 @@ def test_an_error_while_saving_keeps_the_previous_folder(model_dir: Path, tmp_pa
     assert [path.name for path in tmp_path.iterdir()] == ["audit"]
 
 
-def test_saving_again_replaces_the_folder(model_dir: Path, tmp_path: Path) -> None:
+def test_saving_again_replaces_an_earlier_report_folder(model_dir: Path, tmp_path: Path) -> None:
     folder = tmp_path / "audit"
-    folder.mkdir()
-    (folder / "stale.txt").write_text("from an earlier run", encoding="utf-8")
     first = audited(model_dir, PADDED)
     save_audit(first, folder)
-    assert not (folder / "stale.txt").exists()
+    (folder / "stale.txt").write_text("from an earlier run", encoding="utf-8")
     second = audited(model_dir, "bert_dynamo")
     save_audit(second, folder)
     doc = json.loads((folder / "audit.json").read_text(encoding="utf-8"))
     assert doc["model"]["sha256"] == second.model.sha256 != first.model.sha256
+    assert not (folder / "stale.txt").exists()
     assert [path.name for path in tmp_path.iterdir()] == ["audit"]
+
+
+def test_a_folder_that_is_not_a_report_is_never_replaced(model_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "thesis"
+    folder.mkdir()
+    (folder / "chapter1.tex").write_text("precious", encoding="utf-8")
+    with pytest.raises(InputError, match="not an earlier output"):
+        save_audit(audited(model_dir, PADDED), folder)
+    assert [path.name for path in folder.iterdir()] == ["chapter1.tex"]
+    assert [path.name for path in tmp_path.iterdir()] == ["thesis"]
 
 
 # -- a real model -----------------------------------------------------------------------------------
