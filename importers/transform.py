@@ -147,13 +147,13 @@ def nearest_signed_factors(
     ImporterInputError
         M is not one square matrix, ``d_head`` is not in ``1..d``, or ``sign`` is unknown.
     """
-    M = as_square(M, "M")
+    M = as_square(M, "M", error=ImporterInputError)
     if M.ndim != 2:
         raise ImporterInputError(f"`M` must be one (d, d) matrix; got shape {M.shape}")
-    d_head = check_positive_int(d_head, "d_head")
+    d_head = check_positive_int(d_head, "d_head", error=ImporterInputError)
     if d_head > M.shape[0]:
         raise ImporterInputError(f"`d_head` must be at most d = {M.shape[0]}; got {d_head}")
-    check_choice(sign, "sign", ("plus", "minus"))
+    check_choice(sign, "sign", ("plus", "minus"), error=ImporterInputError)
     w, U = np.linalg.eigh((M + M.T) / 2)
     if sign == "plus":
         order = np.argsort(w)[::-1][:d_head]
@@ -186,7 +186,9 @@ def _reparameterize_block(
     _write(o, W_o)
 
 
-def _matched_with_weights(model: str | os.PathLike[str]) -> tuple[list[AttentionBlock], onnx.ModelProto]:
+def _matched_with_weights(
+    model: str | os.PathLike[str],
+) -> tuple[list[AttentionBlock], onnx.ModelProto]:
     """Parse the model once: its attention blocks (refusing models without any, with the
     importer's message), then its proto with every external tensor read in (from inside its
     folder only: the loader has checked every location)."""
@@ -226,7 +228,7 @@ def reparameterize(
     -------
     Path
     """
-    check_choice(sign, "sign", ("plus", "minus"))
+    check_choice(sign, "sign", ("plus", "minus"), error=ImporterInputError)
     blocks, proto = _matched_with_weights(model)
     for block in blocks:
         _reparameterize_block(proto, block, sign)
@@ -264,7 +266,7 @@ def random_init(
     """
     if not np.isfinite(std) or std <= 0:
         raise TransformError(f"`std` must be a positive number; got {std!r}")
-    rng = as_generator(seed)
+    rng = as_generator(seed, error=ImporterInputError)
     _, proto = _matched_with_weights(model)
     for tensor in list(_weight_matrices(proto)):
         dtype = numpy_helper.to_array(tensor).dtype

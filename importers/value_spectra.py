@@ -123,7 +123,9 @@ def layer_eigenvalues(block: BlockWeights, *, gamma: bool = False) -> np.ndarray
 
 def _scale_rows(block: BlockWeights, W_V: np.ndarray) -> np.ndarray:
     if block.gamma is None:
-        raise ImporterInputError(f"`block` must have a norm γ to fold in; block {block.index} has none")
+        raise ImporterInputError(
+            f"`block` must have a norm γ to fold in; block {block.index} has none"
+        )
     return block.gamma[:, None] * W_V
 
 

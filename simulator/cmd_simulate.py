@@ -29,7 +29,7 @@ from simulator.spectra import (
 )
 from simulator.theory import Prediction, predict
 from simulator.updates import RULE_OPTIONS, SYSTEM_RULES, rule_from_system
-from simulator.validation import as_float_array, check_choice, check_positive_int
+from simulator.validation import as_float_array, check_choice, check_positive_int, regular_file
 
 __all__ = ["System", "draw_system", "load_system", "parse_rule_params", "register", "run"]
 
@@ -127,7 +127,7 @@ def load_system(path: str) -> System:
 
 def _read_npz(path: str) -> dict[str, Any]:
     try:
-        data = np.load(path, allow_pickle=False)
+        data = np.load(regular_file(path, "--system"), allow_pickle=False)
     except OSError as err:
         raise InputError(
             f"`--system` must be a readable .npz file; got {path!r} ({err.strerror or err})"

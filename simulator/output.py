@@ -84,7 +84,7 @@ def atomic_output(
             )
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-        kwargs = {"encoding": "utf-8", "newline": ""} if "b" not in mode else {}
+        kwargs: dict[str, Any] = {"encoding": "utf-8", "newline": ""} if "b" not in mode else {}
         with os.fdopen(fd, mode, **kwargs) as handle:
             yield handle
         os.replace(tmp, target)

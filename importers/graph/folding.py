@@ -171,7 +171,6 @@ def flatten(array: np.ndarray, axis: int) -> np.ndarray:
     return array.reshape(math.prod(array.shape[:axis]), -1)
 
 
-
 def apply_slice(data: np.ndarray, starts, ends, axes=None, steps=None) -> np.ndarray:
     """ONNX Slice on ``data`` (starts/ends clamped as in NumPy)."""
     if starts is None or ends is None:
@@ -202,4 +201,3 @@ def apply_split(node: Node, data: np.ndarray, sizes: np.ndarray | None, output: 
     index = [slice(None)] * data.ndim
     index[axis] = slice(int(bounds[output]), int(bounds[output + 1]))
     return data[tuple(index)]
-

@@ -104,7 +104,9 @@ class GraphIndex:
                 on_stack.discard(top)
                 continue
             pending = self._pending_input(top)
-            if pending in on_stack:  # a cycle (an Identity pair, an Add reading itself): not constant
+            if (
+                pending in on_stack
+            ):  # a cycle (an Identity pair, an Add reading itself): not constant
                 self._constants[pending] = None
             elif pending is not None:
                 stack.append(pending)
@@ -261,7 +263,4 @@ def graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
 
 def uses_external_data(graph: onnx.GraphProto) -> bool:
     """Whether any tensor of ``graph`` (see :func:`graph_tensors`) stores its data in a file."""
-    return any(
-        tensor.data_location == onnx.TensorProto.EXTERNAL for tensor in graph_tensors(graph)
-    )
-
+    return any(tensor.data_location == onnx.TensorProto.EXTERNAL for tensor in graph_tensors(graph))

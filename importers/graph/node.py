@@ -68,4 +68,3 @@ class Node:
     def input(self, position: int) -> str:
         """The name of input ``position`` ("" when absent or optional-and-omitted)."""
         return self.proto.input[position] if position < len(self.proto.input) else ""
-

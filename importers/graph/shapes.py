@@ -193,8 +193,6 @@ def _slice_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray |
     )
 
 
-
-
 def _split_rule(context: ShapeContext, node: Node, output: int) -> np.ndarray:
     sizes = context._get("value", node.input(1)) if node.input(1) else None
     return apply_split(node, context.dummy(node.input(0)), sizes, output)
@@ -305,4 +303,3 @@ _VALUE_RULES: Mapping[str, Callable[[Node, list], np.ndarray]] = {
         node.attr("value", np.zeros(1, np.float32)).ravel()[0],
     ),
 }
-

@@ -217,7 +217,9 @@ def _open(model: str | os.PathLike[str] | OnnxModel, entry: ZooModel | None) -> 
     """The model as (file, zoo entry), plus the loaded graph: parsed once, here or by the caller."""
     if isinstance(model, OnnxModel):
         if model.path is None:
-            raise ImporterInputError("`model` must have been loaded from a file; got an in-memory model")
+            raise ImporterInputError(
+                "`model` must have been loaded from a file; got an in-memory model"
+            )
         return ModelRef(model.path, entry)
     return lookup(model)
 
@@ -266,8 +268,8 @@ def audit(
     -------
     AuditResult
     """
-    check_choice(dominance, "dominance", ("head", "layer", "none"))
-    batch_size = check_positive_int(batch_size, "batch_size")
+    check_choice(dominance, "dominance", ("head", "layer", "none"), error=ImporterInputError)
+    batch_size = check_positive_int(batch_size, "batch_size", error=ImporterInputError)
     ref = _open(model, entry)
     prefix = _prefix_count(exclude_prefix, ref.entry)
     graph = model if isinstance(model, OnnxModel) else load_model(ref.path)

@@ -126,8 +126,6 @@ class Inputs:
         )
 
 
-
-
 def _feed_error(problem: str, expected: Sequence[GraphInput]) -> FeedError:
     return FeedError(f"{problem}; the model expects {expected_inputs_text(expected)}")
 

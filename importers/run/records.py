@@ -197,9 +197,7 @@ def _fractions(kinds: np.ndarray) -> tuple[float, float, float]:
     return perron, 1.0 - perron, float(np.mean(kinds == "balanced"))
 
 
-def _verdict(
-    layer: int, kinds: np.ndarray, means: dict[tuple[int, str], float]
-) -> BlockVerdict:
+def _verdict(layer: int, kinds: np.ndarray, means: dict[tuple[int, str], float]) -> BlockVerdict:
     perron, non_perron, balanced = _fractions(kinds)
     with np.errstate(divide="ignore", invalid="ignore"):  # a zero or NaN mean gives no verdict
         ratio = np.float64(means[layer + 1, "hfc_lfc"]) / np.float64(means[layer, "hfc_lfc"])

@@ -218,7 +218,9 @@ def _open_session(ort: Any, model: bytes | str, so: Any, provider: str) -> tuple
 
 def _check_provider(provider: str) -> str:
     if provider not in PROVIDERS:
-        raise ImporterInputError(f"`provider` must be one of {', '.join(PROVIDERS)}; got {provider!r}")
+        raise ImporterInputError(
+            f"`provider` must be one of {', '.join(PROVIDERS)}; got {provider!r}"
+        )
     return provider
 
 
@@ -229,7 +231,9 @@ def _tensor_names(model: Any) -> list[str]:
 
 def _check_exposed(expose: Sequence[str], model: Any) -> list[str]:
     if isinstance(expose, str):
-        raise ImporterInputError(f"`expose` must be a list of tensor names; got the string {expose!r}")
+        raise ImporterInputError(
+            f"`expose` must be a list of tensor names; got the string {expose!r}"
+        )
     wanted = list(dict.fromkeys(expose))
     known = set(_tensor_names(model))
     for name in wanted:
@@ -365,7 +369,9 @@ def _check_batch_size(batch_size: int | None, n_items: int) -> int:
     if batch_size is None:
         return max(1, n_items)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ImporterInputError(f"`batch_size` must be a positive integer or None; got {batch_size!r}")
+        raise ImporterInputError(
+            f"`batch_size` must be a positive integer or None; got {batch_size!r}"
+        )
     return batch_size
 
 

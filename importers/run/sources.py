@@ -32,7 +32,7 @@ from importers.graph import GraphInput
 from importers.graph.load import Dim
 from importers.run.feeds import IMAGE_FEED, TEXT_FEEDS, Inputs, check_feeds, feeds_digest, for_graph
 from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, ZooModel
-from simulator.validation import as_generator, check_positive_int
+from simulator.validation import as_generator, check_positive_int, regular_file
 
 __all__ = [
     "DATA_DIR",
@@ -180,12 +180,16 @@ def _text_inputs(
 
 def _read_sentences(path: Path) -> list[str]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = regular_file(path, "text", error=ImporterInputError).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise ImporterInputError(f"`text` must be a readable UTF-8 text file; cannot read {path}") from err
+        raise ImporterInputError(
+            f"`text` must be a readable UTF-8 text file; cannot read {path}"
+        ) from err
     sentences = [line.strip() for line in text.splitlines() if line.strip()]
     if not sentences:
-        raise ImporterInputError(f"`text` must hold at least one non-empty line; got none in {path}")
+        raise ImporterInputError(
+            f"`text` must hold at least one non-empty line; got none in {path}"
+        )
     return sentences
 
 
@@ -198,7 +202,9 @@ def _load_tokenizer(tokenizer_json: Path, max_length: int) -> Any:
             "`pip install 'oversmooth[text]'` (or `pip install tokenizers`)"
         ) from err
     try:
-        tokenizer = Tokenizer.from_file(os.fspath(tokenizer_json))
+        tokenizer = Tokenizer.from_file(
+            os.fspath(regular_file(tokenizer_json, "tokenizer", error=ImporterInputError))
+        )
     except Exception as err:  # tokenizers raises its own untyped exceptions
         raise ImporterInputError(
             f"`tokenizer` must be a tokenizer.json file; cannot load {tokenizer_json}: {err}"
@@ -296,7 +302,9 @@ def _npz_labels(data: Mapping[str, np.ndarray], batch: int) -> tuple[str, ...]:
     if "labels" in data:
         labels = tuple(str(label) for label in np.asarray(data["labels"]).reshape(-1))
         if len(labels) != batch:
-            raise ImporterInputError(f"`labels` in the npz must have {batch} entries; got {len(labels)}")
+            raise ImporterInputError(
+                f"`labels` in the npz must have {batch} entries; got {len(labels)}"
+            )
         return labels
     return tuple(f"item-{index}" for index in range(batch))
 
@@ -315,10 +323,14 @@ def from_npz(path: str | os.PathLike[str], graph: Sequence[GraphInput]) -> Input
     """
     file = Path(path)
     try:
-        with np.load(file, allow_pickle=False) as data:
+        with np.load(
+            regular_file(file, "inputs", error=ImporterInputError), allow_pickle=False
+        ) as data:
             arrays = {name: data[name] for name in data.files}
     except (OSError, ValueError) as err:
-        raise ImporterInputError(f"`inputs` must be a readable .npz file; cannot read {file}") from err
+        raise ImporterInputError(
+            f"`inputs` must be a readable .npz file; cannot read {file}"
+        ) from err
     feeds = {name: array for name, array in arrays.items() if name != "labels"}
     check_feeds(feeds, graph)
     batch = next((int(array.shape[0]) for array in feeds.values() if array.ndim), 1)
@@ -372,8 +384,8 @@ def random_inputs(
     drawn uniformly from ``[0, vocab_size)``; float inputs are standard normal.
     """
     for value, name in ((batch, "batch"), (seq, "seq"), (vocab_size, "vocab_size")):
-        check_positive_int(value, name)
-    rng = as_generator(seed)
+        check_positive_int(value, name, error=ImporterInputError)
+    rng = as_generator(seed, error=ImporterInputError)
     feeds = {}
     for spec in graph:
         shape = tuple(_random_dim(axis, dim, batch, seq) for axis, dim in enumerate(spec.shape))
