@@ -201,10 +201,9 @@ def _load_tokenizer(tokenizer_json: Path, max_length: int) -> Any:
             "reading text files needs the `tokenizers` package; install it with "
             "`pip install 'oversmooth[text]'` (or `pip install tokenizers`)"
         ) from err
+    file = regular_file(tokenizer_json, "tokenizer", error=ImporterInputError)
     try:
-        tokenizer = Tokenizer.from_file(
-            os.fspath(regular_file(tokenizer_json, "tokenizer", error=ImporterInputError))
-        )
+        tokenizer = Tokenizer.from_file(os.fspath(file))
     except Exception as err:  # tokenizers raises its own untyped exceptions
         raise ImporterInputError(
             f"`tokenizer` must be a tokenizer.json file; cannot load {tokenizer_json}: {err}"

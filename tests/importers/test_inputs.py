@@ -346,6 +346,7 @@ def test_from_text_maps_tokenizer_output_to_graph_feeds(
     monkeypatch.setitem(sys.modules, "tokenizers", fake)
     file = tmp_path / "s.txt"
     file.write_text("two words\n\n  three words here  \n", encoding="utf-8")
+    (tmp_path / "tokenizer.json").write_text("{}", encoding="utf-8")
     batch = sources.from_text(file, tmp_path / "tokenizer.json", graph=TEXT_GRAPH)
     assert batch.labels == ("two words", "three words here")
     assert batch.source == f"text:{file}"
