@@ -1,6 +1,6 @@
 """Fig. 2: smoothing per layer in real pretrained Transformers, trained against random init.
 
-Claim (paper-spec §6.6; v3 abstract, moonlight): feature similarity grows with depth in some models
+Claim (docs/theory.md §6.6, from the paper's abstract): feature similarity grows with depth in some models
 but "this is not inevitable, even for existing pre-trained models". Per layer ℓ = 0..L (the residual
 stream entering block ℓ), HFC/LFC (Def. 1, log scale), the mean token cosine (Def. 2) and σ2/σ1
 (Def. 3) of the hidden states, mean ± std over the bundled inputs, for DINOv2 ViT-S/14 (trained and

@@ -1,6 +1,6 @@
 """Fig. 3: smoothing per layer after the ± reparameterisation, next to the trained model.
 
-Claim (paper-spec §5, S5, S6; poster ViT-Ti⁺ / ViT-Ti⁻): making every head's W_V^h W_O^h = Q Λ Q^T
+Claim (docs/theory.md §5, S5, S6; poster ViT-Ti⁺ / ViT-Ti⁻): making every head's W_V^h W_O^h = Q Λ Q^T
 with Λ > 0 (⁺) gives Perron-type dominance and smoothing; Λ in [-1, 0) (⁻) never does, and the
 non-Perron regime sharpens. The paper *trains* ViT-Ti⁺/⁻ under the constraint; here the trained
 weights are replaced post hoc by the nearest such product (importers.transform.reparameterize, no

@@ -1,6 +1,6 @@
 """Fig. 4: the sign of the LayerNorm weights decides smoothing under Pre-LN, not under Post-LN.
 
-Claim (paper-spec §4, claims 21-22): with repeated layers, a fixed symmetric-score attention A and a
+Claim (docs/theory.md §4, claims 21-22): with repeated layers, a fixed symmetric-score attention A and a
 symmetric H, Pre-LN with gamma = -1 multiplies the effective value-projection spectrum by -1 and so swaps
 the smoothing (H+) and non-smoothing (H-) regimes; Post-LN with a uniform sign flip only flips the sign
 of X and leaves every metric unchanged; without LN the sign of gamma does not enter.

@@ -1,10 +1,10 @@
 """Fig. 5: eigenvalues of W_V W_O pooled over layers, a vision model against language models.
 
-Claim (paper-spec §6.5, Fig. 5 caption): "Vision models have distributions skewing to the negatives;
+Claim (docs/theory.md §6.5, Fig. 5 caption): "Vision models have distributions skewing to the negatives;
 language models have symmetrically distributed eigenvalues." For each model the real parts of the
 eigenvalues of the value-projection product are pooled over layers (and heads): per head (the d_head
 nonzero eigenvalues of W_V^h W_O^h, claim 31), per whole layer (the d eigenvalues of W_V W_O), and
-for the pre-LN ViT with the attention norm's γ folded in (diag(γ) W_V W_O, paper-spec §4; the
+for the pre-LN ViT with the attention norm's γ folded in (diag(γ) W_V W_O, docs/theory.md §4; the
 MiniLMs are post-LN, so they have no γ-folded variant). Histograms are of Re λ / max |Re λ| so that
 models of different scale share one axis; the legend gives the fraction with negative real part and
 the skewness of the real parts (importers.value_spectra.summarize_spectra). From the weights alone: quick

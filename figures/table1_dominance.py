@@ -1,6 +1,6 @@
 """Table 1: which eigenvalue of I + H⊗A dominates in real models, Perron type or not (% of cases).
 
-Claim (paper-spec §6.2, poster Table 1; S5, S6): counting, over (input, layer, head), whether the
+Claim (docs/theory.md §6.2, poster Table 1; S5, S6): counting, over (input, layer, head), whether the
 dominating |1 + λ^H λ^A| uses the Perron root of the real attention matrix A (1 + λ^H_j λ^A_n,
 smoothing) or another eigenvalue (1 + λ^H_j λ^A_1, non-Perron), random init gives 100% Perron type,
 trained vision models a mix (ViT-B/16 70.27%, DeiT-B/16 57.82%, ViT-Ti 98.92%), ViT-Ti⁺ 100% and
@@ -133,7 +133,7 @@ def compute(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         **_models.provenance([key for key, _ in OURS], quick),
         "gamma_folded": [key for key, fold in OURS if fold],
         "granularity": "head: the d_head eigenvalues of W_O^h W_V^h plus the zero eigenvalue",
-        "paper": "poster Table 1 (paper-spec §6.2)",
+        "paper": "poster Table 1 (docs/theory.md §6.2)",
         "note": NOTE,
     }
     for key, fold in OURS:

@@ -1,6 +1,6 @@
 """Mitigations against the plain update in the smoothing regime (positive H spectrum, fixed A).
 
-Claims (paper-spec §7, claims 25-29): with λ^H > 0 the plain update X + A X W_V W_proj smooths (S6).
+Claims (docs/theory.md §7, claims 25-29): with λ^H > 0 the plain update X + A X W_V W_proj smooths (S6).
 ResFormer/SVFormer mix in the first layer's values (claim 28); Yu & Zhang's similarity removal (τ = 1)
 strips the attention branch's token mean (claim 29); AttnScale (ω = 0.5) and FeatScale (s_h = 0.5)
 amplify the high-frequency part. NeuTRENO (λ = 0.6) has a non-constant fixed point for the

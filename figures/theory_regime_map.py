@@ -1,6 +1,6 @@
 """Regime map: which eigenvalue of I + H⊗A dominates, over λ^H and the smallest eigenvalue λ^A_1 of A.
 
-Claim (S1, S5, S6; paper-spec §3.2): by the corner theorem only 1 + λ^H (Perron type, smoothing) and
+Claim (S1, S5, S6; docs/theory.md §3.2): by the corner theorem only 1 + λ^H (Perron type, smoothing) and
 1 + λ^H λ^A_1 (non-Perron type) can dominate. Every λ^H in [-1, 0) gives non-Perron dominance whatever
 λ^A_1 (S5); every λ^H > 0 gives Perron dominance (S6); below -1 Perron dominance returns (claim 11).
 Computed with the Kronecker-free theory (simulator.theory.dominance_kinds), for A with spectrum

@@ -6,7 +6,7 @@ vectors (biases, norm parameters, LayerScale) and scalars keep their values, so 
 linear maps change.
 
 ``reparameterize`` replaces each head's value and output projections so that
-``W_V^h W_O^h = Q Λ Q^T`` (paper-spec §5): Q (d × d_head) orthonormal and Λ > 0 (``plus``, Perron-type
+``W_V^h W_O^h = Q Λ Q^T`` (docs/theory.md §5): Q (d × d_head) orthonormal and Λ > 0 (``plus``, Perron-type
 dominance for every attention matrix, S6) or Λ in [-1, 0) (``minus``, never Perron-type, S5). Among
 such matrices it takes the nearest (Frobenius) to the trained product: the skew part of ``M_h`` is
 orthogonal to every symmetric matrix, so the target is ``sym(M_h)``; its d_head eigenvalues of the

@@ -15,14 +15,14 @@ summarize_spectra
 
 Notes
 -----
-Per head (paper-spec §3.3, claim 31): ``M_h = W_V^h W_O^h`` is d×d with rank ≤ d_head; its nonzero
+Per head (docs/theory.md §3.3, claim 31): ``M_h = W_V^h W_O^h`` is d×d with rank ≤ d_head; its nonzero
 eigenvalues are those of the d_head×d_head ``W_O^h W_V^h``, so only those d_head values are reported
 (the other d − d_head are exactly zero). With GQA, query head h reads key/value head
 ``h // (n_heads / n_kv_heads)``. Per layer: the d eigenvalues of ``W_V W_O`` with W_V's key/value
 heads expanded to the query heads (H = Σ_h M_h, the whole-layer value matrix when every head shares
 one attention matrix). For pre-LN blocks the attention branch reads ``LN(x) = γ ⊙ x̂ + β``, so the
 linear part acting on the normalised tokens is ``diag(γ) W_V W_O``: reported separately as
-``head-gamma`` and ``layer-gamma`` (the γ-sign effect of paper-spec §4). Eigenvalues are complex in
+``head-gamma`` and ``layer-gamma`` (the γ-sign effect of docs/theory.md §4). Eigenvalues are complex in
 general; both parts are kept.
 """
 

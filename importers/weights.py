@@ -13,7 +13,7 @@ linear_weights
     One projection → ``(W, b)`` with ``y = x @ W + b`` (dequantised, Gemm ``transB``/``alpha``/``beta``
     applied).
 
-Convention (paper-spec §3.3, §6.7): ``y = x @ W``; W_Q is (d_model, n_heads·d_head) with head h in
+Convention (docs/theory.md §3.3, §6.7): ``y = x @ W``; W_Q is (d_model, n_heads·d_head) with head h in
 columns ``h·d_head:(h+1)·d_head``; W_K and W_V are (d_model, n_kv_heads·d_head); W_O is
 (n_heads·d_head, d_model) with head h in the matching rows. Quantised weights are returned
 dequantised: int8 Cast→Mul and DequantizeLinear are folded exactly as the graph computes them

@@ -79,7 +79,7 @@ def layer_norm(
     -------
     (..., n, d) ndarray
         ``LN(X) = N(X) diag(gamma) + 1 beta^T`` with
-        ``N(X)_i = (x_i - mean(x_i)) / sqrt(var(x_i) + eps)`` (paper-spec §4).
+        ``N(X)_i = (x_i - mean(x_i)) / sqrt(var(x_i) + eps)`` (docs/theory.md §4).
     """
     X = as_tokens(X)
     d = X.shape[-1]
@@ -125,7 +125,7 @@ def attention_matrix(
     mask : (n, n) array_like, optional
         Additive mask (``-inf`` or a large negative value where attention is forbidden).
     scale : float, optional
-        Default ``1/sqrt(k)`` (paper-spec §1).
+        Default ``1/sqrt(k)`` (docs/theory.md §1).
 
     Returns
     -------

@@ -6,7 +6,7 @@ For a homogeneous rule (``rule(cX) = c rule(X)``) every smoothing metric is scal
 7), so :func:`iterate` divides each system's state by its Frobenius norm after every layer and keeps
 the logarithm of what it divided out. The true state is ``X_l = exp(log_scale) * X_stored``; the
 true ``log ||X_l||_F`` is recorded as ``log_norm``. Neither overflows nor underflows, at any depth,
-for the linear rules (paper-spec §8 defaults). Arrays the rule keeps in ``cache["scaled"]`` (first
+for the linear rules (docs/theory.md §8 defaults). Arrays the rule keeps in ``cache["scaled"]`` (first
 layer's values, see :mod:`simulator.updates`) are divided by the same factor.
 
 Stopping

@@ -1,6 +1,6 @@
 """Scale-invariant smoothing metrics of token matrices, batched over leading axes ``(..., n, d)``.
 
-Each metric measures one of the paper's three notions of smoothing (paper-spec §2):
+Each metric measures one of the paper's three notions of smoothing (docs/theory.md §2):
 
 hfc_lfc         -- Def. 1, input convergence: ||HFC[X]|| / ||LFC[X]|| (-> 0 when smoothing)
 cosine          -- Def. 2, angle convergence: mean cosine between token rows (-> 1 when smoothing)
@@ -72,7 +72,7 @@ def lfc_hfc_split(X: ArrayLike) -> tuple[FloatArray, FloatArray]:
     -------
     lfc, hfc : (..., n, d) ndarray
         ``LFC[X] = (1/n) 1 1^T X`` (the token mean in every row) and ``HFC[X] = X - LFC[X]``
-        (paper-spec §2.1; Wang et al. 2022).
+        (docs/theory.md §2.1; Wang et al. 2022).
     """
     X = as_tokens(X)
     lfc = np.broadcast_to(X.mean(axis=-2, keepdims=True), X.shape)
@@ -86,7 +86,7 @@ def hfc_lfc(X: ArrayLike, *, norm: Literal["fro", "spectral"] = "fro") -> FloatA
     ----------
     X : (..., n, d) array_like
     norm : {"fro", "spectral"}
-        Frobenius (default, paper-spec §9.1) or spectral norm of both parts. The LFC has rank one, so
+        Frobenius (default, docs/theory.md §9.1) or spectral norm of both parts. The LFC has rank one, so
         both norms agree on it; they differ only on the HFC.
 
     Returns
@@ -110,7 +110,7 @@ def cosine(X: ArrayLike, *, absolute: bool = False) -> FloatArray:
     """Mean cosine similarity between token rows over ordered pairs ``i != j`` (Def. 2).
 
     ``mean_cos(X) = (1^T C 1 - tr C) / (m (m - 1))`` with ``C`` the Gram matrix of the row-normalised
-    nonzero rows and ``m`` their number (paper-spec §2.3).
+    nonzero rows and ``m`` their number (docs/theory.md §2.3).
 
     Parameters
     ----------
@@ -185,7 +185,7 @@ def rank1_residual(X: ArrayLike) -> FloatArray:
     Returns
     -------
     (...) ndarray
-        In [0, 1]; tends to 0 under rank collapse (paper-spec §2.4).
+        In [0, 1]; tends to 0 under rank collapse (docs/theory.md §2.4).
     """
     return _rank1_residual(_singular_values(_tokens(X)))
 
@@ -200,7 +200,7 @@ def dong_residual(X: ArrayLike) -> FloatArray:
     """Dong et al.'s residual ``||X - 1 xbar^T||_{1,inf} / ||X||_{1,inf}`` with the token mean xbar.
 
     This is Dong, Cordonnier & Loukas (2021)'s plotted quantity, not the paper's rank collapse: it
-    vanishes only when all rows are equal (paper-spec §2.4, claim 30).
+    vanishes only when all rows are equal (docs/theory.md §2.4, claim 30).
 
     Parameters
     ----------

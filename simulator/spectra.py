@@ -71,7 +71,7 @@ def attention_symmetric_scores(
     """Positive row-stochastic A with a real, diagonalisable spectrum (Assumption A).
 
     ``A = D^{-1} exp(S)`` with symmetric scores ``S = scale * Z B Z^T / sqrt(r)``; A is similar to the
-    symmetric ``D^{-1/2} exp(S) D^{-1/2}``, so its spectrum is real (paper-spec §3.1).
+    symmetric ``D^{-1/2} exp(S) D^{-1/2}``, so its spectrum is real (docs/theory.md §3.1).
 
     Parameters
     ----------
@@ -218,7 +218,7 @@ def _real_block_diagonal(lam: np.ndarray) -> FloatArray:
 
 @dataclass(frozen=True)
 class Reparameterization:
-    """The paper's parameterisation ``H = V Lambda V^T`` (paper-spec §5).
+    """The paper's parameterisation ``H = V Lambda V^T`` (docs/theory.md §5).
 
     Attributes
     ----------

@@ -2,7 +2,7 @@
 
 For the update ``X_l = X_{l-1} + A X_{l-1} M`` with ``M = W_V W_proj`` and ``H = M^T``,
 ``vec(X_l) = (I + H ⊗ A) vec(X_{l-1})`` and, by Lemma 1, the eigenvalues of ``I + H ⊗ A`` are
-``mu_ij = 1 + lambda^H_j lambda^A_i`` (paper-spec §3).
+``mu_ij = 1 + lambda^H_j lambda^A_i`` (docs/theory.md §3).
 
 Functions
 ---------

@@ -18,7 +18,7 @@ Cache protocol
 first layer's values ``V_0 = X_0 W_V``). Whoever rescales the state X by a factor must rescale these
 arrays by the same factor, so that the rule stays homogeneous jointly in (X, cache).
 
-Rules (paper-spec §3, §4, §7)
+Rules (docs/theory.md §3, §4, §7)
 -----------------------------
 LinearRule             -- X + A X W_V W_proj (eq. vec_update); without skip A X W_V W_proj (S7)
 PreLNRule              -- X + A LN(X) W_V W_proj
@@ -334,7 +334,7 @@ class _FixedAttention(_Rule):
 
     @property
     def H(self) -> FloatArray:
-        """``H = (W_V W_proj)^T``, the factor in ``I + H ⊗ A`` (paper-spec §1)."""
+        """``H = (W_V W_proj)^T``, the factor in ``I + H ⊗ A`` (docs/theory.md §1)."""
         return np.swapaxes(self.M, -1, -2)
 
     def _branch(self, X: FloatArray) -> FloatArray:
@@ -409,7 +409,7 @@ class _NormalisedLinear(_FixedAttention):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class PreLNRule(_NormalisedLinear):
-    """Pre-LN linear layer ``X_l = X_{l-1} + A LN(X_{l-1}) W_V W_proj`` (paper-spec §4).
+    """Pre-LN linear layer ``X_l = X_{l-1} + A LN(X_{l-1}) W_V W_proj`` (docs/theory.md §4).
 
     ``LN(X) = N(X) diag(gamma) + 1 beta^T`` with ONNX semantics (biased variance, eps inside the
     square root); ``gamma`` may have either sign, and the effective value-projection product is
@@ -432,7 +432,7 @@ class PreLNRule(_NormalisedLinear):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class PostLNRule(_NormalisedLinear):
-    """Post-LN linear layer ``X_l = LN(X_{l-1} + A X_{l-1} W_V W_proj)`` (paper-spec §4).
+    """Post-LN linear layer ``X_l = LN(X_{l-1} + A X_{l-1} W_V W_proj)`` (docs/theory.md §4).
 
     With ``beta = 0`` and a uniform ``gamma = ±c``, flipping the sign of gamma flips the sign of
     every ``X_l`` for l >= 1 exactly (claim 22): N is odd and the linear update commutes with sign.
@@ -479,7 +479,7 @@ class SoftmaxAttentionRule(_Rule):
         Attn(Z) = sum_h softmax(Z W_Q^h (Z W_K^h)^T / sqrt(d_head)) Z W_V^h W_proj^h
 
     where ``W_Q^h, W_K^h, W_V^h`` are the h-th contiguous column blocks (width ``cols / n_heads``)
-    and ``W_proj^h`` the h-th contiguous row block (paper-spec §3.3). Then, exactly:
+    and ``W_proj^h`` the h-th contiguous row block (docs/theory.md §3.3). Then, exactly:
 
     - ``norm=None``:   ``Y = X + Attn(X)``;        with an MLP, ``X_l = Y + MLP(Y)``.
     - ``norm="pre"``:  ``Y = X + Attn(LN(X))``;    with an MLP, ``X_l = Y + MLP(LN(Y))``.
@@ -600,7 +600,7 @@ class SoftmaxAttentionRule(_Rule):
 
 
 # ----------------------------------------------------------------------------------------------
-# mitigations (paper-spec §7)
+# mitigations (docs/theory.md §7)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -614,7 +614,7 @@ def _first_values(cache: dict[str, Any], layer: int, key: str, values: FloatArra
 
 @dataclass(frozen=True, eq=False, repr=False)
 class NeuTRENORule(_FixedAttention):
-    """NeuTRENO (Nguyen, Nguyen & Baraniuk 2023) with fixed A (paper-spec §7.3, claim 27).
+    """NeuTRENO (Nguyen, Nguyen & Baraniuk 2023) with fixed A (docs/theory.md §7.3, claim 27).
 
     With values ``V_l = X_{l-1} W_V`` and the first layer's ``V_0 = X_0 W_V`` (kept in the cache)::
 
@@ -705,7 +705,7 @@ class SimilarityRemovalRule(_FixedAttention):
 
     ``X_l = X_{l-1} + (I - tau 11^T/n) A X_{l-1} W_V W_proj``: tau times the token mean is removed
     from the branch output before the residual add. The paper's placement is not recovered; this
-    is the reconstruction of paper-spec §7.5 without the post-norm.
+    is the reconstruction of docs/theory.md §7.5 without the post-norm.
 
     Parameters
     ----------
@@ -735,7 +735,7 @@ class SimilarityRemovalRule(_FixedAttention):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class AttnScaleRule(_FixedAttention):
-    """AttnScale (Wang et al. 2022): the high-pass part of A rescaled (paper-spec §7.2, claim 25).
+    """AttnScale (Wang et al. 2022): the high-pass part of A rescaled (docs/theory.md §7.2, claim 25).
 
     ``Â = 11^T/n + (1 + omega)(A - 11^T/n)`` replaces A in ``X + Â X W_V W_proj``. ``Â 1 = 1``;
     ``omega = 0`` gives A back. The matrix ``Â`` is kept as attribute ``A_hat``.
@@ -773,7 +773,7 @@ class AttnScaleRule(_FixedAttention):
 
 @dataclass(frozen=True, eq=False, repr=False)
 class FeatScaleRule(_FixedAttention):
-    """FeatScale (Wang et al. 2022) on the attention branch (paper-spec §7.2, claim 26).
+    """FeatScale (Wang et al. 2022) on the attention branch (docs/theory.md §7.2, claim 26).
 
     With ``Y = A X W_V W_proj``, ``DC[Y] = 11^T Y / n`` and ``HC[Y] = Y - DC[Y]``::
 

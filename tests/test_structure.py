@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,46 @@ def test_tests_write_their_caches_outside_the_home_folder() -> None:
     for folder in (cache_dir(), Path(os.environ["MPLCONFIGDIR"])):
         assert folder.is_relative_to(tempfile.gettempdir()), folder
         assert not folder.is_relative_to(Path.home()), folder
+
+
+THEORY = ROOT / "docs" / "theory.md"
+_SECTION = re.compile(r"§(\d+(?:\.\d+)?)")
+_CLAIMS = re.compile(r"\b[Cc]laims? (\d+)(?:\s*[-–]\s*(\d+))?")
+
+
+def _project_texts() -> list[Path]:
+    paths = [
+        p for pkg in (*PACKAGES, "tests", "benchmarks", "scripts") for p in (ROOT / pkg).rglob("*")
+    ]
+    paths += [ROOT / "README.md", ROOT / "docs" / "architecture.md"]
+    return sorted(p for p in paths if p.suffix in (".py", ".md"))
+
+
+def test_theory_references_resolve_into_docs_theory() -> None:
+    """Every "§N.M" and "claim N" in the code and docs names a heading or claim of docs/theory.md."""
+    theory = THEORY.read_text(encoding="utf-8")
+    sections = set(re.findall(r"^#+ §(\d+(?:\.\d+)?) ", theory, flags=re.MULTILINE))
+    claims = {int(n) for n in re.findall(r"^\*\*Claim (\d+)\.\*\*", theory, flags=re.MULTILINE)}
+    assert claims == set(range(1, 34))
+    missing = []
+    for path in _project_texts():
+        text = path.read_text(encoding="utf-8")
+        for section in _SECTION.findall(text):
+            if section not in sections:
+                missing.append(f"{path.relative_to(ROOT)}: §{section}")
+        for first, last in _CLAIMS.findall(text):
+            for claim in range(int(first), int(last or first) + 1):
+                if claim not in claims:
+                    missing.append(f"{path.relative_to(ROOT)}: claim {claim}")
+    assert not missing, missing
+
+
+def test_no_project_file_points_outside_the_project() -> None:
+    outside = ("paper-spec", "../shared", "real-models.md", "house-style.md", "anchors.md")
+    offenders = [
+        f"{path.relative_to(ROOT)}: {word}"
+        for path in [*_project_texts(), THEORY]
+        for word in outside
+        if word in path.read_text(encoding="utf-8") and path.name != "test_structure.py"
+    ]
+    assert not offenders, offenders

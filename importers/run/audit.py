@@ -2,7 +2,7 @@
 
 For every input and layer the audit records the simulator's smoothing metrics of the hidden states;
 for every (input, layer, head) it finds the dominating eigenvalue of ``I + H_h ⊗ A`` from the real
-attention matrix A and the head's value-projection product (paper-spec §6.2, Table 1); and it reports
+attention matrix A and the head's value-projection product (docs/theory.md §6.2, Table 1); and it reports
 the eigenvalues of W_V W_O per head and layer (Fig. 5).
 
 Layers

@@ -1,4 +1,4 @@
-"""The paper's checkable claims 1-30 (paper-spec §8) as data: draw an instance, run it, get a margin.
+"""The paper's checkable claims 1-30 (docs/theory.md §8) as data: draw an instance, run it, get a margin.
 
 Every :class:`Check` draws the parameters of one random instance (sizes, spectrum ranges, a scale
 and a seed: a small dict of ints, floats and strings described by :attr:`Check.space`) and runs

@@ -103,14 +103,14 @@ SEED = IntRange(0, 2**32 - 1)
 
 @dataclass(frozen=True)
 class Check:
-    """One checkable claim of paper-spec §8 as data.
+    """One checkable claim of docs/theory.md §8 as data.
 
     Attributes
     ----------
     name : str
         Short snake_case identifier (``oversmooth verify --only NAME``).
     claim : int
-        The claim's number in paper-spec §8.
+        The claim's number in docs/theory.md §8.
     statement : str
         One line: what holds on every instance.
     unit : str

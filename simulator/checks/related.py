@@ -80,7 +80,7 @@ def _neutreno_system(p: Mapping[str, Any]) -> tuple[FloatArray, FloatArray]:
 
 
 def _neutreno_iterate(A: FloatArray, v0: FloatArray, lam: float, layers: int) -> FloatArray:
-    """``v^{l+1} = A v^l + lam (v^0 - v^l)`` from ``v^0`` (paper-spec §7.3, fixed A)."""
+    """``v^{l+1} = A v^l + lam (v^0 - v^l)`` from ``v^0`` (docs/theory.md §7.3, fixed A)."""
     v = v0
     for _ in range(layers):
         v = A @ v + lam * (v0 - v)

@@ -30,7 +30,7 @@ from tests.realmodels import require_real_model
 
 pytestmark = pytest.mark.realmodel
 
-#: What each zoo model is (real-models.md §2-§3).
+#: What each zoo model is: its pinned architecture (see the zoo table in importers/zoo.py).
 REAL_MODELS = {
     "minilm-l6-int8": {
         "blocks": 6,
