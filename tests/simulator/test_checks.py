@@ -54,7 +54,7 @@ def _two_token_attention(a: float) -> np.ndarray:
 
 
 def test_claim_11_spec_instances_are_perron_dominated() -> None:
-    # The two counterexamples of paper-spec claim 11, exactly as written there.
+    # The two counterexamples of docs/theory.md claim 11, exactly as written there.
     assert BY_NAME["s5_bound_needed_2x2"].run({"a": 0.25, "h": -1.9}) > 0
     spec_a = theory.dominance(_two_token_attention(0.25), [[-1.9]])
     assert spec_a.kind == "perron"
