@@ -20,6 +20,8 @@ DATA_DIR, IMAGE_SUFFIXES
 from __future__ import annotations
 
 import os
+import warnings
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +34,7 @@ from importers.graph import GraphInput
 from importers.graph.load import Dim
 from importers.run.feeds import IMAGE_FEED, TEXT_FEEDS, Inputs, check_feeds, feeds_digest, for_graph
 from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, ZooModel
+from simulator.limits import check_elements, check_size
 from simulator.validation import as_generator, check_positive_int, regular_file
 
 __all__ = [
@@ -56,6 +59,10 @@ def _maybe_for_graph(inputs: Inputs, expected: Sequence[GraphInput] | None) -> I
     return inputs if expected is None else for_graph(inputs, expected)
 
 
+def _check_pixels(dims: tuple[int, int], path: str | os.PathLike[str]) -> None:
+    check_elements((*dims, 4), f"image {Path(path).name!r}", error=ImporterInputError)
+
+
 def load_image(path: str | os.PathLike[str], size: int) -> NDArray[np.uint8]:
     """Read an image as RGB, resize its shorter side to ``size`` (bicubic) and centre-crop.
 
@@ -70,16 +77,36 @@ def load_image(path: str | os.PathLike[str], size: int) -> NDArray[np.uint8]:
     """
     from PIL import Image, UnidentifiedImageError
 
+    check_size(
+        check_positive_int(size, "image size", error=ImporterInputError),
+        "image size",
+        "max_image_side",
+        error=ImporterInputError,
+    )
     try:
-        with Image.open(path) as image:
-            rgb = image.convert("RGB")
-    except (OSError, UnidentifiedImageError, ValueError) as err:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                _check_pixels(image.size, path)  # before decoding: a bomb allocates nothing
+                rgb = image.convert("RGB")
+    except (
+        OSError,
+        UnidentifiedImageError,
+        ValueError,
+        Image.DecompressionBombWarning,
+        Image.DecompressionBombError,
+    ) as err:
         raise ImporterInputError(
-            f"`images` must be readable image files; cannot read {path}: {err}"
-        ) from err
+            f"`images` must be readable image files; cannot read {path}: {_one_line(err)}"
+        ) from None
     width, height = rgb.size
     scale = size / min(width, height)
     new_size = (max(size, round(width * scale)), max(size, round(height * scale)))
+    check_elements(
+        (*new_size, 3),
+        f"image {Path(path).name!r} resized to side {size}",
+        error=ImporterInputError,
+    )
     resized = rgb.resize(new_size, Image.Resampling.BICUBIC)
     left = (new_size[0] - size) // 2
     top = (new_size[1] - size) // 2
@@ -180,7 +207,14 @@ def _text_inputs(
 
 def _read_sentences(path: Path) -> list[str]:
     try:
-        text = regular_file(path, "text", error=ImporterInputError).read_text(encoding="utf-8")
+        file = regular_file(path, "text", error=ImporterInputError)
+        check_size(
+            file.stat().st_size,
+            f"text file {str(path)!r}",
+            "max_text_bytes",
+            error=ImporterInputError,
+        )
+        text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ImporterInputError(
             f"`text` must be a readable UTF-8 text file; cannot read {path}"
@@ -308,6 +342,42 @@ def _npz_labels(data: Mapping[str, np.ndarray], batch: int) -> tuple[str, ...]:
     return tuple(f"item-{index}" for index in range(batch))
 
 
+#: What reading a damaged, truncated, encrypted or foreign ``.npz`` raises inside NumPy/zipfile.
+_NPZ_ERRORS = (
+    OSError,
+    ValueError,
+    EOFError,
+    KeyError,
+    RuntimeError,
+    NotImplementedError,
+    zipfile.BadZipFile,
+)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _check_npz_sizes(file: Path) -> None:
+    """Read every member's ``.npy`` header (not its data) and check the declared shape against
+    :func:`simulator.limits.check_elements`, so a header declaring 2^40 elements allocates nothing."""
+    with zipfile.ZipFile(file) as archive:
+        if not archive.namelist():
+            raise ValueError("the archive holds no arrays")
+        for info in archive.infolist():
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                read_header = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape, _, _ = read_header(member)
+                check_elements(
+                    shape, f"array {info.filename!r} of `inputs`", error=ImporterInputError
+                )
+
+
 def from_npz(path: str | os.PathLike[str], graph: Sequence[GraphInput]) -> Inputs:
     """Feeds stored in an ``.npz`` under the graph input names (plus an optional ``labels`` array).
 
@@ -320,16 +390,16 @@ def from_npz(path: str | os.PathLike[str], graph: Sequence[GraphInput]) -> Input
     FeedError
         The arrays do not fit the graph inputs.
     """
-    file = Path(path)
+    file = regular_file(path, "inputs", error=ImporterInputError)
     try:
-        with np.load(
-            regular_file(file, "inputs", error=ImporterInputError), allow_pickle=False
-        ) as data:
+        _check_npz_sizes(file)
+        with np.load(file, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError) as err:
+    except _NPZ_ERRORS as err:
         raise ImporterInputError(
-            f"`inputs` must be a readable .npz file; cannot read {file}"
-        ) from err
+            f"`inputs` must be a readable .npz file of arrays; cannot read {str(file)!r}: "
+            f"{_one_line(err)}"
+        ) from None
     feeds = {name: array for name, array in arrays.items() if name != "labels"}
     check_feeds(feeds, graph)
     batch = next((int(array.shape[0]) for array in feeds.values() if array.ndim), 1)
@@ -388,6 +458,7 @@ def random_inputs(
     feeds = {}
     for spec in graph:
         shape = tuple(_random_dim(axis, dim, batch, seq) for axis, dim in enumerate(spec.shape))
+        check_elements(shape, f"random feed {spec.name!r}", error=ImporterInputError)
         feeds[spec.name] = _random_feed(spec, shape, rng, vocab_size)
     n_items = next((array.shape[0] for array in feeds.values() if array.ndim), 1)
     mask_name = next((spec.name for spec in graph if "mask" in spec.name.lower()), None)
