@@ -474,7 +474,11 @@ def lookup(name_or_path: str | os.PathLike[str], *, allow_fetch: bool = True) ->
         The installed or cached file does not match its pin.
     """
     path = Path(name_or_path)
-    if path.exists():
+    try:
+        exists = path.exists()
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        exists = False
+    if exists:
         return ModelRef(path)
     text = os.fspath(name_or_path)
     if _looks_like_path(text):

@@ -171,22 +171,28 @@ class GraphIndex:
     def _with_external_bytes(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
         info = {entry.key: entry.value for entry in tensor.external_data}
         path = external_data_path(self.base_dir, info.get("location", ""), tensor.name)
-        offset = int(info.get("offset", 0) or 0)
-        length = int(info["length"]) if info.get("length") else -1
+        offset = _byte_count(info.get("offset") or "0", "offset", tensor.name)
+        length = _byte_count(info["length"], "length", tensor.name) if info.get("length") else -1
         if not path.is_file():
             raise ExternalDataError(
                 f"external data of initializer {tensor.name!r} must be in {info['location']!r} "
                 f"next to the model; got no such file"
             )
+        expected = _expected_nbytes(tensor)
+        wanted = expected if expected is not None else length
+        size = path.stat().st_size
+        if wanted >= 0 and offset + wanted > size:  # checked before reading anything
+            raise ExternalDataError(
+                f"external data of initializer {tensor.name!r} must hold {wanted} bytes at "
+                f"offset {offset} of {info['location']!r}; the file has {size} bytes"
+            )
         with open(path, "rb") as handle:
             handle.seek(offset)
-            raw = handle.read(length)
-        expected = _expected_nbytes(tensor)
-        if (length >= 0 and len(raw) != length) or (expected is not None and len(raw) != expected):
+            raw = handle.read(wanted)
+        if length >= 0 and len(raw) != length:
             raise ExternalDataError(
-                f"external data of initializer {tensor.name!r} must hold "
-                f"{expected if expected is not None else length} bytes at offset {offset} of "
-                f"{info['location']!r}; got {len(raw)}"
+                f"external data of initializer {tensor.name!r} must hold {wanted} bytes at offset "
+                f"{offset} of {info['location']!r}; its length entry says {length}"
             )
         copy = onnx.TensorProto()
         copy.name = tensor.name
@@ -194,6 +200,16 @@ class GraphIndex:
         copy.dims.extend(tensor.dims)
         copy.raw_data = raw
         return copy
+
+
+def _byte_count(text: str, what: str, tensor_name: str) -> int:
+    """An external-data offset or length: a non-negative decimal integer, else ExternalDataError."""
+    if not text.isdigit():
+        raise ExternalDataError(
+            f"external data {what} of initializer {tensor_name!r} must be a non-negative integer; "
+            f"got {text!r}"
+        )
+    return int(text)
 
 
 def _expected_nbytes(tensor: onnx.TensorProto) -> int | None:
@@ -225,6 +241,11 @@ def external_data_path(base_dir: Path | None, location: str, tensor_name: str) -
         raise ExternalDataError(
             f"initializer {tensor_name!r} stores its data externally, which needs the model's "
             f"folder; got a model without a path"
+        )
+    if "\0" in location:
+        raise ExternalDataError(
+            f"external data location of initializer {tensor_name!r} must be a file name; got "
+            f"{location!r} (contains a NUL byte)"
         )
     posix, windows = PurePosixPath(location), PureWindowsPath(location)
     if not location or posix.is_absolute() or windows.is_absolute() or windows.drive:

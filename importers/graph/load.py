@@ -62,7 +62,13 @@ class GraphInput:
 
 def _graph_input(value: onnx.ValueInfoProto) -> GraphInput:
     tensor = value.type.tensor_type
-    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type))
+    except (KeyError, ValueError, TypeError):
+        raise ModelFileError(
+            f"graph input {value.name!r} must be a tensor with a known element type; got "
+            f"element type {tensor.elem_type}"
+        ) from None
     dims: list[Dim] = []
     for dim in tensor.shape.dim:
         if dim.HasField("dim_value"):
@@ -137,7 +143,13 @@ def load_model(path: str | os.PathLike[str]) -> OnnxModel:
         raise ModelFileError(
             f"`model` must be an ONNX file; got {str(path)!r} (not a regular file)"
         )
-    data = file.read_bytes()
+    try:
+        data = file.read_bytes()
+    except OSError as err:
+        raise ModelFileError(
+            f"`model` must be a readable ONNX file; cannot read {str(path)!r}: "
+            f"{err.strerror or err}"
+        ) from None
     proto = _parse(data, str(path))
     return model_from_proto(proto, path=file)
 

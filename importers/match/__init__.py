@@ -41,6 +41,7 @@ This package's ``__init__`` is the public face; the work is done in its modules:
 
 from __future__ import annotations
 
+from importers.errors import ImporterError
 from importers.graph import GraphIndex, Node, OnnxModel
 from importers.match.core import SCALE_RTOL as SCALE_RTOL
 from importers.match.core import Matcher
@@ -101,6 +102,15 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
             blocks.append(_match_with_retry(matchers, index, softmax, len(blocks)))
         except RejectError as reject:
             failures.append(MatchFailure(softmax.label, reject.reason, reject.nodes, reject.code))
+        except ImporterError:  # a file problem (external data, ...) is the user's answer as is
+            raise
+        except (ValueError, TypeError, IndexError, KeyError, OverflowError) as err:
+            # A malformed attribute or constant (an axis of the wrong type, an impossible shape)
+            # rejects this candidate with the reason instead of escaping as a traceback.
+            reason = (
+                f"malformed graph around it: {' '.join(str(err).split()) or type(err).__name__}"
+            )
+            failures.append(MatchFailure(softmax.label, reason, (), "malformed"))
     if not blocks:
         raise NoAttentionBlocksError.from_failures(failures)
     return MatchReport(blocks=blocks, failures=failures, n_softmax=len(softmaxes))

@@ -384,3 +384,74 @@ def test_weight_cycles_end_in_a_refusal_not_a_hang(tmp_path, capsys, op):
         signal.alarm(0)
     assert status == 1
     assert_one_line_error(err, "no attention block")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("offset", "abc", "must be a non-negative integer"),
+        ("offset", "-8", "must be a non-negative integer"),
+        ("length", "1e3", "must be a non-negative integer"),
+        ("offset", str(2**40), "the file has"),
+    ],
+)
+def test_external_data_offsets_must_be_sane_numbers(tmp_path, capsys, key, value, message):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    model = with_external_location("weights.bin")
+    (folder / "weights.bin").write_bytes(b"\0" * 4096)
+    tensor = next(t for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL)
+    entry = tensor.external_data.add()
+    entry.key, entry.value = key, value
+    path = folder / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    status, _, err = run_cli(capsys, "weights", path, "--out", tmp_path / "w.npz")
+    assert status == 2
+    assert_one_line_error(err, message)
+    assert not (tmp_path / "w.npz").exists()
+
+
+def test_a_nul_byte_in_an_external_location_is_refused(tmp_path):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(with_external_location("w\0.bin").SerializeToString())
+    with pytest.raises(ExternalDataError, match="NUL byte"):
+        load_model(path)
+
+
+@pytest.mark.parametrize("elem_type", [0, 999])
+def test_a_graph_input_without_a_known_type_is_one_line(tmp_path, capsys, elem_type):
+    model = VARIANTS["bert_legacy"](0).model
+    model.graph.input[0].type.tensor_type.elem_type = elem_type
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    status, _, err = run_cli(capsys, "audit", path, "--random", "1", "--out", tmp_path / "out")
+    assert status == 2
+    assert_one_line_error(err, "known element type")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_softmax_axis_of_the_wrong_type_rejects_the_candidate(tmp_path, capsys):
+    model = VARIANTS["bert_legacy"](0).model
+    for node in model.graph.node:
+        if node.op_type == "Softmax":
+            del node.attribute[:]
+            node.attribute.append(helper.make_attribute("axis", "last"))
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    status, _, err = run_cli(capsys, "inspect", path)
+    assert status in (0, 1)
+    assert "Traceback" not in err
+
+
+def test_an_unreadable_special_file_as_the_model_is_one_line(capsys):
+    if not Path("/proc/self/mem").exists():
+        pytest.skip("needs /proc")
+    status, _, err = run_cli(capsys, "inspect", "/proc/self/mem")
+    assert status == 2
+    assert_one_line_error(err, "model")
+
+
+def test_a_300_character_model_name_is_one_line(capsys):
+    status, _, err = run_cli(capsys, "inspect", "m" * 300)
+    assert status == 2
+    assert_one_line_error(err, "zoo")
