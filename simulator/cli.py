@@ -44,17 +44,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(message: object) -> str:
+    """``message`` with every run of whitespace (newlines included) as one space."""
+    return " ".join(str(message).split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``oversmooth`` command; returns the exit status (0 ok, 1 failed check, 2 bad input)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run the ``oversmooth`` command; returns the exit status (0 ok, 1 failed check, 2 bad input).
+
+    Errors a user can cause print as one line; Ctrl-C at any point, start-up included, prints
+    one line and returns 130.
+    """
+    command = "oversmooth"
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        command = f"oversmooth {args.command}"
         return int(args.func(args) or 0)
     except OversmoothError as err:
-        print(f"oversmooth {args.command}: error: {err}", file=sys.stderr)
+        print(f"{command}: error: {one_line(err)}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
-        print(f"oversmooth {args.command}: interrupted", file=sys.stderr)
+        print(f"{command}: interrupted", file=sys.stderr)
         return 130
 
 
