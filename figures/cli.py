@@ -98,7 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _image_size(entry: ZooModel | None, graph: Sequence[GraphInput], requested: int | None) -> int:
-    if requested:
+    if requested is not None:
         return requested
     if entry is not None:
         return entry.image_size or 224

@@ -270,6 +270,12 @@ def random_init(
     _, proto = _matched_with_weights(model)
     for tensor in list(_weight_matrices(proto)):
         dtype = numpy_helper.to_array(tensor).dtype
-        fresh = rng.normal(0.0, std, tuple(tensor.dims)).astype(dtype)
+        with np.errstate(over="ignore"):  # checked just below
+            fresh = rng.normal(0.0, std, tuple(tensor.dims)).astype(dtype)
+        if not np.all(np.isfinite(fresh)):
+            raise TransformError(
+                f"`std` must keep the weights finite in {dtype}; {std!r} overflows "
+                f"initializer {tensor.name!r}"
+            )
         tensor.CopyFrom(numpy_helper.from_array(fresh, tensor.name))
     return _save(proto, out)

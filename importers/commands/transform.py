@@ -27,17 +27,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--reparam", choices=("plus", "minus"), help="W_V^h W_O^h = Q Λ Q^T, Λ > 0 or in [-1, 0)"
     )
     parser.add_argument(
-        "--std", type=float, default=0.02, help="standard deviation for --random-init"
+        "--std", type=float, default=None, help="standard deviation for --random-init (0.02)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed for --random-init")
+    parser.add_argument("--seed", type=int, default=None, help="seed for --random-init (0)")
     parser.add_argument("--out", required=True, metavar="NEW.onnx", help="output file")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from importers.errors import ImporterInputError
     from importers.transform import random_init, reparameterize
 
+    if args.reparam and (args.std is not None or args.seed is not None):
+        raise ImporterInputError(
+            "`--std` and `--seed` apply to --random-init only; got them with --reparam"
+        )
     if args.random_init:
+        args.std = 0.02 if args.std is None else args.std
+        args.seed = 0 if args.seed is None else args.seed
         out = random_init(args.model, args.out, std=args.std, seed=args.seed)
         print(
             f"wrote {out}: every float weight matrix redrawn from N(0, {args.std}^2), seed {args.seed}"

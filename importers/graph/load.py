@@ -162,6 +162,7 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
             f"`model` must be an ONNX model; {where} has no graph, IR version or opset import "
             f"(not ONNX, or truncated)"
         )
+    _check_versions_and_domains(proto, where)
     opset = _default_opset(proto, where)
     index = GraphIndex(proto.graph, path.parent if path is not None else None)
     if not index.nodes:
@@ -176,6 +177,36 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
             info = {entry.key: entry.value for entry in tensor.external_data}
             external_data_path(index.base_dir, info.get("location", ""), tensor.name)
     return OnnxModel(path=path, proto=proto, opset=opset, index=index)
+
+
+def _check_versions_and_domains(proto: onnx.ModelProto, where: str) -> None:
+    """Refuse what onnxruntime itself would refuse, before reporting any structure: an IR version
+    newer than this onnx knows, a domain imported twice, a node whose domain is not imported, an
+    initializer with a negative dimension."""
+    if proto.ir_version > onnx.IR_VERSION:
+        raise UnsupportedModelError(
+            f"`model` must use ONNX IR version {onnx.IR_VERSION} or older; {where} uses "
+            f"{proto.ir_version}"
+        )
+    domains = [entry.domain or "ai.onnx" for entry in proto.opset_import]
+    repeated = sorted({domain for domain in domains if domains.count(domain) > 1})
+    if repeated:
+        raise ModelFileError(
+            f"`model` must import each operator domain once; {where} imports {repeated} twice"
+        )
+    known = set(domains)
+    for node in proto.graph.node:
+        if (node.domain or "ai.onnx") not in known:
+            raise ModelFileError(
+                f"`model` must import the domain of every node; node {node.name or node.op_type!r} "
+                f"uses domain {node.domain!r}, which {where} does not import"
+            )
+    for tensor in proto.graph.initializer:
+        if any(dim < 0 for dim in tensor.dims):
+            raise ModelFileError(
+                f"`model` is inconsistent: initializer {tensor.name!r} has negative dimensions "
+                f"{list(tensor.dims)}"
+            )
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:

@@ -174,6 +174,23 @@ def check_feeds(feeds: Mapping[str, np.ndarray], expected: Sequence[GraphInput])
     bound: dict[str, int] = {}
     for spec in expected:
         _check_one(np.asarray(feeds[spec.name]), spec, bound, expected)
+        _check_token_values(np.asarray(feeds[spec.name]), spec, expected)
+
+
+def _check_token_values(
+    array: np.ndarray, spec: GraphInput, expected: Sequence[GraphInput]
+) -> None:
+    """Integer id feeds must be non-negative (onnxruntime would wrap -1 to the vocabulary's last
+    row, a silent wrong answer) and mask feeds 0 or 1."""
+    if array.dtype.kind not in "iu" or array.size == 0:
+        return
+    lowered = spec.name.lower()
+    if "mask" in lowered and not np.all((array == 0) | (array == 1)):
+        raise _feed_error(f"feed {spec.name!r} must hold only 0 and 1", expected)
+    if "ids" in lowered and array.min() < 0:
+        raise _feed_error(
+            f"feed {spec.name!r} must hold non-negative token ids; got {int(array.min())}", expected
+        )
 
 
 def _text_source_for(spec: GraphInput, available: Mapping[str, np.ndarray]) -> str | None:

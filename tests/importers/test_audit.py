@@ -206,12 +206,8 @@ def test_block_verdicts_compare_the_prediction_with_the_observed_change(model_di
         assert row.cosine_change == pytest.approx(change, abs=tol.STEP_ATOL)
         assert row.predicted == ("smoothing" if row.perron >= 0.5 else "no smoothing")
         smooths, sharpens = ratio < 1 and change > 0, ratio > 1 and change < 0
-        assert row.observed == (
-            "smoothing" if smooths else "no smoothing" if sharpens else "mixed"
-        )
-        assert row.agree == (
-            None if row.observed == "mixed" else row.predicted == row.observed
-        )
+        assert row.observed == ("smoothing" if smooths else "no smoothing" if sharpens else "mixed")
+        assert row.agree == (None if row.observed == "mixed" else row.predicted == row.observed)
     assert "Prediction and observation agree in" in render_report(result)
 
 

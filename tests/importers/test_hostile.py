@@ -455,3 +455,53 @@ def test_a_300_character_model_name_is_one_line(capsys):
     status, _, err = run_cli(capsys, "inspect", "m" * 300)
     assert status == 2
     assert_one_line_error(err, "zoo")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda m: setattr(m, "ir_version", 99), "IR version"),
+        (lambda m: m.opset_import.append(helper.make_opsetid("", 17)), "once"),
+        (lambda m: setattr(m.graph.node[0], "domain", "com.example"), "does not import"),
+    ],
+    ids=["ir-99", "duplicate-opset", "unknown-domain"],
+)
+def test_graphs_onnxruntime_would_refuse_are_refused_at_load(tmp_path, capsys, mutate, message):
+    model = VARIANTS["bert_legacy"](0).model
+    mutate(model)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    status, _, err = run_cli(capsys, "inspect", path)
+    assert status == 2
+    assert_one_line_error(err, message)
+
+
+def test_negative_initializer_dims_are_refused(tmp_path):
+    model = VARIANTS["bert_legacy"](0).model
+    model.graph.initializer[0].dims[0] = -1
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(ModelFileError, match="negative dimensions"):
+        load_model(path)
+
+
+def test_random_init_refuses_a_std_that_overflows_the_weights(tmp_path, capsys):
+    path = tmp_path / "model.onnx"
+    onnx.save(VARIANTS["bert_legacy"](0).model, path)
+    out = tmp_path / "new.onnx"
+    status, _, err = run_cli(
+        capsys, "transform", path, "--random-init", "--std", "1e308", "--out", out
+    )
+    assert status == 2
+    assert_one_line_error(err, "finite")
+    assert not out.exists()
+
+
+def test_std_with_reparam_is_refused_not_ignored(tmp_path, capsys):
+    path = tmp_path / "model.onnx"
+    onnx.save(VARIANTS["bert_legacy"](0).model, path)
+    status, _, err = run_cli(
+        capsys, "transform", path, "--reparam", "plus", "--std", "0.5", "--out", tmp_path / "n.onnx"
+    )
+    assert status == 2
+    assert_one_line_error(err, "--random-init only")

@@ -422,3 +422,20 @@ def test_script_wordpiece_is_greedy_longest_match() -> None:
     assert script.wordpiece("abb", vocab) == ["a", "##b", "##b"]
     assert script.wordpiece("xyz", vocab) == ["[UNK]"]
     assert script.basic_tokenize("Héllo, World!") == ["hello", ",", "world", "!"]
+
+
+@pytest.mark.parametrize(
+    ("name", "values", "problem"),
+    [
+        ("input_ids", [[101, -1, 102]], "non-negative token ids"),
+        ("attention_mask", [[1, 2, 1]], "only 0 and 1"),
+    ],
+)
+def test_token_values_that_onnxruntime_would_misread_are_refused(name, values, problem):
+    feeds = {
+        "input_ids": np.array([[101, 7, 102]], np.int64),
+        "attention_mask": np.ones((1, 3), np.int64),
+    }
+    feeds[name] = np.array(values, np.int64)
+    with pytest.raises(errors.FeedError, match=problem):
+        check_feeds(feeds, TEXT_GRAPH)

@@ -184,7 +184,9 @@ def test_bad_batch_size(tiny) -> None:
 
 def test_provenance_records_every_session_option(tiny) -> None:
     path, _, _ = tiny
-    runner = Runner(load_model(path), expose=["ln"], provider="cpu", threads=1, optimization="basic")
+    runner = Runner(
+        load_model(path), expose=["ln"], provider="cpu", threads=1, optimization="basic"
+    )
     record = runner.provenance()
     assert record["provider_requested"] == "cpu"
     assert record["provider_used"] == ["CPUExecutionProvider"]
@@ -204,7 +206,9 @@ def test_cpu_provider_runs_on_cpu(tiny) -> None:
 
 def _cuda_session_works(path: Path) -> bool:
     """Whether this machine can really run a CUDA session (not merely list the provider)."""
-    return "CUDAExecutionProvider" in plain_session(load_model(path), provider="auto").get_providers()
+    return (
+        "CUDAExecutionProvider" in plain_session(load_model(path), provider="auto").get_providers()
+    )
 
 
 def test_auto_provider_reports_what_runs_and_why(tiny) -> None:
