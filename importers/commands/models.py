@@ -9,11 +9,11 @@ when the model is neither installed nor cached.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from importers import zoo
+from simulator.output import to_json
 
 __all__ = ["register", "run_fetch", "run_models"]
 
@@ -61,7 +61,7 @@ def run_models(args: argparse.Namespace) -> int:
     """Print the zoo as a table, or as JSON with ``--json``."""
     rows = [_row(model) for model in zoo.models()]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(to_json(rows))
     else:
         print(_table(rows))
     return 0
