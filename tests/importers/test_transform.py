@@ -401,8 +401,8 @@ def test_real_vit_reparameterized_dominance(
     out = reparameterize(path, sign, tmp_path / f"vit-{sign}.onnx")
     result = audit(out, images, batch_size=2, provider="cpu")
     summary = result.dominance_summary()
-    assert summary["cases"] == 2 * 12 * 6
-    assert summary["perron"] == perron
+    assert summary.cases == 2 * 12 * 6
+    assert summary.perron == perron
 
 
 # -- the command ---------------------------------------------------------------------------------
