@@ -29,7 +29,7 @@ test: lint
 
 # No real models and no figure runs: the inner loop while editing (under 2 minutes on 2 cores).
 test-fast: venv
-	$(BIN)/python -m pytest -m "not realmodel and not figures" -q
+	$(BIN)/python -m pytest -m "not realmodel and not figures and not hostile" -q
 
 bench: venv
 	$(BIN)/python -m benchmarks

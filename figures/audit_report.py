@@ -93,7 +93,9 @@ def render(result: AuditResult, folder: Path) -> list[tuple[str, str]]:
     summary = result.dominance_summary()
     if summary.cases:
         fig, ax = new_figure("column", 0.75)
-        plot_dominance(ax, [r.layer for r in summary.per_layer], [r.perron for r in summary.per_layer])
+        plot_dominance(
+            ax, [r.layer for r in summary.per_layer], [r.perron for r in summary.per_layer]
+        )
         ax.legend(fontsize=6, loc="lower right")
         save_png(fig, folder / "dominance.png")
         drawn.append(("dominating eigenvalue kind per block", "dominance.png"))

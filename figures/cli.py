@@ -162,7 +162,11 @@ def run(args: argparse.Namespace) -> int:
     from figures.audit_report import render
     from importers.graph import load_model
     from importers.run import audit, save_audit
+    from importers.run.report import is_report_folder
+    from simulator.output import check_output_folder
 
+    out = args.out or Path(f"audit-{lookup(args.model).name}")
+    check_output_folder(out, ours=is_report_folder, label="--out")  # refuse before any work
     ref = lookup(args.model)
     model = load_model(ref.path)  # parsed once: inputs, matching and the runner share it
     inputs = _inputs(args, model.inputs, ref.entry)
@@ -178,7 +182,6 @@ def run(args: argparse.Namespace) -> int:
         fold_gamma=args.fold_gamma,
         progress=not args.no_progress and sys.stderr.isatty(),
     )
-    out = args.out or Path(f"audit-{result.model.name}")
     save_audit(result, out, figures=render, label="--out")
     print(_summary(result, out))
     return 0

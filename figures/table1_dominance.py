@@ -172,7 +172,9 @@ def plot(rows: list[dict[str, Any]]):
         if row["layer"] != "all"
     ]
     plot_dominance(
-        right, [int(row["layer"]) for row in per_block], [row["perron_pct"] / 100 for row in per_block]
+        right,
+        [int(row["layer"]) for row in per_block],
+        [row["perron_pct"] / 100 for row in per_block],
     )
     right.set_title(f"{_models.VARIANTS[PER_BLOCK].label}\nper attention block")
     return fig

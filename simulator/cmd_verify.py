@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from simulator.errors import InputError
+from simulator.limits import check_size
 
 if TYPE_CHECKING:
     from simulator import checks
@@ -80,6 +81,7 @@ def _validate(args: argparse.Namespace) -> list[str]:
         args.examples = _checks().DEFAULT_EXAMPLES
     if args.examples <= 0:
         raise InputError(f"`--examples` must be a positive integer; got {args.examples}")
+    check_size(args.examples, "--examples", "max_examples")
     if args.seed < 0:
         raise InputError(f"`--seed` must be a non-negative integer; got {args.seed}")
     return _validated_names(args.only)

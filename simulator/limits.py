@@ -11,6 +11,7 @@ limit                  default             environment variable
 ``max_elements``       2**28 (268 M)       ``OVERSMOOTH_MAX_ELEMENTS``: one array's elements
 ``max_image_side``     4096 pixels         ``OVERSMOOTH_MAX_IMAGE_SIDE``: ``--image-size``, decoded images
 ``max_text_bytes``     64 MiB              ``OVERSMOOTH_MAX_TEXT_BYTES``: a ``--text`` file
+``max_examples``       10**6               ``OVERSMOOTH_MAX_EXAMPLES``: ``verify --examples``
 =====================  ==================  ===============================================
 """
 
@@ -29,6 +30,7 @@ LIMITS: dict[str, tuple[int, str, str]] = {
     "max_elements": (2**28, "OVERSMOOTH_MAX_ELEMENTS", "elements in one array"),
     "max_image_side": (4096, "OVERSMOOTH_MAX_IMAGE_SIDE", "pixels on an image side"),
     "max_text_bytes": (64 * 2**20, "OVERSMOOTH_MAX_TEXT_BYTES", "bytes in a text file"),
+    "max_examples": (10**6, "OVERSMOOTH_MAX_EXAMPLES", "instances per check of verify"),
 }
 
 

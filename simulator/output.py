@@ -5,8 +5,9 @@ Public API
 ----------
 atomic_output
     Write a file through a temporary sibling; an error leaves the destination untouched.
-atomic_directory
-    Build a folder in a staging sibling; it replaces the destination whole, or not at all.
+atomic_directory, check_output_folder
+    Build a folder in a staging sibling; it replaces the destination whole, or not at all (and
+    the same refusal, checked before any work).
 write_tidy_csv
     One header line, one line per row; floats written with ``repr`` so they read back exactly.
 to_json, write_json
@@ -60,8 +61,8 @@ def atomic_output(
 ) -> Iterator[IO]:
     """Open a temporary file next to ``path``; on success rename it onto ``path``, else delete it.
 
-    Only a regular file (or nothing) is ever replaced: a folder, device, pipe or socket at ``path``
-    is refused before anything is written, so a device file can never be renamed over. Any
+    Only a regular file (or nothing) is ever replaced: a folder, device, pipe, socket or symbolic
+    link at ``path`` is refused before anything is written, so a device file can never be renamed over. Any
     ``OSError`` while writing (read-only folder, a name too long, a full disk) becomes one
     :class:`~simulator.errors.InputError` line, and nothing is left behind.
 
@@ -77,10 +78,10 @@ def atomic_output(
     target = _checked_target(path, "file", label)
     tmp = None
     try:
-        if target.exists() and not target.is_file():
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            kind = "symbolic link" if target.is_symlink() else _kind(target)
             raise InputError(
-                f"`{label}` must be a regular file or not exist yet; {str(target)!r} is a "
-                f"{_kind(target)}"
+                f"`{label}` must be a regular file or not exist yet; {str(target)!r} is a {kind}"
             )
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
@@ -97,6 +98,24 @@ def atomic_output(
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+
+
+def check_output_folder(
+    path: str | os.PathLike[str],
+    *,
+    ours: Callable[[Path], bool] | None = None,
+    label: str = "output",
+) -> Path:
+    """Refuse ``path`` now, before any work, if :func:`atomic_directory` would refuse it later."""
+    target = _checked_target(path, "folder", label)
+    try:
+        _check_folder_target(target, ours, label)
+    except OSError as err:
+        raise InputError(
+            f"`{label}` must be a writable folder path; cannot use {str(target)!r}: "
+            f"{err.strerror or err}"
+        ) from None
+    return target
 
 
 def _check_folder_target(target: Path, ours: Callable[[Path], bool] | None, label: str) -> None:

@@ -140,7 +140,7 @@ def session_options(threads: int | None = None, optimization: Optimization = "al
     so.graph_optimization_level = getattr(
         ort.GraphOptimizationLevel, _ORT_LEVEL_NAMES[options.optimization]
     )
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # fatal only: errors reach the user as one line of ours
     for key, value in _CONFIG_ENTRIES.items():
         so.add_session_config_entry(key, value)
     return so

@@ -454,6 +454,8 @@ def random_inputs(
     """
     for value, name in ((batch, "batch"), (seq, "seq"), (vocab_size, "vocab_size")):
         check_positive_int(value, name, error=ImporterInputError)
+    for value, name in ((batch, "batch"), (seq, "seq")):  # even where the graph fixes the axis
+        check_size(value, name, "max_elements", error=ImporterInputError)
     rng = as_generator(seed, error=ImporterInputError)
     feeds = {}
     for spec in graph:
