@@ -51,6 +51,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from simulator.errors import InputError, NumericalFloorWarning
 from simulator.metrics import METRICS, all_metrics, hfc_lfc, rank1_residual
+from simulator.updates import UpdateRule
 from simulator.validation import FloatArray, as_float_array, as_tokens, check_positive_int
 
 __all__ = [
@@ -232,7 +233,7 @@ class _Recorder:
         return metrics, np.stack(self.log_norm)
 
 
-def _initial_state(rule: Any, X0: ArrayLike) -> tuple[FloatArray, tuple[int, ...]]:
+def _initial_state(rule: UpdateRule, X0: ArrayLike) -> tuple[FloatArray, tuple[int, ...]]:
     check = getattr(rule, "check_tokens", None)
     X = check(X0, "X0") if check is not None else as_tokens(X0, "X0")
     rule_batch = tuple(getattr(rule, "batch_shape", ()))
@@ -249,7 +250,7 @@ def _initial_state(rule: Any, X0: ArrayLike) -> tuple[FloatArray, tuple[int, ...
 
 
 def iterate(
-    rule: Any,
+    rule: UpdateRule,
     X0: ArrayLike,
     n_layers: int,
     *,
@@ -264,8 +265,11 @@ def iterate(
 
     Parameters
     ----------
-    rule : callable
-        An update rule from :mod:`simulator.updates` (``rule(X, layer, cache)``, ``homogeneous``).
+    rule : UpdateRule
+        An update rule from :mod:`simulator.updates` (see :class:`simulator.updates.UpdateRule`).
+        A bare callable ``rule(X, layer, cache)`` is accepted at run time too: a missing
+        ``homogeneous`` counts as False, and without ``check_tokens`` and ``batch_shape`` the input
+        is checked as generic tokens and the rule has no batch axes of its own.
     X0 : (*batch, n, d) array_like
         Initial tokens, nonzero; broadcast against the rule's own batch axes.
     n_layers : int

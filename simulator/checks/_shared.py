@@ -95,7 +95,7 @@ def _modulus_gap(eig_A: ArrayLike, eig_H: ArrayLike, *, perron: bool) -> float:
     return float(gap / mu.max()) + TIE_RTOL
 
 
-def _iterate(rule: Any, X0: FloatArray, layers: int, names: Sequence[str]) -> dynamics.Trajectory:
+def _iterate(rule: updates.UpdateRule, X0: FloatArray, layers: int, names: Sequence[str]) -> dynamics.Trajectory:
     """``dynamics.iterate`` with the floor warning silenced (reaching the floor is the point)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NumericalFloorWarning)

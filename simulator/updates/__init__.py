@@ -1,10 +1,11 @@
 """Update rules: one Transformer layer ``X_{l-1} -> X_l`` on batched tokens ``(..., n, d)``.
 
-Every rule is a frozen dataclass, validated once when built, and called as
-``rule(X, layer, cache) -> X_next`` where ``layer`` is the 0-based index of the block being applied
-(``X_{layer} -> X_{layer+1}``) and ``cache`` is a dict private to one trajectory (NeuTRENO and
-ResFormer keep the first layer's values there). ``__call__`` does no validation, because it runs at
-every layer; :meth:`check_tokens` validates an input once (``simulator.dynamics.iterate`` calls it).
+Every rule is a frozen dataclass, validated once when built, satisfying the :class:`UpdateRule`
+protocol: it is called as ``rule(X, layer, cache) -> X_next`` where ``layer`` is the 0-based index
+of the block being applied (``X_{layer} -> X_{layer+1}``) and ``cache`` is a dict private to one
+trajectory (NeuTRENO and ResFormer keep the first layer's values there). ``__call__`` does no
+validation, because it runs at every layer; ``check_tokens`` validates an input once
+(``simulator.dynamics.iterate`` calls it), and ``batch_shape`` gives the rule's own batch axes.
 
 A rule's own matrices may carry leading batch axes, which broadcast against those of ``X``: a
 ``(64, n, n)`` stack of attention matrices with a ``(64, n, d)`` stack of inputs runs 64 systems.
@@ -33,7 +34,7 @@ FeatScaleRule          -- Wang et al. 2022: X + Y + s_d * DC[Y] + s_h * HC[Y], Y
 
 Modules
 -------
-base      -- the cache key, the shared base class and validation helpers
+base      -- the UpdateRule protocol, the cache key, the shared base class, validation helpers
 mlp       -- the MLP sub-block
 linear    -- fixed-attention rules: linear, Pre-LN, Post-LN
 softmax   -- softmax attention recomputed from X
@@ -41,7 +42,7 @@ related   -- the mitigations of related work (NeuTRENO, ResFormer/SVFormer, Attn
 registry  -- rules by name and :func:`rule_from_system`
 """
 
-from simulator.updates.base import SCALED
+from simulator.updates.base import SCALED, UpdateRule
 from simulator.updates.linear import LinearRule, PostLNRule, PreLNRule
 from simulator.updates.mlp import MLP
 from simulator.updates.registry import RULE_OPTIONS, RULES, SYSTEM_RULES, rule_from_system
@@ -68,6 +69,7 @@ __all__ = [
     "PreLNRule",
     "SimilarityRemovalRule",
     "SoftmaxAttentionRule",
+    "UpdateRule",
     "ValueResidualRule",
     "rule_from_system",
 ]

@@ -2,6 +2,8 @@
 
 Public API
 ----------
+UpdateRule
+    The protocol every rule satisfies: what :func:`simulator.dynamics.iterate` and the checks use.
 SCALED
     Key of the cache dict holding the arrays that scale with X (see :mod:`simulator.updates`).
 RuleBase
@@ -15,6 +17,7 @@ broadcast_batch, as_matrix, as_feature_vector, as_eps, apply_layer_norm
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -27,6 +30,7 @@ __all__ = [
     "SCALED",
     "RuleBase",
     "ShortRepr",
+    "UpdateRule",
     "apply_layer_norm",
     "as_eps",
     "as_feature_vector",
@@ -36,6 +40,33 @@ __all__ = [
 
 #: Key of the cache dict holding arrays that scale with X (see :mod:`simulator.updates`).
 SCALED = "scaled"
+
+
+@runtime_checkable
+class UpdateRule(Protocol):
+    """One Transformer layer ``X_{l-1} -> X_l`` as :func:`simulator.dynamics.iterate` uses it.
+
+    Every rule class of :mod:`simulator.updates` satisfies it; so may any other object with these
+    members (``isinstance(obj, UpdateRule)`` checks that they are present, not their signatures).
+    """
+
+    @property
+    def homogeneous(self) -> bool:
+        """True iff ``rule(c X) = c rule(X)`` for every ``c > 0`` (the cache's scaled arrays too)."""
+        ...
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        """Leading batch axes of the rule's own arrays (``()`` for one system)."""
+        ...
+
+    def check_tokens(self, X: ArrayLike, name: str = "X") -> FloatArray:
+        """Validate an input ``(..., n, d)`` for this rule once, before the first layer."""
+        ...
+
+    def __call__(self, X: FloatArray, layer: int, cache: dict[str, Any]) -> FloatArray:
+        """Apply block ``layer`` (0-based) to ``(..., n, d)`` tokens; ``cache`` lives one run."""
+        ...
 
 
 # ----------------------------------------------------------------------------------------------

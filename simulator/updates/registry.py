@@ -17,6 +17,7 @@ from typing import Any
 from numpy.typing import ArrayLike
 
 from simulator.errors import InputError
+from simulator.updates.base import UpdateRule
 from simulator.updates.linear import FixedAttentionRule, LinearRule, PostLNRule, PreLNRule
 from simulator.updates.related import (
     AttnScaleRule,
@@ -32,7 +33,7 @@ __all__ = ["RULES", "RULE_OPTIONS", "SYSTEM_RULES", "rule_from_system"]
 
 
 #: Every rule class by name.
-RULES: dict[str, type] = {
+RULES: dict[str, type[UpdateRule]] = {
     "linear": LinearRule,
     "pre-ln": PreLNRule,
     "post-ln": PostLNRule,

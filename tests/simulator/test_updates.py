@@ -35,6 +35,7 @@ from simulator.updates import (
     PreLNRule,
     SimilarityRemovalRule,
     SoftmaxAttentionRule,
+    UpdateRule,
     ValueResidualRule,
     rule_from_system,
 )
@@ -376,6 +377,32 @@ def test_registry_names_build_rules():
         rule = rule_from_system(name, A=A, W_V=W_V, W_proj=W_proj, gamma=np.ones(3))
         assert isinstance(rule, tuple(RULES.values()))
     assert rule_from_system("neutreno", A=A, W_V=W_V, W_proj=W_proj, lam=0.4).lam == 0.4
+
+
+def _one_of_each(cls: type, rng: np.random.Generator):
+    """An instance of a registry class on a small system, with the arguments it requires."""
+    A, W_V, W_proj, _, _ = _system(4, 3, 2, 0)
+    if cls is SoftmaxAttentionRule:
+        W_Q, W_K, W_V = rng.standard_normal((3, 3, 4))
+        return cls(W_Q, W_K, W_V, rng.standard_normal((4, 3)), n_heads=2, norm="pre")
+    required = {AttnScaleRule: {"omega": 0.5}, FeatScaleRule: {"s_d": 0.1, "s_h": 0.2}}
+    return cls(A, W_V, W_proj, **required.get(cls, {}))
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_every_registry_rule_is_an_update_rule(name, rng):
+    rule = _one_of_each(RULES[name], rng)
+    assert isinstance(rule, UpdateRule)
+    X = rule.check_tokens(rng.standard_normal((4, 3)))
+    assert rule.batch_shape == ()
+    assert isinstance(rule.homogeneous, bool)
+    assert rule(X, 0, {}).shape == X.shape
+
+
+def test_update_rule_check_can_fail(rng):
+    """The protocol check itself can fail: an MLP is callable but is not a rule."""
+    assert not isinstance(MLP(np.eye(3), None, np.eye(3), None), UpdateRule)
+    assert not isinstance(lambda X, layer, cache: X, UpdateRule)
 
 
 def _bad_cases():
