@@ -222,14 +222,13 @@ def write_tidy_csv(
     -------
     pathlib.Path
     """
-    target = Path(path)
-    with atomic_output(target, label=label) as handle:
+    with atomic_output(path, label=label) as handle:  # the path itself: "" is refused, not "."
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(columns)
         for row in rows:
             cells = [row.get(c) for c in columns] if isinstance(row, Mapping) else row
             writer.writerow([_csv_cell(cell) for cell in cells])
-    return target
+    return Path(path)
 
 
 def _jsonable(value: Any) -> Any:
@@ -264,7 +263,6 @@ def to_json(value: Any, *, indent: int | None = 2) -> str:
 
 def write_json(path: str | os.PathLike[str], value: Any, *, label: str = "output") -> Path:
     """Write :func:`to_json` of ``value`` (plus a final newline) to ``path`` atomically."""
-    target = Path(path)
-    with atomic_output(target, label=label) as handle:
+    with atomic_output(path, label=label) as handle:  # the path itself: "" is refused, not "."
         handle.write(to_json(value) + "\n")
-    return target
+    return Path(path)

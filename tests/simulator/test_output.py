@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from simulator.errors import InputError
-from simulator.output import atomic_directory, atomic_output, to_json, write_tidy_csv
+from simulator.output import (
+    atomic_directory,
+    atomic_output,
+    to_json,
+    write_json,
+    write_tidy_csv,
+)
 
 
 def _fifo(path: Path) -> Path:
@@ -56,6 +62,14 @@ def test_a_too_long_name_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
 def test_an_empty_path_is_refused() -> None:
     with pytest.raises(InputError, match="empty string"), atomic_output(""):
         pass
+
+
+def test_the_writers_refuse_an_empty_path_too() -> None:
+    """``Path("")`` is ``"."``: the writers must hand the path itself to atomic_output."""
+    with pytest.raises(InputError, match="`--out` must name a file; got an empty string"):
+        write_tidy_csv("", ("a",), [(1,)], label="--out")
+    with pytest.raises(InputError, match="empty string"):
+        write_json("", {"a": 1})
 
 
 def test_an_error_while_writing_leaves_the_old_file(tmp_path: Path) -> None:
