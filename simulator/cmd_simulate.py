@@ -8,36 +8,21 @@ drawn from the synthetic options (``--n``, ``--d``, ``--a-kind``, ``--h-spectrum
 from __future__ import annotations
 
 import argparse
-import csv
 import warnings
-import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from simulator.dynamics import FLOOR, Trajectory, iterate
 from simulator.errors import InputError
-from simulator.output import atomic_output
-from simulator.spectra import (
-    attention_doubly_stochastic,
-    attention_general,
-    attention_symmetric_scores,
-    h_symmetric,
-    random_tokens,
-)
+from simulator.output import write_tidy_csv
+from simulator.systems import A_KINDS, System, draw_system, load_system, save_system
 from simulator.theory import Prediction, predict
 from simulator.updates import RULE_OPTIONS, SYSTEM_RULES, rule_from_system
-from simulator.validation import as_float_array, check_choice, check_positive_int, regular_file
+from simulator.validation import check_choice, check_positive_int
 
-__all__ = ["System", "draw_system", "load_system", "parse_rule_params", "register", "run"]
+__all__ = ["parse_rule_params", "register", "run"]
 
-REQUIRED_KEYS = ("A", "W_V", "W_proj", "X0")
-OPTIONAL_KEYS = ("gamma", "beta")
-A_KINDS = ("symmetric", "doubly-stochastic", "general")
-#: Named H spectra: eigenvalues drawn uniformly in these intervals (claims 9 and 10).
-H_SPECTRA = {"negative": (-1.0, -0.05), "positive": (0.05, 1.0)}
+#: Defaults of the synthetic options (:func:`simulator.systems.draw_system`'s arguments).
 SYNTHETIC_DEFAULTS = {
     "n": 16,
     "d": 8,
@@ -47,23 +32,8 @@ SYNTHETIC_DEFAULTS = {
     "seed": 0,
     "gamma": None,
 }
-
-
-@dataclass(frozen=True)
-class System:
-    """A fixed system: attention, weights, initial tokens and optional LayerNorm parameters."""
-
-    A: np.ndarray
-    W_V: np.ndarray
-    W_proj: np.ndarray
-    X0: np.ndarray
-    gamma: np.ndarray | None = None
-    beta: np.ndarray | None = None
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """The arrays to save, under their npz keys."""
-        keys = (*REQUIRED_KEYS, *OPTIONAL_KEYS)
-        return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
+#: How error messages name each synthetic option.
+_OPTION_NAMES = {key: f"--{key.replace('_', '-')}" for key in SYNTHETIC_DEFAULTS}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -104,127 +74,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def load_system(path: str) -> System:
-    """Read and validate the arrays of a system file (structure only; the rule checks the rest)."""
-    arrays = _read_npz(path)
-    missing = [key for key in REQUIRED_KEYS if key not in arrays]
-    if missing:
-        raise InputError(
-            f"`--system` must contain the keys {', '.join(REQUIRED_KEYS)}; {path!r} lacks "
-            f"{', '.join(missing)} (has {', '.join(sorted(arrays)) or 'no arrays'})"
-        )
-    checked = {
-        key: _array(arrays[key], key, path) for key in arrays if key in System.__annotations__
-    }
-    for key, ndim in (("A", 2), ("W_V", 2), ("W_proj", 2), ("X0", 2), ("gamma", 1), ("beta", 1)):
-        if key in checked and checked[key].ndim != ndim:
-            what = "a single 2-D matrix" if ndim == 2 else "a 1-D vector (one per feature)"
-            raise InputError(
-                f"`{key}` in --system {path!r} must be {what}; got shape {checked[key].shape}"
-            )
-    return System(**checked)
-
-
-def _read_npz(path: str) -> dict[str, Any]:
-    try:
-        data = np.load(regular_file(path, "--system"), allow_pickle=False)
-    except OSError as err:
-        raise InputError(
-            f"`--system` must be a readable .npz file; got {path!r} ({err.strerror or err})"
-        ) from None
-    except (ValueError, EOFError, zipfile.BadZipFile):
-        raise InputError(f"`--system` must be a NumPy .npz archive; got {path!r}") from None
-    if not isinstance(data, np.lib.npyio.NpzFile):
-        raise InputError(
-            f"`--system` must be an .npz archive of named arrays; got .npy data {path!r}"
-        )
-    try:
-        with data:
-            return {key: data[key] for key in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise InputError(
-            f"`--system` must hold plain numeric arrays; {path!r} has an unreadable entry "
-            f"({type(err).__name__})"
-        ) from None
-
-
-def _array(value: Any, key: str, path: str) -> np.ndarray:
-    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
-        kind = getattr(value, "dtype", type(value).__name__)
-        raise InputError(f"`{key}` in --system {path!r} must be a real numeric array; got {kind}")
-    try:
-        return as_float_array(value, key)
-    except InputError as err:
-        raise InputError(f"{err} (in --system {path!r})") from None
-
-
-def _h_interval(spec: str) -> tuple[float, float]:
-    if spec in H_SPECTRA:
-        return H_SPECTRA[spec]
-    parts = spec.split(":")
-    try:
-        if len(parts) != 3 or parts[0] != "uniform":
-            raise ValueError
-        low, high = float(parts[1]), float(parts[2])
-    except ValueError:
-        raise InputError(
-            f"`--h-spectrum` must be negative, positive or uniform:LOW:HIGH; got {spec!r}"
-        ) from None
-    if not (np.isfinite(low) and np.isfinite(high) and low <= high):
-        raise InputError(f"`--h-spectrum` must have finite LOW <= HIGH; got {spec!r}")
-    return low, high
-
-
-def draw_system(
-    *,
-    n: int,
-    d: int,
-    a_kind: str,
-    h_spectrum: str,
-    scale: float,
-    seed: int,
-    gamma: float | None = None,
-) -> System:
-    """Draw A of the given kind, ``H = Q diag(lambda) Q^T`` with lambda uniform in the H spectrum's
-    interval, ``W_V = I``, ``W_proj = H^T`` (so ``W_V W_proj = M = H^T``) and ``X0 ~ N(0, 1)``."""
-    n = check_positive_int(n, "--n")
-    d = check_positive_int(d, "--d")
-    if n < 2:
-        raise InputError(f"`--n` must be at least 2 (tokens); got {n}")
-    check_choice(a_kind, "--a-kind", A_KINDS)
-    low, high = _h_interval(h_spectrum)
-    if not np.isfinite(scale):
-        raise InputError(f"`--scale` must be finite; got {scale!r}")
-    if seed < 0:
-        raise InputError(f"`--seed` must be a non-negative integer; got {seed!r}")
-    rng = np.random.default_rng(seed)
-    draw_a = {
-        "symmetric": attention_symmetric_scores,
-        "doubly-stochastic": attention_doubly_stochastic,
-        "general": attention_general,
-    }[a_kind]
-    A = draw_a(n, scale=scale, rng=rng)
-    H = h_symmetric(rng.uniform(low, high, d), rng=rng)
-    X0 = random_tokens(n, d, rng=rng)
-    g = None if gamma is None else np.full(d, float(gamma))
-    return System(A=A, W_V=np.eye(d), W_proj=H.T.copy(), X0=X0, gamma=g)
-
-
 def _system_from_args(args: argparse.Namespace) -> System:
     synthetic = {key: getattr(args, key) for key in SYNTHETIC_DEFAULTS}
     if args.system is not None:
-        given = [
-            f"--{key.replace('_', '-')}" for key, value in synthetic.items() if value is not None
-        ]
+        given = [_OPTION_NAMES[key] for key, value in synthetic.items() if value is not None]
         if given:
             raise InputError(
                 f"`--system` and the synthetic options are exclusive; got --system with {given[0]}"
             )
-        return load_system(args.system)
+        return load_system(args.system, label="--system")
     chosen = {
         key: SYNTHETIC_DEFAULTS[key] if value is None else value for key, value in synthetic.items()
     }
-    return draw_system(**chosen)
+    return draw_system(**chosen, labels=_OPTION_NAMES)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -292,26 +154,11 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         trajectory = iterate(rule, system.X0, layers, floor=None if args.no_floor else FLOOR)
     if args.save_system:
-        _write(
-            args.save_system,
-            "--save-system",
-            lambda handle: np.savez(handle, **system.arrays()),
-            "wb",
-        )
-    _write(args.out, "--out", lambda handle: _write_csv(handle, trajectory), "w")
+        save_system(args.save_system, system, label="--save-system")
+    # errors name the option, one line (simulator.output.atomic_output)
+    write_tidy_csv(args.out, ("layer", "metric", "value"), trajectory.to_rows(), label="--out")
     _print_summary(args, system, trajectory, prediction, [str(w.message) for w in caught])
     return 0
-
-
-def _write(path: str, option: str, writer: Any, mode: str) -> None:
-    with atomic_output(path, mode, label=option) as handle:  # errors name the option, one line
-        writer(handle)
-
-
-def _write_csv(handle: Any, trajectory: Trajectory) -> None:
-    writer = csv.writer(handle, lineterminator="\n")
-    writer.writerow(("layer", "metric", "value"))
-    writer.writerows(trajectory.to_rows())
 
 
 def _format(value: float) -> str:

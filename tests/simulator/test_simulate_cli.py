@@ -234,6 +234,15 @@ def test_system_file_and_synthetic_options_are_exclusive(tmp_path, capsys):
     _assert_bad_input(capsys, out, code, "--system")
 
 
+def test_an_empty_output_path_is_a_clean_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = _simulate("--layers", "4", "--out", "")
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "`--out` must name a file; got an empty string" in captured.err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_unwritable_output_is_a_clean_error(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")

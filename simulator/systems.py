@@ -1,0 +1,292 @@
+"""The fixed systems ``(A, W_V, W_proj, X0[, gamma, beta])`` that ``oversmooth simulate`` runs.
+
+A system is read from an ``.npz`` archive of named arrays, drawn from a few synthetic options, or
+saved for a later run. Only the structure is checked here (keys, numeric finite arrays, ranks); the
+rule built on a system checks that its sizes agree (:func:`simulator.updates.rule_from_system`).
+
+Public API
+----------
+System
+    The arrays of one system.
+load_system, save_system
+    Read and write a system ``.npz`` file.
+draw_system
+    A synthetic system: A of a chosen kind, a symmetric H with a chosen spectrum, Gaussian tokens.
+REQUIRED_KEYS, OPTIONAL_KEYS, A_KINDS, H_SPECTRA
+    The archive keys, the kinds of attention matrix and the named H spectra.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from simulator.errors import InputError
+from simulator.output import atomic_output
+from simulator.spectra import (
+    attention_doubly_stochastic,
+    attention_general,
+    attention_symmetric_scores,
+    h_symmetric,
+    random_tokens,
+)
+from simulator.validation import (
+    FloatArray,
+    as_float_array,
+    check_choice,
+    check_positive_int,
+    regular_file,
+)
+
+__all__ = [
+    "A_KINDS",
+    "H_SPECTRA",
+    "OPTIONAL_KEYS",
+    "REQUIRED_KEYS",
+    "System",
+    "draw_system",
+    "load_system",
+    "save_system",
+]
+
+#: Keys a system archive must have.
+REQUIRED_KEYS = ("A", "W_V", "W_proj", "X0")
+#: Keys it may have (the LayerNorm parameters of ``pre-ln`` and ``post-ln``).
+OPTIONAL_KEYS = ("gamma", "beta")
+#: Kinds of synthetic attention matrix (:mod:`simulator.spectra`).
+A_KINDS = ("symmetric", "doubly-stochastic", "general")
+#: Named H spectra: eigenvalues drawn uniformly in these intervals (claims 9 and 10).
+H_SPECTRA = {"negative": (-1.0, -0.05), "positive": (0.05, 1.0)}
+#: Rank of each array of a system file.
+_NDIM = {"A": 2, "W_V": 2, "W_proj": 2, "X0": 2, "gamma": 1, "beta": 1}
+
+
+@dataclass(frozen=True)
+class System:
+    """A fixed system: attention, weights, initial tokens and optional LayerNorm parameters.
+
+    Attributes
+    ----------
+    A : (n, n) ndarray
+        Attention matrix (a rule checks that it is row-stochastic).
+    W_V : (d, d_v) ndarray
+        Value weights.
+    W_proj : (d_v, d) ndarray
+        Output projection; ``W_V W_proj = M = H^T``.
+    X0 : (n, d) ndarray
+        Initial tokens.
+    gamma, beta : (d,) ndarray or None
+        LayerNorm weight and bias (used by ``pre-ln`` and ``post-ln`` only).
+    """
+
+    A: FloatArray
+    W_V: FloatArray
+    W_proj: FloatArray
+    X0: FloatArray
+    gamma: FloatArray | None = None
+    beta: FloatArray | None = None
+
+    def arrays(self) -> dict[str, FloatArray]:
+        """The arrays to save, under their npz keys (None ones left out)."""
+        present = {key: getattr(self, key) for key in (*REQUIRED_KEYS, *OPTIONAL_KEYS)}
+        return {key: value for key, value in present.items() if value is not None}
+
+
+# ----------------------------------------------------------------------------------------------
+# system files
+# ----------------------------------------------------------------------------------------------
+
+
+def load_system(path: str | os.PathLike[str], *, label: str = "system") -> System:
+    """Read and validate the arrays of a system file (structure only; the rule checks the rest).
+
+    Parameters
+    ----------
+    path : path-like
+        An ``.npz`` archive with the keys :data:`REQUIRED_KEYS` and optionally
+        :data:`OPTIONAL_KEYS` (other keys are ignored).
+    label : str
+        How error messages name the file's argument (the command line passes ``--system``).
+
+    Returns
+    -------
+    System
+        Float64 arrays: ``A`` ``(n, n)``, ``W_V`` ``(d, d_v)``, ``W_proj`` ``(d_v, d)``, ``X0``
+        ``(n, d)``, ``gamma`` and ``beta`` ``(d,)`` or None.
+
+    Raises
+    ------
+    InputError
+        The file is missing, not a regular file, not an npz archive, lacks a key, or holds an
+        array that is not real, finite and of the right rank.
+    """
+    shown = os.fspath(path)
+    arrays = _read_npz(path, label)
+    missing = [key for key in REQUIRED_KEYS if key not in arrays]
+    if missing:
+        raise InputError(
+            f"`{label}` must contain the keys {', '.join(REQUIRED_KEYS)}; {shown!r} lacks "
+            f"{', '.join(missing)} (has {', '.join(sorted(arrays)) or 'no arrays'})"
+        )
+    known = {f.name for f in fields(System)}
+    checked = {
+        key: _array(value, key, shown, label) for key, value in arrays.items() if key in known
+    }
+    for key, ndim in _NDIM.items():
+        if key in checked and checked[key].ndim != ndim:
+            what = "a single 2-D matrix" if ndim == 2 else "a 1-D vector (one per feature)"
+            raise InputError(
+                f"`{key}` in {label} {shown!r} must be {what}; got shape {checked[key].shape}"
+            )
+    return System(**checked)
+
+
+def _read_npz(path: str | os.PathLike[str], label: str) -> dict[str, object]:
+    shown = os.fspath(path)
+    file = regular_file(path, label)  # before np.load: its InputError is a ValueError too
+    try:
+        data = np.load(file, allow_pickle=False)
+    except OSError as err:
+        raise InputError(
+            f"`{label}` must be a readable .npz file; got {shown!r} ({err.strerror or err})"
+        ) from None
+    except (ValueError, EOFError, zipfile.BadZipFile):
+        raise InputError(f"`{label}` must be a NumPy .npz archive; got {shown!r}") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise InputError(
+            f"`{label}` must be an .npz archive of named arrays; got .npy data {shown!r}"
+        )
+    try:
+        with data:
+            return {key: data[key] for key in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise InputError(
+            f"`{label}` must hold plain numeric arrays; {shown!r} has an unreadable entry "
+            f"({type(err).__name__})"
+        ) from None
+
+
+def _array(value: object, key: str, shown: str, label: str) -> FloatArray:
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
+        kind = getattr(value, "dtype", type(value).__name__)
+        raise InputError(f"`{key}` in {label} {shown!r} must be a real numeric array; got {kind}")
+    try:
+        return as_float_array(value, key)
+    except InputError as err:
+        raise InputError(f"{err} (in {label} {shown!r})") from None
+
+
+def save_system(path: str | os.PathLike[str], system: System, *, label: str = "output") -> Path:
+    """Write ``system`` as an ``.npz`` archive that :func:`load_system` reads back.
+
+    Parameters
+    ----------
+    path : path-like
+        Destination, written atomically (:func:`simulator.output.atomic_output`).
+    system : System
+    label : str
+        How error messages name the destination's argument.
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    with atomic_output(path, "wb", label=label) as handle:
+        np.savez(handle, **system.arrays())
+    return Path(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# synthetic systems
+# ----------------------------------------------------------------------------------------------
+
+
+def _h_interval(spec: str, label: str) -> tuple[float, float]:
+    if spec in H_SPECTRA:
+        return H_SPECTRA[spec]
+    parts = spec.split(":")
+    try:
+        if len(parts) != 3 or parts[0] != "uniform":
+            raise ValueError
+        low, high = float(parts[1]), float(parts[2])
+    except ValueError:
+        raise InputError(
+            f"`{label}` must be negative, positive or uniform:LOW:HIGH; got {spec!r}"
+        ) from None
+    if not (np.isfinite(low) and np.isfinite(high) and low <= high):
+        raise InputError(f"`{label}` must have finite LOW <= HIGH; got {spec!r}")
+    return low, high
+
+
+def draw_system(
+    *,
+    n: int,
+    d: int,
+    a_kind: str,
+    h_spectrum: str,
+    scale: float,
+    seed: int,
+    gamma: float | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> System:
+    """Draw a synthetic system with a chosen attention kind and H spectrum.
+
+    ``A`` is drawn by :mod:`simulator.spectra` for ``a_kind``; ``H = Q diag(lambda) Q^T`` with
+    lambda uniform in the H spectrum's interval; ``W_V = I`` and ``W_proj = H^T`` (so
+    ``W_V W_proj = M = H^T``); ``X0 ~ N(0, 1)``.
+
+    Parameters
+    ----------
+    n : int
+        Tokens, at least 2.
+    d : int
+        Features, positive.
+    a_kind : {"symmetric", "doubly-stochastic", "general"}
+    h_spectrum : str
+        ``negative``, ``positive`` (:data:`H_SPECTRA`) or ``uniform:LOW:HIGH``.
+    scale : float
+        Attention logit scale, finite.
+    seed : int
+        Non-negative seed of the one generator every array is drawn from.
+    gamma : float, optional
+        A uniform LayerNorm weight ``gamma = (gamma, ..., gamma)``, either sign.
+    labels : mapping of str to str, optional
+        How error messages name each parameter (default its own name; the command line passes
+        its option names, e.g. ``{"n": "--n", "h_spectrum": "--h-spectrum"}``).
+
+    Returns
+    -------
+    System
+        ``A`` ``(n, n)``, ``W_V`` ``(d, d)``, ``W_proj`` ``(d, d)``, ``X0`` ``(n, d)``, ``gamma``
+        ``(d,)`` or None, ``beta`` None.
+    """
+    names = dict(labels or {})
+    label = {
+        key: names.get(key, key) for key in ("n", "d", "a_kind", "h_spectrum", "scale", "seed")
+    }
+    n = check_positive_int(n, label["n"])
+    d = check_positive_int(d, label["d"])
+    if n < 2:
+        raise InputError(f"`{label['n']}` must be at least 2 (tokens); got {n}")
+    check_choice(a_kind, label["a_kind"], A_KINDS)
+    low, high = _h_interval(h_spectrum, label["h_spectrum"])
+    if not np.isfinite(scale):
+        raise InputError(f"`{label['scale']}` must be finite; got {scale!r}")
+    if seed < 0:
+        raise InputError(f"`{label['seed']}` must be a non-negative integer; got {seed!r}")
+    rng = np.random.default_rng(seed)
+    draw_a = {
+        "symmetric": attention_symmetric_scores,
+        "doubly-stochastic": attention_doubly_stochastic,
+        "general": attention_general,
+    }[a_kind]
+    A = draw_a(n, scale=scale, rng=rng)
+    H = h_symmetric(rng.uniform(low, high, d), rng=rng)
+    X0 = random_tokens(n, d, rng=rng)
+    g = None if gamma is None else np.full(d, float(gamma))
+    return System(A=A, W_V=np.eye(d), W_proj=H.T.copy(), X0=X0, gamma=g)
