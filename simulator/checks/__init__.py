@@ -23,9 +23,10 @@ seeds ``[seed, 0], [seed, 1], ...`` for the first instance passing the filter th
 
 The checks live in submodules by claim group: :mod:`~simulator.checks.linear_algebra` (claims
 1-11), :mod:`~simulator.checks.layer_dynamics` (12-20), :mod:`~simulator.checks.reparameterization`
-(21-24) and :mod:`~simulator.checks.related` (25-30); the machinery is in ``_core`` and the shared
-builders in ``_shared``. :data:`CHECKS` is their registries in claim order; the margin units and
-:data:`SEED` are re-exported here. Tolerances live in :mod:`simulator.tolerances`, the one table the
+(21-24) and :mod:`~simulator.checks.related` (25-30); the machinery is in
+:mod:`~simulator.checks.core` and the helpers they share in :mod:`~simulator.checks.shared`.
+:data:`CHECKS` is their registries in claim order; the margin units and :data:`SEED` are
+re-exported here. Tolerances live in :mod:`simulator.tolerances`, the one table the
 checks and the tests share.
 """
 
@@ -34,10 +35,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from simulator.checks import layer_dynamics, linear_algebra, related, reparameterization
-from simulator.checks._core import (
+from simulator.checks.core import (
     DECADES as DECADES,
 )
-from simulator.checks._core import (
+from simulator.checks.core import (
     DEFAULT_EXAMPLES,
     Check,
     CheckResult,
@@ -48,22 +49,22 @@ from simulator.checks._core import (
     run_case,
     run_checks,
 )
-from simulator.checks._core import (
+from simulator.checks.core import (
     GAP as GAP,
 )
-from simulator.checks._core import (
+from simulator.checks.core import (
     MAX_LAYERS as MAX_LAYERS,
 )
-from simulator.checks._core import (
+from simulator.checks.core import (
     SCAN_TRIES as SCAN_TRIES,
 )
-from simulator.checks._core import (
+from simulator.checks.core import (
     SEED as SEED,
 )
-from simulator.checks._core import (
+from simulator.checks.core import (
     TOLERANCE as TOLERANCE,
 )
-from simulator.checks._core import (
+from simulator.checks.core import (
     ParamSpec as ParamSpec,
 )
 from simulator.checks.layer_dynamics import (

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from simulator import dynamics, metrics, spectra, theory
-from simulator.checks._core import (
+from simulator.checks.core import (
     DECADES,
     SEED,
     TOLERANCE,
@@ -20,24 +20,24 @@ from simulator.checks._core import (
     FloatRange,
     IntRange,
 )
-from simulator.checks._shared import (
-    _D,
-    _N,
-    _SCALE,
-    _attention,
-    _decades_above,
-    _decades_below,
-    _eig,
-    _iterate,
-    _layers_for,
-    _linear_rule,
-    _orthogonal,
-    _relative,
-    _rows_rate,
-    _scan,
-    _System,
-    _tolerance_margin,
-    _uniform_spectrum,
+from simulator.checks.shared import (
+    D_RANGE,
+    N_RANGE,
+    SCALE_RANGE,
+    LinearSystem,
+    attention,
+    decades_above,
+    decades_below,
+    eig,
+    iterate_quietly,
+    layers_for,
+    linear_rule,
+    orthogonal,
+    relative,
+    rows_rate,
+    scan,
+    tolerance_margin,
+    uniform_spectrum,
 )
 from simulator.tolerances import LIMIT_RTOL, RATE_RTOL, SMOOTH_THRESHOLD, STEP_RTOL
 from simulator.validation import FloatArray
@@ -47,18 +47,18 @@ from simulator.validation import FloatArray
 # ----------------------------------------------------------------------------------------------
 
 
-def _positive_system(p: Mapping[str, Any], gen: np.random.Generator) -> _System:
+def _positive_system(p: Mapping[str, Any], gen: np.random.Generator) -> LinearSystem:
     n, d = p["n"], p["d"]
     A = spectra.attention_symmetric_scores(n, scale=p["scale"], rng=gen)
     high = p["h_high"] if "h_high" in p else p["h_low"] * p["h_ratio"]
-    H = spectra.h_symmetric(_uniform_spectrum(gen, d, p["h_low"], high), rng=gen)
-    return _System(A, H, spectra.random_tokens(n, d, rng=gen))
+    H = spectra.h_symmetric(uniform_spectrum(gen, d, p["h_low"], high), rng=gen)
+    return LinearSystem(A, H, spectra.random_tokens(n, d, rng=gen))
 
 
-def _perron_rate(system: _System) -> float:
+def _perron_rate(system: LinearSystem) -> float:
     """``rho = max_{i != n, j} |mu_ij| / max_j |mu_nj|``: the decay of HFC/LFC under S2."""
-    eig_A = _eig(system.A)
-    mu = np.abs(theory.kron_eigenvalues(eig_A, _eig(system.H)))
+    eig_A = eig(system.A)
+    mu = np.abs(theory.kron_eigenvalues(eig_A, eig(system.H)))
     p = int(theory.perron_index(eig_A))
     return float(np.delete(mu, p, axis=0).max() / mu[p].max())
 
@@ -66,23 +66,23 @@ def _perron_rate(system: _System) -> float:
 def _smoothing_decades(X: FloatArray) -> float:
     """Decades below SMOOTH_THRESHOLD of HFC/LFC, 1 - cos and sigma_2/sigma_1 (the worst)."""
     return min(
-        _decades_below(float(metrics.hfc_lfc(X))),
-        _decades_below(1.0 - float(metrics.cosine(X))),
-        _decades_below(float(metrics.sigma_ratio(X))),
+        decades_below(float(metrics.hfc_lfc(X))),
+        decades_below(1.0 - float(metrics.cosine(X))),
+        decades_below(float(metrics.sigma_ratio(X))),
     )
 
 
 def _positive_h_input_convergence(p: Mapping[str, Any]) -> float:
     system = _positive_system(p, np.random.default_rng(p["seed"]))
-    layers = _layers_for(_perron_rate(system), SMOOTH_THRESHOLD * 1e-3)
-    trajectory = _iterate(_linear_rule(system.A, system.H), system.X0, layers, ("hfc_lfc",))
+    layers = layers_for(_perron_rate(system), SMOOTH_THRESHOLD * 1e-3)
+    trajectory = iterate_quietly(linear_rule(system.A, system.H), system.X0, layers, ("hfc_lfc",))
     return _smoothing_decades(trajectory.final)
 
 
-def _separations(system: _System) -> tuple[float, float]:
+def _separations(system: LinearSystem) -> tuple[float, float]:
     """Next-to-leading ratios of the non-Perron and of the Perron ``|mu|`` (claim 12's filter)."""
-    eig_A = _eig(system.A)
-    mu = np.abs(theory.kron_eigenvalues(eig_A, _eig(system.H)))
+    eig_A = eig(system.A)
+    mu = np.abs(theory.kron_eigenvalues(eig_A, eig(system.H)))
     p = int(theory.perron_index(eig_A))
     others = np.sort(np.delete(mu, p, axis=0).ravel())[::-1]
     perron = np.sort(mu[p])[::-1]
@@ -90,22 +90,22 @@ def _separations(system: _System) -> tuple[float, float]:
     return float(others[1] / others[0]), float(perron_sep)
 
 
-def _well_separated(system: _System) -> bool:
+def _well_separated(system: LinearSystem) -> bool:
     rho = _perron_rate(system)
     return rho <= 0.95 and max(_separations(system)) < min(0.9, rho)
 
 
 def _positive_h_rate(p: Mapping[str, Any]) -> float:
-    system = _scan(p["seed"], lambda gen: _positive_system(p, gen), _well_separated)
+    system = scan(p["seed"], lambda gen: _positive_system(p, gen), _well_separated)
     rho = _perron_rate(system)
-    layers = _layers_for(rho, 1e-11)
-    trajectory = _iterate(_linear_rule(system.A, system.H), system.X0, layers, ("hfc_lfc",))
+    layers = layers_for(rho, 1e-11)
+    trajectory = iterate_quietly(linear_rule(system.A, system.H), system.X0, layers, ("hfc_lfc",))
     ratio = trajectory.metrics["hfc_lfc"]
     usable = int(np.argmax(ratio < 1e-11)) if np.any(ratio < 1e-11) else ratio.size
     window = np.arange(usable // 2, usable)
     fitted = dynamics.fit_rate(ratio[window], window)
     error = abs(math.log(fitted) - math.log(rho)) / abs(math.log(rho))
-    return _tolerance_margin(error, RATE_RTOL)
+    return tolerance_margin(error, RATE_RTOL)
 
 
 #: HFC/LFC that claim 13 must reach; float64 saturates it near 1e13-1e16 (LFC at round-off).
@@ -117,76 +117,76 @@ def _doubly_stochastic_divergence(p: Mapping[str, Any]) -> float:
     n, d = p["n"], p["d"]
     A = spectra.attention_doubly_stochastic(n, scale=p["scale"], rng=gen)
     H = spectra.h_symmetric(
-        -_uniform_spectrum(gen, d, p["h_low"], p["h_low"] * p["h_ratio"]), rng=gen
+        -uniform_spectrum(gen, d, p["h_low"], p["h_low"] * p["h_ratio"]), rng=gen
     )
-    growth = _perron_rate(_System(A, H, A))
+    growth = _perron_rate(LinearSystem(A, H, A))
     target = DIVERGENCE_TARGET
     # Twice the asymptotic estimate: near 1e10 the growth slows as the ratio approaches its float64
     # saturation (the LFC of the dominant mode is round-off, not exactly zero).
-    layers = 2 * _layers_for(1.0 / growth, 1.0 / target, extra=20)
+    layers = 2 * layers_for(1.0 / growth, 1.0 / target, extra=20)
     X0 = spectra.random_tokens(n, d, rng=gen)
-    ratio = _iterate(_linear_rule(A, H), X0, layers, ("hfc_lfc",)).metrics["hfc_lfc"]
+    ratio = iterate_quietly(linear_rule(A, H), X0, layers, ("hfc_lfc",)).metrics["hfc_lfc"]
     reached = np.nonzero(ratio > target)[0]
     if reached.size == 0:
-        return _decades_above(float(ratio[-1]), target)
+        return decades_above(float(ratio[-1]), target)
     steps = np.diff(np.log(ratio[: reached[0] + 1]))
     return float(steps[steps.size // 2 :].min() / math.log(growth))
 
 
-def _non_perron_system(p: Mapping[str, Any], gen: np.random.Generator) -> _System:
+def _non_perron_system(p: Mapping[str, Any], gen: np.random.Generator) -> LinearSystem:
     n, d = p["n"], p["d"]
     A = spectra.attention_symmetric_scores(n, scale=p["scale"], rng=gen)
     H = spectra.h_symmetric(
-        -_uniform_spectrum(gen, d, p["h_low"], p["h_low"] * p["h_ratio"]), rng=gen
+        -uniform_spectrum(gen, d, p["h_low"], p["h_low"] * p["h_ratio"]), rng=gen
     )
-    return _System(A, H, spectra.random_tokens(n, d, rng=gen))
+    return LinearSystem(A, H, spectra.random_tokens(n, d, rng=gen))
 
 
 def _non_perron_run(p: Mapping[str, Any]) -> tuple[theory.Prediction, FloatArray]:
     """A filtered S3 instance (a real, single-row dominating mode, rate <= 0.97) and its X_L."""
 
-    def accept(system: _System) -> bool:
+    def accept(system: LinearSystem) -> bool:
         prediction = theory.predict(system.A, system.H)
-        return prediction.hfc_lfc_limit is not None and _rows_rate(system)[0] <= 0.97
+        return prediction.hfc_lfc_limit is not None and rows_rate(system)[0] <= 0.97
 
-    system = _scan(p["seed"], lambda gen: _non_perron_system(p, gen), accept)
+    system = scan(p["seed"], lambda gen: _non_perron_system(p, gen), accept)
     prediction = theory.predict(system.A, system.H)
     # When u_1 is nearly orthogonal to 1 the limit is large and the LFC tiny: corrections to the
     # LFC are amplified by the limit itself, so converge that much further.
     amplification = max(1.0, prediction.hfc_lfc_limit or 1.0)
-    layers = _layers_for(_rows_rate(system)[0], 1e-9 / amplification)
-    trajectory = _iterate(_linear_rule(system.A, system.H), system.X0, layers, ("hfc_lfc",))
+    layers = layers_for(rows_rate(system)[0], 1e-9 / amplification)
+    trajectory = iterate_quietly(linear_rule(system.A, system.H), system.X0, layers, ("hfc_lfc",))
     return prediction, trajectory.final
 
 
 def _non_perron_hfc_limit(p: Mapping[str, Any]) -> float:
     prediction, X = _non_perron_run(p)
     limit = prediction.hfc_lfc_limit
-    error = _relative(abs(float(metrics.hfc_lfc(X)) - limit), limit)
-    return min(_tolerance_margin(error, LIMIT_RTOL), _decades_above(limit, 1e-12))
+    error = relative(abs(float(metrics.hfc_lfc(X)) - limit), limit)
+    return min(tolerance_margin(error, LIMIT_RTOL), decades_above(limit, 1e-12))
 
 
 def _non_perron_cosine_limit(p: Mapping[str, Any]) -> float:
     prediction, X = _non_perron_run(p)
     limit = prediction.cosine_limit
     error = abs(float(metrics.cosine(X)) - limit)
-    return min(_tolerance_margin(error, LIMIT_RTOL), 1.0 - limit)
+    return min(tolerance_margin(error, LIMIT_RTOL), 1.0 - limit)
 
 
 def _non_perron_rank_collapse(p: Mapping[str, Any]) -> float:
     _, X = _non_perron_run(p)
-    return _decades_below(float(metrics.sigma_ratio(X)))
+    return decades_below(float(metrics.sigma_ratio(X)))
 
 
 class _Balanced(NamedTuple):
     """S4: H-eigenvalues ``{a, -1, small...}`` with ``a = -lambda^A_1``, so ``1 + a = 1 - lambda^A_1``."""
 
-    system: _System
+    system: LinearSystem
     a: float
     Q: FloatArray
     spectrum: FloatArray
 
-    def shifted(self, shift: float) -> _System:
+    def shifted(self, shift: float) -> LinearSystem:
         """The same system with the balanced eigenvalue ``a`` moved to ``a + shift``."""
         spectrum = self.spectrum.copy()
         spectrum[0] += shift
@@ -196,10 +196,10 @@ class _Balanced(NamedTuple):
 def _balanced_system(p: Mapping[str, Any], gen: np.random.Generator) -> _Balanced:
     n, d = p["n"], p["d"]
     A = spectra.attention_symmetric_scores(n, scale=p["scale"], rng=gen)
-    a = -float(np.min(_eig(A).real))
+    a = -float(np.min(eig(A).real))
     spectrum = np.concatenate([[a, -1.0], gen.uniform(-p["small"], p["small"], d - 2)])
-    Q = _orthogonal(d, gen)
-    system = _System(A, (Q * spectrum) @ Q.T, spectra.random_tokens(n, d, rng=gen))
+    Q = orthogonal(d, gen)
+    system = LinearSystem(A, (Q * spectrum) @ Q.T, spectra.random_tokens(n, d, rng=gen))
     return _Balanced(system, a, Q, spectrum)
 
 
@@ -211,7 +211,7 @@ def _balanced_accept(instance: _Balanced) -> bool:
     return dom.kind == "balanced" and dom.rate <= 0.95
 
 
-def _balanced_limit(system: _System) -> float:
+def _balanced_limit(system: LinearSystem) -> float:
     """sigma_2/sigma_1 of ``c_a 1 s_a^T + c_b u_1 s_b^T``, the limit direction of X_L under S4."""
     lam_A, U = np.linalg.eig(system.A)
     W = np.linalg.inv(U)  # rows: left eigenvectors with w_i^T u_i = 1
@@ -225,25 +225,27 @@ def _balanced_limit(system: _System) -> float:
     return float(metrics.sigma_ratio(Y.real))
 
 
-def _sigma_ratio_after(system: _System, rate: float, target: float) -> float:
-    layers = _layers_for(rate, target)
-    rule = _linear_rule(system.A, system.H)
-    return float(_iterate(rule, system.X0, layers, ("sigma_ratio",)).metrics["sigma_ratio"][-1])
+def _sigma_ratio_after(system: LinearSystem, rate: float, target: float) -> float:
+    layers = layers_for(rate, target)
+    rule = linear_rule(system.A, system.H)
+    return float(
+        iterate_quietly(rule, system.X0, layers, ("sigma_ratio",)).metrics["sigma_ratio"][-1]
+    )
 
 
 def _balanced_no_rank_collapse(p: Mapping[str, Any]) -> float:
-    system = _scan(p["seed"], lambda gen: _balanced_system(p, gen), _balanced_accept).system
+    system = scan(p["seed"], lambda gen: _balanced_system(p, gen), _balanced_accept).system
     rate = theory.dominance(system.A, system.H).rate
     measured, limit = _sigma_ratio_after(system, rate, 1e-10), _balanced_limit(system)
-    error = _relative(abs(measured - limit), limit)
-    return min(_tolerance_margin(error, LIMIT_RTOL), _decades_above(measured, 1e-8))
+    error = relative(abs(measured - limit), limit)
+    return min(tolerance_margin(error, LIMIT_RTOL), decades_above(measured, 1e-8))
 
 
 def _balanced_perturbed_collapses(p: Mapping[str, Any]) -> float:
-    instance = _scan(p["seed"], lambda gen: _balanced_system(p, gen), _balanced_accept)
+    instance = scan(p["seed"], lambda gen: _balanced_system(p, gen), _balanced_accept)
     system = instance.shifted(p["sign"] * p["epsilon"])
     rate = theory.dominance(system.A, system.H).rate  # the broken tie is the slowest mode
-    return _decades_below(_sigma_ratio_after(system, rate, 1e-9))
+    return decades_below(_sigma_ratio_after(system, rate, 1e-9))
 
 
 def _no_skip_low_pass(p: Mapping[str, Any]) -> float:
@@ -254,12 +256,12 @@ def _no_skip_low_pass(p: Mapping[str, Any]) -> float:
     if p["h_kind"] == "complex" and d >= 2:
         lam[:2] = p["h_radius"] * np.exp(np.array([1j, -1j]) * gen.uniform(0.1, 3.0))
     H = spectra.h_nonsymmetric(lam, rng=gen)
-    eig_A = _eig(A)
+    eig_A = eig(A)
     second = float(np.sort(np.abs(eig_A))[-2])
-    layers = _layers_for(second, SMOOTH_THRESHOLD * 1e-3)
+    layers = layers_for(second, SMOOTH_THRESHOLD * 1e-3)
     X0 = spectra.random_tokens(n, d, rng=gen)
-    trajectory = _iterate(_linear_rule(A, H, skip=False), X0, layers, ("hfc_lfc",))
-    return _decades_below(float(metrics.hfc_lfc(trajectory.final)))
+    trajectory = iterate_quietly(linear_rule(A, H, skip=False), X0, layers, ("hfc_lfc",))
+    return decades_below(float(metrics.hfc_lfc(trajectory.final)))
 
 
 def _hfc_step_system(
@@ -267,7 +269,7 @@ def _hfc_step_system(
 ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
     gen = np.random.default_rng(p["seed"])
     n, d = p["n"], p["d"]
-    A = _attention(p["a_kind"], n, p["scale"], gen)
+    A = attention(p["a_kind"], n, p["scale"], gen)
     M = gen.standard_normal((d, d)) * (p["m_scale"] / math.sqrt(d))
     X = spectra.random_tokens(n, d, rng=gen)
     centring = np.eye(n) - np.full((n, n), 1.0 / n)
@@ -279,7 +281,7 @@ def _hfc_step_identity(p: Mapping[str, Any]) -> float:
     _, hfc = metrics.lfc_hfc_split(A @ X @ M)
     expected = centring @ A @ centring @ X @ M
     scale = float(np.linalg.norm(A @ X @ M)) + float(np.linalg.norm(X @ M))
-    return _tolerance_margin(_relative(float(np.linalg.norm(hfc - expected)), scale), STEP_RTOL)
+    return tolerance_margin(relative(float(np.linalg.norm(hfc - expected)), scale), STEP_RTOL)
 
 
 #: Round-off allowance of the S8 bounds, relative to ``(1 + sqrt(lambda_A) s_max(M)) ||HFC[X]||``.
@@ -302,18 +304,18 @@ def _hfc_step_bounds(p: Mapping[str, Any]) -> float:
     return min(slacks) / scale + BOUND_SLACK
 
 
-def _alternating_system(p: Mapping[str, Any], gen: np.random.Generator) -> _System:
+def _alternating_system(p: Mapping[str, Any], gen: np.random.Generator) -> LinearSystem:
     """A lazy ``A = (1 - alpha) I + alpha B`` (spectrum in [1 - 2 alpha, 1]) and H in (-2, -1)."""
     n, d = p["n"], p["d"]
     B = spectra.attention_symmetric_scores(n, scale=p["scale"], rng=gen)
     A = (1.0 - p["alpha"]) * np.eye(n) + p["alpha"] * B
     H = spectra.h_symmetric(
-        _uniform_spectrum(gen, d, p["h_low"], p["h_low"] * p["h_ratio"]), rng=gen
+        uniform_spectrum(gen, d, p["h_low"], p["h_low"] * p["h_ratio"]), rng=gen
     )
-    return _System(A, H, spectra.random_tokens(n, d, rng=gen))
+    return LinearSystem(A, H, spectra.random_tokens(n, d, rng=gen))
 
 
-def _alternating_accept(system: _System) -> bool:
+def _alternating_accept(system: LinearSystem) -> bool:
     dom = theory.dominance(system.A, system.H)
     return dom.kind == "perron" and dom.mu.real < 0 and _perron_rate(system) <= 0.95
 
@@ -323,10 +325,10 @@ ALTERNATION_LAYERS = 10
 
 
 def _alternating_sign(p: Mapping[str, Any]) -> float:
-    system = _scan(p["seed"], lambda gen: _alternating_system(p, gen), _alternating_accept)
-    rule = _linear_rule(system.A, system.H)
-    layers = _layers_for(_perron_rate(system), SMOOTH_THRESHOLD * 1e-3)
-    X = _iterate(rule, system.X0, layers, ("hfc_lfc",)).final
+    system = scan(p["seed"], lambda gen: _alternating_system(p, gen), _alternating_accept)
+    rule = linear_rule(system.A, system.H)
+    layers = layers_for(_perron_rate(system), SMOOTH_THRESHOLD * 1e-3)
+    X = iterate_quietly(rule, system.X0, layers, ("hfc_lfc",)).final
     smoothing = _smoothing_decades(X)
     worst_cos = -1.0
     for layer in range(layers, layers + ALTERNATION_LAYERS):
@@ -336,7 +338,7 @@ def _alternating_sign(p: Mapping[str, Any]) -> float:
     return min(smoothing, -worst_cos)
 
 
-_DYNAMIC = {"n": IntRange(4, 12), "d": IntRange(2, 8), "scale": _SCALE}
+_DYNAMIC = {"n": IntRange(4, 12), "d": IntRange(2, 8), "scale": SCALE_RANGE}
 
 # ----------------------------------------------------------------------------------------------
 # the registry
@@ -460,9 +462,9 @@ CHECKS: tuple[Check, ...] = (
         "without the skip, X_l = A X_{l-1} M: HFC/LFC -> 0 whatever spec(H) (S7)",
         DECADES + " (HFC/LFC below 1e-6)",
         {
-            "n": _N,
-            "d": _D,
-            "scale": _SCALE,
+            "n": N_RANGE,
+            "d": D_RANGE,
+            "scale": SCALE_RANGE,
             "h_radius": FloatRange(0.1, 3.0),
             "h_kind": Choice(("real", "complex")),
             "seed": SEED,
@@ -475,9 +477,9 @@ CHECKS: tuple[Check, ...] = (
         "HFC[A X M] = (I - Pi) A (I - Pi) X M exactly (S8)",
         TOLERANCE,
         {
-            "n": _N,
-            "d": _D,
-            "scale": _SCALE,
+            "n": N_RANGE,
+            "d": D_RANGE,
+            "scale": SCALE_RANGE,
             "a_kind": Choice(("general", "symmetric")),
             "m_scale": FloatRange(0.1, 3.0),
             "seed": SEED,
@@ -491,9 +493,9 @@ CHECKS: tuple[Check, ...] = (
         "relative slack: min over the three bounds of (bound - value) / "
         "((1 + sqrt(lambda_A) s_max(M)) ||HFC[X]||), + 1e-10 round-off allowance",
         {
-            "n": _N,
-            "d": _D,
-            "scale": _SCALE,
+            "n": N_RANGE,
+            "d": D_RANGE,
+            "scale": SCALE_RANGE,
             "a_kind": Choice(("general", "symmetric")),
             "m_scale": FloatRange(0.1, 3.0),
             "seed": SEED,
@@ -509,7 +511,7 @@ CHECKS: tuple[Check, ...] = (
         {
             "n": IntRange(3, 10),
             "d": IntRange(1, 6),
-            "scale": _SCALE,
+            "scale": SCALE_RANGE,
             "alpha": FloatRange(0.1, 0.3),
             "h_low": FloatRange(-1.95, -1.6),
             "h_ratio": FloatRange(0.8, 1.0),

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from simulator import metrics, spectra, theory
-from simulator.checks._core import (
+from simulator.checks.core import (
     GAP,
     SEED,
     TOLERANCE,
@@ -20,21 +20,21 @@ from simulator.checks._core import (
     FloatRange,
     IntRange,
 )
-from simulator.checks._shared import (
-    _D,
-    _N,
-    _SCALE,
-    _attention,
-    _eig,
-    _kind_margin,
-    _linear_rule,
-    _matched_error,
-    _max_abs,
-    _modulus_gap,
-    _orthogonal,
-    _relative,
-    _tolerance_margin,
-    _uniform_spectrum,
+from simulator.checks.shared import (
+    D_RANGE,
+    N_RANGE,
+    SCALE_RANGE,
+    attention,
+    eig,
+    kind_margin,
+    linear_rule,
+    matched_error,
+    max_abs,
+    modulus_gap,
+    orthogonal,
+    relative,
+    tolerance_margin,
+    uniform_spectrum,
 )
 from simulator.tolerances import EIG_TOL, STEP_RTOL
 from simulator.validation import FloatArray
@@ -54,7 +54,7 @@ def _vec_identity(p: Mapping[str, Any]) -> float:
     M = gen.standard_normal((d, d)) / math.sqrt(d)
     lhs = (X + A @ X @ M).flatten(order="F")
     rhs = (np.eye(n * d) + np.kron(M.T, A)) @ X.flatten(order="F")
-    return _tolerance_margin(_relative(_max_abs(lhs - rhs), _max_abs(lhs)), STEP_RTOL)
+    return tolerance_margin(relative(max_abs(lhs - rhs), max_abs(lhs)), STEP_RTOL)
 
 
 def _lemma1_system(p: Mapping[str, Any]) -> tuple[FloatArray, FloatArray]:
@@ -74,9 +74,9 @@ def _lemma1_system(p: Mapping[str, Any]) -> tuple[FloatArray, FloatArray]:
 def _lemma1_eigenvalues(p: Mapping[str, Any]) -> float:
     A, H = _lemma1_system(p)
     dense = np.linalg.eigvals(np.eye(A.shape[0] * H.shape[0]) + np.kron(H, A))
-    predicted = theory.kron_eigenvalues(_eig(A), _eig(H))
-    error = _matched_error(dense, predicted)
-    return _tolerance_margin(_relative(error, 1.0 + _max_abs(predicted)), EIG_TOL)
+    predicted = theory.kron_eigenvalues(eig(A), eig(H))
+    error = matched_error(dense, predicted)
+    return tolerance_margin(relative(error, 1.0 + max_abs(predicted)), EIG_TOL)
 
 
 def _lemma1_eigenvectors(p: Mapping[str, Any]) -> float:
@@ -91,18 +91,18 @@ def _lemma1_eigenvectors(p: Mapping[str, Any]) -> float:
             v = np.outer(U[:, i], S[:, j]).flatten(order="F")
             residual = np.linalg.norm(T_ @ v - mu[i, j] * v) / np.linalg.norm(v)
             worst = max(worst, float(residual))
-    return _tolerance_margin(_relative(worst, 1.0 + _max_abs(mu)), EIG_TOL)
+    return tolerance_margin(relative(worst, 1.0 + max_abs(mu)), EIG_TOL)
 
 
 def _perron_conditions(A: FloatArray, eig_tol: float) -> list[float]:
     """Margins of: A 1 = 1, a root at 1, and the gap ``1 - max |lambda_i|`` of the others."""
-    lam = _eig(A)
+    lam = eig(A)
     p = int(theory.perron_index(lam))
     others = np.delete(lam, p)
-    row_sums = _max_abs(A.sum(axis=1) - 1.0)
+    row_sums = max_abs(A.sum(axis=1) - 1.0)
     return [
-        _tolerance_margin(row_sums, STEP_RTOL),
-        _tolerance_margin(abs(lam[p] - 1.0), eig_tol),
+        tolerance_margin(row_sums, STEP_RTOL),
+        tolerance_margin(abs(lam[p] - 1.0), eig_tol),
         float(1.0 - np.abs(others).max()),
     ]
 
@@ -110,8 +110,8 @@ def _perron_conditions(A: FloatArray, eig_tol: float) -> list[float]:
 def _perron_root_real(p: Mapping[str, Any]) -> float:
     gen = np.random.default_rng(p["seed"])
     A = spectra.attention_symmetric_scores(p["n"], scale=p["scale"], scores=p["scores"], rng=gen)
-    lam = _eig(A)
-    imaginary = _tolerance_margin(float(np.abs(lam.imag).max()), EIG_TOL)
+    lam = eig(A)
+    imaginary = tolerance_margin(float(np.abs(lam.imag).max()), EIG_TOL)
     return min(imaginary, *_perron_conditions(A, EIG_TOL))
 
 
@@ -127,11 +127,11 @@ def _psd_scores_spectrum(p: Mapping[str, Any]) -> float:
     A = spectra.attention_symmetric_scores(
         n, scale=p["scale"], scores="psd", rank=min(p["rank"], n), rng=gen
     )
-    lam = _eig(A)
+    lam = eig(A)
     return min(
-        _tolerance_margin(float(np.abs(lam.imag).max()), EIG_TOL),
-        _tolerance_margin(float(-lam.real.min()), EIG_TOL),
-        _tolerance_margin(float(lam.real.max() - 1.0), EIG_TOL),
+        tolerance_margin(float(np.abs(lam.imag).max()), EIG_TOL),
+        tolerance_margin(float(-lam.real.min()), EIG_TOL),
+        tolerance_margin(float(lam.real.max() - 1.0), EIG_TOL),
     )
 
 
@@ -140,10 +140,10 @@ def _closed_form(p: Mapping[str, Any]) -> float:
     n, d, L = p["n"], p["d"], p["layers"]
     A = spectra.attention_symmetric_scores(n, rng=gen)
     H = spectra.h_symmetric(
-        _uniform_spectrum(gen, d, p["h_low"], p["h_low"] + p["h_width"]), rng=gen
+        uniform_spectrum(gen, d, p["h_low"], p["h_low"] + p["h_width"]), rng=gen
     )
     X0 = spectra.random_tokens(n, d, rng=gen)
-    rule, X, cache = _linear_rule(A, H), X0.copy(), {}
+    rule, X, cache = linear_rule(A, H), X0.copy(), {}
     for layer in range(L):
         X = rule(X, layer, cache)
     term, total, magnitude = X0.copy(), np.zeros_like(X0), 0.0
@@ -153,7 +153,7 @@ def _closed_form(p: Mapping[str, Any]) -> float:
         magnitude += weight * float(np.linalg.norm(term))
         term = A @ term @ H.T
     error = float(np.linalg.norm(X - total))
-    return _tolerance_margin(_relative(error, magnitude), 100 * STEP_RTOL)
+    return tolerance_margin(relative(error, magnitude), 100 * STEP_RTOL)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,28 +169,28 @@ def _frequency_split(p: Mapping[str, Any]) -> float:
     lfc_norm = float(np.linalg.norm(lfc))
     s = np.linalg.svd(lfc, compute_uv=False)
     errors = [
-        _relative(_max_abs(lfc + hfc - X), _max_abs(X)),
-        _relative(abs(norm**2 - lfc_norm**2 - float(np.linalg.norm(hfc)) ** 2), norm**2),
-        _relative(float(s[1]) if s.size > 1 else 0.0, norm),
-        _relative(abs(float(s[0]) - lfc_norm), norm),
+        relative(max_abs(lfc + hfc - X), max_abs(X)),
+        relative(abs(norm**2 - lfc_norm**2 - float(np.linalg.norm(hfc)) ** 2), norm**2),
+        relative(float(s[1]) if s.size > 1 else 0.0, norm),
+        relative(abs(float(s[0]) - lfc_norm), norm),
     ]
-    return _tolerance_margin(max(errors), STEP_RTOL)
+    return tolerance_margin(max(errors), STEP_RTOL)
 
 
 def _metric_invariance(p: Mapping[str, Any]) -> float:
     gen = np.random.default_rng(p["seed"])
     X = spectra.random_tokens(p["n"], p["d"], rng=gen)
     c = p["sign"] * 10.0 ** p["log10_c"]
-    Q = _orthogonal(p["d"], gen)
+    Q = orthogonal(p["d"], gen)
     ratio, ratio_scaled, ratio_rotated = (metrics.hfc_lfc(Y) for Y in (X, c * X, X @ Q))
     errors = [
-        _relative(abs(ratio_scaled - ratio), ratio),
-        _relative(abs(ratio_rotated - ratio), ratio),
+        relative(abs(ratio_scaled - ratio), ratio),
+        relative(abs(ratio_rotated - ratio), ratio),
         abs(metrics.cosine(c * X) - metrics.cosine(X)),
         abs(metrics.sigma_ratio(c * X) - metrics.sigma_ratio(X)),
         abs(metrics.sigma_ratio(X @ Q) - metrics.sigma_ratio(X)),
     ]
-    return _tolerance_margin(float(max(errors)), 1e3 * STEP_RTOL)
+    return tolerance_margin(float(max(errors)), 1e3 * STEP_RTOL)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -207,20 +207,20 @@ def _value_matrix(kind: str, eigenvalues: FloatArray, gen: np.random.Generator) 
 def _corner_theorem(p: Mapping[str, Any]) -> float:
     gen = np.random.default_rng(p["seed"])
     A = spectra.attention_symmetric_scores(p["n"], scale=p["scale"], scores=p["scores"], rng=gen)
-    lam_H = _uniform_spectrum(gen, p["d"], p["h_low"], p["h_low"] + p["h_width"])
-    eig_A = np.sort(_eig(A).real)
+    lam_H = uniform_spectrum(gen, p["d"], p["h_low"], p["h_low"] + p["h_width"])
+    eig_A = np.sort(eig(A).real)
     eig_H = np.sort(np.linalg.eigvalsh(spectra.h_symmetric(lam_H, rng=gen)))
     top = float(np.abs(theory.kron_eigenvalues(eig_A, eig_H)).max())
     corners = [abs(1 + h * a) for h in (eig_H[0], eig_H[-1]) for a in (eig_A[0], eig_A[-1])]
-    return _tolerance_margin(_relative(abs(top - max(corners)), top), STEP_RTOL)
+    return tolerance_margin(relative(abs(top - max(corners)), top), STEP_RTOL)
 
 
 def _signed_dominance(p: Mapping[str, Any], sign: float, *, perron: bool) -> float:
     gen = np.random.default_rng(p["seed"])
-    A = _attention(p["a_kind"], p["n"], p["scale"], gen)
-    magnitudes = _uniform_spectrum(gen, p["d"], p["h_low"], p["h_low"] * p["h_ratio"])
+    A = attention(p["a_kind"], p["n"], p["scale"], gen)
+    magnitudes = uniform_spectrum(gen, p["d"], p["h_low"], p["h_low"] * p["h_ratio"])
     H = _value_matrix(p["h_kind"], sign * magnitudes, gen)
-    return _kind_margin(_eig(A), _eig(H), perron=perron)
+    return kind_margin(eig(A), eig(H), perron=perron)
 
 
 def _positive_h_perron(p: Mapping[str, Any]) -> float:
@@ -236,7 +236,7 @@ def _s5_bound_2x2(p: Mapping[str, Any]) -> float:
     A = np.array([[1.0 - a, a], [a, 1.0 - a]])
     H = np.array([[p["h"]]])
     dom = theory.dominance(A, H)
-    gap = _modulus_gap(dom.eig_A, dom.eig_H, perron=True)
+    gap = modulus_gap(dom.eig_A, dom.eig_H, perron=True)
     return gap if dom.kind == "perron" else min(gap, -1.0)
 
 
@@ -244,10 +244,10 @@ def _s5_bound_psd(p: Mapping[str, Any]) -> float:
     gen = np.random.default_rng(p["seed"])
     A = spectra.attention_symmetric_scores(p["n"], scale=p["scale"], scores="psd", rng=gen)
     H = spectra.h_symmetric(
-        _uniform_spectrum(gen, p["d"], p["h_low"], p["h_low"] * p["h_ratio"]), rng=gen
+        uniform_spectrum(gen, p["d"], p["h_low"], p["h_low"] * p["h_ratio"]), rng=gen
     )
     dom = theory.dominance(A, H)
-    gap = _modulus_gap(dom.eig_A, dom.eig_H, perron=True)
+    gap = modulus_gap(dom.eig_A, dom.eig_H, perron=True)
     return gap if dom.kind == "perron" else min(gap, -1.0)
 
 
@@ -346,7 +346,7 @@ CHECKS: tuple[Check, ...] = (
         TOLERANCE,
         {
             "n": IntRange(2, 16),
-            "d": _D,
+            "d": D_RANGE,
             "log10_scale": FloatRange(-3.0, 3.0),
             "offset": FloatRange(-3.0, 3.0),
             "seed": SEED,
@@ -359,7 +359,7 @@ CHECKS: tuple[Check, ...] = (
         "HFC/LFC, mean cosine, sigma2/sigma1 invariant to X -> cX; HFC/LFC, sigma2/sigma1 to X -> XQ",
         TOLERANCE + " (tolerance 1e-9)",
         {
-            "n": _N,
+            "n": N_RANGE,
             "d": IntRange(2, 8),
             "log10_c": FloatRange(-3.0, 3.0),
             "sign": Choice((1.0, -1.0)),
@@ -390,7 +390,7 @@ CHECKS: tuple[Check, ...] = (
         GAP,
         {
             "n": IntRange(2, 16),
-            "d": _D,
+            "d": D_RANGE,
             "scale": FloatRange(0.5, 2.0),
             "a_kind": Choice(("general", "symmetric")),
             "h_kind": Choice(("symmetric", "nonsymmetric")),
@@ -407,7 +407,7 @@ CHECKS: tuple[Check, ...] = (
         GAP,
         {
             "n": IntRange(2, 16),
-            "d": _D,
+            "d": D_RANGE,
             "scale": FloatRange(0.5, 2.0),
             "a_kind": Choice(("general", "symmetric")),
             "h_kind": Choice(("symmetric", "nonsymmetric")),
@@ -432,9 +432,9 @@ CHECKS: tuple[Check, ...] = (
         "S5 fails outside [-1, 0): min lambda^H < -2 with spec(A) in [0, 1) is Perron-dominated",
         GAP,
         {
-            "n": _N,
+            "n": N_RANGE,
             "d": IntRange(1, 6),
-            "scale": _SCALE,
+            "scale": SCALE_RANGE,
             "h_low": FloatRange(-8.0, -2.2),
             "h_ratio": FloatRange(0.0, 1.0),
             "seed": SEED,

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from simulator import metrics, spectra, theory, updates
-from simulator.checks._core import (
+from simulator.checks.core import (
     DECADES,
     SEED,
     TOLERANCE,
@@ -20,18 +20,18 @@ from simulator.checks._core import (
     FloatRange,
     IntRange,
 )
-from simulator.checks._shared import (
-    _D,
-    _N,
-    _decades_above,
-    _decades_below,
-    _dense_system,
-    _eig,
-    _layers_for,
-    _matched_error,
-    _max_abs,
-    _relative,
-    _tolerance_margin,
+from simulator.checks.shared import (
+    D_RANGE,
+    N_RANGE,
+    decades_above,
+    decades_below,
+    dense_system,
+    eig,
+    layers_for,
+    matched_error,
+    max_abs,
+    relative,
+    tolerance_margin,
 )
 from simulator.tolerances import EIG_TOL, SMOOTH_THRESHOLD, STEP_RTOL
 from simulator.validation import FloatArray
@@ -50,26 +50,26 @@ def _attnscale_algebra(p: Mapping[str, Any]) -> float:
         A = spectra.attention_general(n, rng=gen)
     A_hat = updates.AttnScaleRule(A, np.eye(1), np.eye(1), omega=omega).A_hat
     identity = updates.AttnScaleRule(A, np.eye(1), np.eye(1), omega=0.0).A_hat
-    errors = [_max_abs(A_hat.sum(axis=1) - 1.0), _max_abs(identity - A)]
+    errors = [max_abs(A_hat.sum(axis=1) - 1.0), max_abs(identity - A)]
     if p["a_kind"] == "doubly-stochastic":
-        lam = _eig(A)
+        lam = eig(A)
         others = np.delete(lam, int(theory.perron_index(lam)))
         expected = np.concatenate([[1.0], (1.0 + omega) * others])
-        errors.append(_matched_error(_eig(A_hat), expected) / (1.0 + abs(omega)))
-    return _tolerance_margin(max(errors), EIG_TOL)
+        errors.append(matched_error(eig(A_hat), expected) / (1.0 + abs(omega)))
+    return tolerance_margin(max(errors), EIG_TOL)
 
 
 def _featscale_algebra(p: Mapping[str, Any]) -> float:
-    A, W_V, W_proj, X = _dense_system(p)
+    A, W_V, W_proj, X = dense_system(p)
     gen = np.random.default_rng([p["seed"], 1])
     s_d, s_h = p["s_scale"] * gen.standard_normal((2, X.shape[1]))
     zero = updates.FeatScaleRule(A, W_V, W_proj, s_d=0.0, s_h=0.0)(X, 0, {})
     linear = updates.LinearRule(A, W_V, W_proj)(X, 0, {})
     code = updates.FeatScaleRule(A, W_V, W_proj, s_d=s_d, s_h=s_h, code_faithful=True)(X, 0, {})
     doubled = updates.FeatScaleRule(A, W_V, W_proj, s_d=2 * s_d, s_h=2 * s_h)(X, 0, {})
-    scale = _max_abs(linear) + _max_abs(code)
-    errors = [_max_abs(zero - linear), _max_abs(code - doubled)]
-    return _tolerance_margin(_relative(max(errors), scale), STEP_RTOL)
+    scale = max_abs(linear) + max_abs(code)
+    errors = [max_abs(zero - linear), max_abs(code - doubled)]
+    return tolerance_margin(relative(max(errors), scale), STEP_RTOL)
 
 
 def _neutreno_system(p: Mapping[str, Any]) -> tuple[FloatArray, FloatArray]:
@@ -90,23 +90,23 @@ def _neutreno_iterate(A: FloatArray, v0: FloatArray, lam: float, layers: int) ->
 def _neutreno_fixed_point(p: Mapping[str, Any]) -> float:
     A, v0 = _neutreno_system(p)
     lam, n = p["lam"], A.shape[0]
-    rate = float(np.abs(_eig(A) - lam).max())
+    rate = float(np.abs(eig(A) - lam).max())
     if rate >= 1.0:
         return 1.0 - rate
     fixed = lam * np.linalg.solve((1.0 + lam) * np.eye(n) - A, v0)
-    v = _neutreno_iterate(A, v0, lam, _layers_for(rate, 1e-14))
-    error = _relative(float(np.linalg.norm(v - fixed)), float(np.linalg.norm(fixed)))
+    v = _neutreno_iterate(A, v0, lam, layers_for(rate, 1e-14))
+    error = relative(float(np.linalg.norm(v - fixed)), float(np.linalg.norm(fixed)))
     return min(
-        _tolerance_margin(error, 100 * STEP_RTOL),
-        _decades_above(float(metrics.hfc_lfc(fixed)), 1e-8),
+        tolerance_margin(error, 100 * STEP_RTOL),
+        decades_above(float(metrics.hfc_lfc(fixed)), 1e-8),
     )
 
 
 def _neutreno_without_fidelity(p: Mapping[str, Any]) -> float:
     A, v0 = _neutreno_system(p)
-    second = float(np.sort(np.abs(_eig(A)))[-2])
-    v = _neutreno_iterate(A, v0, 0.0, _layers_for(second, SMOOTH_THRESHOLD * 1e-3))
-    return _decades_below(float(metrics.hfc_lfc(v)))
+    second = float(np.sort(np.abs(eig(A)))[-2])
+    v = _neutreno_iterate(A, v0, 0.0, layers_for(second, SMOOTH_THRESHOLD * 1e-3))
+    return decades_below(float(metrics.hfc_lfc(v)))
 
 
 def _value_residual_algebra(p: Mapping[str, Any]) -> float:
@@ -127,12 +127,12 @@ def _value_residual_algebra(p: Mapping[str, Any]) -> float:
             values = V1
         expected = X + A @ values @ W_O
         X = rule(X, layer, cache)
-        worst = max(worst, _relative(_max_abs(X - expected), _max_abs(expected)))
-    return _tolerance_margin(worst, STEP_RTOL)
+        worst = max(worst, relative(max_abs(X - expected), max_abs(expected)))
+    return tolerance_margin(worst, STEP_RTOL)
 
 
 def _similarity_removal_algebra(p: Mapping[str, Any]) -> float:
-    A, W_V, W_proj, X = _dense_system(p)
+    A, W_V, W_proj, X = dense_system(p)
     tau = p["tau"]
     lfc, hfc = metrics.lfc_hfc_split(X)
     lfc_removed, hfc_removed = metrics.lfc_hfc_split(X - tau * X.mean(axis=0))
@@ -141,18 +141,18 @@ def _similarity_removal_algebra(p: Mapping[str, Any]) -> float:
     lfc_b, hfc_b = metrics.lfc_hfc_split(branch)
     lfc_r, hfc_r = metrics.lfc_hfc_split(rule_branch)
     full = X - X.mean(axis=0)
-    scale = _max_abs(X) + _max_abs(branch)
+    scale = max_abs(X) + max_abs(branch)
     errors = [
-        _max_abs(lfc_removed - (1.0 - tau) * lfc),
-        _max_abs(hfc_removed - hfc),
-        _max_abs(lfc_r - (1.0 - tau) * lfc_b),
-        _max_abs(hfc_r - hfc_b),
-        _max_abs(full.mean(axis=0)),
+        max_abs(lfc_removed - (1.0 - tau) * lfc),
+        max_abs(hfc_removed - hfc),
+        max_abs(lfc_r - (1.0 - tau) * lfc_b),
+        max_abs(hfc_r - hfc_b),
+        max_abs(full.mean(axis=0)),
     ]
     ratio = float(metrics.hfc_lfc(full))
     return min(
-        _tolerance_margin(_relative(max(errors), scale), STEP_RTOL),
-        _decades_above(ratio, 1.0 / STEP_RTOL),
+        tolerance_margin(relative(max(errors), scale), STEP_RTOL),
+        decades_above(ratio, 1.0 / STEP_RTOL),
     )
 
 
@@ -164,10 +164,10 @@ def _dong_vs_rank1(p: Mapping[str, Any]) -> float:
     norm_1_inf = np.linalg.norm(centred, 1) * np.abs(centred).max()
     predicted = math.sqrt(norm_1_inf / (np.linalg.norm(u, 1) * np.abs(u).max()))
     dong = float(metrics.dong_residual(X))
-    errors = [float(metrics.rank1_residual(X)), _relative(abs(dong - predicted), predicted)]
+    errors = [float(metrics.rank1_residual(X)), relative(abs(dong - predicted), predicted)]
     return min(
-        _tolerance_margin(max(errors), STEP_RTOL),
-        _decades_above(dong, STEP_RTOL),
+        tolerance_margin(max(errors), STEP_RTOL),
+        decades_above(dong, STEP_RTOL),
     )
 
 
@@ -183,7 +183,7 @@ CHECKS: tuple[Check, ...] = (
         "eigenvalues scale by 1 + omega",
         TOLERANCE + " (tolerance 1e-9)",
         {
-            "n": _N,
+            "n": N_RANGE,
             "omega": FloatRange(-0.9, 3.0),
             "a_kind": Choice(("doubly-stochastic", "general")),
             "seed": SEED,
@@ -195,7 +195,7 @@ CHECKS: tuple[Check, ...] = (
         26,
         "FeatScale: s_d = s_h = 0 is the plain layer; the code-faithful form equals 2 s_d, 2 s_h",
         TOLERANCE,
-        {"n": IntRange(2, 10), "d": _D, "s_scale": FloatRange(0.0, 2.0), "seed": SEED},
+        {"n": IntRange(2, 10), "d": D_RANGE, "s_scale": FloatRange(0.0, 2.0), "seed": SEED},
         _featscale_algebra,
     ),
     Check(
@@ -204,7 +204,7 @@ CHECKS: tuple[Check, ...] = (
         "NeuTRENO v <- A v + lam (v0 - v) converges to lam ((1 + lam) I - A)^{-1} v0, HFC/LFC > 0",
         TOLERANCE + " (relative error, tolerance 1e-10); decades of HFC/LFC(limit) above 1e-8",
         {
-            "n": _N,
+            "n": N_RANGE,
             "d_v": IntRange(1, 6),
             "scale": FloatRange(0.2, 0.6),
             "lam": FloatRange(0.2, 0.9),
@@ -218,7 +218,7 @@ CHECKS: tuple[Check, ...] = (
         "NeuTRENO with lam = 0 is v <- A v: HFC/LFC -> 0",
         DECADES + " (HFC/LFC below 1e-6)",
         {
-            "n": _N,
+            "n": N_RANGE,
             "d_v": IntRange(1, 6),
             "scale": FloatRange(0.2, 0.6),
             "lam": FloatRange(0.2, 0.9),
@@ -233,8 +233,8 @@ CHECKS: tuple[Check, ...] = (
         TOLERANCE,
         {
             "n": IntRange(2, 10),
-            "d": _D,
-            "d_v": _D,
+            "d": D_RANGE,
+            "d_v": D_RANGE,
             "layers": IntRange(1, 6),
             "mode": Choice(("resformer", "svformer")),
             "seed": SEED,
@@ -246,7 +246,7 @@ CHECKS: tuple[Check, ...] = (
         29,
         "(I - tau Pi): LFC scales by 1 - tau, HFC unchanged; tau = 1 leaves t_sim = 0, HFC/LFC = inf",
         TOLERANCE + "; decades of HFC/LFC above 1e12 for tau = 1",
-        {"n": _N, "d": _D, "tau": FloatRange(-1.0, 2.0), "seed": SEED},
+        {"n": N_RANGE, "d": D_RANGE, "tau": FloatRange(-1.0, 2.0), "seed": SEED},
         _similarity_removal_algebra,
     ),
     Check(
@@ -254,7 +254,7 @@ CHECKS: tuple[Check, ...] = (
         30,
         "X = u v^T with u not parallel to 1: rank-1 residual 0 but Dong's mean residual > 0",
         TOLERANCE + "; decades of the Dong residual above the round-off level",
-        {"n": IntRange(2, 16), "d": _D, "seed": SEED},
+        {"n": IntRange(2, 16), "d": D_RANGE, "seed": SEED},
         _dong_vs_rank1,
     ),
 )

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from simulator import spectra, theory, updates
-from simulator.checks._core import (
+from simulator.checks.core import (
     GAP,
     SEED,
     TOLERANCE,
@@ -20,18 +20,18 @@ from simulator.checks._core import (
     FloatRange,
     IntRange,
 )
-from simulator.checks._shared import (
-    _D,
-    _SCALE,
-    _attention,
-    _dense_system,
-    _iterate,
-    _kind_margin,
-    _matched_error,
-    _max_abs,
-    _orthogonal,
-    _relative,
-    _tolerance_margin,
+from simulator.checks.shared import (
+    D_RANGE,
+    SCALE_RANGE,
+    attention,
+    dense_system,
+    iterate_quietly,
+    kind_margin,
+    matched_error,
+    max_abs,
+    orthogonal,
+    relative,
+    tolerance_margin,
 )
 from simulator.tolerances import EIG_TOL, STEP_RTOL
 
@@ -41,7 +41,7 @@ from simulator.tolerances import EIG_TOL, STEP_RTOL
 
 
 def _pre_ln_effective_product(p: Mapping[str, Any]) -> float:
-    A, W_V, W_proj, X = _dense_system(p)
+    A, W_V, W_proj, X = dense_system(p)
     c = p["c"]
     negative = updates.PreLNRule(A, W_V, W_proj, gamma=-c)(X, 0, {})
     folded = updates.PreLNRule(A, W_V, -c * W_proj)(X, 0, {})
@@ -50,13 +50,13 @@ def _pre_ln_effective_product(p: Mapping[str, Any]) -> float:
     general_folded = updates.PreLNRule(A, gamma[:, None] * W_V, W_proj)(X, 0, {})
     spectrum = theory.value_spectrum(W_V, W_proj)
     effective = theory.value_spectrum(-c * W_V, W_proj)
-    scale = _max_abs(X) + _max_abs(negative)
+    scale = max_abs(X) + max_abs(negative)
     errors = [
-        _relative(_max_abs(negative - folded), scale),
-        _relative(_max_abs(general - general_folded), scale),
-        _relative(_matched_error(effective, -c * spectrum), c * (1.0 + _max_abs(spectrum))),
+        relative(max_abs(negative - folded), scale),
+        relative(max_abs(general - general_folded), scale),
+        relative(matched_error(effective, -c * spectrum), c * (1.0 + max_abs(spectrum))),
     ]
-    return _tolerance_margin(max(errors), EIG_TOL)
+    return tolerance_margin(max(errors), EIG_TOL)
 
 
 #: Systems per instance of the Pre-LN sign experiment (the claim is about medians, §4).
@@ -69,14 +69,14 @@ def _pre_ln_sign_flip(p: Mapping[str, Any]) -> float:
     n, d, K = p["n"], p["d"], PRE_LN_BATCH
     A = spectra.attention_symmetric_scores(n, scale=p["scale"], batch=K, rng=gen)
     lam = gen.uniform(0.05, 1.0, (K, d))
-    Q = np.stack([_orthogonal(d, gen) for _ in range(K)])
+    Q = np.stack([orthogonal(d, gen) for _ in range(K)])
     X0 = spectra.random_tokens(n, d, batch=K, rng=gen)
     median = {}
     for sign_h in (1.0, -1.0):
         M = (Q * (sign_h * lam)[:, None, :]) @ np.swapaxes(Q, -1, -2)
         for sign_g in (1.0, -1.0):
             rule = updates.PreLNRule(A, M, np.eye(d), gamma=sign_g * p["c"])
-            final = _iterate(rule, X0, PRE_LN_LAYERS, ("hfc_lfc",)).metrics["hfc_lfc"][-1]
+            final = iterate_quietly(rule, X0, PRE_LN_LAYERS, ("hfc_lfc",)).metrics["hfc_lfc"][-1]
             median[sign_h, sign_g] = float(np.median(final))
     return min(
         math.log10(median[-1.0, 1.0] / median[1.0, 1.0]),
@@ -85,15 +85,15 @@ def _pre_ln_sign_flip(p: Mapping[str, Any]) -> float:
 
 
 def _post_ln_sign_alternation(p: Mapping[str, Any]) -> float:
-    A, W_V, W_proj, X0 = _dense_system(p)
+    A, W_V, W_proj, X0 = dense_system(p)
     plus = updates.PostLNRule(A, W_V, W_proj, gamma=p["c"], beta=0.0)
     minus = updates.PostLNRule(A, W_V, W_proj, gamma=-p["c"], beta=0.0)
     X_plus, X_minus, worst = X0, X0, 0.0
     for layer in range(p["layers"]):
         X_plus, X_minus = plus(X_plus, layer, {}), minus(X_minus, layer, {})
         sign = -1.0 if layer % 2 == 0 else 1.0
-        worst = max(worst, _relative(_max_abs(X_minus - sign * X_plus), _max_abs(X_plus)))
-    return _tolerance_margin(worst, STEP_RTOL)
+        worst = max(worst, relative(max_abs(X_minus - sign * X_plus), max_abs(X_plus)))
+    return tolerance_margin(worst, STEP_RTOL)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -106,20 +106,20 @@ def _reparameterize_construction(p: Mapping[str, Any]) -> float:
     d = p["d"]
     psi = p["psi_scale"] * gen.standard_normal(d)
     r = spectra.reparameterize(gen.standard_normal((d, d)), psi, p["sign"])
-    scale = 1.0 + _max_abs(r.eigenvalues)
+    scale = 1.0 + max_abs(r.eigenvalues)
     in_range = (
-        max(_max_abs(np.clip(r.eigenvalues, -1.0, 0.0) - r.eigenvalues), 0.0)
+        max(max_abs(np.clip(r.eigenvalues, -1.0, 0.0) - r.eigenvalues), 0.0)
         if p["sign"] == "minus"
         else float(max(-r.eigenvalues.min(), 0.0))
     )
     errors = [
-        _max_abs(r.H - r.H.T) / scale,
-        _matched_error(np.linalg.eigvalsh(r.H), r.eigenvalues) / scale,
-        _max_abs(r.W_V @ r.W_proj - r.H) / scale,
-        _max_abs(r.V.T @ r.V - np.eye(d)),
+        max_abs(r.H - r.H.T) / scale,
+        matched_error(np.linalg.eigvalsh(r.H), r.eigenvalues) / scale,
+        max_abs(r.W_V @ r.W_proj - r.H) / scale,
+        max_abs(r.V.T @ r.V - np.eye(d)),
         in_range,
     ]
-    return _tolerance_margin(max(errors), STEP_RTOL)
+    return tolerance_margin(max(errors), STEP_RTOL)
 
 
 #: Attention matrices per instance of the Table-1 sanity check.
@@ -129,13 +129,13 @@ TABLE1_BATCH = 8
 def _reparameterized_dominance(p: Mapping[str, Any]) -> float:
     gen = np.random.default_rng(p["seed"])
     n, d, K = p["n"], p["d"], TABLE1_BATCH
-    A = np.stack([_attention(p["a_kind"], n, p["scale"], gen) for _ in range(K)])
+    A = np.stack([attention(p["a_kind"], n, p["scale"], gen) for _ in range(K)])
     psi = gen.uniform(0.1, p["psi_high"], d) * gen.choice([-1.0, 1.0], d)
     r = spectra.reparameterize(gen.standard_normal((d, d)), psi, p["sign"])
     eig_A = np.linalg.eigvals(A)
     eig_H = theory.value_spectrum(r.W_V, r.W_proj)
     perron = p["sign"] == "plus"
-    return min(_kind_margin(eig_A[k], eig_H, perron=perron) for k in range(K))
+    return min(kind_margin(eig_A[k], eig_H, perron=perron) for k in range(K))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,7 +159,7 @@ CHECKS: tuple[Check, ...] = (
         {
             "n": IntRange(4, 12),
             "d": IntRange(4, 12),
-            "scale": _SCALE,
+            "scale": SCALE_RANGE,
             "c": FloatRange(0.5, 2.0),
             "seed": SEED,
         },
@@ -200,7 +200,7 @@ CHECKS: tuple[Check, ...] = (
         GAP + ", worst over 8 attention matrices",
         {
             "n": IntRange(2, 16),
-            "d": _D,
+            "d": D_RANGE,
             "scale": FloatRange(0.5, 2.0),
             "a_kind": Choice(("general", "symmetric")),
             "sign": Choice(("plus", "minus")),

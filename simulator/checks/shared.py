@@ -1,4 +1,18 @@
-"""Helpers shared by the claim modules: margins, system builders, iteration and seed scans."""
+"""Helpers shared by the claim modules: margins, system builders, iteration and seed scans.
+
+Public API
+----------
+tolerance_margin, decades_below, decades_above, kind_margin, modulus_gap
+    The margin units of :mod:`simulator.checks` (``tolerance``, ``decades``, ``gap``).
+relative, max_abs, matched_error, eig, rows_rate
+    Errors, spectra and the convergence rate of a linear system.
+orthogonal, uniform_spectrum, attention, dense_system, linear_rule, LinearSystem
+    Builders of random instances.
+iterate_quietly, layers_for, scan
+    Iteration without the floor warning, layer budgets, and seed scans for filtered instances.
+N_RANGE, D_RANGE, SCALE_RANGE
+    Parameter spaces of tokens, features and attention scale used by several claim groups.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +26,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.optimize import linear_sum_assignment
 
 from simulator import dynamics, spectra, theory, updates
-from simulator.checks._core import (
+from simulator.checks.core import (
     MAX_LAYERS,
     SCAN_TRIES,
     FloatRange,
@@ -22,7 +36,7 @@ from simulator.errors import NumericalFloorWarning
 from simulator.tolerances import EPS, SMOOTH_THRESHOLD, TIE_RTOL
 from simulator.validation import FloatArray
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -30,51 +44,54 @@ T = TypeVar("T")
 # ----------------------------------------------------------------------------------------------
 
 
-def _tolerance_margin(violation: float, tolerance: float) -> float:
+def tolerance_margin(violation: float, tolerance: float) -> float:
     """``1 - violation / tolerance``; NaN violations count as failures."""
     return 1.0 - violation / tolerance if math.isfinite(violation) else -math.inf
 
 
-def _decades_below(value: float, threshold: float = SMOOTH_THRESHOLD) -> float:
+def decades_below(value: float, threshold: float = SMOOTH_THRESHOLD) -> float:
     """``log10(threshold / value)`` with value floored at eps; NaN counts as a failure."""
     if not math.isfinite(value):
         return -math.inf
     return math.log10(threshold) - math.log10(max(abs(value), EPS))
 
 
-def _decades_above(value: float, threshold: float) -> float:
+def decades_above(value: float, threshold: float) -> float:
     """``log10(value / threshold)`` for a quantity that must stay above a threshold."""
     if math.isnan(value) or value <= 0:
         return -math.inf
     return math.log10(value) - math.log10(threshold)
 
 
-def _relative(error: float, scale: float) -> float:
+def relative(error: float, scale: float) -> float:
+    """``error / scale``, with ``scale`` floored at the smallest normal float64."""
     return error / max(scale, np.finfo(np.float64).tiny)
 
 
-def _max_abs(X: ArrayLike) -> float:
+def max_abs(X: ArrayLike) -> float:
+    """Largest absolute entry."""
     return float(np.max(np.abs(X)))
 
 
-def _orthogonal(d: int, gen: np.random.Generator) -> FloatArray:
+def orthogonal(d: int, gen: np.random.Generator) -> FloatArray:
+    """A Haar-random ``(d, d)`` orthogonal matrix."""
     Q, R = np.linalg.qr(gen.standard_normal((d, d)))
     return Q * np.sign(np.diagonal(R))
 
 
-def _uniform_spectrum(gen: np.random.Generator, d: int, low: float, high: float) -> FloatArray:
+def uniform_spectrum(gen: np.random.Generator, d: int, low: float, high: float) -> FloatArray:
     """``d`` eigenvalues in ``[min(low, high), max(low, high)]``, the first one exactly ``low``."""
     values = gen.uniform(min(low, high), max(low, high), d)
     values[0] = low
     return values
 
 
-def _linear_rule(A: FloatArray, H: FloatArray, *, skip: bool = True) -> updates.LinearRule:
+def linear_rule(A: FloatArray, H: FloatArray, *, skip: bool = True) -> updates.LinearRule:
     """The update ``X + A X M`` with ``M = H^T`` (``W_V = M``, ``W_proj = I``)."""
     return updates.LinearRule(A, np.swapaxes(H, -1, -2), np.eye(H.shape[-1]), skip=skip)
 
 
-def _matched_error(a: ArrayLike, b: ArrayLike) -> float:
+def matched_error(a: ArrayLike, b: ArrayLike) -> float:
     """Largest distance between two multisets of complex numbers under the best matching."""
     a, b = np.ravel(a).astype(complex), np.ravel(b).astype(complex)
     cost = np.abs(a[:, None] - b[None, :])
@@ -82,7 +99,7 @@ def _matched_error(a: ArrayLike, b: ArrayLike) -> float:
     return float(cost[rows, cols].max())
 
 
-def _modulus_gap(eig_A: ArrayLike, eig_H: ArrayLike, *, perron: bool) -> float:
+def modulus_gap(eig_A: ArrayLike, eig_H: ArrayLike, *, perron: bool) -> float:
     """Relative gap between the Perron and the non-Perron maximal ``|mu|`` (the ``gap`` unit).
 
     Positive when the required kind (Perron if ``perron`` else non-Perron) strictly dominates.
@@ -95,14 +112,16 @@ def _modulus_gap(eig_A: ArrayLike, eig_H: ArrayLike, *, perron: bool) -> float:
     return float(gap / mu.max()) + TIE_RTOL
 
 
-def _iterate(rule: updates.UpdateRule, X0: FloatArray, layers: int, names: Sequence[str]) -> dynamics.Trajectory:
+def iterate_quietly(
+    rule: updates.UpdateRule, X0: FloatArray, layers: int, names: Sequence[str]
+) -> dynamics.Trajectory:
     """``dynamics.iterate`` with the floor warning silenced (reaching the floor is the point)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NumericalFloorWarning)
         return dynamics.iterate(rule, X0, layers, metrics=tuple(names))
 
 
-def _layers_for(rate: float, target: float, extra: int = 10) -> int:
+def layers_for(rate: float, target: float, extra: int = 10) -> int:
     """Layers for a geometric factor ``rate`` to shrink a quantity by ``target``, capped."""
     if rate <= 0:
         return extra
@@ -115,7 +134,7 @@ class _NoInstanceError(RuntimeError):
     """No seed of the scan passed the check's filter."""
 
 
-def _scan(seed: int, build: Callable[[np.random.Generator], T], accept: Callable[[T], bool]) -> T:
+def scan(seed: int, build: Callable[[np.random.Generator], _T], accept: Callable[[_T], bool]) -> _T:
     """The first instance ``build(default_rng([seed, k]))`` (k = 0, 1, ...) that ``accept`` keeps."""
     for attempt in range(SCAN_TRIES):
         instance = build(np.random.default_rng([seed, attempt]))
@@ -124,7 +143,7 @@ def _scan(seed: int, build: Callable[[np.random.Generator], T], accept: Callable
     raise _NoInstanceError(f"no instance passed the filter in {SCAN_TRIES} seeds from seed {seed}")
 
 
-class _System(NamedTuple):
+class LinearSystem(NamedTuple):
     """One linear system ``X + A X H^T`` with its initial tokens."""
 
     A: FloatArray
@@ -132,17 +151,18 @@ class _System(NamedTuple):
     X0: FloatArray
 
 
-def _eig(A: ArrayLike) -> NDArray[np.complex128]:
+def eig(A: ArrayLike) -> NDArray[np.complex128]:
+    """Eigenvalues of a square matrix, as complex128."""
     return np.linalg.eigvals(A).astype(np.complex128)
 
 
-def _rows_rate(system: _System) -> tuple[float, int]:
+def rows_rate(system: LinearSystem) -> tuple[float, int]:
     """``max_{i != i*} |mu_ij| / |mu*|`` and the dominating A-index ``i*`` (first of the ties).
 
     Modes sharing the A-eigenvector of the dominating one keep ``u_i* x^T`` rank one, so only the
     other rows set the convergence of HFC/LFC, the cosine and sigma_2/sigma_1 (S3, S9).
     """
-    mu = np.abs(theory.kron_eigenvalues(_eig(system.A), _eig(system.H)))
+    mu = np.abs(theory.kron_eigenvalues(eig(system.A), eig(system.H)))
     i_star = int(np.unravel_index(np.argmax(mu), mu.shape)[0])
     return float(np.delete(mu, i_star, axis=0).max() / mu.max()), i_star
 
@@ -152,21 +172,23 @@ def _rows_rate(system: _System) -> tuple[float, int]:
 # ----------------------------------------------------------------------------------------------
 
 
-def _attention(kind: str, n: int, scale: float, gen: np.random.Generator) -> FloatArray:
+def attention(kind: str, n: int, scale: float, gen: np.random.Generator) -> FloatArray:
+    """An ``(n, n)`` attention matrix: ``symmetric`` scores, or else ``general``."""
     if kind == "symmetric":
         return spectra.attention_symmetric_scores(n, scale=scale, rng=gen)
     return spectra.attention_general(n, scale=scale, rng=gen)
 
 
-def _kind_margin(eig_A: ArrayLike, eig_H: ArrayLike, *, perron: bool) -> float:
+def kind_margin(eig_A: ArrayLike, eig_H: ArrayLike, *, perron: bool) -> float:
     """The ``gap`` margin, or -1 when theory.dominance_kinds disagrees outside a tie."""
     kind = theory.KINDS[int(theory.dominance_kinds(eig_A, eig_H))]
-    gap = _modulus_gap(eig_A, eig_H, perron=perron)
+    gap = modulus_gap(eig_A, eig_H, perron=perron)
     agrees = (kind == "perron") == perron or gap <= 2 * TIE_RTOL
     return gap if agrees else min(gap, -1.0)
 
 
-def _dense_system(p: Mapping[str, Any]) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+def dense_system(p: Mapping[str, Any]) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """``(A, W_V, W_proj, X0)`` with dense Gaussian weights, drawn from ``p["seed"]``."""
     gen = np.random.default_rng(p["seed"])
     n, d = p["n"], p["d"]
     A = spectra.attention_symmetric_scores(n, rng=gen)
@@ -179,6 +201,6 @@ def _dense_system(p: Mapping[str, Any]) -> tuple[FloatArray, FloatArray, FloatAr
 # parameter-space pieces shared by the registries
 # ----------------------------------------------------------------------------------------------
 
-_N = IntRange(2, 12)
-_D = IntRange(1, 8)
-_SCALE = FloatRange(0.5, 1.5)
+N_RANGE = IntRange(2, 12)
+D_RANGE = IntRange(1, 8)
+SCALE_RANGE = FloatRange(0.5, 1.5)
