@@ -8,16 +8,17 @@ SCALED
     Key of the cache dict holding the arrays that scale with X (see :mod:`simulator.updates`).
 RuleBase
     Base class of the rules: ``batch_shape`` and ``check_tokens``.
-ShortRepr
-    A ``repr`` showing arrays as their shapes (rules and :class:`~simulator.updates.mlp.MLP`).
+ShortRepr, set_frozen
+    A ``repr`` showing arrays as their shapes, and building a frozen dataclass in ``__init__``.
 broadcast_batch, as_matrix, as_feature_vector, as_eps, apply_layer_norm
     Validation and LayerNorm helpers used by several rule modules.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
-from typing import Any, Protocol, runtime_checkable
+from abc import ABC, abstractmethod
+from dataclasses import Field, fields
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -36,6 +37,7 @@ __all__ = [
     "as_feature_vector",
     "as_matrix",
     "broadcast_batch",
+    "set_frozen",
 ]
 
 #: Key of the cache dict holding arrays that scale with X (see :mod:`simulator.updates`).
@@ -149,16 +151,28 @@ def _describe(value: object) -> str:
     return repr(value)
 
 
+def set_frozen(obj: object, **values: object) -> None:
+    """Set attributes of a frozen dataclass from its own ``__init__`` (validated values only)."""
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
+
+
 class ShortRepr:
     """A short ``repr`` for dataclasses: arrays appear as their shapes."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
     def __repr__(self) -> str:
         shown = (f"{f.name}={_describe(getattr(self, f.name))}" for f in fields(self) if f.repr)
         return f"{type(self).__name__}({', '.join(shown)})"
 
 
-class RuleBase(ShortRepr):
-    """Shared input check: X must match the rule's token and feature sizes and batch axes."""
+class RuleBase(ShortRepr, ABC):
+    """Base of the rule classes: the shared input check, and what each rule must define.
+
+    A subclass is a frozen dataclass that validates its arguments in ``__init__`` (arrays are kept
+    as float64) and sets ``_n``, ``_d`` and ``_batch`` there; it satisfies :class:`UpdateRule`.
+    """
 
     #: Number of tokens the rule's fixed matrices require (None: any).
     _n: int | None
@@ -166,6 +180,15 @@ class RuleBase(ShortRepr):
     _d: int
     #: Broadcast batch shape of the rule's own arrays.
     _batch: tuple[int, ...]
+
+    @property
+    @abstractmethod
+    def homogeneous(self) -> bool:
+        """True iff ``rule(c X) = c rule(X)`` for every ``c > 0``."""
+
+    @abstractmethod
+    def __call__(self, X: FloatArray, layer: int, cache: dict[str, Any]) -> FloatArray:
+        """One layer on ``(..., n, d)`` tokens."""
 
     @property
     def batch_shape(self) -> tuple[int, ...]:

@@ -28,6 +28,7 @@ from simulator.updates.base import (
     as_feature_vector,
     as_matrix,
     broadcast_batch,
+    set_frozen,
 )
 from simulator.updates.mlp import MLP, check_mlp, with_mlp
 from simulator.validation import FloatArray, as_row_stochastic
@@ -35,34 +36,29 @@ from simulator.validation import FloatArray, as_row_stochastic
 __all__ = ["FixedAttentionRule", "LinearRule", "PostLNRule", "PreLNRule"]
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class FixedAttentionRule(RuleBase):
     """Base of the rules with a fixed row-stochastic A and value-projection ``M = W_V W_proj``."""
 
-    A: ArrayLike
-    W_V: ArrayLike
-    W_proj: ArrayLike
-    M: FloatArray = field(init=False, repr=False)
+    A: FloatArray
+    W_V: FloatArray
+    W_proj: FloatArray
+    M: FloatArray = field(repr=False)
 
-    def __post_init__(self) -> None:
-        A = as_row_stochastic(self.A, "A")
-        W_V = as_matrix(self.W_V, "W_V", None, None)
+    def __init__(self, A: ArrayLike, W_V: ArrayLike, W_proj: ArrayLike) -> None:
+        A = as_row_stochastic(A, "A")
+        W_V = as_matrix(W_V, "W_V", None, None)
         d, d_v = W_V.shape[-2:]
-        W_proj = as_matrix(self.W_proj, "W_proj", d_v, d)
+        W_proj = as_matrix(W_proj, "W_proj", d_v, d)
         batch = broadcast_batch(
             {"A": A.shape[:-2], "W_V": W_V.shape[:-2], "W_proj": W_proj.shape[:-2]}
         )
-        object.__setattr__(self, "A", A)
-        object.__setattr__(self, "W_V", W_V)
-        object.__setattr__(self, "W_proj", W_proj)
-        object.__setattr__(self, "M", W_V @ W_proj)
-        object.__setattr__(self, "_n", int(A.shape[-1]))
-        object.__setattr__(self, "_d", int(d))
-        object.__setattr__(self, "_batch", batch)
+        set_frozen(self, A=A, W_V=W_V, W_proj=W_proj, M=W_V @ W_proj)
+        set_frozen(self, _n=int(A.shape[-1]), _d=int(d), _batch=batch)
 
-    def _extend_batch(self, **arrays: FloatArray) -> None:
-        shapes = {"the system": self._batch, **arrays}
-        object.__setattr__(self, "_batch", broadcast_batch(shapes))
+    def _extend_batch(self, **shapes: tuple[int, ...]) -> None:
+        """Broadcast the batch shape with those of a subclass's own arrays."""
+        set_frozen(self, _batch=broadcast_batch({"the system": self._batch, **shapes}))
 
     @property
     def H(self) -> FloatArray:
@@ -74,7 +70,7 @@ class FixedAttentionRule(RuleBase):
         return (self.A @ X) @ self.M
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class LinearRule(FixedAttentionRule):
     """Linear attention layer with fixed A (paper eq. vec_update, S7 without skip).
 
@@ -93,12 +89,20 @@ class LinearRule(FixedAttentionRule):
         Appended as ``Y + MLP(Y)`` (``MLP(Y)`` without skip) after the attention sub-block.
     """
 
-    skip: bool = True
-    mlp: MLP | None = None
+    skip: bool
+    mlp: MLP | None
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_mlp(self.mlp, self._d)
+    def __init__(
+        self,
+        A: ArrayLike,
+        W_V: ArrayLike,
+        W_proj: ArrayLike,
+        skip: bool = True,
+        mlp: MLP | None = None,
+    ) -> None:
+        super().__init__(A, W_V, W_proj)
+        check_mlp(mlp, self._d)
+        set_frozen(self, skip=skip, mlp=mlp)
 
     @property
     def homogeneous(self) -> bool:
@@ -113,21 +117,27 @@ class LinearRule(FixedAttentionRule):
         return with_mlp(Y, self.mlp, self.skip)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class _NormalisedLinear(FixedAttentionRule):
     """Base of Pre-LN and Post-LN: LayerNorm parameters on top of a fixed linear system."""
 
-    gamma: ArrayLike | None = None
-    beta: ArrayLike | None = None
-    eps: float = LN_EPS
+    gamma: FloatArray
+    beta: FloatArray
+    eps: float
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        gamma = as_feature_vector(self.gamma, "gamma", self._d, 1.0)
-        beta = as_feature_vector(self.beta, "beta", self._d, 0.0)
-        object.__setattr__(self, "gamma", gamma)
-        object.__setattr__(self, "beta", beta)
-        object.__setattr__(self, "eps", as_eps(self.eps))
+    def __init__(
+        self,
+        A: ArrayLike,
+        W_V: ArrayLike,
+        W_proj: ArrayLike,
+        gamma: ArrayLike | None = None,
+        beta: ArrayLike | None = None,
+        eps: float = LN_EPS,
+    ) -> None:
+        super().__init__(A, W_V, W_proj)
+        gamma = as_feature_vector(gamma, "gamma", self._d, 1.0)
+        beta = as_feature_vector(beta, "beta", self._d, 0.0)
+        set_frozen(self, gamma=gamma, beta=beta, eps=as_eps(eps))
         self._extend_batch(gamma=gamma.shape[:-1], beta=beta.shape[:-1])
 
     @property
@@ -139,7 +149,7 @@ class _NormalisedLinear(FixedAttentionRule):
         return apply_layer_norm(X, self.gamma, self.beta, self.eps)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class PreLNRule(_NormalisedLinear):
     """Pre-LN linear layer ``X_l = X_{l-1} + A LN(X_{l-1}) W_V W_proj`` (docs/theory.md §4).
 
@@ -162,7 +172,7 @@ class PreLNRule(_NormalisedLinear):
         return X + self._branch(self._ln(X))
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class PostLNRule(_NormalisedLinear):
     """Post-LN linear layer ``X_l = LN(X_{l-1} + A X_{l-1} W_V W_proj)`` (docs/theory.md §4).
 

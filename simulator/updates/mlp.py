@@ -10,6 +10,7 @@ check_mlp, with_mlp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,10 +18,19 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from simulator.errors import InputError
-from simulator.updates.base import ShortRepr, as_feature_vector, as_matrix, broadcast_batch
+from simulator.updates.base import (
+    ShortRepr,
+    as_feature_vector,
+    as_matrix,
+    broadcast_batch,
+    set_frozen,
+)
 from simulator.validation import FloatArray, check_choice
 
-__all__ = ["MLP", "check_mlp", "with_mlp"]
+__all__ = ["MLP", "Activation", "check_mlp", "with_mlp"]
+
+#: The activations an MLP may use.
+Activation = Literal["gelu", "relu"]
 
 
 def _gelu(Z: FloatArray) -> FloatArray:
@@ -34,10 +44,10 @@ def _relu(Z: FloatArray) -> FloatArray:
     return np.maximum(Z, 0.0)
 
 
-_ACTIVATIONS = {"gelu": _gelu, "relu": _relu}
+_ACTIVATIONS: dict[str, Callable[[FloatArray], FloatArray]] = {"gelu": _gelu, "relu": _relu}
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class MLP(ShortRepr):
     """Feed-forward sub-block ``MLP(X) = act(X W_1 + 1 b_1^T) W_2 + 1 b_2^T``.
 
@@ -57,29 +67,35 @@ class MLP(ShortRepr):
     (see :class:`~simulator.updates.softmax.SoftmaxAttentionRule`).
     """
 
-    W_1: ArrayLike
-    b_1: ArrayLike | None
-    W_2: ArrayLike
-    b_2: ArrayLike | None
-    activation: Literal["gelu", "relu"] = "gelu"
+    W_1: FloatArray
+    b_1: FloatArray
+    W_2: FloatArray
+    b_2: FloatArray
+    activation: Activation
 
-    def __post_init__(self) -> None:
-        check_choice(self.activation, "activation", tuple(_ACTIVATIONS))
-        W_1 = as_matrix(self.W_1, "W_1", None, None)
+    def __init__(
+        self,
+        W_1: ArrayLike,
+        b_1: ArrayLike | None,
+        W_2: ArrayLike,
+        b_2: ArrayLike | None,
+        activation: Activation = "gelu",
+    ) -> None:
+        check_choice(activation, "activation", tuple(_ACTIVATIONS))
+        W_1 = as_matrix(W_1, "W_1", None, None)
         d, h = W_1.shape[-2:]
-        W_2 = as_matrix(self.W_2, "W_2", h, d)
-        object.__setattr__(self, "W_1", W_1)
-        object.__setattr__(self, "W_2", W_2)
-        object.__setattr__(self, "b_1", as_feature_vector(self.b_1, "b_1", h, 0.0))
-        object.__setattr__(self, "b_2", as_feature_vector(self.b_2, "b_2", d, 0.0))
+        W_2 = as_matrix(W_2, "W_2", h, d)
+        b_1 = as_feature_vector(b_1, "b_1", h, 0.0)
+        b_2 = as_feature_vector(b_2, "b_2", d, 0.0)
         broadcast_batch(
             {
                 "W_1": W_1.shape[:-2],
-                "b_1": self.b_1.shape[:-1],
+                "b_1": b_1.shape[:-1],
                 "W_2": W_2.shape[:-2],
-                "b_2": self.b_2.shape[:-1],
+                "b_2": b_2.shape[:-1],
             }
         )
+        set_frozen(self, W_1=W_1, b_1=b_1, W_2=W_2, b_2=b_2, activation=activation)
 
     @property
     def d(self) -> int:

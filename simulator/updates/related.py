@@ -17,13 +17,13 @@ FeatScaleRule
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, SupportsFloat
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from simulator.errors import InputError
-from simulator.updates.base import SCALED, as_feature_vector
+from simulator.updates.base import SCALED, as_feature_vector, set_frozen
 from simulator.updates.linear import FixedAttentionRule
 from simulator.validation import FloatArray, as_float_array, check_choice
 
@@ -36,9 +36,9 @@ __all__ = [
 ]
 
 
-def _scalar(value: object, name: str) -> float:
+def _scalar(value: SupportsFloat, name: str) -> float:
     try:
-        number = float(value)  # type: ignore[arg-type]
+        number = float(value)
     except (TypeError, ValueError):
         raise InputError(f"`{name}` must be a real number; got {value!r}") from None
     if not np.isfinite(number):
@@ -64,7 +64,7 @@ def _first_values(cache: dict[str, Any], layer: int, key: str, values: FloatArra
     return scaled[key]
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class NeuTRENORule(FixedAttentionRule):
     """NeuTRENO (Nguyen, Nguyen & Baraniuk 2023) with fixed A (docs/theory.md §7.3, claim 27).
 
@@ -83,11 +83,11 @@ class NeuTRENORule(FixedAttentionRule):
         0.6 in the DeiT code, 0.4 for WikiText-103.
     """
 
-    lam: float = 0.6
+    lam: float
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "lam", _scalar(self.lam, "lam"))
+    def __init__(self, A: ArrayLike, W_V: ArrayLike, W_proj: ArrayLike, lam: float = 0.6) -> None:
+        super().__init__(A, W_V, W_proj)
+        set_frozen(self, lam=_scalar(lam, "lam"))
 
     @property
     def homogeneous(self) -> bool:
@@ -101,7 +101,7 @@ class NeuTRENORule(FixedAttentionRule):
         return X + (self.A @ V + self.lam * (V0 - V)) @ self.W_proj
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class ValueResidualRule(FixedAttentionRule):
     """ResFormer and SVFormer value residuals (Zhou et al. 2024) with fixed A (claim 28).
 
@@ -121,16 +121,23 @@ class ValueResidualRule(FixedAttentionRule):
         ``(w_1, w_2)``, the weights of V_1 and V_n (ResFormer's official code: 0.5, 0.5).
     """
 
-    mode: Literal["resformer", "svformer"] = "resformer"
-    weights: tuple[float, float] = (0.5, 0.5)
+    mode: Literal["resformer", "svformer"]
+    weights: tuple[float, float]
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_choice(self.mode, "mode", ("resformer", "svformer"))
-        if not isinstance(self.weights, tuple | list) or len(self.weights) != 2:
-            raise InputError(f"`weights` must be a pair (w_1, w_2); got {self.weights!r}")
-        pair = (_scalar(self.weights[0], "weights[0]"), _scalar(self.weights[1], "weights[1]"))
-        object.__setattr__(self, "weights", pair)
+    def __init__(
+        self,
+        A: ArrayLike,
+        W_V: ArrayLike,
+        W_proj: ArrayLike,
+        mode: Literal["resformer", "svformer"] = "resformer",
+        weights: tuple[float, float] | list[float] = (0.5, 0.5),
+    ) -> None:
+        super().__init__(A, W_V, W_proj)
+        check_choice(mode, "mode", ("resformer", "svformer"))
+        if not isinstance(weights, tuple | list) or len(weights) != 2:
+            raise InputError(f"`weights` must be a pair (w_1, w_2); got {weights!r}")
+        pair = (_scalar(weights[0], "weights[0]"), _scalar(weights[1], "weights[1]"))
+        set_frozen(self, mode=mode, weights=pair)
 
     @property
     def homogeneous(self) -> bool:
@@ -151,7 +158,7 @@ class ValueResidualRule(FixedAttentionRule):
         return X + (self.A @ V) @ self.W_proj
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class SimilarityRemovalRule(FixedAttentionRule):
     """Yu & Zhang (2023) similarity removal on the attention branch (claim 29).
 
@@ -168,11 +175,11 @@ class SimilarityRemovalRule(FixedAttentionRule):
         1 removes the whole low-frequency component of the branch.
     """
 
-    tau: float = 1.0
+    tau: float
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "tau", _scalar(self.tau, "tau"))
+    def __init__(self, A: ArrayLike, W_V: ArrayLike, W_proj: ArrayLike, tau: float = 1.0) -> None:
+        super().__init__(A, W_V, W_proj)
+        set_frozen(self, tau=_scalar(tau, "tau"))
 
     @property
     def homogeneous(self) -> bool:
@@ -185,7 +192,7 @@ class SimilarityRemovalRule(FixedAttentionRule):
         return X + Y - self.tau * _token_mean(Y)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class AttnScaleRule(FixedAttentionRule):
     """AttnScale (Wang et al. 2022): the high-pass part of A rescaled (docs/theory.md §7.2, claim 25).
 
@@ -201,16 +208,15 @@ class AttnScaleRule(FixedAttentionRule):
         One value, or one per system (broadcast against the batch axes).
     """
 
-    omega: ArrayLike
-    A_hat: FloatArray = field(init=False, repr=False)
+    omega: FloatArray
+    A_hat: FloatArray = field(repr=False)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        omega = _per_system(self.omega, "omega")
-        low = 1.0 / self._n
-        A_hat = low + (1.0 + omega) * (self.A - low)
-        object.__setattr__(self, "omega", omega[..., 0, 0])
-        object.__setattr__(self, "A_hat", A_hat)
+    def __init__(self, A: ArrayLike, W_V: ArrayLike, W_proj: ArrayLike, omega: ArrayLike) -> None:
+        super().__init__(A, W_V, W_proj)
+        scale = _per_system(omega, "omega")
+        low = 1.0 / self.A.shape[-1]
+        A_hat = low + (1.0 + scale) * (self.A - low)
+        set_frozen(self, omega=scale[..., 0, 0], A_hat=A_hat)
         self._extend_batch(omega=self.omega.shape)
 
     @property
@@ -223,7 +229,7 @@ class AttnScaleRule(FixedAttentionRule):
         return X + (self.A_hat @ X) @ self.M
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class FeatScaleRule(FixedAttentionRule):
     """FeatScale (Wang et al. 2022) on the attention branch (docs/theory.md §7.2, claim 26).
 
@@ -244,16 +250,23 @@ class FeatScaleRule(FixedAttentionRule):
     code_faithful : bool
     """
 
-    s_d: ArrayLike
-    s_h: ArrayLike
-    code_faithful: bool = False
+    s_d: FloatArray
+    s_h: FloatArray
+    code_faithful: bool
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        s_d = as_feature_vector(self.s_d, "s_d", self._d, 0.0)
-        s_h = as_feature_vector(self.s_h, "s_h", self._d, 0.0)
-        object.__setattr__(self, "s_d", s_d)
-        object.__setattr__(self, "s_h", s_h)
+    def __init__(
+        self,
+        A: ArrayLike,
+        W_V: ArrayLike,
+        W_proj: ArrayLike,
+        s_d: ArrayLike,
+        s_h: ArrayLike,
+        code_faithful: bool = False,
+    ) -> None:
+        super().__init__(A, W_V, W_proj)
+        s_d = as_feature_vector(s_d, "s_d", self._d, 0.0)
+        s_h = as_feature_vector(s_h, "s_h", self._d, 0.0)
+        set_frozen(self, s_d=s_d, s_h=s_h, code_faithful=code_faithful)
         self._extend_batch(s_d=s_d.shape[:-1], s_h=s_h.shape[:-1])
 
     @property

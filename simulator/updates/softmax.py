@@ -8,7 +8,7 @@ SoftmaxAttentionRule
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -23,6 +23,7 @@ from simulator.updates.base import (
     as_feature_vector,
     as_matrix,
     broadcast_batch,
+    set_frozen,
 )
 from simulator.updates.mlp import MLP, check_mlp, with_mlp
 from simulator.validation import FloatArray
@@ -42,7 +43,7 @@ def _split_rows(W: FloatArray, n_heads: int) -> FloatArray:
     return W.reshape(*batch, n_heads, rows // n_heads, d)
 
 
-@dataclass(frozen=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False, init=False)
 class SoftmaxAttentionRule(RuleBase):
     """A Transformer block whose attention is recomputed from X at every layer.
 
@@ -74,39 +75,57 @@ class SoftmaxAttentionRule(RuleBase):
     skip : bool
     """
 
-    W_Q: ArrayLike
-    W_K: ArrayLike
-    W_V: ArrayLike
-    W_proj: ArrayLike
-    n_heads: int = 1
-    norm: Literal["pre", "post"] | None = None
-    gamma: ArrayLike | None = None
-    beta: ArrayLike | None = None
-    eps: float = LN_EPS
-    mlp: MLP | None = None
-    skip: bool = True
+    W_Q: FloatArray
+    W_K: FloatArray
+    W_V: FloatArray
+    W_proj: FloatArray
+    n_heads: int
+    norm: Literal["pre", "post"] | None
+    gamma: FloatArray
+    beta: FloatArray
+    eps: float
+    mlp: MLP | None
+    skip: bool
+    #: The per-head blocks of W_Q, W_K, W_V (``(..., h, d, k)``) and of W_proj (``(..., h, k, d)``).
+    _query_heads: FloatArray = field(repr=False)
+    _key_heads: FloatArray = field(repr=False)
+    _value_heads: FloatArray = field(repr=False)
+    _proj_heads: FloatArray = field(repr=False)
 
-    def __post_init__(self) -> None:
-        if self.norm not in (None, "pre", "post"):
-            raise InputError(f"`norm` must be one of None, 'pre', 'post'; got {self.norm!r}")
-        if isinstance(self.n_heads, bool) or not isinstance(self.n_heads, int | np.integer):
-            raise InputError(f"`n_heads` must be a positive integer; got {self.n_heads!r}")
-        h = int(self.n_heads)
+    def __init__(
+        self,
+        W_Q: ArrayLike,
+        W_K: ArrayLike,
+        W_V: ArrayLike,
+        W_proj: ArrayLike,
+        n_heads: int = 1,
+        norm: Literal["pre", "post"] | None = None,
+        gamma: ArrayLike | None = None,
+        beta: ArrayLike | None = None,
+        eps: float = LN_EPS,
+        mlp: MLP | None = None,
+        skip: bool = True,
+    ) -> None:
+        if norm not in (None, "pre", "post"):
+            raise InputError(f"`norm` must be one of None, 'pre', 'post'; got {norm!r}")
+        if isinstance(n_heads, bool) or not isinstance(n_heads, int | np.integer):
+            raise InputError(f"`n_heads` must be a positive integer; got {n_heads!r}")
+        h = int(n_heads)
         if h <= 0:
-            raise InputError(f"`n_heads` must be a positive integer; got {self.n_heads!r}")
-        W_Q = as_matrix(self.W_Q, "W_Q", None, None)
+            raise InputError(f"`n_heads` must be a positive integer; got {n_heads!r}")
+        W_Q = as_matrix(W_Q, "W_Q", None, None)
         d, qk = W_Q.shape[-2:]
-        W_K = as_matrix(self.W_K, "W_K", d, qk)
-        W_V = as_matrix(self.W_V, "W_V", d, None)
-        W_proj = as_matrix(self.W_proj, "W_proj", W_V.shape[-1], d)
+        W_K = as_matrix(W_K, "W_K", d, qk)
+        W_V = as_matrix(W_V, "W_V", d, None)
+        W_proj = as_matrix(W_proj, "W_proj", W_V.shape[-1], d)
         for name, cols in (("W_Q", qk), ("W_V", W_V.shape[-1])):
             if cols % h:
                 raise InputError(
                     f"`{name}` must have a column count divisible by n_heads={h}; got {cols}"
                 )
-        gamma = as_feature_vector(self.gamma, "gamma", d, 1.0)
-        beta = as_feature_vector(self.beta, "beta", d, 0.0)
-        check_mlp(self.mlp, d)
+        gamma = as_feature_vector(gamma, "gamma", d, 1.0)
+        beta = as_feature_vector(beta, "beta", d, 0.0)
+        check_mlp(mlp, d)
         batch = broadcast_batch(
             {
                 "W_Q": W_Q.shape[:-2],
@@ -117,25 +136,18 @@ class SoftmaxAttentionRule(RuleBase):
                 "beta": beta.shape[:-1],
             }
         )
-        values: dict[str, Any] = {
-            "W_Q": W_Q,
-            "W_K": W_K,
-            "W_V": W_V,
-            "W_proj": W_proj,
-            "n_heads": h,
-            "gamma": gamma,
-            "beta": beta,
-            "eps": as_eps(self.eps),
-            "_query_heads": _split_columns(W_Q, h),
-            "_key_heads": _split_columns(W_K, h),
-            "_value_heads": _split_columns(W_V, h),
-            "_proj_heads": _split_rows(W_proj, h),
-            "_n": None,
-            "_d": int(d),
-            "_batch": batch,
-        }
-        for name, value in values.items():
-            object.__setattr__(self, name, value)
+        set_frozen(self, W_Q=W_Q, W_K=W_K, W_V=W_V, W_proj=W_proj, n_heads=h, norm=norm)
+        set_frozen(self, gamma=gamma, beta=beta, eps=as_eps(eps), mlp=mlp, skip=skip)
+        set_frozen(
+            self,
+            _query_heads=_split_columns(W_Q, h),
+            _key_heads=_split_columns(W_K, h),
+            _value_heads=_split_columns(W_V, h),
+            _proj_heads=_split_rows(W_proj, h),
+            _n=None,
+            _d=int(d),
+            _batch=batch,
+        )
 
     @property
     def homogeneous(self) -> bool:
