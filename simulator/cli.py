@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
+from typing import NoReturn
 
 from simulator.errors import OversmoothError
 
@@ -20,7 +21,7 @@ ENTRY_POINT_GROUP = "oversmooth.commands"
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors (exit 2), like every other bad input."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

@@ -23,7 +23,7 @@ from simulator.validation import check_choice, check_positive_int
 __all__ = ["parse_rule_params", "register", "run"]
 
 #: Defaults of the synthetic options (:func:`simulator.systems.draw_system`'s arguments).
-SYNTHETIC_DEFAULTS = {
+SYNTHETIC_DEFAULTS: dict[str, Any] = {
     "n": 16,
     "d": 8,
     "a_kind": "symmetric",

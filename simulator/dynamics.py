@@ -77,6 +77,8 @@ STOP_REASONS = ("completed", "floor", "overflow", "nonfinite")
 _SVD_METRICS = frozenset({"sigma_ratio", "rank1_residual", "effective_rank"})
 
 StopReason = Literal["completed", "floor", "overflow", "nonfinite"]
+#: One flag per system.
+BoolArray = NDArray[np.bool_]
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,7 +204,7 @@ class _Recorder:
         self.floor_layer = np.full(batch, -1, dtype=np.intp)
         self.check_rank = bool(_SVD_METRICS & set(names))
 
-    def record(self, layer: int, X: FloatArray, log_norm: FloatArray, zero: FloatArray) -> None:
+    def record(self, layer: int, X: FloatArray, log_norm: FloatArray, zero: BoolArray) -> None:
         computed = {
             name: np.asarray(value, dtype=np.float64)
             for name, value in all_metrics(X, self.names).items()
@@ -213,7 +215,7 @@ class _Recorder:
         at_floor = zero | self._below_floor(X, computed)
         self.floor_layer[(self.floor_layer < 0) & at_floor] = layer
 
-    def _below_floor(self, X: FloatArray, computed: dict[str, FloatArray]) -> FloatArray:
+    def _below_floor(self, X: FloatArray, computed: dict[str, FloatArray]) -> BoolArray:
         if self.floor is None:
             return np.zeros(self.floor_layer.shape, dtype=bool)
         ratio = computed["hfc_lfc"] if "hfc_lfc" in computed else hfc_lfc(X)
@@ -395,11 +397,13 @@ def fit_rate(values: ArrayLike, layers: ArrayLike | None = None) -> float:
         ``rho = exp(slope)``; below 1 for a decaying sequence.
     """
     y = np.abs(np.asarray(values, dtype=np.float64)).ravel()
-    x = np.arange(y.size, dtype=np.float64) if layers is None else as_float_array(layers, "layers")
-    x = np.ravel(x)
+    given = (
+        np.arange(y.size, dtype=np.float64) if layers is None else as_float_array(layers, "layers")
+    )
+    x = np.ravel(given)
     if x.shape != y.shape:
         raise InputError(
-            f"`layers` must have one entry per value ({y.size}); got shape {np.shape(layers)}"
+            f"`layers` must have one entry per value ({y.size}); got shape {given.shape}"
         )
     usable = np.isfinite(y) & (y > 0)
     if np.count_nonzero(usable) < 2 or np.ptp(x[usable]) == 0:

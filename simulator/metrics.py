@@ -51,7 +51,7 @@ def _tokens(X: ArrayLike) -> FloatArray:
     return X
 
 
-def _safe_divide(num: FloatArray, den: FloatArray) -> FloatArray:
+def _safe_divide(num: ArrayLike, den: ArrayLike) -> FloatArray:
     """num / den for den >= 0: 0/0 -> nan, positive/0 -> inf, without floating-point warnings."""
     num, den = np.broadcast_arrays(np.asarray(num, float), np.asarray(den, float))
     out = np.full(num.shape, np.nan)
@@ -137,7 +137,7 @@ def cosine(X: ArrayLike, *, absolute: bool = False) -> FloatArray:
 
 
 def _singular_values(X: FloatArray) -> FloatArray:
-    return np.linalg.svd(X, compute_uv=False)
+    return np.asarray(np.linalg.svd(X, compute_uv=False), dtype=np.float64)
 
 
 def _sigma_ratio(s: FloatArray) -> FloatArray:
@@ -276,8 +276,12 @@ def all_metrics(X: ArrayLike, names: Iterable[str] | None = None) -> dict[str, F
     unknown = [name for name in wanted if name not in METRICS]
     if unknown:
         raise InputError(f"metric names must be among {', '.join(METRICS)}; got {unknown[0]!r}")
-    s = _singular_values(X) if any(name in _FROM_SINGULAR_VALUES for name in wanted) else None
-    return {
-        name: _FROM_SINGULAR_VALUES[name](s) if name in _FROM_SINGULAR_VALUES else METRICS[name](X)
-        for name in wanted
-    }
+    s: FloatArray | None = None  # computed on first need, then shared
+    values: dict[str, FloatArray] = {}
+    for name in wanted:
+        if name in _FROM_SINGULAR_VALUES:
+            s = _singular_values(X) if s is None else s
+            values[name] = _FROM_SINGULAR_VALUES[name](s)
+        else:
+            values[name] = METRICS[name](X)
+    return values

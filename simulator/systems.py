@@ -23,6 +23,7 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -196,8 +197,11 @@ def save_system(path: str | os.PathLike[str], system: System, *, label: str = "o
     -------
     pathlib.Path
     """
+    # Not savez's allow_pickle keyword (NumPy 2.1+; older versions would store it as an array), so
+    # the arrays are typed loosely: the stub checks every **kwds value against allow_pickle: bool.
+    named: dict[str, Any] = system.arrays()
     with atomic_output(path, "wb", label=label) as handle:
-        np.savez(handle, **system.arrays())
+        np.savez(handle, **named)
     return Path(path)
 
 

@@ -52,7 +52,7 @@ class IntRange:
         return (
             isinstance(value, int | np.integer)
             and not isinstance(value, bool)
-            and self.low <= value <= self.high
+            and bool(self.low <= value <= self.high)
         )
 
 

@@ -19,6 +19,7 @@ from simulator.checks.core import (
     Choice,
     FloatRange,
     IntRange,
+    ParamSpec,
 )
 from simulator.checks.shared import (
     D_RANGE,
@@ -142,8 +143,9 @@ def _non_perron_system(p: Mapping[str, Any], gen: np.random.Generator) -> Linear
     return LinearSystem(A, H, spectra.random_tokens(n, d, rng=gen))
 
 
-def _non_perron_run(p: Mapping[str, Any]) -> tuple[theory.Prediction, FloatArray]:
-    """A filtered S3 instance (a real, single-row dominating mode, rate <= 0.97) and its X_L."""
+def _non_perron_run(p: Mapping[str, Any]) -> tuple[float, float, FloatArray]:
+    """A filtered S3 instance (a real, single-row dominating mode, rate <= 0.97): the predicted
+    HFC/LFC and cosine limits, and X_L."""
 
     def accept(system: LinearSystem) -> bool:
         prediction = theory.predict(system.A, system.H)
@@ -151,30 +153,31 @@ def _non_perron_run(p: Mapping[str, Any]) -> tuple[theory.Prediction, FloatArray
 
     system = scan(p["seed"], lambda gen: _non_perron_system(p, gen), accept)
     prediction = theory.predict(system.A, system.H)
+    hfc_limit, cosine_limit = prediction.hfc_lfc_limit, prediction.cosine_limit
+    if hfc_limit is None or cosine_limit is None:  # accept() kept only instances with limits
+        raise RuntimeError("theory.predict gave no limits for an accepted non-Perron instance")
     # When u_1 is nearly orthogonal to 1 the limit is large and the LFC tiny: corrections to the
     # LFC are amplified by the limit itself, so converge that much further.
-    amplification = max(1.0, prediction.hfc_lfc_limit or 1.0)
+    amplification = max(1.0, hfc_limit)
     layers = layers_for(rows_rate(system)[0], 1e-9 / amplification)
     trajectory = iterate_quietly(linear_rule(system.A, system.H), system.X0, layers, ("hfc_lfc",))
-    return prediction, trajectory.final
+    return hfc_limit, cosine_limit, trajectory.final
 
 
 def _non_perron_hfc_limit(p: Mapping[str, Any]) -> float:
-    prediction, X = _non_perron_run(p)
-    limit = prediction.hfc_lfc_limit
+    limit, _, X = _non_perron_run(p)
     error = relative(abs(float(metrics.hfc_lfc(X)) - limit), limit)
     return min(tolerance_margin(error, LIMIT_RTOL), decades_above(limit, 1e-12))
 
 
 def _non_perron_cosine_limit(p: Mapping[str, Any]) -> float:
-    prediction, X = _non_perron_run(p)
-    limit = prediction.cosine_limit
+    _, limit, X = _non_perron_run(p)
     error = abs(float(metrics.cosine(X)) - limit)
     return min(tolerance_margin(error, LIMIT_RTOL), 1.0 - limit)
 
 
 def _non_perron_rank_collapse(p: Mapping[str, Any]) -> float:
-    _, X = _non_perron_run(p)
+    _, _, X = _non_perron_run(p)
     return decades_below(float(metrics.sigma_ratio(X)))
 
 
@@ -338,7 +341,7 @@ def _alternating_sign(p: Mapping[str, Any]) -> float:
     return min(smoothing, -worst_cos)
 
 
-_DYNAMIC = {"n": IntRange(4, 12), "d": IntRange(2, 8), "scale": SCALE_RANGE}
+_DYNAMIC: dict[str, ParamSpec] = {"n": IntRange(4, 12), "d": IntRange(2, 8), "scale": SCALE_RANGE}
 
 # ----------------------------------------------------------------------------------------------
 # the registry

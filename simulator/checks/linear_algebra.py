@@ -143,7 +143,8 @@ def _closed_form(p: Mapping[str, Any]) -> float:
         uniform_spectrum(gen, d, p["h_low"], p["h_low"] + p["h_width"]), rng=gen
     )
     X0 = spectra.random_tokens(n, d, rng=gen)
-    rule, X, cache = linear_rule(A, H), X0.copy(), {}
+    cache: dict[str, Any] = {}
+    rule, X = linear_rule(A, H), X0.copy()
     for layer in range(L):
         X = rule(X, layer, cache)
     term, total, magnitude = X0.copy(), np.zeros_like(X0), 0.0
@@ -182,15 +183,15 @@ def _metric_invariance(p: Mapping[str, Any]) -> float:
     X = spectra.random_tokens(p["n"], p["d"], rng=gen)
     c = p["sign"] * 10.0 ** p["log10_c"]
     Q = orthogonal(p["d"], gen)
-    ratio, ratio_scaled, ratio_rotated = (metrics.hfc_lfc(Y) for Y in (X, c * X, X @ Q))
+    ratio, ratio_scaled, ratio_rotated = (float(metrics.hfc_lfc(Y)) for Y in (X, c * X, X @ Q))
     errors = [
         relative(abs(ratio_scaled - ratio), ratio),
         relative(abs(ratio_rotated - ratio), ratio),
-        abs(metrics.cosine(c * X) - metrics.cosine(X)),
-        abs(metrics.sigma_ratio(c * X) - metrics.sigma_ratio(X)),
-        abs(metrics.sigma_ratio(X @ Q) - metrics.sigma_ratio(X)),
+        abs(float(metrics.cosine(c * X) - metrics.cosine(X))),
+        abs(float(metrics.sigma_ratio(c * X) - metrics.sigma_ratio(X))),
+        abs(float(metrics.sigma_ratio(X @ Q) - metrics.sigma_ratio(X))),
     ]
-    return tolerance_margin(float(max(errors)), 1e3 * STEP_RTOL)
+    return tolerance_margin(max(errors), 1e3 * STEP_RTOL)
 
 
 # ----------------------------------------------------------------------------------------------

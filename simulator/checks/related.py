@@ -117,7 +117,8 @@ def _value_residual_algebra(p: Mapping[str, Any]) -> float:
     W_O = gen.standard_normal((d_v, d)) / math.sqrt(d_v)
     X0 = spectra.random_tokens(n, d, rng=gen)
     rule = updates.ValueResidualRule(A, W_V, W_O, mode=p["mode"])
-    V1, X, cache, worst = X0 @ W_V, X0, {}, 0.0
+    cache: dict[str, Any] = {}
+    V1, X, worst = X0 @ W_V, X0, 0.0
     for layer in range(p["layers"]):
         if layer == 0:
             values = X @ W_V

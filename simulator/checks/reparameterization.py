@@ -45,7 +45,7 @@ def _pre_ln_effective_product(p: Mapping[str, Any]) -> float:
     c = p["c"]
     negative = updates.PreLNRule(A, W_V, W_proj, gamma=-c)(X, 0, {})
     folded = updates.PreLNRule(A, W_V, -c * W_proj)(X, 0, {})
-    gamma = np.random.default_rng([p["seed"], 1]).uniform(-2.0, 2.0, X.shape[1])
+    gamma = np.random.default_rng([p["seed"], 1]).uniform(-2.0, 2.0, int(X.shape[1]))
     general = updates.PreLNRule(A, W_V, W_proj, gamma=gamma)(X, 0, {})
     general_folded = updates.PreLNRule(A, gamma[:, None] * W_V, W_proj)(X, 0, {})
     spectrum = theory.value_spectrum(W_V, W_proj)

@@ -151,7 +151,7 @@ class LinearSystem(NamedTuple):
     X0: FloatArray
 
 
-def eig(A: ArrayLike) -> NDArray[np.complex128]:
+def eig(A: FloatArray) -> NDArray[np.complex128]:
     """Eigenvalues of a square matrix, as complex128."""
     return np.linalg.eigvals(A).astype(np.complex128)
 
