@@ -1,4 +1,4 @@
-"""What every update rule shares: argument validation, the short ``repr`` and the input check.
+"""The UpdateRule protocol, and what every rule shares: argument validation, repr, input check.
 
 Public API
 ----------

@@ -46,7 +46,7 @@ RULES: dict[str, type[UpdateRule]] = {
 }
 
 #: Names accepted by :func:`rule_from_system`, each with its class and fixed keyword arguments.
-_SYSTEM_RULES: dict[str, tuple[type, dict[str, Any]]] = {
+_SYSTEM_RULES: dict[str, tuple[type[FixedAttentionRule], dict[str, Any]]] = {
     "linear": (LinearRule, {}),
     "no-skip": (LinearRule, {"skip": False}),
     "pre-ln": (PreLNRule, {}),
@@ -108,7 +108,8 @@ def rule_from_system(
 
     Returns
     -------
-    rule
+    FixedAttentionRule
+        The rule: an :class:`~simulator.updates.UpdateRule` with ``H``, ``M`` and the arrays.
     """
     check_choice(name, "rule", SYSTEM_RULES)
     unknown = sorted(set(options) - set(RULE_OPTIONS[name]))
