@@ -434,9 +434,11 @@ class Runner:
         ort = _ort()
         self._ort_version = ort.__version__
         so = session_options(self._options.threads, self._options.optimization)  # type: ignore[arg-type]
+        external = uses_external_data(proto.graph)
+        serialized = b""
         with _exposed_outputs(proto, exposed, include_outputs) as names:
             self.output_names = names
-            if uses_external_data(proto.graph):
+            if external:  # onnxruntime resolves the data files next to a temporary copy
                 if model.path is None:
                     raise RunnerError(
                         "a model with external data needs its folder; got an in-memory model"
@@ -445,9 +447,7 @@ class Runner:
                     self.session, self.provider_note = _open_session(ort, tmp, so, self.provider)
             else:
                 serialized = proto.SerializeToString()
-        if not uses_external_data(proto.graph):
-            # The outputs are restored first, so only one serialized copy exists while onnxruntime
-            # parses its own.
+        if not external:  # the caller's graph has its own outputs back before onnxruntime parses
             self.session, self.provider_note = _open_session(ort, serialized, so, self.provider)
             del serialized
         self.provider_used: list[str] = list(self.session.get_providers())
