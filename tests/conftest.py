@@ -2,7 +2,8 @@
 strict floating point.
 
 Hermetic by construction: before any test module is imported, the oversmooth model cache
-(``OVERSMOOTH_CACHE``) and matplotlib's config/cache folder (``MPLCONFIGDIR``) point into one
+(``OVERSMOOTH_CACHE``), matplotlib's config/cache folder (``MPLCONFIGDIR``) and the XDG cache folder
+that onnxruntime writes to (``XDG_CACHE_HOME``) point into one
 temporary folder per test session, removed at the end; CLI subprocesses inherit them. Nothing is
 written into the user's home folder.
 """
@@ -22,6 +23,9 @@ from hypothesis import HealthCheck, settings
 SESSION_HOME = Path(tempfile.mkdtemp(prefix="oversmooth-tests-"))
 os.environ["OVERSMOOTH_CACHE"] = str(SESSION_HOME / "cache")
 os.environ["MPLCONFIGDIR"] = str(SESSION_HOME / "matplotlib")
+# Everything else that caches by the XDG convention (onnxruntime writes a device id and a telemetry
+# database under $XDG_CACHE_HOME/Microsoft, else ~/.cache/Microsoft).
+os.environ["XDG_CACHE_HOME"] = str(SESSION_HOME / "xdg-cache")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -136,7 +136,11 @@ def test_tests_write_their_caches_outside_the_home_folder() -> None:
 
     from importers.zoo import cache_dir
 
-    for folder in (cache_dir(), Path(os.environ["MPLCONFIGDIR"])):
+    for folder in (
+        cache_dir(),
+        Path(os.environ["MPLCONFIGDIR"]),
+        Path(os.environ["XDG_CACHE_HOME"]),
+    ):
         assert folder.is_relative_to(tempfile.gettempdir()), folder
         assert not folder.is_relative_to(Path.home()), folder
 
