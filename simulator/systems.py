@@ -289,7 +289,14 @@ def draw_system(
         "doubly-stochastic": attention_doubly_stochastic,
         "general": attention_general,
     }[a_kind]
-    A = draw_a(n, scale=scale, rng=rng)
+    try:
+        with np.errstate(over="raise", invalid="raise"):  # no raw RuntimeWarning reaches the user
+            A = draw_a(n, scale=scale, rng=rng)
+    except FloatingPointError:
+        raise InputError(
+            f"`{label['scale']}` must keep the attention logits finite in float64; {scale!r} "
+            f"overflows"
+        ) from None
     H = h_symmetric(rng.uniform(low, high, d), rng=rng)
     X0 = random_tokens(n, d, rng=rng)
     g = None if gamma is None else np.full(d, float(gamma))

@@ -46,6 +46,12 @@ def _scalar(value: SupportsFloat, name: str) -> float:
     return number
 
 
+def _at_least(values: float | FloatArray, name: str, low: float, why: str) -> None:
+    """Refuse parameters outside the method's domain (``why`` says what leaving it would mean)."""
+    if np.any(np.asarray(values) < low):
+        raise InputError(f"`{name}` must be at least {low:g} ({why}); got {values!r}")
+
+
 def _per_system(value: ArrayLike, name: str) -> FloatArray:
     """A scalar or one value per system (batch shape), ready to broadcast over ``(n, n)``."""
     return as_float_array(value, name)[..., None, None]
@@ -80,14 +86,19 @@ class NeuTRENORule(FixedAttentionRule):
     W_V : (..., d, d_v) array_like
     W_proj : (..., d_v, d) array_like
     lam : float
-        0.6 in the DeiT code, 0.4 for WikiText-103.
+        0.6 in the DeiT code, 0.4 for WikiText-103; must be non-negative (a correction towards
+        V_0; a negative lam would push away from it).
     """
 
     lam: float
 
     def __init__(self, A: ArrayLike, W_V: ArrayLike, W_proj: ArrayLike, lam: float = 0.6) -> None:
         super().__init__(A, W_V, W_proj)
-        set_frozen(self, lam=_scalar(lam, "lam"))
+        lam = _scalar(lam, "lam")
+        _at_least(
+            lam, "lam", 0.0, "NeuTRENO pulls the values towards V_0; a negative lam pushes away"
+        )
+        set_frozen(self, lam=lam)
 
     @property
     def homogeneous(self) -> bool:
@@ -172,13 +183,16 @@ class SimilarityRemovalRule(FixedAttentionRule):
     W_V : (..., d, d_v) array_like
     W_proj : (..., d_v, d) array_like
     tau : float
-        1 removes the whole low-frequency component of the branch.
+        1 removes the whole low-frequency component of the branch; any real value is accepted
+        (outside [0, 1] the mean is over- or under-removed, as the claim 29 check exercises).
     """
 
     tau: float
 
     def __init__(self, A: ArrayLike, W_V: ArrayLike, W_proj: ArrayLike, tau: float = 1.0) -> None:
         super().__init__(A, W_V, W_proj)
+        # Any real tau is kept: the algebra (LFC scales by 1 - tau, HFC unchanged; claim 29) holds
+        # for all of them, and tau outside [0, 1] over- or under-removes the mean on purpose.
         set_frozen(self, tau=_scalar(tau, "tau"))
 
     @property
@@ -205,7 +219,8 @@ class AttnScaleRule(FixedAttentionRule):
     W_V : (..., d, d_v) array_like
     W_proj : (..., d_v, d) array_like
     omega : float or (...) array_like
-        One value, or one per system (broadcast against the batch axes).
+        One value, or one per system (broadcast against the batch axes); at least -1, so that the
+        high-pass part keeps its sign (-1 gives the uniform matrix 11^T/n).
     """
 
     omega: FloatArray
@@ -214,6 +229,7 @@ class AttnScaleRule(FixedAttentionRule):
     def __init__(self, A: ArrayLike, W_V: ArrayLike, W_proj: ArrayLike, omega: ArrayLike) -> None:
         super().__init__(A, W_V, W_proj)
         scale = _per_system(omega, "omega")
+        _at_least(scale, "omega", -1.0, "below -1 the high-pass part of A changes sign")
         low = 1.0 / self.A.shape[-1]
         A_hat = low + (1.0 + scale) * (self.A - low)
         set_frozen(self, omega=scale[..., 0, 0], A_hat=A_hat)

@@ -470,3 +470,27 @@ def test_check_tokens_names_the_mismatch():
     with pytest.raises(InputError, match="3 features"):
         rule.check_tokens(X[:, :2], "X0")
     np.testing.assert_array_equal(rule.check_tokens(X), X)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda A, W: NeuTRENORule(A, W, W, lam=-0.1), "`lam` must be at least 0"),
+        (lambda A, W: AttnScaleRule(A, W, W, omega=-1.5), "`omega` must be at least -1"),
+    ],
+    ids=["neutreno-lam", "attnscale-omega"],
+)
+def test_rule_parameters_outside_the_methods_domain_are_refused(build, message) -> None:
+    A = np.full((3, 3), 1 / 3)
+    with pytest.raises(InputError, match=message):
+        build(A, np.eye(2))
+
+
+def test_similarity_removal_accepts_any_real_tau() -> None:
+    """Stated, not refused: the (1 - tau) scaling of the token mean holds for every real tau."""
+    A = np.full((3, 3), 1 / 3)
+    X = np.arange(6.0).reshape(3, 2)
+    for tau in (-5.0, 0.0, 1.0, 2.5):
+        Y = SimilarityRemovalRule(A, np.eye(2), np.eye(2), tau=tau)(X, 0, {}) - X
+        branch = LinearRule(A, np.eye(2), np.eye(2))(X, 0, {}) - X
+        np.testing.assert_allclose(Y.mean(axis=0), (1 - tau) * branch.mean(axis=0), atol=STEP_ATOL)
