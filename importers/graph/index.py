@@ -162,7 +162,7 @@ class GraphIndex:
             tensor = self._with_external_bytes(tensor)
         try:
             return numpy_helper.to_array(tensor)
-        except (ValueError, TypeError) as err:
+        except (ValueError, TypeError, KeyError) as err:  # KeyError: an unknown data type
             raise ModelFileError(
                 f"initializer {tensor.name!r} cannot be decoded (dims {list(tensor.dims)}, "
                 f"data type {tensor.data_type}): {err}; the model file may be truncated"

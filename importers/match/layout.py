@@ -242,12 +242,17 @@ class LayoutProbe(GraphWalker):
         return np.argsort(rows[0])
 
 
+#: A static export's (batch x sequence) the probe will reproduce; a hostile Reshape declaring more
+#: (say 2^20 x 2^20) is not probed at that size: its Softmax is rejected instead of allocating.
+MAX_PROBE_TOKENS = 2**16
+
+
 def _static_sizes(target: np.ndarray | None, value: np.ndarray) -> tuple[int, int] | None:
     """(batch, sequence) spelled out by a static head-split target such as [1, 197, 12, 64]."""
     if target is None or value.ndim != 3:
         return None
     dims = [int(d) for d in np.ravel(target)]
-    if len(dims) < 3 or dims[0] <= 0 or dims[1] <= 0:
+    if len(dims) < 3 or dims[0] <= 0 or dims[1] <= 0 or dims[0] * dims[1] > MAX_PROBE_TOKENS:
         return None
     features = dims[2:]
     known = math.prod(d for d in features if d > 0)

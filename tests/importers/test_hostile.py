@@ -505,3 +505,38 @@ def test_std_with_reparam_is_refused_not_ignored(tmp_path, capsys):
     )
     assert status == 2
     assert_one_line_error(err, "--random-init only")
+
+
+def test_an_initializer_of_unknown_data_type_is_one_line(tmp_path, capsys):
+    model = VARIANTS["bert_legacy"](0).model
+    tensor = next(t for t in model.graph.initializer if t.dims and np.prod(t.dims) > 16)
+    tensor.data_type = 999
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    status, _, err = run_cli(capsys, "weights", path, "--out", tmp_path / "w.npz")
+    assert status in (1, 2)
+    assert_one_line_error(err)
+    assert not (tmp_path / "w.npz").exists()
+
+
+def test_a_static_reshape_declaring_huge_sizes_is_not_probed_at_that_size(tmp_path, capsys):
+    """A head-split Reshape spelling out batch 2^20 x sequence 2^20 ends in a rejection with its
+    reason (the probe is not retried at that size: MAX_PROBE_TOKENS)."""
+    from tests.importers.test_variants import freeze_shapes
+
+    case = VARIANTS["bert_legacy"](0)
+    model = freeze_shapes(case.model, {k: v[:1] for k, v in case.inputs.items()}, fix_inputs=False)
+    targets = {node.input[1] for node in model.graph.node if node.op_type == "Reshape"}
+    changed = 0
+    for tensor in model.graph.initializer:
+        if tensor.name in targets and list(tensor.dims) == [4]:
+            values = onnx.numpy_helper.to_array(tensor).copy()
+            values[:2] = 2**20
+            tensor.CopyFrom(onnx.numpy_helper.from_array(values, tensor.name))
+            changed += 1
+    assert changed
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    status, _, err = run_cli(capsys, "inspect", path)
+    assert status == 1
+    assert_one_line_error(err, "no attention block", "cannot reshape")
