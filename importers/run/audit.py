@@ -277,6 +277,8 @@ def audit(
     fed = {spec.name for spec in graph.inputs}  # e.g. a model that reads embeddings
     notes: list[str] = []
     inputs = default_inputs(graph.inputs, ref.entry) if inputs is None else inputs
+    if inputs.batch_size == 0:
+        raise ImporterInputError("`inputs` must hold at least one item; got none")
     if inputs.random:
         notes.append(
             "inputs are RANDOM, not real data: smoothing of noise says little about the model"

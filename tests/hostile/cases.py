@@ -201,6 +201,16 @@ def input_cases() -> Iterator[Case]:
         "audit-npz-wrong-key", lambda f: _audit(f, "--inputs", _npz(f, ids=np.zeros((1, 6))))
     )
     yield Case(
+        "audit-npz-zero-items",
+        lambda f: _audit(
+            f,
+            "--inputs",
+            _npz(
+                f, input_ids=np.zeros((0, 6), np.int64), attention_mask=np.zeros((0, 6), np.int64)
+            ),
+        ),
+    )
+    yield Case(
         "audit-npz-float-ids",
         lambda f: _audit(f, "--inputs", _npz(f, **_feeds(ids=np.zeros((2, 6))))),
     )
