@@ -89,7 +89,7 @@ def save_outputs(
     """Write ``NAME.csv``, ``NAME.json`` and ``NAME.png`` into ``out``, each atomically."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.csv", out / f"{name}.json", out / f"{name}.png"]
-    write_tidy_csv(paths[0], columns, rows)
+    write_tidy_csv(paths[0], columns, rows, replace_any=True)  # the gallery folder is ours
     write_json(paths[1], _sorted_keys(meta))
     save_png(fig, paths[2])
     return paths

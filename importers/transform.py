@@ -188,32 +188,67 @@ def _reparameterize_block(
 
 def _matched_with_weights(
     model: str | os.PathLike[str],
-) -> tuple[list[AttentionBlock], onnx.ModelProto]:
+) -> tuple[Path, list[AttentionBlock], onnx.ModelProto]:
     """Parse the model once: its attention blocks (refusing models without any, with the
     importer's message), then its proto with every external tensor read in (from inside its
     folder only: the loader has checked every location)."""
     from onnx.external_data_helper import load_external_data_for_model
 
-    loaded = load_model(lookup(model).path)
+    path = lookup(model).path
+    loaded = load_model(path)
     blocks = find_attention_blocks(loaded).blocks
     if loaded.path is not None:
         load_external_data_for_model(loaded.proto, os.fspath(loaded.path.parent))
-    return blocks, loaded.proto
+    return path, blocks, loaded.proto
 
 
-def _save(model: onnx.ModelProto, out: str | os.PathLike[str]) -> Path:
+#: The metadata key that marks a model file as written by this module (so it may be replaced).
+TRANSFORM_KEY = "oversmooth.transform"
+
+
+def is_transformed_model(path: Path) -> bool:
+    """Whether ``path`` is an ONNX file written by :func:`reparameterize` or :func:`random_init`."""
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(path.read_bytes())
+    except Exception:  # protobuf decode errors have no common base
+        return False
+    return any(entry.key == TRANSFORM_KEY for entry in proto.metadata_props)
+
+
+def _save(
+    model: onnx.ModelProto, out: str | os.PathLike[str], source: Path, what: str, force: bool
+) -> Path:
+    """Write ``model`` atomically to ``out``, marked as ours; never over its own source file, and
+    over another existing file only when it is an earlier transform or ``force``."""
     target = Path(out)
+    try:
+        onto_source = target.exists() and target.resolve() == source.resolve()
+    except (OSError, ValueError):  # a name the file system refuses: atomic_output says so below
+        onto_source = False
+    if onto_source:
+        raise ImporterInputError(
+            f"`out` must differ from the model it transforms; got {str(out)!r} for both"
+        )
+    del model.metadata_props[:]  # the source's own marks would claim a file we did not write
+    entry = model.metadata_props.add()
+    entry.key, entry.value = TRANSFORM_KEY, what
     if model.ByteSize() > 2**31 - 2**26:
         raise TransformError(
             "the transformed model exceeds 2 GB; saving with external data is not supported yet"
         )
-    with atomic_output(target, "wb") as handle:
+    ours = None if force else is_transformed_model
+    with atomic_output(target, "wb", label="out", ours=ours) as handle:
         handle.write(model.SerializeToString())
     return target
 
 
 def reparameterize(
-    model: str | os.PathLike[str], sign: Literal["plus", "minus"], out: str | os.PathLike[str]
+    model: str | os.PathLike[str],
+    sign: Literal["plus", "minus"],
+    out: str | os.PathLike[str],
+    *,
+    force: bool = False,
 ) -> Path:
     """Write a copy of ``model`` whose every head has ``W_V^h W_O^h = Q Λ Q^T`` of the given sign.
 
@@ -229,10 +264,10 @@ def reparameterize(
     Path
     """
     check_choice(sign, "sign", ("plus", "minus"), error=ImporterInputError)
-    blocks, proto = _matched_with_weights(model)
+    source, blocks, proto = _matched_with_weights(model)
     for block in blocks:
         _reparameterize_block(proto, block, sign)
-    return _save(proto, out)
+    return _save(proto, out, source, f"reparam {sign}", force)
 
 
 def _weight_matrices(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
@@ -248,7 +283,12 @@ def _weight_matrices(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
 
 
 def random_init(
-    model: str | os.PathLike[str], out: str | os.PathLike[str], *, std: float = 0.02, seed: int = 0
+    model: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    std: float = 0.02,
+    seed: int = 0,
+    force: bool = False,
 ) -> Path:
     """Write a copy of ``model`` with every float weight matrix redrawn from N(0, std²).
 
@@ -267,7 +307,7 @@ def random_init(
     if not np.isfinite(std) or std <= 0:
         raise TransformError(f"`std` must be a positive number; got {std!r}")
     rng = as_generator(seed, error=ImporterInputError)
-    _, proto = _matched_with_weights(model)
+    source, _, proto = _matched_with_weights(model)
     for tensor in list(_weight_matrices(proto)):
         dtype = numpy_helper.to_array(tensor).dtype
         with np.errstate(over="ignore"):  # checked just below
@@ -278,4 +318,4 @@ def random_init(
                 f"initializer {tensor.name!r}"
             )
         tensor.CopyFrom(numpy_helper.from_array(fresh, tensor.name))
-    return _save(proto, out)
+    return _save(proto, out, source, f"random-init std={std!r} seed={seed}", force)

@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--layers", type=int, required=True, help="number of layers L")
     parser.add_argument("--out", required=True, metavar="TRAJ.csv", help="tidy per-layer metrics")
     parser.add_argument("--save-system", metavar="SYS.npz", help="also write the system used")
+    parser.add_argument(
+        "--force", action="store_true", help="replace existing output files that are not ours"
+    )
     parser.add_argument("--no-floor", action="store_true", help="do not stop at the float64 floor")
     parser.set_defaults(func=run)
 
@@ -154,9 +157,15 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         trajectory = iterate(rule, system.X0, layers, floor=None if args.no_floor else FLOOR)
     if args.save_system:
-        save_system(args.save_system, system, label="--save-system")
+        save_system(args.save_system, system, label="--save-system", force=args.force)
     # errors name the option, one line (simulator.output.atomic_output)
-    write_tidy_csv(args.out, ("layer", "metric", "value"), trajectory.to_rows(), label="--out")
+    write_tidy_csv(
+        args.out,
+        ("layer", "metric", "value"),
+        trajectory.to_rows(),
+        label="--out",
+        replace_any=args.force,
+    )
     _print_summary(args, system, trajectory, prediction, [str(w.message) for w in caught])
     return 0
 

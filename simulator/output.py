@@ -8,8 +8,10 @@ atomic_output
 atomic_directory, check_output_folder
     Build a folder in a staging sibling; it replaces the destination whole, or not at all (and
     the same refusal, checked before any work).
-write_tidy_csv
+write_tidy_csv, has_csv_header, npz_members
     One header line, one line per row; floats written with ``repr`` so they read back exactly.
+    The predicates tell whether an existing file is an earlier output (only those are replaced
+    without ``--force``).
 to_json, write_json
     Strict JSON (RFC 8259): NumPy scalars and arrays, paths and objects with ``to_dict()`` are
     converted, NaN and infinities become ``null``, anything else is a ``TypeError``.
@@ -26,6 +28,7 @@ import math
 import os
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -57,7 +60,11 @@ def _checked_target(path: str | os.PathLike[str], what: str, label: str) -> Path
 
 @contextlib.contextmanager
 def atomic_output(
-    path: str | os.PathLike[str], mode: str = "w", *, label: str = "output"
+    path: str | os.PathLike[str],
+    mode: str = "w",
+    *,
+    label: str = "output",
+    ours: Callable[[Path], bool] | None = None,
 ) -> Iterator[IO]:
     """Open a temporary file next to ``path``; on success rename it onto ``path``, else delete it.
 
@@ -74,6 +81,9 @@ def atomic_output(
         Text (UTF-8, ``newline=""`` for CSV) or binary.
     label : str
         How error messages name the destination (a command passes its option, e.g. ``"--out"``).
+    ours : callable, optional
+        ``ours(path)`` says whether an existing file is an earlier output of the same command; any
+        other existing file is refused (a command passes None when the user says ``--force``).
     """
     target = _checked_target(path, "file", label)
     tmp = None
@@ -82,6 +92,11 @@ def atomic_output(
             kind = "symbolic link" if target.is_symlink() else _kind(target)
             raise InputError(
                 f"`{label}` must be a regular file or not exist yet; {str(target)!r} is a {kind}"
+            )
+        if ours is not None and target.is_file() and not ours(target):
+            raise InputError(
+                f"`{label}` {str(target)!r} exists and is not an earlier output of this command; "
+                f"choose another path or pass --force to replace it"
             )
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
@@ -205,6 +220,7 @@ def write_tidy_csv(
     rows: Iterable[Sequence[Any] | Mapping[str, Any]],
     *,
     label: str = "output",
+    replace_any: bool = False,
 ) -> Path:
     """Write a tidy CSV atomically: a header of ``columns``, then one line per row.
 
@@ -217,18 +233,47 @@ def write_tidy_csv(
     rows : iterable of sequences or mappings
         A sequence gives the cells in column order; a mapping is read by column name (missing keys
         are empty cells). Floats are written with ``repr`` (shortest round-trip form), None as "".
+    label : str
+        How error messages name the destination.
+    replace_any : bool
+        Replace an existing file whatever it holds (``--force``); by default only a CSV with the
+        same header (an earlier output of the same kind) is replaced.
 
     Returns
     -------
     pathlib.Path
     """
-    with atomic_output(path, label=label) as handle:  # the path itself: "" is refused, not "."
+    ours = None if replace_any else has_csv_header(columns)
+    with atomic_output(path, label=label, ours=ours) as handle:  # "" is refused, not "."
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(columns)
         for row in rows:
             cells = [row.get(c) for c in columns] if isinstance(row, Mapping) else row
             writer.writerow([_csv_cell(cell) for cell in cells])
     return Path(path)
+
+
+def has_csv_header(columns: Sequence[str]) -> Callable[[Path], bool]:
+    """A predicate: does a file start with exactly this CSV header line (an earlier tidy output)?"""
+    header = ",".join(columns)
+
+    def check(path: Path) -> bool:
+        try:
+            with path.open(encoding="utf-8", newline="") as handle:
+                return handle.readline(len(header) + 2).rstrip("\r\n") == header
+        except (OSError, UnicodeDecodeError):
+            return False
+
+    return check
+
+
+def npz_members(path: Path) -> set[str] | None:
+    """The array names of an ``.npz`` file (None when it is not a readable zip)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return {name.removesuffix(".npy") for name in archive.namelist()}
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return None
 
 
 def _jsonable(value: Any) -> Any:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from simulator.errors import InputError
-from simulator.output import atomic_output
+from simulator.output import atomic_output, npz_members
 from simulator.spectra import (
     attention_doubly_stochastic,
     attention_general,
@@ -182,7 +182,15 @@ def _array(value: object, key: str, shown: str, label: str) -> FloatArray:
         raise InputError(f"{err} (in {label} {shown!r})") from None
 
 
-def save_system(path: str | os.PathLike[str], system: System, *, label: str = "output") -> Path:
+def is_system_file(path: Path) -> bool:
+    """Whether ``path`` is an earlier system archive (its arrays are system keys only)."""
+    members = npz_members(path)
+    return members is not None and bool(members) and members <= set(System.__dataclass_fields__)
+
+
+def save_system(
+    path: str | os.PathLike[str], system: System, *, label: str = "output", force: bool = False
+) -> Path:
     """Write ``system`` as an ``.npz`` archive that :func:`load_system` reads back.
 
     Parameters
@@ -192,6 +200,8 @@ def save_system(path: str | os.PathLike[str], system: System, *, label: str = "o
     system : System
     label : str
         How error messages name the destination's argument.
+    force : bool
+        Replace an existing file whatever it holds; by default only an earlier system archive.
 
     Returns
     -------
@@ -200,7 +210,7 @@ def save_system(path: str | os.PathLike[str], system: System, *, label: str = "o
     # Not savez's allow_pickle keyword (NumPy 2.1+; older versions would store it as an array), so
     # the arrays are typed loosely: the stub checks every **kwds value against allow_pickle: bool.
     named: dict[str, Any] = system.arrays()
-    with atomic_output(path, "wb", label=label) as handle:
+    with atomic_output(path, "wb", label=label, ours=None if force else is_system_file) as handle:
         np.savez(handle, **named)
     return Path(path)
 

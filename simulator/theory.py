@@ -45,7 +45,6 @@ Kind = Literal["perron", "non-perron", "balanced"]
 KINDS: tuple[Kind, ...] = ("perron", "non-perron", "balanced")
 
 
-
 def value_spectrum(W_V: ArrayLike, W_proj: ArrayLike) -> ComplexArray:
     """Eigenvalues of ``M = W_V W_proj`` (= those of H), through the smaller of the two products.
 

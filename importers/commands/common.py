@@ -22,6 +22,13 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_force_argument(parser: argparse.ArgumentParser) -> None:
+    """``--force``: replace an existing output that is not an earlier output of this command."""
+    parser.add_argument(
+        "--force", action="store_true", help="replace an existing --out that is not ours"
+    )
+
+
 def open_model(spec: str | os.PathLike[str]) -> OnnxModel:
     """Resolve a path or zoo name and load the model (external data is read only when needed)."""
     from importers.graph import load_model

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from importers.commands.common import add_model_argument, open_model
+from importers.commands.common import add_force_argument, add_model_argument, open_model
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_argument(parser)
     parser.add_argument("--out", required=True, metavar="spectra.csv", help="output CSV")
+    add_force_argument(parser)
     parser.add_argument(
         "--summary",
         action="store_true",
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     blocks = extract(open_model(args.model))
     rows = model_spectra(blocks)
     cells = ((r.layer, r.head, r.kind, r.real, r.imag) for r in rows)
-    write_tidy_csv(args.out, SPECTRA_COLUMNS, cells, label="--out")
+    write_tidy_csv(args.out, SPECTRA_COLUMNS, cells, label="--out", replace_any=args.force)
     print(f"wrote {args.out}: {len(rows)} eigenvalues from {len(blocks)} block(s)")
     if args.summary:
         print(f"{'kind':<12} {'count':>6} {'negative':>9} {'skewness':>9} {'radius':>10}")

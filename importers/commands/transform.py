@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from importers.commands.common import add_model_argument
+from importers.commands.common import add_force_argument, add_model_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--seed", type=int, default=None, help="seed for --random-init (0)")
     parser.add_argument("--out", required=True, metavar="NEW.onnx", help="output file")
+    add_force_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -45,12 +46,12 @@ def run(args: argparse.Namespace) -> int:
     if args.random_init:
         args.std = 0.02 if args.std is None else args.std
         args.seed = 0 if args.seed is None else args.seed
-        out = random_init(args.model, args.out, std=args.std, seed=args.seed)
+        out = random_init(args.model, args.out, std=args.std, seed=args.seed, force=args.force)
         print(
             f"wrote {out}: every float weight matrix redrawn from N(0, {args.std}^2), seed {args.seed}"
         )
     else:
-        out = reparameterize(args.model, args.reparam, args.out)
+        out = reparameterize(args.model, args.reparam, args.out, force=args.force)
         print(
             f"wrote {out}: every head's W_V W_O replaced by Q Λ Q^T with Λ {'> 0' if args.reparam == 'plus' else 'in [-1, 0)'}"
         )

@@ -9,9 +9,10 @@ column blocks (rows for W_O). The file is written atomically: on any error nothi
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-from importers.commands.common import add_model_argument, open_model
+from importers.commands.common import add_force_argument, add_model_argument, open_model
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_argument(parser)
     parser.add_argument("--out", required=True, metavar="W.npz", help="output file")
+    add_force_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -38,7 +40,16 @@ def run(args: argparse.Namespace) -> int:
         for block in blocks
         for key, value in block.arrays().items()
     }
-    with atomic_output(args.out, "wb", label="--out") as handle:
+    ours = None if args.force else _is_weights_file
+    with atomic_output(args.out, "wb", label="--out", ours=ours) as handle:
         np.savez(handle, **arrays)
     print(f"wrote {args.out}: {len(blocks)} block(s), {len(arrays)} arrays")
     return 0
+
+
+def _is_weights_file(path: Path) -> bool:
+    """Whether ``path`` is an earlier ``oversmooth weights`` archive (only ``blocks.*`` arrays)."""
+    from simulator.output import npz_members
+
+    members = npz_members(path)
+    return members is not None and bool(members) and all(n.startswith("blocks.") for n in members)

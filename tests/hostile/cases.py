@@ -117,6 +117,12 @@ def _bad_outputs(command: str) -> Iterator[tuple[str, Callable[[Path], str]]]:
     yield "too-long", lambda folder: str(folder / ("n" * 300))
     yield "dangling-symlink", dangling
     yield "under-a-file", under_a_file
+
+    def foreign_file(folder: Path) -> str:
+        (folder / "thesis.tex").write_text("precious")
+        return str(folder / "thesis.tex")
+
+    yield "someone-elses-file", foreign_file
     if command == "audit":
         yield "someone-elses-folder", folder_with_file
         yield (
@@ -315,5 +321,26 @@ def simulator_cases() -> Iterator[Case]:
         yield Case(f"verify-{name}", lambda folder, options=options: ["verify", *options])
 
 
+def _transform_onto_its_input(folder: Path) -> list[str]:
+    model = text_model(folder)
+    return ["transform", str(model), "--random-init", "--out", str(model)]
+
+
+def overwrite_cases() -> Iterator[Case]:
+    yield Case("transform-out-is-its-input", _transform_onto_its_input)
+
+    def simulate_over_a_file(folder: Path) -> list[str]:
+        (folder / "notes.csv").write_text("precious,data\n")
+        return ["simulate", "--layers", "3", "--out", str(folder / "notes.csv")]
+
+    yield Case("simulate-out-someone-elses-file", simulate_over_a_file)
+
+
 def all_cases() -> list[Case]:
-    return [*model_cases(), *output_cases(), *input_cases(), *simulator_cases()]
+    return [
+        *model_cases(),
+        *output_cases(),
+        *input_cases(),
+        *simulator_cases(),
+        *overwrite_cases(),
+    ]

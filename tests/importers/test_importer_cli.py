@@ -204,3 +204,36 @@ def test_spectra_of_a_missing_model_writes_nothing(capsys, tmp_path):
     assert status == 2
     assert "absent.onnx" in err
     assert not out_file.exists()
+
+
+def test_outputs_replace_earlier_outputs_but_not_other_files_unless_forced(
+    capsys, tmp_path, variant_file
+):
+    path, _ = variant_file("bert_legacy")
+    out = tmp_path / "w.npz"
+    assert run_cli(capsys, "weights", path, "--out", out)[0] == 0
+    first = out.read_bytes()
+    assert run_cli(capsys, "weights", path, "--out", out)[0] == 0  # an earlier output: replaced
+    assert out.read_bytes() == first
+    other = tmp_path / "thesis.tex"
+    other.write_text("precious", encoding="utf-8")
+    status, _, err = run_cli(capsys, "weights", path, "--out", other)
+    assert status == 2
+    assert "not an earlier output" in err
+    assert other.read_text(encoding="utf-8") == "precious"
+    assert run_cli(capsys, "weights", path, "--out", other, "--force")[0] == 0
+    assert other.read_bytes() == first
+
+
+def test_a_transformed_model_may_be_replaced_by_another_transform(capsys, tmp_path, variant_file):
+    path, _ = variant_file("bert_legacy")
+    out = tmp_path / "new.onnx"
+    for seed in ("1", "2"):
+        status, _, err = run_cli(
+            capsys, "transform", path, "--random-init", "--seed", seed, "--out", out
+        )
+        assert status == 0, err
+    assert any(entry.key == "oversmooth.transform" for entry in onnx.load(out).metadata_props)
+    status, _, err = run_cli(capsys, "transform", out, "--random-init", "--out", out)
+    assert status == 2
+    assert "must differ from the model" in err

@@ -84,8 +84,8 @@ def test_the_dominating_modulus_is_a_corner_value(a: dict, h: dict) -> None:
     corners = [abs(1 + x * y) for x in (lam_H[0], lam_H[-1]) for y in (lam_A[0], lam_A[-1])]
     assert dom.modulus == pytest.approx(max(corners), rel=tol.STEP_RTOL)
     mu = theory.kron_eigenvalues(dom.eig_A, dom.eig_H)
-    for i, j in dom.modes:
-        assert abs(mu[i, j]) == pytest.approx(dom.modulus, rel=theory.TIE_RTOL)
+    for i, j in dom.modes:  # the tie criterion itself: within TIE_RTOL of the top, inclusive
+        assert dom.modulus * (1 - theory.TIE_RTOL) <= abs(mu[i, j]) <= dom.modulus
 
 
 @given(a=attention_params(scale=(0.5, 2.0)), h=h_params(low=0.05, high=2.0))
