@@ -36,7 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"ONNX file or zoo name (default {DEFAULT_MODEL}; see `oversmooth models`)",
     )
     p.add_argument(
-        "--out", type=Path, help="report folder (default audit-NAME); replaced atomically"
+        "--out",
+        type=Path,
+        help="report folder (default audit-NAME); an earlier report there is replaced atomically",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="replace a non-empty --out folder that is not a report"
     )
     source = p.add_mutually_exclusive_group()
     source.add_argument(
@@ -166,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
     from simulator.output import check_output_folder
 
     out = args.out or Path(f"audit-{lookup(args.model).name}")
-    check_output_folder(out, ours=is_report_folder, label="--out")  # refuse before any work
+    ours = (lambda _folder: True) if args.force else is_report_folder
+    check_output_folder(out, ours=ours, label="--out")  # refuse before any work
     ref = lookup(args.model)
     model = load_model(ref.path)  # parsed once: inputs, matching and the runner share it
     inputs = _inputs(args, model.inputs, ref.entry)
@@ -182,6 +188,6 @@ def run(args: argparse.Namespace) -> int:
         fold_gamma=args.fold_gamma,
         progress=not args.no_progress and sys.stderr.isatty(),
     )
-    save_audit(result, out, figures=render, label="--out")
+    save_audit(result, out, figures=render, label="--out", force=args.force)
     print(_summary(result, out))
     return 0

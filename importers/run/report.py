@@ -66,6 +66,7 @@ def save_audit(
     *,
     figures: FigureMaker | None = None,
     label: str = "folder",
+    force: bool = False,
 ) -> Path:
     """Write the report folder atomically: all files appear together or none do.
 
@@ -79,9 +80,12 @@ def save_audit(
         staging folder; the report embeds them (``figures.audit_report.render`` does this).
     label : str
         How error messages name the destination (the CLI passes ``"--out"``).
+    force : bool
+        Replace an existing non-empty folder even when it is not an earlier report.
     """
     target = Path(folder)
-    with atomic_directory(target, ours=is_report_folder, label=label) as staging:
+    ours = (lambda _folder: True) if force else is_report_folder
+    with atomic_directory(target, ours=ours, label=label) as staging:
         drawn = figures(result, staging) if figures is not None else ()
         write_audit_files(result, staging, drawn)
     return target

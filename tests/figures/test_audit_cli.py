@@ -308,3 +308,16 @@ def test_bad_options_are_named(
     assert code == 2
     assert_one_line_error(err, fragment)
     assert_no_output(tmp_path, {text_model.name, feeds_npz.name})
+
+
+def test_audit_refuses_a_foreign_folder_unless_forced(text_model, tmp_path, capsys):
+    folder = tmp_path / "thesis"
+    folder.mkdir()
+    (folder / "chapter.tex").write_text("precious", encoding="utf-8")
+    argv = ["audit", str(text_model), "--random", "1", "--vocab-size", "40", "--out", str(folder)]
+    assert main([*argv, "--no-progress"]) == 2
+    assert "not an earlier output" in capsys.readouterr().err
+    assert [p.name for p in folder.iterdir()] == ["chapter.tex"]
+    assert main([*argv, "--no-progress", "--force"]) == 0
+    assert (folder / "audit.json").is_file()
+    assert not (folder / "chapter.tex").exists()
