@@ -182,7 +182,7 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
 def _check_versions_and_domains(proto: onnx.ModelProto, where: str) -> None:
     """Refuse what onnxruntime itself would refuse, before reporting any structure: an IR version
     newer than this onnx knows, a domain imported twice, a node whose domain is not imported, an
-    initializer with a negative dimension."""
+    initializer with a negative dimension or a data type its graph-input declaration contradicts."""
     if proto.ir_version > onnx.IR_VERSION:
         raise UnsupportedModelError(
             f"`model` must use ONNX IR version {onnx.IR_VERSION} or older; {where} uses "
@@ -201,7 +201,17 @@ def _check_versions_and_domains(proto: onnx.ModelProto, where: str) -> None:
                 f"`model` must import the domain of every node; node {node.name or node.op_type!r} "
                 f"uses domain {node.domain!r}, which {where} does not import"
             )
+    declared = {
+        value.name: value.type.tensor_type.elem_type
+        for value in proto.graph.input
+        if value.type.HasField("tensor_type")
+    }
     for tensor in proto.graph.initializer:
+        if tensor.name in declared and declared[tensor.name] not in (0, tensor.data_type):
+            raise ModelFileError(
+                f"`model` is inconsistent: initializer {tensor.name!r} has data type "
+                f"{tensor.data_type} but the graph input of that name declares {declared[tensor.name]}"
+            )
         if any(dim < 0 for dim in tensor.dims):
             raise ModelFileError(
                 f"`model` is inconsistent: initializer {tensor.name!r} has negative dimensions "

@@ -540,3 +540,13 @@ def test_a_static_reshape_declaring_huge_sizes_is_not_probed_at_that_size(tmp_pa
     status, _, err = run_cli(capsys, "inspect", path)
     assert status == 1
     assert_one_line_error(err, "no attention block", "cannot reshape")
+
+
+def test_an_initializer_contradicting_its_graph_input_type_is_refused(tmp_path):
+    model = VARIANTS["bert_legacy"](0).model
+    tensor = next(t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT)
+    model.graph.input.append(helper.make_tensor_value_info(tensor.name, TensorProto.INT64, None))
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(ModelFileError, match="inconsistent"):
+        load_model(path)

@@ -137,3 +137,21 @@ def test_json_is_strict() -> None:
     assert json.loads(text) == {"x": [0.5, None, None], "p": "a/b"}
     with pytest.raises(TypeError, match="not JSON serialisable: complex"):
         to_json({"z": 1j})
+
+
+def test_a_disk_that_fills_mid_write_is_one_line_and_leaves_the_old_file(tmp_path: Path) -> None:
+    import errno
+
+    target = tmp_path / "out.csv"
+    target.write_text("old")
+
+    def fill_the_disk() -> None:
+        with atomic_output(target, label="--out") as handle:
+            handle.write("partial")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(InputError, match="No space left on device") as info:
+        fill_the_disk()
+    assert "\n" not in str(info.value)
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv"]
