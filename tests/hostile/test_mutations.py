@@ -46,19 +46,24 @@ def _check_contract(status: int, err: str) -> None:
         assert "Traceback" not in err
 
 
+def _mutated(data: bytes, edits: list[tuple[int, int]], keep: int) -> bytes:
+    """The first ``keep`` bytes of ``data`` with each ``(position, value)`` edit applied."""
+    mutated = bytearray(data[:keep])
+    for position, value in edits:
+        if position < len(mutated):
+            mutated[position] = value
+    return bytes(mutated)
+
+
 @MUTATIONS
 @given(
     edits=st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.integers(0, 255)), max_size=12),
     keep=st.integers(1, len(VALID)),
 )
 def test_byte_mutations_of_a_model_keep_the_contract(edits, keep):
-    data = bytearray(VALID[:keep])
-    for position, value in edits:
-        if position < len(data):
-            data[position] = value
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "m.onnx"
-        path.write_bytes(bytes(data))
+        path.write_bytes(_mutated(VALID, edits, keep))
         _check_contract(*_cli("inspect", str(path)))
         out = Path(folder) / "w.npz"
         status, err = _cli("weights", str(path), "--out", str(out))
@@ -117,13 +122,9 @@ NPZ = _valid_npz()
     keep=st.integers(0, len(NPZ)),
 )
 def test_mutated_npz_inputs_are_read_or_refused_with_one_line(edits, keep):
-    data = bytearray(NPZ[:keep])
-    for position, value in edits:
-        if position < len(data):
-            data[position] = value
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "x.npz"
-        path.write_bytes(bytes(data))
+        path.write_bytes(_mutated(NPZ, edits, keep))
         try:
             inputs = sources.from_npz(path, GRAPH)
         except ImporterError as err:
