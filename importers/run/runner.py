@@ -42,6 +42,7 @@ import numpy as np
 from importers.errors import ImporterInputError, ProviderError, RunnerError
 from importers.graph import GraphInput, OnnxModel
 from importers.graph.index import uses_external_data
+from importers.run.cuda import preload_cuda_libraries
 from importers.run.feeds import Inputs, check_feeds
 from importers.zoo import file_sha256
 
@@ -49,6 +50,7 @@ __all__ = [
     "OPTIMIZATION_LEVELS",
     "PROVIDERS",
     "Runner",
+    "open_session",
     "plain_session",
     "session_options",
 ]
@@ -86,8 +88,8 @@ def _ort() -> Any:
         raise RunnerError(
             "running models needs onnxruntime; install `onnxruntime` (or `onnxruntime-gpu`)"
         ) from err
-    # Errors reach the user as one line of ours; onnxruntime's own log would print before it.
-    onnxruntime.set_default_logger_severity(4)
+    # Warnings never; errors are captured around session creation and silenced while running.
+    onnxruntime.set_default_logger_severity(3)
     return onnxruntime
 
 
@@ -140,7 +142,9 @@ def session_options(threads: int | None = None, optimization: Optimization = "al
     so.graph_optimization_level = getattr(
         ort.GraphOptimizationLevel, _ORT_LEVEL_NAMES[options.optimization]
     )
-    so.log_severity_level = 4  # fatal only: errors reach the user as one line of ours
+    # Errors while creating a session are captured (the CUDA provider's reason is read from them);
+    # run-time errors are silenced through RunOptions, see Runner.
+    so.log_severity_level = 3
     for key, value in _CONFIG_ENTRIES.items():
         so.add_session_config_entry(key, value)
     return so
@@ -201,6 +205,7 @@ def _open_session(ort: Any, model: bytes | str, so: Any, provider: str) -> tuple
     if provider == "auto" and _CUDA_FAILURE:
         # The provider library failed to load earlier in this process; it will not load now.
         return _create(ort, model, so, [_CPU])[0], f"{_CUDA_FAILURE[0]}; using the CPU"
+    preload_cuda_libraries(ort)  # the nvidia-* wheels of `oversmooth[gpu]`, when installed
     try:
         session, log = _create(ort, model, so, [_CUDA, _CPU])
     except RunnerError as err:
@@ -214,6 +219,18 @@ def _open_session(ort: Any, model: bytes | str, so: Any, provider: str) -> tuple
     if provider == "cuda":
         raise ProviderError(f"`provider` cuda requested but the session runs on the CPU; {reason}")
     return session, f"{reason}; using the CPU"
+
+
+def open_session(
+    model: bytes, provider: Provider = "auto", *, threads: int | None = None
+) -> tuple[Any, str]:
+    """An onnxruntime session of a serialized model on ``provider``, and the note on the choice.
+
+    ``"cuda"`` raises :class:`~importers.errors.ProviderError` unless the session really runs on
+    CUDA (what ``oversmooth doctor`` tries); ``"auto"`` falls back to the CPU with the reason.
+    """
+    so = session_options(threads)
+    return _open_session(_ort(), model, so, _check_provider(provider))
 
 
 def _check_provider(provider: str) -> str:
@@ -450,6 +467,9 @@ class Runner:
         if not external:  # the caller's graph has its own outputs back before onnxruntime parses
             self.session, self.provider_note = _open_session(ort, serialized, so, self.provider)
             del serialized
+        # A failing kernel would log an [E:onnxruntime...] line before our one-line error.
+        self._run_options = ort.RunOptions()
+        self._run_options.log_severity_level = 4
         self.provider_used: list[str] = list(self.session.get_providers())
         self._on_cuda = self.provider_used[0] == _CUDA
 
@@ -480,10 +500,10 @@ class Runner:
                 binding.bind_cpu_input(name, array)
             for name in self.output_names:
                 binding.bind_output(name, "cpu")
-            self.session.run_with_iobinding(binding)
+            self.session.run_with_iobinding(binding, self._run_options)
             outputs = binding.copy_outputs_to_cpu()
         else:
-            outputs = self.session.run(self.output_names, dict(feeds))
+            outputs = self.session.run(self.output_names, dict(feeds), self._run_options)
         return dict(zip(self.output_names, outputs, strict=True))
 
     def run(

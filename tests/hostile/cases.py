@@ -228,6 +228,10 @@ def input_cases() -> Iterator[Case]:
         "audit-npz-mask-two",
         lambda f: _audit(f, "--inputs", _npz(f, **_feeds(mask=2 * np.ones((2, 6), np.int64)))),
     )
+    yield Case(
+        "audit-token-ids-beyond-the-vocabulary",
+        lambda f: [*_audit(f, "--random", "1"), "--vocab-size", "1000"],
+    )
     yield Case("audit-npz-fifo", lambda f: _audit(f, "--inputs", str(_fifo(f / "p.npz"))))
     yield Case(
         "audit-text-fifo",

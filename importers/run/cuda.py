@@ -1,0 +1,85 @@
+"""The CUDA side of onnxruntime: loading the CUDA libraries, and diagnosing a machine.
+
+onnxruntime-gpu is built against CUDA 13 and cuDNN 9 but does not install them; its ``cuda`` and
+``cudnn`` extras bring the runtime and cuDNN as package-index wheels, and cuBLAS comes separately
+(``pip install 'oversmooth[gpu]'`` or ``make venv GPU=1`` installs all three).
+:func:`preload_cuda_libraries` loads them from those wheels (``onnxruntime.preload_dlls``) before a
+CUDA session is created; :func:`importers.run.doctor.diagnose` says which providers really work
+and why CUDA does not.
+
+Public API
+----------
+preload_cuda_libraries
+    Load the CUDA, cuDNN and cuBLAS libraries of the installed wheels (quietly; once).
+loaded_cuda_libraries
+    Which CUDA/cuDNN/cuBLAS shared objects this process has loaded, and from where.
+gpu_info
+    GPU name, driver and memory from ``nvidia-smi``, when there is one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+__all__ = ["GPU_INSTALL_HINT", "gpu_info", "loaded_cuda_libraries", "preload_cuda_libraries"]
+
+#: The command that installs the CUDA libraries onnxruntime-gpu loads.
+GPU_INSTALL_HINT = "pip install 'oversmooth[gpu]'  (in a checkout: make venv GPU=1)"
+_LIBRARY_PREFIXES = ("libcudart", "libcublas", "libcublasLt", "libcudnn", "libcufft", "libcurand")
+_PRELOADED: list[bool] = []
+
+
+def preload_cuda_libraries(ort: Any) -> None:
+    """Load the CUDA libraries from the nvidia wheels, if this onnxruntime can (once per process).
+
+    ``onnxruntime.preload_dlls`` looks in the ``nvidia-*`` packages of the environment; where they
+    are missing it changes nothing, and the CUDA provider then reports the missing library itself.
+    Its output is discarded: library code never prints.
+    """
+    if _PRELOADED or not hasattr(ort, "preload_dlls"):
+        return
+    _PRELOADED.append(True)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.suppress(Exception):  # a partial CUDA install is reported by the session
+            ort.preload_dlls()
+
+
+def loaded_cuda_libraries(maps: Path = Path("/proc/self/maps")) -> dict[str, str]:
+    """``{library file name: path}`` of the CUDA/cuDNN/cuBLAS libraries mapped into this process."""
+    try:
+        text = maps.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        name = os.path.basename(path)
+        if name.startswith(_LIBRARY_PREFIXES) and ".so" in name:
+            found.setdefault(name, path)
+    return found
+
+
+def gpu_info(timeout_s: float = 10.0) -> list[dict[str, str]]:
+    """One dict per GPU (``name``, ``driver``, ``memory``) from ``nvidia-smi``; empty without one."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    query = ["--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+    try:
+        result = subprocess.run(
+            [smi, *query], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    gpus = []
+    for line in result.stdout.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) == 3:
+            gpus.append({"name": parts[0], "driver": parts[1], "memory": parts[2]})
+    return gpus
