@@ -81,12 +81,11 @@ def load_average() -> str:
 def overhead(name: str, *, batch: int = 4, repeats: int = 9) -> Overhead:
     """Interleaved median timings of the plain session and the audit's runner on zoo ``name``."""
     path = zoo.lookup(name, allow_fetch=False).path
-    graph = load_model(path)
-    fed = {spec.name for spec in load_model(graph.proto).inputs}
+    graph = load_model(path)  # parsed once, as the audit does
+    fed = {spec.name for spec in graph.inputs}
     exposed = [t for t in layer_tensors(extract(graph)) if t not in fed]
-    del graph
-    runner = Runner(load_model(path), expose=exposed, provider="cpu")
-    plain = plain_session(load_model(path), provider="cpu")
+    runner = Runner(graph, expose=exposed, provider="cpu")
+    plain = plain_session(graph, provider="cpu")
     kind = zoo.get_model(name).kind
     feeds = bundled_inputs(kind, graph=runner.inputs).subset(slice(0, batch)).feeds
 
@@ -137,16 +136,16 @@ def command_seconds(model: str, runs: int, env: dict[str, str] | None = None) ->
 
 #: Breakdown rows: label -> (file suffix, function name) whose cumulative time is reported.
 PHASES: dict[str, tuple[str, str]] = {
-    "load model": ("importers/graph.py", "load_model"),
-    "match attention blocks": ("importers/patterns.py", "find_attention_blocks"),
+    "load model": ("importers/graph/load.py", "load_model"),
+    "match attention blocks": ("importers/match/__init__.py", "find_attention_blocks"),
     "extract weights": ("importers/weights.py", "block_weights"),
-    "runner setup + session": ("importers/runner.py", "__init__"),
-    "inference (onnxruntime)": ("importers/runner.py", "_run_batch"),
+    "runner setup + session": ("importers/run/runner.py", "__init__"),
+    "inference (onnxruntime)": ("importers/run/runner.py", "_run_batch"),
     "metrics (SVD etc.)": ("simulator/metrics.py", "all_metrics"),
-    "dominance cases": ("importers/audit.py", "_dominance_cases"),
-    "value spectra (W_V W_O)": ("importers/spectra.py", "model_spectra"),
-    "H spectra for dominance": ("importers/audit.py", "_value_spectra"),
-    "figures + files": ("importers/audit.py", "save"),
+    "dominance cases": ("importers/run/audit.py", "_dominance_cases"),
+    "value spectra (W_V W_O)": ("importers/value_spectra.py", "model_spectra"),
+    "H spectra for dominance": ("importers/run/audit.py", "_value_spectra"),
+    "figures + files": ("importers/run/report.py", "save_audit"),
 }
 
 

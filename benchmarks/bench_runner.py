@@ -77,8 +77,9 @@ def measure(name: str, *, batch: int = 4, repeats: int = 9, threads: int | None 
     path = zoo.lookup(name, allow_fetch=False).path
     spec = zoo.get_model(name)
     exposed = hidden_state_names(onnx.load(path, load_external_data=False))
-    runner = Runner(load_model(path), expose=exposed, provider="cpu", threads=threads)
-    plain = plain_session(load_model(path), provider="cpu", threads=threads)
+    model = load_model(path)
+    runner = Runner(model, expose=exposed, provider="cpu", threads=threads)
+    plain = plain_session(model, provider="cpu", threads=threads)
     feeds = bundled_inputs(spec.kind, graph=runner.inputs).subset(slice(0, batch)).feeds
 
     def run_plain() -> object:
