@@ -167,13 +167,13 @@ def run(args: argparse.Namespace) -> int:
     from figures.audit_report import render
     from importers.graph import load_model
     from importers.run import audit, save_audit
-    from importers.run.report import is_report_folder
+    from importers.run.report import replaceable_folder
     from simulator.output import check_output_folder
 
-    out = args.out or Path(f"audit-{lookup(args.model).name}")
-    ours = (lambda _folder: True) if args.force else is_report_folder
-    check_output_folder(out, ours=ours, label="--out")  # refuse before any work
     ref = lookup(args.model)
+    out = args.out or Path(f"audit-{ref.name}")
+    # refused before any work, by the same rule save_audit applies at the end
+    check_output_folder(out, ours=replaceable_folder(args.force), label="--out")
     model = load_model(ref.path)  # parsed once: inputs, matching and the runner share it
     inputs = _inputs(args, model.inputs, ref.entry)
     exclude = True if args.exclude_prefix == -1 else args.exclude_prefix

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import NoReturn
 
-from simulator.errors import OversmoothError
+from simulator.errors import OversmoothError, one_line
 
 ENTRY_POINT_GROUP = "oversmooth.commands"
 
@@ -43,11 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     for register in _plugins():
         register(subparsers)
     return parser
-
-
-def one_line(message: object) -> str:
-    """``message`` with every run of whitespace (newlines included) as one space."""
-    return " ".join(str(message).split())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

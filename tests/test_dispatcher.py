@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from simulator import cli
-from simulator.errors import InputError
+from simulator.errors import InputError, one_line
 
 
 def test_ctrl_c_while_the_cli_is_starting_is_one_line(monkeypatch, capsys) -> None:
@@ -37,5 +37,10 @@ def test_a_multi_line_error_is_printed_as_one_line(monkeypatch, capsys) -> None:
 
 @pytest.mark.parametrize("message", ["a\nb", "  spaced  \n\n out  "])
 def test_one_line_collapses_whitespace(message: str) -> None:
-    assert "\n" not in cli.one_line(message)
-    assert "  " not in cli.one_line(message)
+    assert "\n" not in one_line(message)
+    assert "  " not in one_line(message)
+
+
+def test_one_line_names_an_exception_without_text() -> None:
+    assert one_line(ValueError()) == "ValueError"
+    assert one_line("") == ""

@@ -55,6 +55,7 @@ from importers.match.results import (
     NormMatch,
 )
 from importers.match.walker import RejectError
+from simulator.errors import one_line
 
 __all__ = [
     "AttentionBlock",
@@ -108,7 +109,7 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
             # A malformed attribute or constant (an axis of the wrong type, an impossible shape)
             # rejects this candidate with the reason instead of escaping as a traceback.
             reason = (
-                f"malformed graph around it: {' '.join(str(err).split()) or type(err).__name__}"
+                f"malformed graph around it: {one_line(err)}"
             )
             failures.append(MatchFailure(softmax.label, reason, (), "malformed"))
     if not blocks:

@@ -17,6 +17,7 @@ from pathlib import Path
 from importers.errors import RunnerError
 from importers.run.cuda import GPU_INSTALL_HINT, gpu_info, loaded_cuda_libraries
 from importers.run.runner import open_session
+from simulator.errors import one_line
 
 __all__ = ["Diagnosis", "cuda_reason", "diagnose"]
 
@@ -99,7 +100,7 @@ def diagnose() -> Diagnosis:
             open_session(model, provider)
             usable[provider] = "ok"
         except RunnerError as err:
-            usable[provider] = " ".join(str(err).split())
+            usable[provider] = one_line(err)
     gpus = gpu_info()
     reason, fix = cuda_reason(listed, usable, gpus)
     return Diagnosis(

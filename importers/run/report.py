@@ -28,7 +28,14 @@ from importers.run.records import (
 from importers.value_spectra import SPECTRA_COLUMNS
 from simulator.output import atomic_directory, atomic_output, to_json, write_json, write_tidy_csv
 
-__all__ = ["REPORT_FILES", "is_report_folder", "render_report", "save_audit", "write_audit_files"]
+__all__ = [
+    "REPORT_FILES",
+    "is_report_folder",
+    "render_report",
+    "replaceable_folder",
+    "save_audit",
+    "write_audit_files",
+]
 
 #: The files of a report folder, besides the PNG figures.
 REPORT_FILES = ("audit.json", "layers.csv", "spectra.csv", "dominance.csv", "report.md")
@@ -60,6 +67,12 @@ def is_report_folder(folder: Path) -> bool:
     return all((folder / name).is_file() for name in ("audit.json", "report.md"))
 
 
+def replaceable_folder(force: bool) -> Callable[[Path], bool]:
+    """Which existing non-empty folders ``save_audit`` may replace: earlier reports, or any
+    folder with ``force``."""
+    return (lambda _folder: True) if force else is_report_folder
+
+
 def save_audit(
     result: AuditResult,
     folder: str | os.PathLike[str],
@@ -84,8 +97,7 @@ def save_audit(
         Replace an existing non-empty folder even when it is not an earlier report.
     """
     target = Path(folder)
-    ours = (lambda _folder: True) if force else is_report_folder
-    with atomic_directory(target, ours=ours, label=label) as staging:
+    with atomic_directory(target, ours=replaceable_folder(force), label=label) as staging:
         drawn = figures(result, staging) if figures is not None else ()
         write_audit_files(result, staging, drawn)
     return target

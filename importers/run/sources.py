@@ -34,6 +34,7 @@ from importers.graph import GraphInput
 from importers.graph.load import Dim
 from importers.run.feeds import IMAGE_FEED, TEXT_FEEDS, Inputs, check_feeds, feeds_digest, for_graph
 from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, ZooModel
+from simulator.errors import one_line
 from simulator.limits import check_elements, check_size
 from simulator.validation import as_generator, check_positive_int, regular_file
 
@@ -97,7 +98,7 @@ def load_image(path: str | os.PathLike[str], size: int) -> NDArray[np.uint8]:
         Image.DecompressionBombError,
     ) as err:
         raise ImporterInputError(
-            f"`images` must be readable image files; cannot read {path}: {_one_line(err)}"
+            f"`images` must be readable image files; cannot read {path}: {one_line(err)}"
         ) from None
     width, height = rgb.size
     scale = size / min(width, height)
@@ -354,10 +355,6 @@ _NPZ_ERRORS = (
 )
 
 
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
-
-
 def _check_npz_sizes(file: Path) -> None:
     """Read every member's ``.npy`` header (not its data) and check the declared shape against
     :func:`simulator.limits.check_elements`, so a header declaring 2^40 elements allocates nothing."""
@@ -398,7 +395,7 @@ def from_npz(path: str | os.PathLike[str], graph: Sequence[GraphInput]) -> Input
     except _NPZ_ERRORS as err:
         raise ImporterInputError(
             f"`inputs` must be a readable .npz file of arrays; cannot read {str(file)!r}: "
-            f"{_one_line(err)}"
+            f"{one_line(err)}"
         ) from None
     feeds = {name: array for name, array in arrays.items() if name != "labels"}
     check_feeds(feeds, graph)

@@ -57,3 +57,22 @@ def test_loaded_libraries_are_read_from_the_process_maps(tmp_path: Path) -> None
         "libcublasLt.so.13": "/venv/nvidia/cublas/lib/libcublasLt.so.13",
         "libcudnn.so.9": "/venv/nvidia/cudnn/lib/libcudnn.so.9",
     }
+
+
+def test_cuda_libraries_are_preloaded_once_and_quietly(monkeypatch, capfd) -> None:
+    from importers.run import cuda
+
+    calls: list[int] = []
+
+    class FakeOrt:
+        def preload_dlls(self) -> None:
+            calls.append(1)
+            print("loading libcudart.so.13 ...")
+            raise OSError("libcublasLt.so.13: cannot open shared object file")
+
+    monkeypatch.setattr(cuda, "_PRELOADED", [])
+    cuda.preload_cuda_libraries(FakeOrt())
+    cuda.preload_cuda_libraries(FakeOrt())
+    assert calls == [1]
+    assert capfd.readouterr() == ("", "")
+    cuda.preload_cuda_libraries(object())  # an onnxruntime without preload_dlls: nothing to do
