@@ -46,6 +46,11 @@ FLOOR = 1e3 * EPS
 FLOAT32_RTOL = 1e-5
 FLOAT32_ATOL = 1e-5
 
+#: Metrics from token statistics (Gram eigenvalues, float64) against the SVD of the same matrix:
+#: a Gram matrix holds singular values below about sqrt(k eps) sigma_1 only as round-off.
+GRAM_RTOL = 1e-6
+GRAM_ATOL = 1e-7
+
 #: A float32 ONNX Runtime block output against the float64 simulator from extracted weights.
 ORT_RTOL = 1e-4
 ORT_ATOL = 1e-4

@@ -5,6 +5,10 @@ Public API
 ShapeContext
     ``shape(name)`` and ``value(name)`` of any tensor, evaluated iteratively and memoised; None
     wherever an op is not modelled.
+inferred_types
+    Tensor types from ONNX shape inference (all ops ONNX knows, contrib ops excepted).
+static_dims
+    The dims of one tensor from :func:`inferred_types` (None for a symbolic or unknown dim).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import onnx
 
 from importers.errors import ImporterError
 from importers.graph.folding import (
@@ -30,7 +35,7 @@ from importers.graph.folding import (
 from importers.graph.index import GraphIndex
 from importers.graph.node import Node
 
-__all__ = ["ShapeContext"]
+__all__ = ["ShapeContext", "inferred_types", "static_dims"]
 
 
 class _MissingDependencyError(Exception):
@@ -303,3 +308,58 @@ _VALUE_RULES: Mapping[str, Callable[[Node, list], np.ndarray]] = {
         node.attr("value", np.zeros(1, np.float32)).ravel()[0],
     ),
 }
+
+
+#: Initializers up to this many bytes keep their values for shape inference (shape constants).
+_SMALL_TENSOR_BYTES = 1 << 16
+
+
+def _skeleton(model: Any) -> Any:
+    """A copy of ``model`` whose large initializers keep their name, type and dims but no values.
+
+    Shape inference serialises and copies the whole model several times; types and shapes need
+    only dims and the small shape constants, so the skeleton avoids copying the weights.
+    """
+    skeleton = onnx.ModelProto()
+    for field in ("ir_version", "producer_name", "domain", "model_version"):
+        setattr(skeleton, field, getattr(model, field))
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.functions.extend(model.functions)
+    graph = skeleton.graph
+    graph.name = model.graph.name
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(graph, field).extend(getattr(model.graph, field))
+    for tensor in model.graph.initializer:
+        if tensor.ByteSize() <= _SMALL_TENSOR_BYTES:
+            graph.initializer.append(tensor)
+        else:
+            graph.initializer.append(
+                onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
+            )
+    return skeleton
+
+
+def inferred_types(model: Any) -> dict[str, Any]:
+    """Tensor types (``onnx.TypeProto``) from ONNX shape inference of ``model`` (a ModelProto).
+
+    Values and outputs only; empty when inference fails (contrib ops etc.).
+    """
+    try:
+        inferred = onnx.shape_inference.infer_shapes(_skeleton(model))
+    except Exception:  # inference is an optimisation here; onnxruntime types what it misses
+        return {}
+    typed = [*inferred.graph.value_info, *inferred.graph.output]
+    return {value.name: value.type for value in typed if value.type.HasField("tensor_type")}
+
+
+def static_dims(types: dict[str, Any], name: str) -> tuple[int | None, ...] | None:
+    """The dims of tensor ``name`` in ``types`` (:func:`inferred_types`): ints, None where not fixed.
+
+    None when the tensor has no inferred type or rank.
+    """
+    if name not in types or not types[name].tensor_type.HasField("shape"):
+        return None
+    return tuple(
+        int(dim.dim_value) if dim.HasField("dim_value") else None
+        for dim in types[name].tensor_type.shape.dim
+    )

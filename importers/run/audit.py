@@ -1,6 +1,8 @@
 """The model audit: run a real ONNX Transformer on real inputs and measure smoothing layer by layer.
 
-For every input and layer the audit records the simulator's smoothing metrics of the hidden states;
+For every input and layer the audit records the simulator's smoothing metrics of the hidden states,
+reduced inside the graph to a few statistics per layer (:mod:`importers.run.reductions`: the hidden
+states themselves never leave the device);
 for every (input, layer, head) it finds the dominating eigenvalue of ``I + H_h ⊗ A`` from the real
 attention matrix A and the head's value-projection product (docs/theory.md §6.2, Table 1); and it reports
 the eigenvalues of W_V W_O per head and layer (Fig. 5).
@@ -43,6 +45,7 @@ from threadpoolctl import threadpool_limits
 
 from importers.errors import ImporterInputError
 from importers.graph import OnnxModel, load_model
+from importers.graph.shapes import inferred_types, static_dims
 from importers.match import find_attention_blocks
 from importers.run.feeds import Inputs
 from importers.run.records import (
@@ -54,13 +57,15 @@ from importers.run.records import (
     Provenance,
     ProviderInfo,
 )
+from importers.run.reductions import Gram, ReductionPlan, plan_reductions
 from importers.run.runner import Runner
 from importers.run.sources import default_inputs
 from importers.value_spectra import head_eigenvalues, layer_eigenvalues, model_spectra
 from importers.weights import BlockWeights, block_weights
 from importers.zoo import ModelRef, ZooModel, file_sha256, lookup
-from simulator.metrics import METRICS, all_metrics
+from simulator.metrics import METRICS
 from simulator.output import package_versions
+from simulator.statistics import metrics_from_statistics
 from simulator.theory import KINDS, dominance_kinds, kron_eigenvalues
 from simulator.tolerances import TIE_RTOL
 from simulator.validation import check_choice, check_positive_int
@@ -86,14 +91,6 @@ def layer_tensors(blocks: Sequence[BlockWeights], notes: list[str] | None = None
                 f"{blocks[i - 1].output_name!r}; layer {i} uses the latter"
             )
     return names
-
-
-def _hidden(array: np.ndarray, name: str) -> np.ndarray:
-    if array.ndim != 3:
-        raise ImporterInputError(
-            f"hidden state {name!r} must have shape (batch, tokens, features); got {array.shape}"
-        )
-    return array
 
 
 def _token_masks(
@@ -165,21 +162,33 @@ def _attention_probs(array: np.ndarray, name: str, n_heads: int) -> np.ndarray:
     return array
 
 
+def _gram_orientation(graph: OnnxModel, layer0: str, inputs: Inputs, d_model: int) -> Gram:
+    """The smaller Gram matrix of a (T, D) hidden state: T×T when T <= D is known, else D×D."""
+    tokens = inputs.token_mask.shape[1] if inputs.token_mask is not None else None
+    if tokens is None:
+        given = {spec.name: spec.shape for spec in graph.inputs}
+        dims = given.get(layer0) or static_dims(inferred_types(graph.proto), layer0)
+        tokens = dims[1] if dims is not None and len(dims) == 3 else None
+    return "tokens" if isinstance(tokens, int) and tokens <= d_model else "features"
+
+
 def _measure_layers(
     outputs: dict[str, np.ndarray],
-    layer_names: Sequence[str],
-    inputs: Inputs,
+    plan: ReductionPlan,
     start: int,
-    prefix: int,
     per_input: dict[str, np.ndarray],
-) -> None:
-    """Fill ``per_input[metric][item, layer]`` for one batch of hidden states (real tokens only)."""
-    for layer, name in enumerate(layer_names):
-        hidden = _hidden(outputs[name], name)
-        masks = _token_masks(inputs, start, hidden.shape[0], hidden.shape[1], prefix)
-        for b in range(hidden.shape[0]):
-            for metric, value in all_metrics(hidden[b][masks[b]].astype(np.float64)).items():
-                per_input[metric][start + b, layer] = float(value)
+) -> int:
+    """Fill ``per_input[metric][item, layer]`` for one batch from its in-graph statistics.
+
+    Returns the batch size.
+    """
+    batch = 0
+    for layer in range(len(plan.layers)):
+        values = metrics_from_statistics(plan.statistics(outputs, layer))
+        for metric, value in values.items():
+            batch = len(value)
+            per_input[metric][start : start + batch, layer] = value
+    return batch
 
 
 def _measure_dominance(
@@ -274,7 +283,6 @@ def audit(
     prefix = _prefix_count(exclude_prefix, ref.entry)
     graph = model if isinstance(model, OnnxModel) else load_model(ref.path)
     blocks = [block_weights(graph, block) for block in find_attention_blocks(graph).blocks]
-    fed = {spec.name for spec in graph.inputs}  # e.g. a model that reads embeddings
     notes: list[str] = []
     inputs = default_inputs(graph.inputs, ref.entry) if inputs is None else inputs
     if inputs.batch_size == 0:
@@ -285,20 +293,26 @@ def audit(
         )
     layer_names = layer_tensors(blocks, notes)
     attention = [b.attention_name for b in blocks] if dominance != "none" else []
-    exposed = [name for name in dict.fromkeys(layer_names + attention) if name not in fed]
-    runner = Runner(graph, expose=exposed, provider=provider)
+    plan = plan_reductions(
+        graph,
+        layer_names,
+        prefix=prefix,
+        masked=inputs.token_mask is not None,
+        gram=_gram_orientation(graph, layer_names[0], inputs, blocks[0].d_model),
+    )
+    runner = Runner(graph, expose=attention, extension=plan.extension, provider=provider)
+    feeds = dict(inputs.feeds)
+    if inputs.token_mask is not None:  # padding never counts: the mask weights every statistic
+        feeds.update(plan.mask_feed(inputs.token_mask))
     eig_H = _value_spectra(blocks, dominance, fold_gamma) if dominance != "none" else []
     per_input = {name: np.full((inputs.batch_size, len(layer_names)), np.nan) for name in METRICS}
     cases: list[DominanceCase] = []
     start = 0
-    for outputs in runner.run(inputs, batch_size=batch_size, progress=progress):
-        batch = next(iter(outputs.values())).shape[0]
-        for name in fed.intersection(layer_names):
-            outputs[name] = np.asarray(inputs.feeds[name][start : start + batch])
-        # Many small SVD and eigenvalue problems: one BLAS thread each is fastest, and it avoids
-        # the collapse of multithreaded BLAS on a busy machine (5-20x measured on 2 cores).
+    for outputs in runner.run(feeds, batch_size=batch_size, progress=progress):
+        # Many small eigenvalue problems: one BLAS thread each is fastest, and it avoids the
+        # collapse of multithreaded BLAS on a busy machine (5-20x measured on 2 cores).
         with threadpool_limits(limits=1, user_api="blas"):
-            _measure_layers(outputs, layer_names, inputs, start, prefix, per_input)
+            batch = _measure_layers(outputs, plan, start, per_input)
             cases += _measure_dominance(outputs, blocks, attention, inputs, start, eig_H, tie_rtol)
         start += batch
     return AuditResult(

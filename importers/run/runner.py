@@ -42,8 +42,10 @@ import numpy as np
 from importers.errors import ImporterInputError, ProviderError, RunnerError
 from importers.graph import GraphInput, OnnxModel
 from importers.graph.index import uses_external_data
+from importers.graph.shapes import inferred_types
 from importers.run.cuda import preload_cuda_libraries
 from importers.run.feeds import Inputs, check_feeds
+from importers.run.reductions import GraphExtension
 from importers.zoo import file_sha256
 
 __all__ = [
@@ -63,6 +65,9 @@ OPTIMIZATION_LEVELS: tuple[str, ...] = ("disable", "basic", "extended", "all")
 
 _CPU = "CPUExecutionProvider"
 _CUDA = "CUDAExecutionProvider"
+#: CUDA provider options: full float32 matrix products (TF32 would round their inputs to 10 bits
+#: of mantissa, so a GPU audit would measure a different model than the exported float32 one).
+CUDA_OPTIONS = {"use_tf32": "0"}
 _ORT_LEVEL_NAMES = {
     "disable": "ORT_DISABLE_ALL",
     "basic": "ORT_ENABLE_BASIC",
@@ -183,7 +188,7 @@ def cuda_failure_reason(lines: Sequence[str]) -> str:
     return "onnxruntime gave no reason"
 
 
-def _create(ort: Any, model: bytes | str, so: Any, providers: list[str]) -> tuple[Any, list[str]]:
+def _create(ort: Any, model: bytes | str, so: Any, providers: list[Any]) -> tuple[Any, list[str]]:
     with _captured_stderr() as log:
         try:
             session = ort.InferenceSession(model, sess_options=so, providers=providers)
@@ -207,7 +212,7 @@ def _open_session(ort: Any, model: bytes | str, so: Any, provider: str) -> tuple
         return _create(ort, model, so, [_CPU])[0], f"{_CUDA_FAILURE[0]}; using the CPU"
     preload_cuda_libraries(ort)  # the nvidia-* wheels of `oversmooth[gpu]`, when installed
     try:
-        session, log = _create(ort, model, so, [_CUDA, _CPU])
+        session, log = _create(ort, model, so, [(_CUDA, dict(CUDA_OPTIONS)), _CPU])
     except RunnerError as err:
         if provider == "cuda":
             raise ProviderError(f"`provider` cuda cannot be used: {err}") from err
@@ -273,80 +278,49 @@ def _copy_value(value: Any) -> Any:
     return detached
 
 
-#: Initializers up to this many bytes keep their values for shape inference (shape constants).
-_SMALL_TENSOR_BYTES = 1 << 16
-
-
-def _skeleton(model: Any) -> Any:
-    """A copy of ``model`` whose large initializers keep their name, type and dims but no values.
-
-    Shape inference serialises and copies the whole model several times; types and shapes need
-    only dims and the small shape constants, so the skeleton avoids copying the weights.
-    """
-    import onnx
-
-    skeleton = onnx.ModelProto()
-    for field in ("ir_version", "producer_name", "domain", "model_version"):
-        setattr(skeleton, field, getattr(model, field))
-    skeleton.opset_import.extend(model.opset_import)
-    skeleton.functions.extend(model.functions)
-    graph = skeleton.graph
-    graph.name = model.graph.name
-    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
-        getattr(graph, field).extend(getattr(model.graph, field))
-    for tensor in model.graph.initializer:
-        if tensor.ByteSize() <= _SMALL_TENSOR_BYTES:
-            graph.initializer.append(tensor)
-        else:
-            graph.initializer.append(
-                onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
-            )
-    return skeleton
-
-
-def _inferred_types(model: Any) -> dict[str, Any]:
-    """Output types from ONNX shape inference; empty when inference fails (contrib ops etc.)."""
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(_skeleton(model))
-    except Exception:  # inference is an optimisation here; onnxruntime types what it misses
-        return {}
-    typed = [*inferred.graph.value_info, *inferred.graph.output]
-    return {value.name: value.type for value in typed if value.type.HasField("tensor_type")}
-
-
 @contextlib.contextmanager
-def _exposed_outputs(model: Any, expose: Sequence[str], keep_outputs: bool) -> Iterator[list[str]]:
-    """Make ``expose`` (plus the originals if ``keep_outputs``) the outputs of ``model`` for a while.
+def _instrumented(
+    model: Any, expose: Sequence[str], keep_outputs: bool, extension: GraphExtension
+) -> Iterator[list[str]]:
+    """Append ``extension`` to ``model`` and make its outputs, ``expose`` (plus the originals if
+    ``keep_outputs``) the graph outputs, for a while.
 
     Exposed tensors are typed by ONNX shape inference where it can; the others are left untyped
-    for onnxruntime to type. The graph is edited in place (no second copy of the weights) and its
-    original outputs are restored when the block ends, so the caller's model is unchanged. Yields
-    the output names in order.
+    for onnxruntime to type. The graph is edited in place (no second copy of the weights) and
+    restored when the block ends, so the caller's model is unchanged. Yields the output names in
+    order.
     """
     import onnx
 
-    original = [_copy_value(value) for value in model.graph.output]
-    types = _inferred_types(model) if expose else {}
-    del model.graph.output[:]
+    graph = model.graph
+    original = [_copy_value(value) for value in graph.output]
+    sizes = {field: len(getattr(graph, field)) for field in ("node", "initializer", "input")}
+    types = inferred_types(model) if expose else {}
+    del graph.output[:]
     names: list[str] = []
     try:
+        graph.node.extend(extension.nodes)
+        graph.initializer.extend(extension.initializers)
+        graph.input.extend(extension.inputs)
+        graph.output.extend(extension.outputs)
+        names.extend(extension.output_names)
         for name in expose:
             value = onnx.ValueInfoProto(name=name)
             if name in types:
                 value.type.CopyFrom(types[name])
-            model.graph.output.append(value)
+            graph.output.append(value)
             names.append(name)
         if keep_outputs:
             for value in original:
                 if value.name not in names:
-                    model.graph.output.append(value)
+                    graph.output.append(value)
                     names.append(value.name)
         yield names
     finally:
-        del model.graph.output[:]
-        model.graph.output.extend(original)
+        del graph.output[:]
+        graph.output.extend(original)
+        for field, size in sizes.items():
+            del getattr(graph, field)[size:]
 
 
 @contextlib.contextmanager
@@ -411,6 +385,10 @@ class Runner:
         Intra-op threads (default: the usable CPU cores).
     include_outputs : bool
         Also return the model's original outputs.
+    extension : GraphExtension, optional
+        Nodes, constants and inputs appended to the graph for this session (e.g. the in-graph
+        metric reductions of :mod:`importers.run.reductions`); its outputs come first, its inputs
+        are fed like the model's own.
     optimization : {"disable", "basic", "extended", "all"}
         onnxruntime graph optimisation level.
 
@@ -419,7 +397,7 @@ class Runner:
     output_names : list of str
         Names of the arrays :meth:`run` yields, in order.
     inputs : tuple of GraphInput
-        The model's graph inputs.
+        The inputs to feed: the model's, then the extension's.
     provider_used : list of str
         ``session.get_providers()``: what onnxruntime actually runs.
     provider_note : str
@@ -434,6 +412,7 @@ class Runner:
         provider: Provider = "auto",
         threads: int | None = None,
         include_outputs: bool = False,
+        extension: GraphExtension | None = None,
         optimization: Optimization = "all",
     ) -> None:
         self.model_path = model.path
@@ -441,11 +420,12 @@ class Runner:
         self._options = _check_options(threads, optimization)
         proto = model.proto
         exposed = _check_exposed(expose, proto)
-        if not exposed and not include_outputs:
+        extension = extension or GraphExtension()
+        if not exposed and not include_outputs and not extension.outputs:
             raise ImporterInputError(
                 "`expose` must name at least one tensor when include_outputs=False"
             )
-        self.inputs: tuple[GraphInput, ...] = model.inputs
+        self.inputs: tuple[GraphInput, ...] = model.inputs + extension.graph_inputs
         self.exposed = exposed
         self.include_outputs = include_outputs
         ort = _ort()
@@ -453,7 +433,7 @@ class Runner:
         so = session_options(self._options.threads, self._options.optimization)  # type: ignore[arg-type]
         external = uses_external_data(proto.graph)
         serialized = b""
-        with _exposed_outputs(proto, exposed, include_outputs) as names:
+        with _instrumented(proto, exposed, include_outputs, extension) as names:
             self.output_names = names
             if external:  # onnxruntime resolves the data files next to a temporary copy
                 if model.path is None:
@@ -472,6 +452,7 @@ class Runner:
         self._run_options.log_severity_level = 4
         self.provider_used: list[str] = list(self.session.get_providers())
         self._on_cuda = self.provider_used[0] == _CUDA
+        self._ortvalue = ort.OrtValue
 
     def provenance(self) -> dict[str, Any]:
         """Every choice that affects the numbers: model, outputs, provider and session options."""
@@ -484,6 +465,7 @@ class Runner:
             "provider_used": list(self.provider_used),
             "provider_note": self.provider_note,
             "io_binding": self._on_cuda,
+            "provider_options": self.session.get_provider_options().get(self.provider_used[0], {}),
             "onnxruntime": self._ort_version,
             "session_options": self._options.as_dict(),
         }
@@ -495,16 +477,24 @@ class Runner:
 
     def _run_batch(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self._on_cuda:
-            binding = self.session.io_binding()
-            for name, array in feeds.items():
-                binding.bind_cpu_input(name, array)
-            for name in self.output_names:
-                binding.bind_output(name, "cpu")
-            self.session.run_with_iobinding(binding, self._run_options)
-            outputs = binding.copy_outputs_to_cpu()
+            outputs = self._run_on_device(feeds)
         else:
             outputs = self.session.run(self.output_names, dict(feeds), self._run_options)
         return dict(zip(self.output_names, outputs, strict=True))
+
+    def _run_on_device(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """IOBinding: inputs copied to the GPU once, outputs left there, then fetched.
+
+        Intermediate results never leave the device; only the bound outputs (the reductions'
+        small tensors, attention when asked) are copied back, once each.
+        """
+        binding = self.session.io_binding()
+        for name, array in feeds.items():
+            binding.bind_ortvalue_input(name, self._ortvalue.ortvalue_from_numpy(array, "cuda", 0))
+        for name in self.output_names:
+            binding.bind_output(name, "cuda", 0)
+        self.session.run_with_iobinding(binding, self._run_options)
+        return [value.numpy() for value in binding.get_outputs()]
 
     def run(
         self,
@@ -515,9 +505,9 @@ class Runner:
     ) -> Iterator[dict[str, np.ndarray]]:
         """Yield, per batch of items, ``{name: array}`` for every name in :attr:`output_names`.
 
-        Feeds are checked against the model's graph inputs first. Memory stays bounded by one
-        batch of exposed tensors. On CUDA, inputs are bound from CPU memory and outputs copied to
-        CPU memory with IOBinding.
+        Feeds are checked against the graph inputs (the model's and the extension's) first.
+        Memory stays bounded by one batch of outputs. On CUDA, inputs and outputs are bound on the
+        device with IOBinding and only the outputs are copied back.
 
         Parameters
         ----------

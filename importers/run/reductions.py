@@ -1,0 +1,323 @@
+"""Smoothing metrics reduced inside the graph: ONNX nodes that turn each layer into a few numbers.
+
+The audit needs, per input and layer, only the :class:`~simulator.statistics.TokenStatistics` of
+the hidden state X (B, T, D): eight scalars and, for the spectral metrics, one Gram matrix. The
+nodes built here compute them where the model runs (on the GPU under the CUDA provider), in
+float64, on the real tokens only, so what comes back per layer is ``(B, 8)`` plus ``(B, k, k)``
+instead of ``(B, T, D)``; :func:`simulator.statistics.metrics_from_statistics` finishes on the host.
+
+Per layer, with ``w`` (B, T) the token weights (1 for a counted token, 0 for padding and for
+excluded prefix tokens) and ``Xm = w ⊙ X`` (rows zeroed)::
+
+    n      = Σ_t w_t                       x̄ = Σ_t Xm_t / n
+    C      = w ⊙ (X - 1 x̄ᵀ)               hfc_sq = ||C||_F²      lfc_sq = n ||x̄||²
+    U      = Xm / ||Xm_t|| (0 for 0 rows)  unit_sum_sq = ||Σ_t U_t||²   unit_trace = ||U||_F²
+    m      = #{t : ||Xm_t|| > 0}           dong_num_sq = max col |C| sum × max row |C| sum (same for X)
+    G      = Xm Xmᵀ (k = T) or Xmᵀ Xm (k = D), whichever is smaller
+
+The weights come from an extra graph input ``oversmooth.token_mask`` (B, T) when the inputs carry
+a padding mask, else they are all ones built from X's own shape; prefix tokens are zeroed in the
+graph. Node spellings follow the model's default-domain opset (axes as inputs from opset 18 for
+every reduction, from 13 for ReduceSum).
+
+Public API
+----------
+ReductionPlan
+    The nodes, constants, extra input and outputs to append, and the decoder of their values.
+plan_reductions
+    Build the plan for chosen layer tensors of a model.
+MASK_INPUT
+    The name of the extra token-mask input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from importers.errors import ImporterInputError
+from importers.graph import GraphInput, OnnxModel
+from simulator.statistics import SCALAR_FIELDS, TokenStatistics
+
+__all__ = ["MASK_INPUT", "GraphExtension", "ReductionPlan", "plan_reductions"]
+
+Gram = Literal["tokens", "features", "none"]
+
+#: The extra graph input carrying the (B, T) token weights, when the inputs have a padding mask.
+MASK_INPUT = "oversmooth.token_mask"
+_PREFIX = "oversmooth.reduce"
+_DOUBLE = TensorProto.DOUBLE
+
+
+@dataclass(frozen=True)
+class GraphExtension:
+    """Nodes, constants, inputs and typed outputs to append to a graph for one session.
+
+    Attributes
+    ----------
+    nodes : tuple of onnx.NodeProto
+    initializers : tuple of onnx.TensorProto
+    inputs : tuple of onnx.ValueInfoProto
+        Extra graph inputs the caller feeds.
+    outputs : tuple of onnx.ValueInfoProto
+        Typed outputs the session returns.
+    """
+
+    nodes: tuple[onnx.NodeProto, ...] = ()
+    initializers: tuple[onnx.TensorProto, ...] = ()
+    inputs: tuple[onnx.ValueInfoProto, ...] = ()
+    outputs: tuple[onnx.ValueInfoProto, ...] = ()
+
+    @property
+    def output_names(self) -> list[str]:
+        return [value.name for value in self.outputs]
+
+    @property
+    def graph_inputs(self) -> tuple[GraphInput, ...]:
+        """The extra inputs as :class:`~importers.graph.GraphInput` (for feed checks)."""
+        return tuple(
+            GraphInput(
+                value.name,
+                np.dtype(helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)),
+                tuple(
+                    dim.dim_value if dim.HasField("dim_value") else dim.dim_param or None
+                    for dim in value.type.tensor_type.shape.dim
+                ),
+            )
+            for value in self.inputs
+        )
+
+
+@dataclass(frozen=True)
+class ReductionPlan:
+    """What :func:`plan_reductions` appends, and how to read the values back.
+
+    Attributes
+    ----------
+    layers : tuple of str
+        The reduced tensors, in layer order.
+    gram : {"tokens", "features", "none"}
+        Which Gram matrix comes back (``X Xᵀ``, ``Xᵀ X`` or none).
+    masked : bool
+        Whether the caller feeds :data:`MASK_INPUT`.
+    extension : GraphExtension
+        What to append to the graph.
+    """
+
+    layers: tuple[str, ...]
+    gram: Gram
+    masked: bool
+    extension: GraphExtension = field(repr=False)
+
+    def scalars_name(self, layer: int) -> str:
+        return f"{_PREFIX}.{layer}.scalars"
+
+    def gram_name(self, layer: int) -> str:
+        return f"{_PREFIX}.{layer}.gram"
+
+    def mask_feed(self, token_mask: np.ndarray) -> dict[str, np.ndarray]:
+        """The extra feed for a ``(B, T)`` boolean token mask (empty when not ``masked``)."""
+        return {MASK_INPUT: np.asarray(token_mask, dtype=np.float64)} if self.masked else {}
+
+    def statistics(self, outputs: Mapping[str, np.ndarray], layer: int) -> TokenStatistics:
+        """The :class:`~simulator.statistics.TokenStatistics` of one layer for one batch.
+
+        Gram eigenvalues are computed here (``eigvalsh`` in float64, batched).
+        """
+        eig = None
+        if self.gram != "none":
+            eig = np.linalg.eigvalsh(np.asarray(outputs[self.gram_name(layer)], np.float64))
+        return TokenStatistics.from_packed(outputs[self.scalars_name(layer)], eig)
+
+
+class _Builder:
+    """Appends nodes with unique names under ``oversmooth.reduce``; spells ops for the opset."""
+
+    def __init__(self, opset: int, taken: set[str]) -> None:
+        self.opset = opset
+        self.taken = taken
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: dict[str, onnx.TensorProto] = {}
+        self._count = 0
+
+    def fresh(self, hint: str) -> str:
+        self._count += 1
+        name = f"{_PREFIX}.{hint}.{self._count}"
+        if name in self.taken:
+            raise ImporterInputError(f"the model already has a tensor named {name!r}")
+        return name
+
+    def const(self, values: Sequence[float] | Sequence[int] | float, dtype: type) -> str:
+        array: np.ndarray = np.asarray(values, dtype=dtype)
+        name = f"{_PREFIX}.const.{array.dtype}.{'_'.join(map(str, array.ravel())) or 'empty'}"
+        name += f".{array.ndim}d"
+        if name not in self.initializers:
+            if name in self.taken:
+                raise ImporterInputError(f"the model already has a tensor named {name!r}")
+            self.initializers[name] = numpy_helper.from_array(array, name)
+        return name
+
+    def op(self, op_type: str, inputs: Sequence[str], hint: str, **attributes: Any) -> str:
+        out = self.fresh(hint)
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, **attributes))
+        return out
+
+    def output(self, op_type: str, inputs: Sequence[str], name: str, **attributes: Any) -> str:
+        if name in self.taken:
+            raise ImporterInputError(f"the model already has a tensor named {name!r}")
+        self.nodes.append(helper.make_node(op_type, list(inputs), [name], name=name, **attributes))
+        return name
+
+    def reduce(
+        self, op_type: str, x: str, axes: Sequence[int], hint: str, keepdims: int = 0
+    ) -> str:
+        """``op_type`` over ``axes``: axes as an input where the opset has it, else an attribute."""
+        axes_as_input = self.opset >= 18 or (op_type == "ReduceSum" and self.opset >= 13)
+        if axes_as_input:
+            return self.op(op_type, [x, self.const(list(axes), np.int64)], hint, keepdims=keepdims)
+        return self.op(op_type, [x], hint, axes=list(axes), keepdims=keepdims)
+
+    def unsqueeze(self, x: str, axis: int, hint: str) -> str:
+        return self.op("Unsqueeze", [x, self.const([axis], np.int64)], hint)
+
+
+def _token_weights(b: _Builder, x: str, mask: str | None, prefix: int) -> str:
+    """(B, T) double: the mask input, or ones shaped like X's first two axes; prefix zeroed."""
+    if mask is None:
+        batch_tokens = b.op(
+            "Slice",
+            [b.op("Shape", [x], "shape"), b.const([0], np.int64), b.const([2], np.int64)],
+            "batch_tokens",
+        )
+        ones = helper.make_tensor("value", _DOUBLE, [1], [1.0])
+        weights = b.op("ConstantOfShape", [batch_tokens], "ones", value=ones)
+    else:
+        weights = mask
+    if prefix == 0:
+        return weights
+    tokens = b.op(
+        "Gather", [b.op("Shape", [weights], "shape"), b.const(1, np.int64)], "tokens", axis=0
+    )
+    positions = b.op("Range", [b.const(0, np.int64), tokens, b.const(1, np.int64)], "positions")
+    kept = b.op("GreaterOrEqual", [positions, b.const(prefix, np.int64)], "after_prefix")
+    return b.op("Mul", [weights, b.op("Cast", [kept], "after_prefix", to=_DOUBLE)], "weights")
+
+
+def _norm_1_inf_sq(b: _Builder, absolute: str, hint: str) -> str:
+    """(B,): max column sum × max row sum of a (B, T, D) non-negative tensor."""
+    col = b.reduce("ReduceMax", b.reduce("ReduceSum", absolute, [1], "colsum"), [1], "colmax")
+    row = b.reduce("ReduceMax", b.reduce("ReduceSum", absolute, [2], "rowsum"), [1], "rowmax")
+    return b.op("Mul", [col, row], hint)
+
+
+def _layer_nodes(
+    b: _Builder, x: str, layer: int, mask: str | None, prefix: int, gram: Gram
+) -> None:
+    """Append the statistics nodes of one layer tensor ``x`` (B, T, D)."""
+    xd = b.op("Cast", [x], f"{layer}.x64", to=_DOUBLE)
+    w = _token_weights(b, xd, mask, prefix)
+    w3 = b.unsqueeze(w, 2, f"{layer}.w3")
+    xm = b.op("Mul", [xd, w3], f"{layer}.xm")
+    n = b.reduce("ReduceSum", w, [1], f"{layer}.n")
+    mean = b.op(
+        "Div",
+        [b.reduce("ReduceSum", xm, [1], f"{layer}.total"), b.unsqueeze(n, 1, f"{layer}.n2")],
+        f"{layer}.mean",
+    )
+    centered = b.op(
+        "Mul",
+        [b.op("Sub", [xd, b.unsqueeze(mean, 1, f"{layer}.mean3")], f"{layer}.dev"), w3],
+        f"{layer}.centered",
+    )
+    hfc_sq = b.reduce("ReduceSumSquare", centered, [1, 2], f"{layer}.hfc_sq")
+    lfc_sq = b.op("Mul", [n, b.reduce("ReduceSumSquare", mean, [1], "mean_sq")], f"{layer}.lfc_sq")
+    norms = b.op("Sqrt", [b.reduce("ReduceSumSquare", xm, [2], "row_sq", keepdims=1)], "norms")
+    nonzero = b.op(
+        "Cast", [b.op("Greater", [norms, b.const(0.0, np.float64)], "gt0")], "nonzero", to=_DOUBLE
+    )
+    one_where_zero = b.op("Sub", [b.const(1.0, np.float64), nonzero], "zero_rows")
+    unit = b.op("Div", [xm, b.op("Add", [norms, one_where_zero], "safe_norms")], f"{layer}.unit")
+    unit_sum = b.reduce("ReduceSum", unit, [1], "unit_sum")
+    statistics = {
+        "n_tokens": n,
+        "hfc_sq": hfc_sq,
+        "lfc_sq": lfc_sq,
+        "unit_sum_sq": b.reduce("ReduceSumSquare", unit_sum, [1], f"{layer}.unit_sum_sq"),
+        "unit_trace": b.reduce("ReduceSumSquare", unit, [1, 2], f"{layer}.unit_trace"),
+        "n_nonzero": b.reduce("ReduceSum", nonzero, [1, 2], f"{layer}.m"),
+        "dong_num_sq": _norm_1_inf_sq(b, b.op("Abs", [centered], "abs_c"), f"{layer}.dong_num"),
+        "dong_den_sq": _norm_1_inf_sq(b, b.op("Abs", [xm], "abs_x"), f"{layer}.dong_den"),
+    }
+    columns = [b.unsqueeze(statistics[name], 1, f"{layer}.col") for name in SCALAR_FIELDS]
+    b.output("Concat", columns, f"{_PREFIX}.{layer}.scalars", axis=1)
+    if gram != "none":
+        xt = b.op("Transpose", [xm], f"{layer}.xt", perm=[0, 2, 1])
+        pair = [xm, xt] if gram == "tokens" else [xt, xm]
+        b.output("MatMul", pair, f"{_PREFIX}.{layer}.gram")
+
+
+def _typed(name: str, dims: Sequence[str | int]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, _DOUBLE, list(dims))
+
+
+def _taken_names(model: OnnxModel) -> set[str]:
+    graph = model.proto.graph
+    names = {value.name for value in (*graph.input, *graph.output, *graph.initializer)}
+    names.update(output for node in graph.node for output in node.output)
+    return names
+
+
+def plan_reductions(
+    model: OnnxModel,
+    layers: Sequence[str],
+    *,
+    prefix: int = 0,
+    masked: bool = False,
+    gram: Gram = "tokens",
+) -> ReductionPlan:
+    """Plan the in-graph statistics of ``layers`` (each a (B, T, D) tensor of ``model``).
+
+    Parameters
+    ----------
+    model : OnnxModel
+        Not changed: the plan's :class:`GraphExtension` is appended for one session by
+        :class:`~importers.run.runner.Runner`.
+    layers : sequence of str
+        Node outputs or graph inputs, one per layer.
+    prefix : int
+        Leading tokens left out of every statistic (CLS, registers).
+    masked : bool
+        Weight tokens by the fed :data:`MASK_INPUT` (B, T) (padding masks), else count all.
+    gram : {"tokens", "features", "none"}
+        The Gram matrix to return (``X Xᵀ``, T×T, or ``Xᵀ X``, D×D), or none (no spectral metric).
+
+    Returns
+    -------
+    ReductionPlan
+    """
+    if gram not in ("tokens", "features", "none"):
+        raise ImporterInputError(f"`gram` must be tokens, features or none; got {gram!r}")
+    if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
+        raise ImporterInputError(f"`prefix` must be a non-negative integer; got {prefix!r}")
+    builder = _Builder(model.opset, _taken_names(model))
+    mask = MASK_INPUT if masked else None
+    if mask is not None and mask in builder.taken:
+        raise ImporterInputError(f"the model already has a tensor named {mask!r}")
+    outputs: list[onnx.ValueInfoProto] = []
+    for layer, name in enumerate(layers):
+        _layer_nodes(builder, name, layer, mask, prefix, gram)
+        outputs.append(_typed(f"{_PREFIX}.{layer}.scalars", ["batch", len(SCALAR_FIELDS)]))
+        if gram != "none":
+            outputs.append(_typed(f"{_PREFIX}.{layer}.gram", ["batch", "k", "k"]))
+    extension = GraphExtension(
+        nodes=tuple(builder.nodes),
+        initializers=tuple(builder.initializers.values()),
+        inputs=(_typed(MASK_INPUT, ["batch", "tokens"]),) if masked else (),
+        outputs=tuple(outputs),
+    )
+    return ReductionPlan(tuple(layers), gram, masked, extension)

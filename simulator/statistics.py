@@ -1,0 +1,219 @@
+"""Sufficient statistics of a token matrix: every smoothing metric from a few numbers and one Gram.
+
+The metrics of :mod:`simulator.metrics` need the token matrix X only through
+
+- the token count ``n`` (real rows), ``||X - 1 x̄ᵀ||_F²`` and ``n ||x̄||²`` (HFC/LFC, Def. 1);
+- the unit rows ``u_i = x_i / ||x_i||`` through ``||Σ_i u_i||²``, ``Σ_i ||u_i||²`` and the count m
+  of nonzero rows, since ``Σ_{i≠j} cos(x_i, x_j) = ||Σ_i u_i||² - Σ_i ||u_i||²`` (Def. 2);
+- the products (max column sum) × (max row sum) of ``|X - 1 x̄ᵀ|`` and of ``|X|`` (Dong et al.);
+- the singular values, i.e. the eigenvalues of either Gram matrix ``X Xᵀ`` (n×n) or ``Xᵀ X``
+  (d×d): ``σ_k = sqrt(λ_k)`` (Def. 3, effective rank).
+
+So a caller that cannot afford to move X (a GPU running the model) can reduce X where it lives
+to these statistics and finish here: :func:`metrics_from_statistics` gives the same values as
+:func:`simulator.metrics.all_metrics` up to the round-off of the reduction. :func:`token_statistics`
+is the NumPy reduction (the reference for other implementations, e.g. ONNX nodes).
+
+Public API
+----------
+TokenStatistics
+    The statistics, batched over leading axes.
+token_statistics
+    Reduce X (optionally only its masked rows) to its statistics.
+metrics_from_statistics
+    The metrics of :data:`simulator.metrics.METRICS` from the statistics.
+SPECTRAL_METRICS
+    The metrics that need the Gram eigenvalues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from simulator.errors import InputError
+from simulator.metrics import _FROM_SINGULAR_VALUES, METRICS, _safe_divide
+from simulator.validation import FloatArray, as_tokens, check_choice
+
+__all__ = [
+    "SCALAR_FIELDS",
+    "SPECTRAL_METRICS",
+    "TokenStatistics",
+    "metrics_from_statistics",
+    "token_statistics",
+]
+
+#: Metrics that need the singular values (the Gram eigenvalues); the others need scalars only.
+SPECTRAL_METRICS: tuple[str, ...] = tuple(_FROM_SINGULAR_VALUES)
+
+#: The scalar statistics, in the order a packed ``(..., 8)`` array holds them.
+SCALAR_FIELDS: tuple[str, ...] = (
+    "n_tokens",
+    "hfc_sq",
+    "lfc_sq",
+    "unit_sum_sq",
+    "unit_trace",
+    "n_nonzero",
+    "dong_num_sq",
+    "dong_den_sq",
+)
+
+
+@dataclass(frozen=True)
+class TokenStatistics:
+    """Sufficient statistics of token matrices X, each field of shape ``(...)``.
+
+    Attributes
+    ----------
+    n_tokens : ndarray
+        n, the rows (real tokens) counted.
+    hfc_sq, lfc_sq : ndarray
+        ``||X - 1 x̄ᵀ||_F²`` and ``n ||x̄||²`` with the token mean x̄.
+    unit_sum_sq, unit_trace : ndarray
+        ``||Σ_i u_i||²`` and ``Σ_i ||u_i||²`` over the unit rows (zero rows contribute 0).
+    n_nonzero : ndarray
+        m, the nonzero rows.
+    dong_num_sq, dong_den_sq : ndarray
+        ``||·||_1 ||·||_∞`` (max column abs sum × max row abs sum) of ``X - 1 x̄ᵀ`` and of X.
+    gram_eigenvalues : ndarray of shape (..., k), optional
+        Eigenvalues of ``X Xᵀ`` or ``Xᵀ X`` (any order; extra zeros are harmless), needed only by
+        :data:`SPECTRAL_METRICS`.
+    """
+
+    n_tokens: FloatArray
+    hfc_sq: FloatArray
+    lfc_sq: FloatArray
+    unit_sum_sq: FloatArray
+    unit_trace: FloatArray
+    n_nonzero: FloatArray
+    dong_num_sq: FloatArray
+    dong_den_sq: FloatArray
+    gram_eigenvalues: FloatArray | None = None
+
+    @classmethod
+    def from_packed(
+        cls, scalars: ArrayLike, gram_eigenvalues: ArrayLike | None = None
+    ) -> TokenStatistics:
+        """Statistics from a ``(..., 8)`` array in :data:`SCALAR_FIELDS` order."""
+        packed = np.asarray(scalars, dtype=np.float64)
+        if packed.shape[-1:] != (len(SCALAR_FIELDS),):
+            raise InputError(
+                f"`scalars` must have a last axis of {len(SCALAR_FIELDS)} statistics; got shape "
+                f"{packed.shape}"
+            )
+        fields = {name: packed[..., i] for i, name in enumerate(SCALAR_FIELDS)}
+        eig = None if gram_eigenvalues is None else np.asarray(gram_eigenvalues, np.float64)
+        return cls(**fields, gram_eigenvalues=eig)
+
+
+def _norm_1_inf_sq(absolute: FloatArray) -> FloatArray:
+    return absolute.sum(axis=-2).max(axis=-1) * absolute.sum(axis=-1).max(axis=-1)
+
+
+def token_statistics(
+    X: ArrayLike,
+    mask: ArrayLike | None = None,
+    *,
+    gram: Literal["tokens", "features", "none"] = "tokens",
+) -> TokenStatistics:
+    """Reduce token matrices to their :class:`TokenStatistics` (the NumPy reference).
+
+    Parameters
+    ----------
+    X : (..., n, d) array_like
+    mask : (..., n) array_like of bool, optional
+        Rows to count (default all). Masked-out rows are treated as absent: X restricted to the
+        kept rows has the same statistics (its Gram has extra zero eigenvalues, which no metric sees).
+    gram : {"tokens", "features", "none"}
+        Eigenvalues of ``X Xᵀ`` (n×n), of ``Xᵀ X`` (d×d), or none (no spectral metric then).
+
+    Returns
+    -------
+    TokenStatistics
+    """
+    check_choice(gram, "gram", ("tokens", "features", "none"))
+    X = as_tokens(X)
+    keep = np.ones(X.shape[:-1]) if mask is None else np.asarray(mask, dtype=np.float64)
+    if keep.shape != X.shape[:-1]:
+        raise InputError(f"`mask` must have shape {X.shape[:-1]}; got {keep.shape}")
+    Xm = X * keep[..., None]
+    n = keep.sum(axis=-1)
+    totals = Xm.sum(axis=-2)
+    mean = np.divide(totals, n[..., None], out=np.zeros_like(totals), where=n[..., None] > 0)
+    centered = (X - mean[..., None, :]) * keep[..., None]
+    norms = np.linalg.norm(Xm, axis=-1)
+    unit = np.divide(Xm, norms[..., None], out=np.zeros_like(Xm), where=norms[..., None] > 0)
+    eig: FloatArray | None = None
+    if gram == "tokens":
+        eig = np.asarray(np.linalg.eigvalsh(Xm @ np.swapaxes(Xm, -1, -2)), dtype=np.float64)
+    elif gram == "features":
+        eig = np.asarray(np.linalg.eigvalsh(np.swapaxes(Xm, -1, -2) @ Xm), dtype=np.float64)
+    return TokenStatistics(
+        n_tokens=n,
+        hfc_sq=np.sum(centered**2, axis=(-2, -1)),
+        lfc_sq=n * np.sum(mean**2, axis=-1),
+        unit_sum_sq=np.sum(unit.sum(axis=-2) ** 2, axis=-1),
+        unit_trace=np.sum(unit**2, axis=(-2, -1)),
+        n_nonzero=(norms > 0).sum(axis=-1).astype(np.float64),
+        dong_num_sq=_norm_1_inf_sq(np.abs(centered)),
+        dong_den_sq=_norm_1_inf_sq(np.abs(Xm)),
+        gram_eigenvalues=eig,
+    )
+
+
+def _singular_values_from_gram(eig: FloatArray) -> FloatArray:
+    """Descending singular values from Gram eigenvalues; round-off level ones become exactly 0.
+
+    A Gram matrix computed in float64 carries errors of about ``k ε λ_max``; eigenvalues below
+    that are noise (negative ones included) and would otherwise add spurious ``sqrt(k ε) σ_1``
+    singular values to the effective rank.
+    """
+    eig = np.sort(np.asarray(eig, dtype=np.float64), axis=-1)[..., ::-1]
+    floor = eig.shape[-1] * np.finfo(np.float64).eps * np.maximum(eig[..., :1], 0.0)
+    return np.sqrt(np.where(eig > floor, eig, 0.0))
+
+
+def metrics_from_statistics(
+    stats: TokenStatistics, names: Iterable[str] | None = None
+) -> dict[str, FloatArray]:
+    """The metrics of :data:`~simulator.metrics.METRICS` named in ``names`` (default all).
+
+    Equal to :func:`simulator.metrics.all_metrics` on the counted rows, up to the round-off of the
+    statistics (about ``sqrt(k ε)`` relative for the spectral metrics' smallest singular values).
+
+    Raises
+    ------
+    InputError
+        An unknown metric name, fewer than 2 tokens counted, or a spectral metric without
+        ``gram_eigenvalues``.
+    """
+    wanted = list(METRICS) if names is None else list(names)
+    unknown = [name for name in wanted if name not in METRICS]
+    if unknown:
+        raise InputError(f"metric names must be among {', '.join(METRICS)}; got {unknown[0]!r}")
+    if np.any(np.asarray(stats.n_tokens) < 2):
+        raise InputError(
+            "every token matrix must have at least 2 tokens (rows) for a smoothing metric; got "
+            f"{int(np.min(stats.n_tokens))}"
+        )
+    spectral = [name for name in wanted if name in SPECTRAL_METRICS]
+    if spectral and stats.gram_eigenvalues is None:
+        raise InputError(f"metric {spectral[0]!r} needs `gram_eigenvalues`; got none")
+    values: dict[str, FloatArray] = {}
+    if spectral:
+        s = _singular_values_from_gram(stats.gram_eigenvalues)  # type: ignore[arg-type]
+        values.update({name: _FROM_SINGULAR_VALUES[name](s) for name in spectral})
+    for name in wanted:
+        if name == "hfc_lfc":
+            values[name] = _safe_divide(np.sqrt(stats.hfc_sq), np.sqrt(stats.lfc_sq))
+        elif name == "cosine":
+            m = np.asarray(stats.n_nonzero, dtype=np.float64)
+            pairs = _safe_divide(stats.unit_sum_sq - stats.unit_trace, m * (m - 1))
+            values[name] = np.where(m >= 2, pairs, np.nan)  # no pair: NaN, as all_metrics
+        elif name == "dong_residual":
+            values[name] = _safe_divide(np.sqrt(stats.dong_num_sq), np.sqrt(stats.dong_den_sq))
+    return {name: values[name] for name in wanted}

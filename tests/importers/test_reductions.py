@@ -1,0 +1,215 @@
+"""In-graph metric reductions: the statistics computed by ONNX nodes give the host-side metrics.
+
+Each test runs one session that returns both the hidden states (exposed) and their in-graph
+statistics, so both sides see the same float32 tensor; the metrics must then agree to the round-off
+of a float64 Gram matrix. On every builder variant (padding masks, prefix tokens, both Gram
+orientations, opsets 14 to 18, fp16 and quantised weights), on every zoo model (CPU), and on CUDA
+where a CUDA session can be created (marker ``cuda``: skipped elsewhere).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+import pytest
+from numpy.testing import assert_allclose
+
+from importers.errors import ImporterInputError, ProviderError
+from importers.graph import OnnxModel, load_model, model_from_proto
+from importers.match import find_attention_blocks
+from importers.run.audit import layer_tensors
+from importers.run.feeds import Inputs
+from importers.run.reductions import MASK_INPUT, plan_reductions
+from importers.run.runner import Runner, open_session
+from importers.run.sources import default_inputs
+from importers.weights import block_weights
+from importers.zoo import get_model, models
+from simulator.metrics import METRICS, all_metrics
+from simulator.statistics import metrics_from_statistics
+from simulator.tolerances import GRAM_ATOL, GRAM_RTOL
+from tests.importers.builders import VARIANTS, assemble
+from tests.realmodels import require_real_model
+
+SEED = 3
+
+
+@functools.cache
+def _builder(name: str) -> tuple[OnnxModel, Inputs]:
+    built = assemble(name, SEED).built
+    model = model_from_proto(built.model)
+    mask = built.inputs.get("attention_mask")
+    inputs = Inputs(
+        feeds=dict(built.inputs),
+        token_mask=None if mask is None else mask.astype(bool),
+        labels=tuple(f"item-{i}" for i in range(next(iter(built.inputs.values())).shape[0])),
+        source="test",
+    )
+    return model, inputs
+
+
+def _layers(model: OnnxModel) -> list[str]:
+    blocks = [block_weights(model, block) for block in find_attention_blocks(model).blocks]
+    return layer_tensors(blocks)
+
+
+def _host_metrics(hidden: np.ndarray, keep: np.ndarray) -> dict[str, np.ndarray]:
+    per_item = [all_metrics(hidden[b][keep[b]].astype(np.float64)) for b in range(len(hidden))]
+    return {name: np.array([float(item[name]) for item in per_item]) for name in METRICS}
+
+
+def _compared(
+    model: OnnxModel,
+    inputs: Inputs,
+    *,
+    prefix: int,
+    gram: str,
+    provider: str = "cpu",
+    batch_size: int = 4,
+) -> Iterator[tuple[int, str, np.ndarray, np.ndarray]]:
+    """Yield (layer, metric, in-graph values, host values) for every batch."""
+    layers = _layers(model)
+    plan = plan_reductions(
+        model,
+        layers,
+        prefix=prefix,
+        masked=inputs.token_mask is not None,
+        gram=gram,  # type: ignore[arg-type]
+    )
+    given = {spec.name for spec in model.inputs}
+    runner = Runner(
+        model,
+        expose=[name for name in layers if name not in given],
+        extension=plan.extension,
+        provider=provider,  # type: ignore[arg-type]
+    )
+    feeds = dict(inputs.feeds)
+    if inputs.token_mask is not None:
+        feeds.update(plan.mask_feed(inputs.token_mask))
+    start = 0
+    for outputs in runner.run(feeds, batch_size=batch_size):
+        for layer, name in enumerate(layers):
+            hidden = outputs[name] if name in outputs else inputs.feeds[name][start:]
+            hidden = hidden[: len(outputs[plan.scalars_name(layer)])]
+            keep = inputs.token_mask_for(hidden.shape[1])[start : start + len(hidden)].copy()
+            keep[:, :prefix] = False
+            expected = _host_metrics(hidden, keep)
+            got = metrics_from_statistics(plan.statistics(outputs, layer))
+            for metric in METRICS:
+                yield layer, metric, got[metric], expected[metric]
+        start += len(hidden)
+
+
+def _assert_equal(model: OnnxModel, inputs: Inputs, label: str, **options: object) -> None:
+    for layer, metric, got, expected in _compared(model, inputs, **options):  # type: ignore[arg-type]
+        assert_allclose(
+            got, expected, rtol=GRAM_RTOL, atol=GRAM_ATOL, err_msg=f"{label}: {metric}, {layer}"
+        )
+
+
+@pytest.mark.parametrize("gram", ["tokens", "features"])
+@pytest.mark.parametrize("prefix", [0, 1])
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_in_graph_statistics_give_the_host_metrics(name: str, prefix: int, gram: str) -> None:
+    model, inputs = _builder(name)
+    _assert_equal(model, inputs, name, prefix=prefix, gram=gram)
+
+
+@pytest.mark.parametrize("opset", [14, 17, 18])
+def test_reductions_are_spelled_for_the_models_opset(opset: int) -> None:
+    # ReduceSumSquare/ReduceMax take axes as an attribute below opset 18 and as an input from 18.
+    model, inputs = _builder("bert_legacy")
+    proto = type(model.proto)()
+    proto.CopyFrom(model.proto)
+    for entry in proto.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = opset
+    relabelled = model_from_proto(proto)
+    assert relabelled.opset == opset
+    _assert_equal(relabelled, inputs, f"opset {opset}", prefix=1, gram="tokens")
+
+
+def test_padding_never_counts() -> None:
+    # Changing what sits at padded positions changes no statistic.
+    model, inputs = _builder("bert_legacy")
+    assert inputs.token_mask is not None
+    assert not inputs.token_mask.all()
+    layers = _layers(model)
+    plan = plan_reductions(model, layers, masked=True)
+    runner = Runner(model, expose=[], extension=plan.extension, provider="cpu")
+    feeds = {**inputs.feeds, **plan.mask_feed(inputs.token_mask)}
+    other = dict(feeds)
+    other["input_ids"] = np.where(inputs.token_mask, feeds["input_ids"], 1)
+    first, second = runner.collect(feeds), runner.collect(other)
+    for layer in range(1, len(layers)):  # layer 0 sits before attention mixes the tokens
+        a = metrics_from_statistics(plan.statistics(first, layer))
+        b = metrics_from_statistics(plan.statistics(second, layer))
+        for metric in METRICS:
+            assert_allclose(a[metric], b[metric], rtol=1e-5, atol=1e-6, err_msg=metric)
+
+
+def test_the_callers_graph_is_unchanged_and_names_are_checked() -> None:
+    model, _ = _builder("bert_legacy")
+    before = model.proto.SerializeToString()
+    plan = plan_reductions(model, _layers(model), masked=True)
+    runner = Runner(model, expose=[], extension=plan.extension, provider="cpu")
+    assert model.proto.SerializeToString() == before
+    assert MASK_INPUT in {spec.name for spec in runner.inputs}
+    with pytest.raises(ImporterInputError, match="gram"):
+        plan_reductions(model, _layers(model), gram="rows")  # type: ignore[arg-type]
+    with pytest.raises(ImporterInputError, match="prefix"):
+        plan_reductions(model, _layers(model), prefix=-1)
+    proto = type(model.proto)()
+    proto.CopyFrom(model.proto)
+    proto.graph.node.append(
+        onnx.helper.make_node("Identity", ["input_ids"], ["oversmooth.reduce.0.scalars"])
+    )
+    with pytest.raises(ImporterInputError, match="already has a tensor"):
+        plan_reductions(model_from_proto(proto), _layers(model))
+
+
+# -- real models --------------------------------------------------------------------------------
+
+
+@functools.cache
+def _zoo(name: str) -> tuple[OnnxModel, Inputs, int]:
+    model = load_model(require_real_model(name))
+    entry = get_model(name)
+    return model, default_inputs(model.inputs, entry), int(entry.prefix_tokens)
+
+
+def _cuda_or_skip() -> None:
+    tiny = assemble("bert_legacy", SEED).built.model.SerializeToString()
+    try:
+        open_session(tiny, "cuda")
+    except ProviderError as err:
+        pytest.skip(f"no CUDA here: {err}")
+
+
+ZOO = [entry.name for entry in models()]
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_models_in_graph_statistics_give_the_host_metrics_on_cpu(name: str) -> None:
+    model, inputs, prefix = _zoo(name)
+    _assert_equal(model, inputs, name, prefix=prefix, gram="tokens")
+
+
+@pytest.mark.cuda
+@pytest.mark.realmodel
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_models_in_graph_statistics_give_the_host_metrics_on_cuda(name: str) -> None:
+    _cuda_or_skip()
+    model, inputs, prefix = _zoo(name)
+    _assert_equal(model, inputs, name, prefix=prefix, gram="tokens", provider="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_builder_in_graph_statistics_give_the_host_metrics_on_cuda(name: str) -> None:
+    _cuda_or_skip()
+    model, inputs = _builder(name)
+    _assert_equal(model, inputs, name, prefix=1, gram="features", provider="cuda")
