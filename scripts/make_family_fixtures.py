@@ -1,0 +1,1161 @@
+"""Regenerate ``tests/fixtures/families/``: tiny random Transformers of many families, exported to ONNX
+the ways users export them, each with its truth.
+
+Development only: this script needs torch, transformers, onnx, onnxscript and onnxruntime, which the
+project never installs (docs/fixtures.md gives the commands for a separate environment). Nothing is
+downloaded: every model is built from a config with seeded random weights (2 layers, d_model 32,
+4 heads of 8, vocabulary 128, 32x32 images in 8x8 patches, 8 mel bins).
+
+Per family it writes, under ``<out>/<family>/``:
+
+* ``legacy_eager.onnx`` — ``torch.onnx.export(dynamo=False)``, opset 17, dynamic batch (and sequence
+  for text) axes, eager attention;
+* ``legacy_sdpa.onnx`` — the same with ``attn_implementation="sdpa"`` where the family has it;
+* ``dynamo_eager.onnx`` — ``torch.onnx.export(dynamo=True)``, opset 18 (dynamic axes where the
+  exporter accepts them, else the fixed sizes of the sample input);
+* ``optimum.onnx`` — optimum's exporter (``main_export``, task feature-extraction, opset 17);
+* ``optimized.onnx`` — ``onnxruntime.transformers.optimizer.optimize_model`` of ``legacy_eager``
+  (of ``optimum.onnx`` where the plain legacy export fails);
+* ``int8.onnx`` — ``onnxruntime.quantization.quantize_dynamic`` (int8 weights) of the same;
+* ``truth.npz`` — the float model's truth; ``truth_int8.npz`` — the same model with every weight that
+  ``int8.onnx`` quantised replaced by its dequantised value.
+
+A truth file holds, per attention layer ``l``: ``W_Q[l]`` (d_model, H·d_head), ``W_K[l]`` and
+``W_V[l]`` (d_model, H_kv·d_head), ``W_O[l]`` (H·d_head, d_model) in the project's row-vector
+convention (``y = x @ W``, head h in columns ``h·d_head:(h+1)·d_head``; W_Q and W_K before any rotary
+embedding and without the 1/sqrt(d_head) score scale); ``n_heads``, ``n_kv_heads``, ``d_head``;
+``hidden`` (n_layers + 1, batch, tokens, d_model): the residual stream entering block 0 (captured by
+a forward pre-hook) and each block's output (forward hooks, before any final norm); and the input
+feeds as ``feed_<graph input name>``. ``manifest.json`` lists every fixture with its family,
+exporter, opset, variant, file, sha256, truth file and architectural features.
+
+Usage::
+
+    python scripts/make_family_fixtures.py [--out tests/fixtures/families] [--only bert,gpt2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch  # noqa: TID251 (development-only script)
+import transformers as tf
+from onnx import numpy_helper
+from torch import nn  # noqa: TID251
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = 0
+D_MODEL, N_HEADS, N_KV, D_FF, VOCAB, N_LAYERS = 32, 4, 2, 64, 128, 2
+BATCH, TOKENS = 2, 8
+IMAGE, PATCH, MELS, AUDIO_POSITIONS = 32, 8, 8, 16
+LEGACY_OPSET, DYNAMO_OPSET = 17, 18
+
+Weights = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One Transformer family: how to build it, where its blocks are and how to read its weights.
+
+    Attributes
+    ----------
+    name : str
+        Fixture folder name.
+    make : callable
+        ``attn_implementation -> nn.Module`` (the base model or its encoder).
+    blocks : str
+        Dotted path of the ``nn.ModuleList`` of blocks.
+    proj : tuple of str
+        ``(kind, *paths)``: ``("separate", q, k, v, o)``, ``("gpt2", qkv, o)`` (Conv1D [q|k|v]),
+        ``("headwise", qkv, o)`` (per head [q k v]) or ``("concat", qkv, o)`` ([q | k | v] with
+        the family's kv head count).
+    inputs : str
+        ``"text"``, ``"image"`` or ``"audio"``.
+    features : dict
+        Written to the manifest: norm, rotary, parallel, causal, score_bias, gqa.
+    n_kv : int
+        Key/value heads.
+    sdpa : bool
+        Whether ``attn_implementation="sdpa"`` exists for the family.
+    optimizer : str or None
+        ``model_type`` for onnxruntime's transformer optimizer (None: not attempted).
+    repeat : int
+        How many times each block module runs (ALBERT shares one layer: 2).
+    optimum : bool
+        Whether to export with optimum's ``main_export`` (not for an encoder taken out of an
+        encoder-decoder model).
+    """
+
+    name: str
+    make: Callable[[str], nn.Module]
+    blocks: str
+    proj: tuple[str, ...]
+    inputs: str
+    features: dict[str, Any]
+    n_kv: int = N_HEADS
+    sdpa: bool = True
+    optimizer: str | None = "bert"
+    repeat: int = 1
+    optimum: bool = True
+
+
+def _features(
+    norm: str,
+    *,
+    rotary: str = "none",
+    parallel: bool = False,
+    causal: bool = False,
+    score_bias: str = "none",
+    gqa: bool = False,
+) -> dict[str, Any]:
+    return {
+        "norm": norm,
+        "rotary": rotary,
+        "parallel": parallel,
+        "causal": causal,
+        "score_bias": score_bias,
+        "gqa": gqa,
+    }
+
+
+def _text(**extra: Any) -> dict[str, Any]:
+    """Common text config keywords (BERT naming)."""
+    base = {
+        "vocab_size": VOCAB,
+        "hidden_size": D_MODEL,
+        "num_hidden_layers": N_LAYERS,
+        "num_attention_heads": N_HEADS,
+        "intermediate_size": D_FF,
+        "max_position_embeddings": 64,
+    }
+    return base | extra
+
+
+def _decoder(**extra: Any) -> dict[str, Any]:
+    """Common decoder config keywords (Llama naming, GQA 4 → 2)."""
+    return _text(num_key_value_heads=N_KV, pad_token_id=0, bos_token_id=1, eos_token_id=2) | extra
+
+
+def _vision(**extra: Any) -> dict[str, Any]:
+    base = {
+        "hidden_size": D_MODEL,
+        "num_hidden_layers": N_LAYERS,
+        "num_attention_heads": N_HEADS,
+        "intermediate_size": D_FF,
+        "image_size": IMAGE,
+        "patch_size": PATCH,
+        "num_channels": 3,
+    }
+    return base | extra
+
+
+def _build(model_cls: Any, config: Any, attn: str, **kwargs: Any) -> nn.Module:
+    config._attn_implementation = attn
+    torch.manual_seed(SEED)
+    return model_cls(config, **kwargs).eval()
+
+
+def _hf(model: str, cfg: str, config: dict[str, Any], **kwargs: Any) -> Callable[[str], nn.Module]:
+    """A ``make`` function: ``transformers.<model>(transformers.<cfg>(**config), **kwargs)``."""
+
+    def make(attn: str) -> nn.Module:
+        return _build(getattr(tf, model), getattr(tf, cfg)(**config), attn, **kwargs)
+
+    return make
+
+
+def _encoder_of(model: str, cfg: str, config: dict[str, Any]) -> Callable[[str], nn.Module]:
+    """A ``make`` function returning the encoder of an encoder-decoder model."""
+
+    def make(attn: str) -> nn.Module:
+        whole = _build(getattr(tf, model), getattr(tf, cfg)(**config), attn)
+        return whole.get_encoder().eval()
+
+    return make
+
+
+_BERT_PROJ = (
+    "separate",
+    "attention.self.query",
+    "attention.self.key",
+    "attention.self.value",
+    "attention.output.dense",
+)
+_VIT_PROJ = (
+    "separate",
+    "attention.attention.query",
+    "attention.attention.key",
+    "attention.attention.value",
+    "attention.output.dense",
+)
+_SELF_ATTN = ("separate", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+_POST, _PRE = _features("post"), _features("pre")
+_ROPE_GQA = _features("pre", rotary="full", causal=True, gqa=True)
+_BART = {
+    "vocab_size": VOCAB,
+    "d_model": D_MODEL,
+    "encoder_layers": N_LAYERS,
+    "decoder_layers": 1,
+    "encoder_attention_heads": N_HEADS,
+    "decoder_attention_heads": N_HEADS,
+    "encoder_ffn_dim": D_FF,
+    "decoder_ffn_dim": D_FF,
+    "max_position_embeddings": 64,
+}
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "bert",
+        _hf("BertModel", "BertConfig", _text(), add_pooling_layer=False),
+        "encoder.layer",
+        _BERT_PROJ,
+        "text",
+        _POST,
+    ),
+    Family(
+        "gpt2",
+        _hf(
+            "GPT2Model",
+            "GPT2Config",
+            {
+                "vocab_size": VOCAB,
+                "n_embd": D_MODEL,
+                "n_layer": N_LAYERS,
+                "n_head": N_HEADS,
+                "n_inner": D_FF,
+                "n_positions": 64,
+            },
+        ),
+        "h",
+        ("gpt2", "attn.c_attn", "attn.c_proj"),
+        "text",
+        _features("pre", causal=True),
+        optimizer="gpt2",
+    ),
+    Family(
+        "llama",
+        _hf("LlamaModel", "LlamaConfig", _decoder()),
+        "layers",
+        (*_SELF_ATTN, "self_attn.o_proj"),
+        "text",
+        _ROPE_GQA,
+        n_kv=N_KV,
+        optimizer="gpt2",
+    ),
+    Family(
+        "vit",
+        _hf("ViTModel", "ViTConfig", _vision(), add_pooling_layer=False),
+        "encoder.layer",
+        _VIT_PROJ,
+        "image",
+        _PRE,
+        optimizer="vit",
+    ),
+    Family(
+        "distilbert",
+        _hf(
+            "DistilBertModel",
+            "DistilBertConfig",
+            {
+                "vocab_size": VOCAB,
+                "dim": D_MODEL,
+                "n_layers": N_LAYERS,
+                "n_heads": N_HEADS,
+                "hidden_dim": D_FF,
+                "max_position_embeddings": 64,
+            },
+        ),
+        "transformer.layer",
+        ("separate", "attention.q_lin", "attention.k_lin", "attention.v_lin", "attention.out_lin"),
+        "text",
+        _POST,
+    ),
+    Family(
+        "opt",
+        _hf(
+            "OPTModel",
+            "OPTConfig",
+            {
+                "vocab_size": VOCAB,
+                "hidden_size": D_MODEL,
+                "num_hidden_layers": N_LAYERS,
+                "ffn_dim": D_FF,
+                "num_attention_heads": N_HEADS,
+                "max_position_embeddings": 64,
+                "word_embed_proj_dim": D_MODEL,
+                "pad_token_id": 1,
+            },
+        ),
+        "decoder.layers",
+        (*_SELF_ATTN, "self_attn.out_proj"),
+        "text",
+        _features("pre", causal=True),
+        optimizer="gpt2",
+    ),
+    Family(
+        "qwen2",
+        _hf("Qwen2Model", "Qwen2Config", _decoder()),
+        "layers",
+        (*_SELF_ATTN, "self_attn.o_proj"),
+        "text",
+        _ROPE_GQA,
+        n_kv=N_KV,
+        optimizer="gpt2",
+    ),
+    Family(
+        "gemma",
+        _hf("GemmaModel", "GemmaConfig", _decoder(head_dim=D_MODEL // N_HEADS)),
+        "layers",
+        (*_SELF_ATTN, "self_attn.o_proj"),
+        "text",
+        _ROPE_GQA,
+        n_kv=N_KV,
+        optimizer="gpt2",
+    ),
+    Family(
+        "phi3",
+        _hf(
+            "Phi3Model",
+            "Phi3Config",
+            _decoder(original_max_position_embeddings=64, sliding_window=None),
+        ),
+        "layers",
+        ("concat", "self_attn.qkv_proj", "self_attn.o_proj"),
+        "text",
+        _ROPE_GQA,
+        n_kv=N_KV,
+        optimizer="gpt2",
+    ),
+    Family(
+        "dinov2",
+        _hf("Dinov2Model", "Dinov2Config", _vision(mlp_ratio=2, layerscale_value=0.5)),
+        "encoder.layer",
+        _VIT_PROJ,
+        "image",
+        _PRE,
+        optimizer="vit",
+    ),
+    Family(
+        "clip_vision",
+        _hf("CLIPVisionModel", "CLIPVisionConfig", _vision()),
+        "vision_model.encoder.layers",
+        (*_SELF_ATTN, "self_attn.out_proj"),
+        "image",
+        _PRE,
+        optimizer="clip",
+    ),
+    Family(
+        "t5_encoder",
+        _hf(
+            "T5EncoderModel",
+            "T5Config",
+            {
+                "vocab_size": VOCAB,
+                "d_model": D_MODEL,
+                "d_kv": 8,
+                "d_ff": D_FF,
+                "num_layers": N_LAYERS,
+                "num_heads": N_HEADS,
+                "relative_attention_num_buckets": 8,
+            },
+        ),
+        "encoder.block",
+        (
+            "separate",
+            "layer.0.SelfAttention.q",
+            "layer.0.SelfAttention.k",
+            "layer.0.SelfAttention.v",
+            "layer.0.SelfAttention.o",
+        ),
+        "text",
+        _features("pre", score_bias="relative"),
+        sdpa=False,
+        optimizer="t5",
+        optimum=False,
+    ),
+    Family(
+        "bart_encoder",
+        _encoder_of("BartModel", "BartConfig", _BART),
+        "layers",
+        (*_SELF_ATTN, "self_attn.out_proj"),
+        "text",
+        _POST,
+        optimizer="bart",
+        optimum=False,
+    ),
+    Family(
+        "whisper_encoder",
+        _encoder_of(
+            "WhisperModel",
+            "WhisperConfig",
+            _BART
+            | {
+                "num_mel_bins": MELS,
+                "max_source_positions": AUDIO_POSITIONS,
+                "max_target_positions": 16,
+            },
+        ),
+        "layers",
+        (*_SELF_ATTN, "self_attn.out_proj"),
+        "audio",
+        _PRE,
+        optimum=False,
+    ),
+    Family(
+        "roberta",
+        _hf(
+            "RobertaModel",
+            "RobertaConfig",
+            _text(max_position_embeddings=66, pad_token_id=1),
+            add_pooling_layer=False,
+        ),
+        "encoder.layer",
+        _BERT_PROJ,
+        "text",
+        _POST,
+    ),
+    Family(
+        "albert",
+        _hf("AlbertModel", "AlbertConfig", _text(embedding_size=16), add_pooling_layer=False),
+        "encoder.albert_layer_groups.0.albert_layers",
+        ("separate", "attention.query", "attention.key", "attention.value", "attention.dense"),
+        "text",
+        _POST,
+        repeat=N_LAYERS,
+    ),
+    Family(
+        "electra",
+        _hf("ElectraModel", "ElectraConfig", _text(embedding_size=D_MODEL)),
+        "encoder.layer",
+        _BERT_PROJ,
+        "text",
+        _POST,
+    ),
+    Family(
+        "mpnet",
+        _hf(
+            "MPNetModel",
+            "MPNetConfig",
+            _text(max_position_embeddings=66, relative_attention_num_buckets=8),
+            add_pooling_layer=False,
+        ),
+        "encoder.layer",
+        (
+            "separate",
+            "attention.attn.q",
+            "attention.attn.k",
+            "attention.attn.v",
+            "attention.attn.o",
+        ),
+        "text",
+        _features("post", score_bias="relative"),
+        sdpa=False,
+    ),
+    Family(
+        "deberta_v2",
+        _hf(
+            "DebertaV2Model",
+            "DebertaV2Config",
+            _text(
+                relative_attention=True,
+                pos_att_type=["p2c", "c2p"],
+                position_buckets=8,
+                position_biased_input=False,
+            ),
+        ),
+        "encoder.layer",
+        (
+            "separate",
+            "attention.self.query_proj",
+            "attention.self.key_proj",
+            "attention.self.value_proj",
+            "attention.output.dense",
+        ),
+        "text",
+        _features("post", score_bias="disentangled"),
+        sdpa=False,
+    ),
+    Family(
+        "gpt_neo",
+        _hf(
+            "GPTNeoModel",
+            "GPTNeoConfig",
+            {
+                "vocab_size": VOCAB,
+                "hidden_size": D_MODEL,
+                "num_layers": N_LAYERS,
+                "num_heads": N_HEADS,
+                "attention_types": [[["global", "local"], 1]],
+                "window_size": 4,
+                "intermediate_size": D_FF,
+                "max_position_embeddings": 64,
+            },
+        ),
+        "h",
+        (
+            "separate",
+            "attn.attention.q_proj",
+            "attn.attention.k_proj",
+            "attn.attention.v_proj",
+            "attn.attention.out_proj",
+        ),
+        "text",
+        _features("pre", causal=True),
+        sdpa=False,
+        optimizer="gpt2",
+    ),
+    Family(
+        "gptj",
+        _hf(
+            "GPTJModel",
+            "GPTJConfig",
+            {
+                "vocab_size": VOCAB,
+                "n_embd": D_MODEL,
+                "n_layer": N_LAYERS,
+                "n_head": N_HEADS,
+                "rotary_dim": 4,
+                "n_inner": D_FF,
+                "n_positions": 64,
+            },
+        ),
+        "h",
+        ("separate", "attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.out_proj"),
+        "text",
+        _features("pre", rotary="partial", parallel=True, causal=True),
+        sdpa=False,
+        optimizer="gpt2",
+    ),
+    Family(
+        "gpt_neox",
+        _hf("GPTNeoXModel", "GPTNeoXConfig", _text(rotary_pct=0.5, use_parallel_residual=True)),
+        "layers",
+        ("headwise", "attention.query_key_value", "attention.dense"),
+        "text",
+        _features("pre", rotary="partial", parallel=True, causal=True),
+        optimizer="gpt2",
+    ),
+    Family(
+        "bloom",
+        _hf(
+            "BloomModel",
+            "BloomConfig",
+            {"vocab_size": VOCAB, "hidden_size": D_MODEL, "n_layer": N_LAYERS, "n_head": N_HEADS},
+        ),
+        "h",
+        ("headwise", "self_attention.query_key_value", "self_attention.dense"),
+        "text",
+        _features("pre", causal=True, score_bias="alibi"),
+        sdpa=False,
+        optimizer="gpt2",
+    ),
+    Family(
+        "falcon",
+        _hf(
+            "FalconModel",
+            "FalconConfig",
+            {
+                "vocab_size": VOCAB,
+                "hidden_size": D_MODEL,
+                "num_hidden_layers": N_LAYERS,
+                "num_attention_heads": N_HEADS,
+                "multi_query": True,
+                "parallel_attn": True,
+                "new_decoder_architecture": False,
+                "alibi": False,
+                "bias": False,
+            },
+        ),
+        "h",
+        ("concat", "self_attention.query_key_value", "self_attention.dense"),
+        "text",
+        _features("pre", rotary="full", parallel=True, causal=True, gqa=True),
+        n_kv=1,
+        optimizer="gpt2",
+    ),
+    Family(
+        "mistral",
+        _hf("MistralModel", "MistralConfig", _decoder(sliding_window=None)),
+        "layers",
+        (*_SELF_ATTN, "self_attn.o_proj"),
+        "text",
+        _ROPE_GQA,
+        n_kv=N_KV,
+        optimizer="gpt2",
+    ),
+    Family(
+        "phi",
+        _hf("PhiModel", "PhiConfig", _text(partial_rotary_factor=0.5)),
+        "layers",
+        (*_SELF_ATTN, "self_attn.dense"),
+        "text",
+        _features("pre", rotary="partial", parallel=True, causal=True),
+        optimizer="gpt2",
+    ),
+    Family(
+        "deit",
+        _hf("DeiTModel", "DeiTConfig", _vision(), add_pooling_layer=False),
+        "encoder.layer",
+        _VIT_PROJ,
+        "image",
+        _PRE,
+        optimizer="vit",
+    ),
+    Family(
+        "beit",
+        _hf(
+            "BeitModel",
+            "BeitConfig",
+            _vision(use_relative_position_bias=True, layer_scale_init_value=0.5),
+            add_pooling_layer=False,
+        ),
+        "encoder.layer",
+        _VIT_PROJ,
+        "image",
+        _features("pre", score_bias="relative"),
+        optimizer="vit",
+    ),
+    Family(
+        "clip_text",
+        _hf(
+            "CLIPTextModel",
+            "CLIPTextConfig",
+            {
+                "vocab_size": VOCAB,
+                "hidden_size": D_MODEL,
+                "intermediate_size": D_FF,
+                "num_hidden_layers": N_LAYERS,
+                "num_attention_heads": N_HEADS,
+                "max_position_embeddings": 16,
+                "eos_token_id": 2,
+            },
+        ),
+        "text_model.encoder.layers",
+        (*_SELF_ATTN, "self_attn.out_proj"),
+        "text",
+        _features("pre", causal=True),
+        optimizer="clip",
+    ),
+    Family(
+        "siglip_vision",
+        _hf("SiglipVisionModel", "SiglipVisionConfig", _vision(vision_use_head=False)),
+        "vision_model.encoder.layers",
+        (*_SELF_ATTN, "self_attn.out_proj"),
+        "image",
+        _PRE,
+        optimizer="clip",
+    ),
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Truth: weights and hidden states from torch.
+
+
+def _module(root: nn.Module, path: str) -> nn.Module:
+    return root.get_submodule(path)
+
+
+def _row_weight(module: nn.Module) -> np.ndarray:
+    """``W`` with ``y = x @ W``: nn.Linear stores (out, in); GPT-2's Conv1D stores (in, out)."""
+    weight = module.weight.detach().double().numpy()
+    return weight if type(module).__name__ == "Conv1D" else weight.T
+
+
+def _split_fused(kind: str, fused: np.ndarray, n_heads: int, n_kv: int) -> list[np.ndarray]:
+    """Canonical (head-major) W_Q, W_K, W_V from a fused (d_model, ·) weight."""
+    d_head = D_MODEL // n_heads
+    if kind == "headwise":
+        per_head = fused.reshape(fused.shape[0], n_heads, 3, d_head)
+        return [per_head[:, :, i].reshape(fused.shape[0], -1) for i in range(3)]
+    q_width, kv_width = n_heads * d_head, n_kv * d_head
+    bounds = [0, q_width, q_width + kv_width, q_width + 2 * kv_width]
+    return [fused[:, bounds[i] : bounds[i + 1]] for i in range(3)]
+
+
+def block_weights(family: Family, block: nn.Module) -> Weights:
+    """``(W_Q, W_K, W_V, W_O)`` of one block in the project's convention."""
+    kind, *paths = family.proj
+    mats = [_row_weight(_module(block, path)) for path in paths]
+    if kind == "separate":
+        return mats[0], mats[1], mats[2], mats[3]
+    q, k, v = _split_fused(kind, mats[0], N_HEADS, family.n_kv)
+    return q, k, v, mats[1]
+
+
+def _first(value: Any) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else value[0]
+
+
+@contextlib.contextmanager
+def _boundaries(blocks: nn.ModuleList) -> Iterator[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """Record each block call's input hidden states and output (in call order)."""
+    inputs: list[torch.Tensor] = []
+    outputs: list[torch.Tensor] = []
+
+    def before(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+        inputs.append((args[0] if args else kwargs["hidden_states"]).detach().clone())
+
+    def after(_module: nn.Module, _args: tuple, output: Any) -> None:
+        outputs.append(_first(output).detach().clone())
+
+    handles = [b.register_forward_pre_hook(before, with_kwargs=True) for b in blocks]
+    handles += [b.register_forward_hook(after) for b in blocks]
+    try:
+        yield inputs, outputs
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def truth(family: Family, model: nn.Module, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Weights per attention layer, head sizes, hidden states and feeds of one model."""
+    blocks = _module(model, family.blocks)
+    with torch.no_grad(), _boundaries(blocks) as (inputs, outputs):
+        _call(model, family, feeds)
+    weights = [block_weights(family, b) for b in blocks for _ in range(family.repeat)]
+    hidden = [inputs[0], *outputs]
+    out = {
+        key: np.stack([w[i] for w in weights]).astype(np.float32)
+        for i, key in enumerate(("W_Q", "W_K", "W_V", "W_O"))
+    }
+    out |= {
+        "n_heads": np.array(N_HEADS),
+        "n_kv_heads": np.array(family.n_kv),
+        "d_head": np.array(D_MODEL // N_HEADS),
+        "hidden": np.stack([h.numpy() for h in hidden]).astype(np.float32),
+    }
+    return out | {f"feed_{name}": value for name, value in (_extra_feeds(family) | feeds).items()}
+
+
+def _extra_feeds(family: Family) -> dict[str, np.ndarray]:
+    """Inputs some exports add (optimum's ``position_ids``, ``token_type_ids``) with the values
+    the model uses when they are not given; the tests feed only the graph's own inputs."""
+    if family.inputs != "text":
+        return {}
+    positions = np.broadcast_to(np.arange(TOKENS, dtype=np.int64), (BATCH, TOKENS)).copy()
+    return {"position_ids": positions, "token_type_ids": np.zeros((BATCH, TOKENS), np.int64)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Inputs and export.
+
+
+def sample_feeds(family: Family) -> dict[str, np.ndarray]:
+    """The fixed seeded input of a family."""
+    rng = np.random.default_rng(SEED)
+    if family.inputs == "image":
+        return {"pixel_values": rng.standard_normal((BATCH, 3, IMAGE, IMAGE)).astype(np.float32)}
+    if family.inputs == "audio":
+        frames = 2 * AUDIO_POSITIONS
+        return {"input_features": rng.standard_normal((BATCH, MELS, frames)).astype(np.float32)}
+    ids = rng.integers(3, VOCAB, size=(BATCH, TOKENS), dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones((BATCH, TOKENS), dtype=np.int64)}
+
+
+def _call(model: nn.Module, family: Family, feeds: dict[str, np.ndarray]) -> Any:
+    kwargs: dict[str, Any] = {name: torch.from_numpy(value) for name, value in feeds.items()}
+    if family.features["causal"] and family.name != "clip_text":
+        kwargs["use_cache"] = False
+    return model(**kwargs)
+
+
+class Wrapper(nn.Module):
+    """``(feeds in the manifest's order) -> last_hidden_state`` for the exporters."""
+
+    def __init__(self, model: nn.Module, family: Family, names: list[str]) -> None:
+        super().__init__()
+        self.model, self.family, self.names = model, family, names
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        kwargs = dict(zip(self.names, args, strict=True))
+        out = self.model(**kwargs, **self._extra())
+        return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    def _extra(self) -> dict[str, Any]:
+        if self.family.features["causal"] and self.family.name != "clip_text":
+            return {"use_cache": False}
+        return {}
+
+
+def _dynamic_axes(family: Family, names: list[str]) -> dict[str, dict[int, str]]:
+    axes = {0: "batch"} if family.inputs != "text" else {0: "batch", 1: "sequence"}
+    return dict.fromkeys(names, axes) | {"last_hidden_state": {0: "batch", 1: "sequence"}}
+
+
+def export_legacy(
+    model: nn.Module, family: Family, feeds: dict[str, np.ndarray], path: Path
+) -> None:
+    """TorchScript exporter, opset 17, dynamic batch (and sequence) axes."""
+    names = list(feeds)
+    args = tuple(torch.from_numpy(feeds[name]) for name in names)
+    torch.onnx.export(
+        Wrapper(model, family, names),
+        args,
+        str(path),
+        dynamo=False,
+        opset_version=LEGACY_OPSET,
+        input_names=names,
+        output_names=["last_hidden_state"],
+        dynamic_axes=_dynamic_axes(family, names),
+        do_constant_folding=True,
+    )
+
+
+def _dynamo_shapes(family: Family, names: list[str]) -> tuple[dict[int, Any], ...]:
+    batch = torch.export.Dim("batch", min=1, max=64)
+    if family.inputs != "text":
+        return tuple({0: batch} for _ in names)
+    sequence = torch.export.Dim("sequence", min=2, max=16)
+    return tuple({0: batch, 1: sequence} for _ in names)
+
+
+def export_dynamo(
+    model: nn.Module, family: Family, feeds: dict[str, np.ndarray], path: Path
+) -> bool:
+    """torch.export-based exporter, opset 18; returns whether the axes stayed dynamic."""
+    names = list(feeds)
+    args = tuple(torch.from_numpy(feeds[name]) for name in names)
+    wrapper = Wrapper(model, family, names)
+    for shapes in (_dynamo_shapes(family, names), None):
+        try:
+            program = torch.onnx.export(
+                wrapper,
+                args,
+                dynamo=True,
+                opset_version=DYNAMO_OPSET,
+                input_names=names,
+                output_names=["last_hidden_state"],
+                dynamic_shapes=({"args": shapes} if shapes is not None else None),
+                external_data=False,
+                verbose=False,
+            )
+        except Exception as err:
+            if shapes is None:
+                raise
+            _log(f"  dynamo dynamic export failed ({_first_line(err)}); trying static")
+            continue
+        program.save(str(path), external_data=False)
+        _strip_debug_metadata(path)
+        return shapes is not None
+    return False
+
+
+def export_optimum(model: nn.Module, path: Path) -> None:
+    """optimum's ``main_export`` (TorchScript exporter with its model patches), opset 17, task
+    ``feature-extraction``, from the model saved to a temporary folder (nothing downloaded)."""
+    import shutil
+    import tempfile
+
+    from optimum.exporters.onnx import main_export
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(f"{tmp}/model")
+        main_export(
+            f"{tmp}/model",
+            output=f"{tmp}/onnx",
+            task="feature-extraction",
+            opset=LEGACY_OPSET,
+            do_validation=False,
+            no_post_process=True,
+            library_name="transformers",
+        )
+        shutil.copyfile(f"{tmp}/onnx/model.onnx", path)
+
+
+def _strip_debug_metadata(path: Path) -> None:
+    """Drop the dynamo exporter's per-node debug metadata (FX node text, module stack): it has no
+    meaning for the graph, triples the file size and spells out local source paths."""
+    model = onnx.load(str(path))
+    for node in model.graph.node:
+        del node.metadata_props[:]
+        node.doc_string = ""
+    onnx.save(model, str(path))
+
+
+def optimize(family: Family, source: Path, path: Path) -> None:
+    """onnxruntime's transformer optimizer on the legacy export."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    optimized = optimize_model(
+        str(source),
+        model_type=family.optimizer or "bert",
+        num_heads=N_HEADS,
+        hidden_size=D_MODEL,
+        opt_level=1,
+        use_gpu=False,
+    )
+    optimized.save_model_to_file(str(path))
+
+
+def quantize(source: Path, path: Path) -> None:
+    """onnxruntime dynamic int8 quantisation of the legacy export."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(source), str(path), weight_type=QuantType.QInt8)
+
+
+def dequantised_model(model: nn.Module, float_path: Path, int8_path: Path) -> nn.Module:
+    """A copy of ``model`` whose weights that ``int8_path`` quantised hold their dequantised value.
+
+    Each quantised initializer ``X_quantized`` is matched to the float export's initializer ``X``;
+    each torch weight is matched to an initializer equal to it or to its transpose.
+    """
+    import copy
+
+    floats = {
+        t.name: numpy_helper.to_array(t) for t in onnx.load(str(float_path)).graph.initializer
+    }
+    ints = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(int8_path)).graph.initializer}
+    replaced = copy.deepcopy(model)
+    for param in replaced.parameters():
+        if param.ndim != 2:
+            continue
+        value = param.detach().numpy()
+        for name, stored in floats.items():
+            if f"{name}_quantized" not in ints:
+                continue
+            flipped = stored.shape == value.T.shape and np.array_equal(stored, value.T)
+            if not flipped and not (stored.shape == value.shape and np.array_equal(stored, value)):
+                continue
+            q = ints[f"{name}_quantized"].astype(np.float64)
+            zero = ints.get(f"{name}_zero_point", np.zeros(()))
+            dq = (q - zero.astype(np.float64)) * ints[f"{name}_scale"].astype(np.float64)
+            dq = dq.astype(np.float32)
+            with torch.no_grad():
+                param.copy_(torch.from_numpy(dq.T.copy() if flipped else dq))
+            break
+    return replaced
+
+
+# --------------------------------------------------------------------------------------------------
+# Driver.
+
+
+@dataclass
+class Corpus:
+    """The fixtures written so far and the attempts that failed."""
+
+    out: Path
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    def add(
+        self, family: Family, variant: str, exporter: str, opset: int, path: Path, **extra: Any
+    ) -> None:
+        """Record one fixture."""
+        self.entries.append(
+            {
+                "id": f"{family.name}-{variant}",
+                "family": family.name,
+                "exporter": exporter,
+                "opset": opset,
+                "variant": variant,
+                "file": path.relative_to(self.out).as_posix(),
+                "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                "truth": extra.pop("truth"),
+                "features": family.features,
+                "inputs": family.inputs,
+            }
+            | extra
+        )
+
+    def fail(self, family: Family, variant: str, err: BaseException) -> None:
+        """Record an export that did not work."""
+        _log(f"  {variant}: FAILED {_first_line(err)}")
+        self.skipped.append({"id": f"{family.name}-{variant}", "error": _first_line(err)})
+
+
+def _first_line(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip()
+    return text.splitlines()[0][:300]
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)  # noqa: T201
+
+
+def _save_truth(path: Path, arrays: dict[str, np.ndarray]) -> str:
+    np.savez_compressed(path, **arrays)
+    return path.name
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the exporters' warnings and chatter."""
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _attempt(corpus: Corpus, family: Family, variant: str, work: Callable[[], None]) -> bool:
+    try:
+        with _quiet():
+            work()
+    except Exception as err:
+        corpus.fail(family, variant, err)
+        return False
+    return True
+
+
+def build_family(corpus: Corpus, family: Family) -> None:
+    """Export every variant of one family and write its truth."""
+    _log(f"{family.name}")
+    folder = corpus.out / family.name
+    folder.mkdir(parents=True, exist_ok=True)
+    feeds = sample_feeds(family)
+    model = family.make("eager")
+    truth_file = f"{family.name}/{_save_truth(folder / 'truth.npz', truth(family, model, feeds))}"
+    legacy = folder / "legacy_eager.onnx"
+    if _attempt(
+        corpus, family, "legacy_eager", lambda: export_legacy(model, family, feeds, legacy)
+    ):
+        corpus.add(family, "legacy_eager", "torchscript", LEGACY_OPSET, legacy, truth=truth_file)
+    if family.sdpa:
+        _sdpa_variant(corpus, family, feeds, truth_file)
+    _dynamo_variant(corpus, family, model, feeds, truth_file)
+    source = legacy if legacy.exists() else None
+    if family.optimum:
+        path = folder / "optimum.onnx"
+        if _attempt(corpus, family, "optimum", lambda: export_optimum(model, path)):
+            corpus.add(family, "optimum", "optimum", LEGACY_OPSET, path, truth=truth_file)
+            source = source or path
+    if source is not None:
+        _derived_variants(corpus, family, model, feeds, source)
+
+
+def _sdpa_variant(
+    corpus: Corpus, family: Family, feeds: dict[str, np.ndarray], truth_file: str
+) -> None:
+    path = corpus.out / family.name / "legacy_sdpa.onnx"
+    model = family.make("sdpa")
+    if _attempt(corpus, family, "legacy_sdpa", lambda: export_legacy(model, family, feeds, path)):
+        corpus.add(family, "legacy_sdpa", "torchscript", LEGACY_OPSET, path, truth=truth_file)
+
+
+def _dynamo_variant(
+    corpus: Corpus, family: Family, model: nn.Module, feeds: dict[str, np.ndarray], truth_file: str
+) -> None:
+    path = corpus.out / family.name / "dynamo_eager.onnx"
+    dynamic: list[bool] = []
+
+    def work() -> None:
+        dynamic.append(export_dynamo(model, family, feeds, path))
+
+    if _attempt(corpus, family, "dynamo_eager", work):
+        corpus.add(
+            family,
+            "dynamo_eager",
+            "dynamo",
+            DYNAMO_OPSET,
+            path,
+            truth=truth_file,
+            dynamic_axes=dynamic[0],
+        )
+
+
+def _derived_variants(
+    corpus: Corpus, family: Family, model: nn.Module, feeds: dict[str, np.ndarray], legacy: Path
+) -> None:
+    """The optimizer's and the int8 quantiser's output of ``legacy`` (or optimum's export)."""
+    origin = {"derived_from": legacy.name}
+    folder = corpus.out / family.name
+    truth_file = f"{family.name}/truth.npz"
+    if family.optimizer is not None:
+        path = folder / "optimized.onnx"
+        if _attempt(corpus, family, "optimized", lambda: optimize(family, legacy, path)):
+            corpus.add(
+                family,
+                "optimized",
+                "torchscript+ort-optimizer",
+                LEGACY_OPSET,
+                path,
+                truth=truth_file,
+                optimizer_model_type=family.optimizer,
+                **origin,
+            )
+    path = folder / "int8.onnx"
+    if _attempt(corpus, family, "int8", lambda: quantize(legacy, path)):
+        fake = dequantised_model(model, legacy, path)
+        name = _save_truth(folder / "truth_int8.npz", truth(family, fake, feeds))
+        corpus.add(
+            family,
+            "int8",
+            "torchscript+quantize_dynamic",
+            LEGACY_OPSET,
+            path,
+            truth=f"{family.name}/{name}",
+            **origin,
+        )
+
+
+def write_manifest(corpus: Corpus) -> None:
+    """``manifest.json``: the fixtures (sorted by id) and the exports that failed."""
+    path = corpus.out / "manifest.json"
+    old: dict[str, Any] = {"fixtures": [], "export_failures": []}
+    if path.exists():
+        old = json.loads(path.read_text(encoding="utf-8"))
+    families = {e["family"] for e in corpus.entries} | {
+        s["id"].split("-")[0] for s in corpus.skipped
+    }
+    keep = [e for e in old["fixtures"] if e["family"] not in families]
+    keep_failed = [s for s in old["export_failures"] if s["id"].split("-")[0] not in families]
+    manifest = {
+        "generator": "scripts/make_family_fixtures.py",
+        "versions": _versions(),
+        "fixtures": sorted(keep + corpus.entries, key=lambda e: e["id"]),
+        "export_failures": sorted(keep_failed + corpus.skipped, key=lambda s: s["id"]),
+    }
+    path.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+
+
+def _versions() -> dict[str, str]:
+    import onnxruntime
+    import onnxscript
+
+    return {
+        "torch": torch.__version__,
+        "transformers": tf.__version__,
+        "onnx": onnx.__version__,
+        "onnxscript": onnxscript.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the chosen families (default: all) into ``--out``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "families")
+    parser.add_argument("--only", default="", help="comma-separated family names")
+    args = parser.parse_args(argv)
+    chosen = set(filter(None, args.only.split(",")))
+    unknown = chosen - {f.name for f in FAMILIES}
+    if unknown:
+        parser.error(f"unknown families: {sorted(unknown)}")
+    torch.set_num_threads(1)
+    corpus = Corpus(args.out)
+    for family in FAMILIES:
+        if not chosen or family.name in chosen:
+            build_family(corpus, family)
+            write_manifest(corpus)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
