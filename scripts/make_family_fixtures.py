@@ -722,6 +722,7 @@ def _boundaries(blocks: nn.ModuleList) -> Iterator[tuple[list[torch.Tensor], lis
 
 def truth(family: Family, model: nn.Module, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Weights per attention layer, head sizes, hidden states and feeds of one model."""
+    model.eval()
     blocks = _module(model, family.blocks)
     with torch.no_grad(), _boundaries(blocks) as (inputs, outputs):
         _call(model, family, feeds)
@@ -778,6 +779,9 @@ class Wrapper(nn.Module):
     def __init__(self, model: nn.Module, family: Family, names: list[str]) -> None:
         super().__init__()
         self.model, self.family, self.names = model, family, names
+        # The legacy exporter restores the wrapper's training flag after exporting, recursively:
+        # a wrapper left in training mode would switch the model's dropout on for what follows.
+        self.eval()
 
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
         kwargs = dict(zip(self.names, args, strict=True))
