@@ -1,21 +1,17 @@
-"""The audit's cost: instrumented inference overhead, and ``oversmooth audit`` end to end.
+"""``oversmooth audit`` end to end: wall time and where it goes.
 
-1. Overhead. For each installed zoo model, the audit's own :class:`importers.run.Runner` (the
-   layer tensors of :func:`importers.run.audit.layer_tensors` exposed, no attention probabilities)
-   against :func:`importers.run.plain_session` (the unmodified, fully fused graph) on the same
-   batch of bundled inputs, on the CPU, in one process: one warm-up each, then interleaved runs;
-   the ratio of the medians is printed (target ≤ 1.15).
-2. The whole command. ``oversmooth audit`` (default: dinov2-vits14 on the bundled photographs, as
-   ``make demo`` runs it) in a fresh interpreter, median wall time (target < 60 s on 2 cores); then
-   once more under cProfile, for a breakdown: model loading and matching, session creation,
-   inference, metrics, dominance eigenvalues, value spectra, figures and files. With
-   ``--blas-threads N`` both are repeated with ``OPENBLAS_NUM_THREADS=N`` (the audit's many small
-   eigen- and singular-value problems are sensitive to BLAS threading on a busy machine).
+``oversmooth audit`` (default: dinov2-vits14 on the bundled photographs, as ``make demo`` runs it)
+in a fresh interpreter, median wall time (target < 60 s on 2 cores); then once more under cProfile,
+for a breakdown: model loading and matching, session creation, inference (with the in-graph
+reductions), the metrics finished on the host, dominance eigenvalues, value spectra, figures and
+files. With ``--blas-threads N`` both are repeated with ``OPENBLAS_NUM_THREADS=N`` (the audit's many
+small eigenvalue problems are sensitive to BLAS threading on a busy machine). Plain inference
+against the audit's session is :mod:`benchmarks.bench_runner`.
 
 The load average is printed beside the numbers: on a shared machine they are only as good as it.
 
-Run with ``python -m benchmarks.bench_audit [--repeats N] [--batch B] [--models NAME ...]
-[--audit-model NAME] [--audit-runs N] [--blas-threads N] [--skip-overhead] [--skip-audit]``.
+Run with ``python -m benchmarks.bench_audit [--audit-model NAME] [--audit-runs N]
+[--blas-threads N]``.
 """
 
 from __future__ import annotations
@@ -32,43 +28,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from importers import zoo
-from importers.graph import load_model
-from importers.run.audit import layer_tensors
-from importers.run.runner import Runner, plain_session
-from importers.run.sources import bundled_inputs
-from importers.weights import extract
-
-__all__ = ["Breakdown", "Overhead", "audit_breakdown", "command_seconds", "main", "overhead"]
+__all__ = ["Breakdown", "audit_breakdown", "command_seconds", "main"]
 
 DEFAULT_AUDIT_MODEL = "dinov2-vits14"
-
-
-@dataclass(frozen=True)
-class Overhead:
-    """Median seconds per batch of the plain session and of the audit's runner on one model."""
-
-    model: str
-    batch: int
-    n_exposed: int
-    plain_s: float
-    audit_runner_s: float
-    repeats: int
-
-    @property
-    def ratio(self) -> float:
-        """Audit runner over plain median time."""
-        return self.audit_runner_s / self.plain_s
-
-
-def _seconds(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
 
 
 def load_average() -> str:
@@ -76,39 +42,6 @@ def load_average() -> str:
     one, five, fifteen = os.getloadavg()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {cores} cores"
-
-
-def overhead(name: str, *, batch: int = 4, repeats: int = 9) -> Overhead:
-    """Interleaved median timings of the plain session and the audit's runner on zoo ``name``."""
-    path = zoo.lookup(name, allow_fetch=False).path
-    graph = load_model(path)  # parsed once, as the audit does
-    fed = {spec.name for spec in graph.inputs}
-    exposed = [t for t in layer_tensors(extract(graph)) if t not in fed]
-    runner = Runner(graph, expose=exposed, provider="cpu")
-    plain = plain_session(graph, provider="cpu")
-    kind = zoo.get_model(name).kind
-    feeds = bundled_inputs(kind, graph=runner.inputs).subset(slice(0, batch)).feeds
-
-    def run_plain() -> object:
-        return plain.run(None, feeds)
-
-    def run_audit_runner() -> object:
-        return list(runner.run(feeds))
-
-    run_plain()
-    run_audit_runner()
-    plain_times, runner_times = [], []
-    for _ in range(repeats):
-        plain_times.append(_seconds(run_plain))
-        runner_times.append(_seconds(run_audit_runner))
-    return Overhead(
-        model=name,
-        batch=batch,
-        n_exposed=len(exposed),
-        plain_s=statistics.median(plain_times),
-        audit_runner_s=statistics.median(runner_times),
-        repeats=repeats,
-    )
 
 
 def command_seconds(model: str, runs: int, env: dict[str, str] | None = None) -> float:
@@ -141,7 +74,7 @@ PHASES: dict[str, tuple[str, str]] = {
     "extract weights": ("importers/weights.py", "block_weights"),
     "runner setup + session": ("importers/run/runner.py", "__init__"),
     "inference (onnxruntime)": ("importers/run/runner.py", "_run_batch"),
-    "metrics (SVD etc.)": ("simulator/metrics.py", "all_metrics"),
+    "metrics (host: Gram eigenvalues)": ("simulator/statistics.py", "metrics_from_statistics"),
     "dominance cases": ("importers/run/audit.py", "_dominance_cases"),
     "value spectra (W_V W_O)": ("importers/value_spectra.py", "model_spectra"),
     "H spectra for dominance": ("importers/run/audit.py", "_value_spectra"),
@@ -196,7 +129,7 @@ def audit_breakdown(model: str = DEFAULT_AUDIT_MODEL) -> Breakdown:
         n_cases = sum(1 for _ in (out / "dominance.csv").open(encoding="utf-8")) - 1
     stats = pstats.Stats(profiler)
     phases = {label: _cumulative(stats, *where) for label, where in PHASES.items()}
-    eigvals = _called_from(stats, "eigvals", "importers/audit.py", "_dominance_cases")
+    eigvals = _called_from(stats, "eigvals", "importers/run/audit.py", "_dominance_cases")
     return Breakdown(model, total, phases, eigvals, n_cases)
 
 
@@ -207,25 +140,6 @@ def breakdown_in_fresh_interpreter(model: str, env: dict[str, str] | None = None
         command, check=True, capture_output=True, text=True, env={**os.environ, **(env or {})}
     )
     return Breakdown(**json.loads(result.stdout))
-
-
-def _print_overheads(models: Sequence[str], batch: int, repeats: int) -> list[Overhead]:
-    print(f"instrumented inference overhead ({load_average()})")
-    print(f"{'model':<16}{'batch':>6}{'exposed':>9}{'plain ms':>10}{'audit ms':>10}{'ratio':>7}")
-    results = []
-    for name in models:
-        if zoo.model_status(name) not in ("installed", "cached"):
-            print(f"{name:<16}not installed or cached (skipped)")
-            continue
-        result = overhead(name, batch=batch, repeats=repeats)
-        results.append(result)
-        print(
-            f"{result.model:<16}{result.batch:>6}{result.n_exposed:>9}"
-            f"{1e3 * result.plain_s:>10.1f}{1e3 * result.audit_runner_s:>10.1f}"
-            f"{result.ratio:>7.2f}"
-        )
-    print(f"target: ratio <= 1.15 (median of {repeats} interleaved runs; {load_average()})")
-    return results
 
 
 def _print_breakdown(breakdown: Breakdown, title: str) -> None:
@@ -258,25 +172,17 @@ def _print_audit(model: str, runs: int, blas_threads: int | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Print the overhead table and the audit's wall time with its breakdown."""
+    """Print the audit's wall time and its breakdown."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=9, help="timed runs per session (>= 7)")
-    parser.add_argument("--batch", type=int, default=4, help="inputs per run (the audit's default)")
-    parser.add_argument("--models", nargs="*", default=[model.name for model in zoo.models()])
     parser.add_argument("--audit-model", default=DEFAULT_AUDIT_MODEL)
     parser.add_argument("--audit-runs", type=int, default=1, help="fresh-interpreter runs")
     parser.add_argument("--blas-threads", type=int, default=None, metavar="N")
-    parser.add_argument("--skip-overhead", action="store_true")
-    parser.add_argument("--skip-audit", action="store_true")
     parser.add_argument("--breakdown-json", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.breakdown_json:
         print(json.dumps(asdict(audit_breakdown(args.breakdown_json))))
         return
-    if not args.skip_overhead:
-        _print_overheads(args.models, args.batch, max(7, args.repeats))
-    if not args.skip_audit:
-        _print_audit(args.audit_model, max(1, args.audit_runs), args.blas_threads)
+    _print_audit(args.audit_model, max(1, args.audit_runs), args.blas_threads)
 
 
 if __name__ == "__main__":

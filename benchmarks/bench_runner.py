@@ -1,141 +1,188 @@
-"""Instrumentation overhead: exposing hidden states vs the plain, fully fused onnxruntime session.
+"""Throughput: plain inference against the audit's session, per provider and batch size.
 
-For each installed zoo model, at batch 4 of the bundled real inputs, time the plain session
-(original outputs, every fusion available) and a :class:`importers.run.Runner` that exposes the
-block-boundary hidden states (every ``LayerNormalization`` output and every residual ``Add`` that
-feeds a decomposed LayerNorm's ``ReduceMean``). Both live in the same process with the same session
-options; runs are interleaved after one warm-up each, and the ratio of the medians is printed.
+For each installed zoo model, each provider that can run here (the CPU; CUDA where a CUDA
+session can really be created) and each batch size, inputs per second of
 
-Run with ``python -m benchmarks.bench_runner [--repeats N] [--batch B] [--models NAME ...]``.
+- ``plain``: the unmodified, fully fused model returning its own outputs (``session.run``);
+- ``reduced``: the audit's session with dominance off — the layer statistics reduced in the graph
+  (:mod:`importers.run.reductions`), only they come back;
+- ``+attention``: the audit's session with dominance on — also the attention probabilities of
+  every block come back (what ``oversmooth audit`` runs by default).
+
+Each measurement repeats after one warm-up until ``--min-seconds`` have passed (at least 3 runs);
+the three sessions alternate, and medians are compared. Inputs are the bundled photographs or
+sentences, repeated to fill the batch. Then the whole audit (``importers.run.audit.audit``, with
+the dominance step) on ``--audit-inputs`` inputs, per provider, as inputs per second.
+
+The device is printed before the figures (GPU name and driver, or the CPU cores and load).
+
+Run with ``python -m benchmarks.bench_runner [--batches 1 8 64] [--providers cpu cuda]
+[--models NAME ...] [--min-seconds S] [--audit-inputs N] [--audit-batch B]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import onnx
+import numpy as np
 
 from importers import zoo
-from importers.graph import load_model
-from importers.run.runner import Runner, plain_session
-from importers.run.sources import bundled_inputs
+from importers.errors import ProviderError
+from importers.graph import OnnxModel, load_model
+from importers.match import find_attention_blocks
+from importers.run.audit import audit, audit_session
+from importers.run.cuda import gpu_info
+from importers.run.feeds import Inputs
+from importers.run.runner import open_session, plain_session
+from importers.run.sources import default_inputs
+from importers.weights import block_weights
 
-__all__ = ["Overhead", "hidden_state_names", "main", "measure"]
+__all__ = ["Throughput", "available_providers", "main", "throughput"]
+
+VARIANTS = ("plain", "reduced", "+attention")
 
 
 @dataclass(frozen=True)
-class Overhead:
-    """Median wall times (seconds) of the plain and instrumented sessions on one model."""
+class Throughput:
+    """Median inputs per second of each variant for one (model, provider, batch)."""
 
     model: str
-    batch: int
-    n_tokens: int
-    n_exposed: int
-    plain_s: float
-    instrumented_s: float
-    repeats: int
     provider: str
+    batch: int
+    per_second: dict[str, float]
 
-    @property
-    def ratio(self) -> float:
-        """Instrumented over plain median time."""
-        return self.instrumented_s / self.plain_s
-
-
-def hidden_state_names(model: onnx.ModelProto) -> list[str]:
-    """Block-boundary tensors: LayerNormalization outputs, and Adds feeding a ReduceMean.
-
-    Tensors that already are graph outputs are left out (they are fetched anyway).
-    """
-    consumers: dict[str, set[str]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, set()).add(node.op_type)
-    outputs = {value.name for value in model.graph.output}
-    names = []
-    for node in model.graph.node:
-        tensor = node.output[0]
-        fused = node.op_type == "LayerNormalization"
-        residual = node.op_type == "Add" and "ReduceMean" in consumers.get(tensor, set())
-        if (fused or residual) and tensor not in outputs:
-            names.append(tensor)
-    return names
+    def ratio(self, variant: str) -> float:
+        """Time of ``variant`` over time of plain (1.0 = no overhead)."""
+        return self.per_second["plain"] / self.per_second[variant]
 
 
-def _time(call: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
+def available_providers() -> list[str]:
+    """``cpu``, plus ``cuda`` where a CUDA session can really be created."""
+    import onnx
 
-
-def measure(name: str, *, batch: int = 4, repeats: int = 9, threads: int | None = None) -> Overhead:
-    """Interleaved median timings of plain vs instrumented inference on zoo model ``name``."""
-    path = zoo.lookup(name, allow_fetch=False).path
-    spec = zoo.get_model(name)
-    exposed = hidden_state_names(onnx.load(path, load_external_data=False))
-    model = load_model(path)
-    runner = Runner(model, expose=exposed, provider="cpu", threads=threads)
-    plain = plain_session(model, provider="cpu", threads=threads)
-    feeds = bundled_inputs(spec.kind, graph=runner.inputs).subset(slice(0, batch)).feeds
-
-    def run_plain() -> object:
-        return plain.run(None, feeds)
-
-    def run_instrumented() -> object:
-        return list(runner.run(feeds))
-
-    run_plain()
-    run_instrumented()
-    plain_times, instrumented_times = [], []
-    for _ in range(repeats):
-        plain_times.append(_time(run_plain))
-        instrumented_times.append(_time(run_instrumented))
-    first = next(iter(feeds.values()))
-    return Overhead(
-        model=name,
-        batch=batch,
-        n_tokens=int(first.shape[1]) if spec.kind == "text" else 0,
-        n_exposed=len(exposed),
-        plain_s=statistics.median(plain_times),
-        instrumented_s=statistics.median(instrumented_times),
-        repeats=repeats,
-        provider=runner.provider_used[0],
-    )
-
-
-def _installed(names: Sequence[str]) -> list[str]:
-    return [name for name in names if zoo.model_status(name) in ("installed", "cached")]
-
-
-def main(argv: Sequence[str] | None = None) -> list[Overhead]:
-    """Print the instrumented/plain time ratio for each installed zoo model."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=9, help="timed runs per session (>= 7)")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--models", nargs="*", default=[model.name for model in zoo.models()])
-    args = parser.parse_args(argv)
-    results = []
-    print(
-        f"{'model':<16}{'batch':>6}{'tokens':>8}{'exposed':>9}{'plain ms':>10}"
-        f"{'instr. ms':>11}{'ratio':>7}"
-    )
-    for name in _installed(args.models):
-        result = measure(name, batch=args.batch, repeats=max(7, args.repeats), threads=args.threads)
-        results.append(result)
-        tokens = str(result.n_tokens) if result.n_tokens else "image"
-        print(
-            f"{result.model:<16}{result.batch:>6}{tokens:>8}{result.n_exposed:>9}"
-            f"{1e3 * result.plain_s:>10.1f}{1e3 * result.instrumented_s:>11.1f}"
-            f"{result.ratio:>7.2f}"
+    probe = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("Identity", ["x"], ["y"])],
+            "probe",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
         )
-    skipped = sorted(set(args.models) - {result.model for result in results})
-    if skipped:
-        print(f"not installed or cached (skipped): {', '.join(skipped)}")
+    )
+    try:
+        open_session(probe.SerializeToString(), "cuda")
+    except ProviderError:
+        return ["cpu"]
+    return ["cpu", "cuda"]
+
+
+def _repeated(inputs: Inputs, size: int) -> Inputs:
+    return inputs.subset(list(np.resize(np.arange(inputs.batch_size), size)))
+
+
+def _timed(calls: dict[str, Callable[[], object]], min_seconds: float) -> dict[str, float]:
+    """Median seconds per call of each callable, alternating, after one warm-up each."""
+    for call in calls.values():
+        call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    start = time.perf_counter()
+    while len(times[next(iter(calls))]) < 3 or time.perf_counter() - start < min_seconds:
+        for name, call in calls.items():
+            began = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - began)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def throughput(
+    graph: OnnxModel, inputs: Inputs, provider: str, batch: int, *, min_seconds: float, name: str
+) -> Throughput:
+    """Inputs per second of plain inference and of the audit's two sessions at one batch size."""
+    entry = zoo.get_model(name)
+    blocks = [block_weights(graph, block) for block in find_attention_blocks(graph).blocks]
+    items = _repeated(inputs, batch)
+    plain = plain_session(graph, provider=provider)  # type: ignore[arg-type]
+    sessions = {
+        variant: audit_session(
+            graph,
+            blocks,
+            items,
+            prefix=int(entry.prefix_tokens),
+            attention=variant == "+attention",
+            provider=provider,  # type: ignore[arg-type]
+        )
+        for variant in VARIANTS[1:]
+    }
+    calls: dict[str, Callable[[], object]] = {"plain": lambda: plain.run(None, items.feeds)}
+    for variant, session in sessions.items():
+        calls[variant] = lambda s=session: list(s.runner.run(s.feeds))  # type: ignore[misc]
+    seconds = _timed(calls, min_seconds)
+    return Throughput(name, provider, batch, {v: batch / seconds[v] for v in VARIANTS})
+
+
+def _audit_per_second(graph: OnnxModel, inputs: Inputs, provider: str, batch: int) -> float:
+    start = time.perf_counter()
+    audit(graph, inputs, provider=provider, batch_size=batch)  # type: ignore[arg-type]
+    return inputs.batch_size / (time.perf_counter() - start)
+
+
+def _device(providers: Sequence[str]) -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg()[0]
+    text = f"CPU: {cores} cores, load {load:.2f}"
+    if "cuda" in providers:
+        gpus = ", ".join(f"{g['name']} ({g['memory']}, driver {g['driver']})" for g in gpu_info())
+        text += f"; GPU: {gpus or 'nvidia-smi not found'}"
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> list[Throughput]:
+    """Print inputs per second per model, provider and batch, then the whole audit's."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--providers", nargs="+", default=None, help="default: all that work")
+    parser.add_argument("--models", nargs="*", default=[model.name for model in zoo.models()])
+    parser.add_argument("--min-seconds", type=float, default=1.0)
+    parser.add_argument("--audit-inputs", type=int, default=16)
+    parser.add_argument("--audit-batch", type=int, default=8)
+    args = parser.parse_args(argv)
+    providers = args.providers or available_providers()
+    print(_device(providers))
+    print(
+        f"{'model':<16}{'provider':<9}{'batch':>6}{'plain/s':>10}{'reduced/s':>11}"
+        f"{'ratio':>7}{'+attn/s':>10}{'ratio':>7}"
+    )
+    results = []
+    audits: list[tuple[str, str, float]] = []
+    for name in args.models:
+        if zoo.model_status(name) not in ("installed", "cached"):
+            print(f"{name}: not installed or cached (skipped)")
+            continue
+        graph = load_model(zoo.lookup(name, allow_fetch=False).path)
+        inputs = default_inputs(graph.inputs, zoo.get_model(name))
+        for provider in providers:
+            for batch in args.batches:
+                result = throughput(
+                    graph, inputs, provider, batch, min_seconds=args.min_seconds, name=name
+                )
+                results.append(result)
+                rate = result.per_second
+                print(
+                    f"{name:<16}{provider:<9}{batch:>6}{rate['plain']:>10.1f}"
+                    f"{rate['reduced']:>11.1f}{result.ratio('reduced'):>7.2f}"
+                    f"{rate['+attention']:>10.1f}{result.ratio('+attention'):>7.2f}"
+                )
+            rate = _audit_per_second(
+                graph, _repeated(inputs, args.audit_inputs), provider, args.audit_batch
+            )
+            audits.append((name, provider, rate))
+    print(f"whole audit (dominance on), {args.audit_inputs} inputs, batch {args.audit_batch}:")
+    for name, provider, rate in audits:
+        print(f"  {name:<16}{provider:<6}{rate:>8.1f} inputs/s")
     return results
 
 

@@ -31,6 +31,8 @@ audit
     :func:`importers.run.report.save_audit`).
 layer_tensors
     The graph tensors the audit records as layers (block 0's input, every block's output).
+audit_session, AuditSession
+    The session the audit runs (model plus in-graph reductions), for benchmarks and tools.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -70,7 +73,7 @@ from simulator.theory import KINDS, dominance_kinds, kron_eigenvalues
 from simulator.tolerances import TIE_RTOL
 from simulator.validation import check_choice, check_positive_int
 
-__all__ = ["audit", "layer_tensors"]
+__all__ = ["AuditSession", "audit", "audit_session", "layer_tensors"]
 
 Granularity = Literal["head", "layer", "none"]
 _PACKAGES = ("oversmooth", "numpy", "scipy", "onnx", "onnxruntime", "onnxruntime-gpu")
@@ -233,6 +236,68 @@ def _open(model: str | os.PathLike[str] | OnnxModel, entry: ZooModel | None) -> 
     return lookup(model)
 
 
+@dataclass(frozen=True)
+class AuditSession:
+    """The audit's onnxruntime session: the model plus its in-graph reductions, and its feeds.
+
+    Attributes
+    ----------
+    layers : list of str
+        The layer tensors (:func:`layer_tensors`), reduced in the graph.
+    attention : list of str
+        The attention probabilities fetched per block (empty without dominance).
+    plan : ReductionPlan
+    runner : Runner
+        Returns the reductions' outputs, then the attention probabilities.
+    feeds : dict of str to ndarray
+        The inputs' feeds plus the token mask the reductions read.
+    notes : list of str
+        Notes on the layer choice.
+    """
+
+    layers: list[str]
+    attention: list[str]
+    plan: ReductionPlan
+    runner: Runner
+    feeds: dict[str, np.ndarray]
+    notes: list[str]
+
+
+def audit_session(
+    graph: OnnxModel,
+    blocks: Sequence[BlockWeights],
+    inputs: Inputs,
+    *,
+    prefix: int = 0,
+    attention: bool = True,
+    provider: Literal["auto", "cpu", "cuda"] = "auto",
+    threads: int | None = None,
+) -> AuditSession:
+    """Build the session the audit runs: layer statistics reduced in the graph, attention exposed.
+
+    Only the reductions' small outputs come back per layer (:mod:`importers.run.reductions`);
+    the attention probabilities are fetched only when ``attention`` (the dominance step needs
+    them).
+    """
+    notes: list[str] = []
+    layers = layer_tensors(blocks, notes)
+    probs = [block.attention_name for block in blocks] if attention else []
+    plan = plan_reductions(
+        graph,
+        layers,
+        prefix=prefix,
+        masked=inputs.token_mask is not None,
+        gram=_gram_orientation(graph, layers[0], inputs, blocks[0].d_model),
+    )
+    runner = Runner(
+        graph, expose=probs, extension=plan.extension, provider=provider, threads=threads
+    )
+    feeds = dict(inputs.feeds)
+    if inputs.token_mask is not None:  # padding never counts: the mask weights every statistic
+        feeds.update(plan.mask_feed(inputs.token_mask))
+    return AuditSession(layers, probs, plan, runner, feeds, notes)
+
+
 def audit(
     model: str | os.PathLike[str] | OnnxModel,
     inputs: Inputs | None = None,
@@ -291,29 +356,24 @@ def audit(
         notes.append(
             "inputs are RANDOM, not real data: smoothing of noise says little about the model"
         )
-    layer_names = layer_tensors(blocks, notes)
-    attention = [b.attention_name for b in blocks] if dominance != "none" else []
-    plan = plan_reductions(
-        graph,
-        layer_names,
-        prefix=prefix,
-        masked=inputs.token_mask is not None,
-        gram=_gram_orientation(graph, layer_names[0], inputs, blocks[0].d_model),
+    session = audit_session(
+        graph, blocks, inputs, prefix=prefix, attention=dominance != "none", provider=provider
     )
-    runner = Runner(graph, expose=attention, extension=plan.extension, provider=provider)
-    feeds = dict(inputs.feeds)
-    if inputs.token_mask is not None:  # padding never counts: the mask weights every statistic
-        feeds.update(plan.mask_feed(inputs.token_mask))
+    runner = session.runner
+    notes += session.notes
     eig_H = _value_spectra(blocks, dominance, fold_gamma) if dominance != "none" else []
-    per_input = {name: np.full((inputs.batch_size, len(layer_names)), np.nan) for name in METRICS}
+    shape = (inputs.batch_size, len(session.layers))
+    per_input = {name: np.full(shape, np.nan) for name in METRICS}
     cases: list[DominanceCase] = []
     start = 0
-    for outputs in runner.run(feeds, batch_size=batch_size, progress=progress):
+    for outputs in runner.run(session.feeds, batch_size=batch_size, progress=progress):
         # Many small eigenvalue problems: one BLAS thread each is fastest, and it avoids the
         # collapse of multithreaded BLAS on a busy machine (5-20x measured on 2 cores).
         with threadpool_limits(limits=1, user_api="blas"):
-            batch = _measure_layers(outputs, plan, start, per_input)
-            cases += _measure_dominance(outputs, blocks, attention, inputs, start, eig_H, tie_rtol)
+            batch = _measure_layers(outputs, session.plan, start, per_input)
+            cases += _measure_dominance(
+                outputs, blocks, session.attention, inputs, start, eig_H, tie_rtol
+            )
         start += batch
     return AuditResult(
         model=ModelInfo(ref.name, str(ref.path), file_sha256(ref.path), len(blocks)),

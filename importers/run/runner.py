@@ -494,7 +494,7 @@ class Runner:
         for name in self.output_names:
             binding.bind_output(name, "cuda", 0)
         self.session.run_with_iobinding(binding, self._run_options)
-        return [value.numpy() for value in binding.get_outputs()]
+        return list(binding.copy_outputs_to_cpu())
 
     def run(
         self,

@@ -20,7 +20,7 @@ from numpy.testing import assert_allclose
 from importers.errors import ImporterInputError, ProviderError
 from importers.graph import OnnxModel, load_model, model_from_proto
 from importers.match import find_attention_blocks
-from importers.run.audit import layer_tensors
+from importers.run.audit import audit, layer_tensors
 from importers.run.feeds import Inputs
 from importers.run.reductions import MASK_INPUT, plan_reductions
 from importers.run.runner import Runner, open_session
@@ -29,7 +29,7 @@ from importers.weights import block_weights
 from importers.zoo import get_model, models
 from simulator.metrics import METRICS, all_metrics
 from simulator.statistics import metrics_from_statistics
-from simulator.tolerances import GRAM_ATOL, GRAM_RTOL
+from simulator.tolerances import GRAM_ATOL, GRAM_RTOL, ORT_ATOL, ORT_RTOL
 from tests.importers.builders import VARIANTS, assemble
 from tests.realmodels import require_real_model
 
@@ -213,3 +213,24 @@ def test_builder_in_graph_statistics_give_the_host_metrics_on_cuda(name: str) ->
     _cuda_or_skip()
     model, inputs = _builder(name)
     _assert_equal(model, inputs, name, prefix=1, gram="features", provider="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.realmodel
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_audit_on_cuda_equals_the_cpu_audit(name: str) -> None:
+    # Different kernels (cuBLAS without TF32, MLAS) round differently: float32 agreement only.
+    _cuda_or_skip()
+    model, inputs, _ = _zoo(name)
+    on_gpu = audit(model, inputs, provider="cuda", dominance="none", exclude_prefix=True)
+    on_cpu = audit(model, inputs, provider="cpu", dominance="none", exclude_prefix=True)
+    assert on_gpu.provider.used[0] == "CUDAExecutionProvider"
+    assert on_cpu.provider.used[0] == "CPUExecutionProvider"
+    for metric in METRICS:
+        assert_allclose(
+            on_gpu.metrics[metric],
+            on_cpu.metrics[metric],
+            rtol=ORT_RTOL,
+            atol=ORT_ATOL,
+            err_msg=f"{name}: {metric}",
+        )
