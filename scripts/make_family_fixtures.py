@@ -405,6 +405,12 @@ FAMILIES: tuple[Family, ...] = (
                 "num_mel_bins": MELS,
                 "max_source_positions": AUDIO_POSITIONS,
                 "max_target_positions": 16,
+                "pad_token_id": 0,
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+                "decoder_start_token_id": 1,
+                "begin_suppress_tokens": None,
+                "suppress_tokens": None,
             },
         ),
         "layers",
@@ -1156,8 +1162,8 @@ def main(argv: list[str] | None = None) -> int:
     corpus = Corpus(args.out)
     for family in FAMILIES:
         if not chosen or family.name in chosen:
-            build_family(corpus, family)
-            write_manifest(corpus)
+            if _attempt(corpus, family, "model", lambda f=family: build_family(corpus, f)):
+                write_manifest(corpus)
     return 0
 
 

@@ -1,0 +1,291 @@
+"""The importer on the family fixture corpus (issue 11): tiny random Transformers of many families,
+exported the ways users export them, checked against the truth torch computed.
+
+``tests/fixtures/families/manifest.json`` lists every fixture (written by
+``scripts/make_family_fixtures.py``; see docs/fixtures.md). For each one the importer must find every
+attention block with the true head count, key/value head count and head size; the per-head products
+W_V^h W_O^h and W_Q^h W_K^hᵀ must match the truth to 1e-4 (relative, Frobenius); and the audit's
+layer tensors, run through :class:`~importers.run.runner.Runner`, must match the true residual
+stream at every layer boundary to 1e-3 (relative). A fixture that fails today is listed in
+:data:`KNOWN_FAILURES` with the first line of what went wrong and runs as a strict xfail: when a fix
+makes it pass, the test fails until its entry is removed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from importers.graph import OnnxModel, load_model
+from importers.match import NoAttentionBlocksError, find_attention_blocks
+from importers.run.audit import layer_tensors
+from importers.run.runner import Runner
+from importers.weights import BlockWeights, block_weights
+from simulator.errors import one_line
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "families"
+MANIFEST: dict[str, Any] = json.loads((FIXTURES / "manifest.json").read_text(encoding="utf-8"))
+
+#: Relative tolerance on the per-head products W_V^h W_O^h and W_Q^h W_K^hᵀ.
+WEIGHT_RTOL = 1e-4
+#: Relative tolerance on each layer's hidden states.
+LAYER_RTOL = 1e-3
+#: Dynamic int8 quantisation also quantises the activations at run time, per batch: the graph's
+#: hidden states differ from any float recomputation by that rounding, so layers are compared to
+#: the (dequantised-weight) truth at this looser tolerance. Weights are still exact.
+QUANTISED_LAYER_RTOL = 5e-2
+
+#: Fixtures that fail today, with the first line of the failure (see docs/fixtures.md).
+KNOWN_FAILURES: dict[str, str] = {
+    "albert-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/albert_layer_groups.0/albert_layers.0/attention/Softmax': Q head-split Reshape '/model/encoder/albert_layer_groups.0/albert_layers.0/attention/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "albert-legacy_sdpa": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/albert_layer_groups.0/albert_layers.0/attention/Softmax': Q projection not found: walking back from '/model/encoder/albert_layer_groups.0/albert_layers.0/attention/Mul_output_0' reached Mul '/model/encoder/albert_layer_groups.0/albert_layers.0/attention/Mul' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "albert-optimized": "found 1 blocks; the model has 2",
+    "albert-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/encoder/albert_layer_groups.0/albert_layers.0/attention/Softmax': Q projection not found: walking back from '/encoder/albert_layer_groups.0/albert_layers.0/attention/Mul_output_0' reached Mul '/encoder/albert_layer_groups.0/albert_layers.0/attention/Mul' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "bart_encoder-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/layers.0/self_attn/Softmax': Q head-split Reshape '/model/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "bart_encoder-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/layers.0/self_attn/Softmax': Q head-split Reshape '/model/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "bart_encoder-legacy_sdpa": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/layers.0/self_attn/Softmax': Q head-split Reshape '/model/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "bart_encoder-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/layers.0/self_attn/Softmax': Q head-split Reshape '/model/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "beit-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_softmax': Q head-split Reshape 'node_Reshape_533' cannot reshape Q of shape (2, 3, 32) (projection width 32) into [-1, 17, 4, 8] (x2)",
+    "beit-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "beit-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "beit-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/encoder/layer.0/attention/attention/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "bert-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/self/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/self/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "bert-legacy_sdpa": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/self/Softmax': Q projection not found: walking back from '/model/encoder/layer.0/attention/self/Mul_output_0' reached Mul '/model/encoder/layer.0/attention/self/Mul' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "bert-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
+    "bert-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/encoder/layer.0/attention/self/Softmax': Q projection not found: walking back from '/encoder/layer.0/attention/self/Mul_output_0' reached Mul '/encoder/layer.0/attention/self/Mul' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "bloom-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_105': QK^T MatMul not found: no input of Add 'node_add_207' comes from a product of two non-constant tensors (x2)",
+    "bloom-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/h.0/self_attention/Softmax': QK^T MatMul not found: no input of Add '/model/h.0/self_attention/Add_1' comes from a product of two non-constant tensors (x2)",
+    "bloom-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/h.0/self_attention/Softmax': QK^T MatMul not found: no input of Add '/model/h.0/self_attention/Add_1' comes from a product of two non-constant tensors (x2)",
+    "bloom-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/h.0/self_attention/Softmax': QK^T MatMul not found: no input of Add '/model/h.0/self_attention/Add_1' comes from a product of two non-constant tensors (x2)",
+    "bloom-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/h.0/self_attention/Softmax': QK^T MatMul not found: no input of Add '/h.0/self_attention/Add_1' comes from a product of two non-constant tensors (x2)",
+    "clip_text-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/text_model/encoder/layers.0/self_attn/Softmax': Q head-split Reshape '/model/text_model/encoder/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "clip_text-optimized": "1 of 2 Softmax rejected: Q head-split Reshape '/model/text_model/encoder/layers.1/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape",
+    "clip_vision-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_42': Q head-split Reshape 'node_Reshape_103' cannot reshape Q of shape (2, 3, 32) (projection width 32) into [-1, 17, 4, 8] (x2)",
+    "clip_vision-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/vision_model/encoder/layers.0/self_attn/Softmax': Q head-split Reshape '/model/vision_model/encoder/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "clip_vision-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/vision_model/encoder/layers.0/self_attn/Softmax': Q head-split Reshape '/model/vision_model/encoder/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "clip_vision-legacy_sdpa": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/vision_model/encoder/layers.0/self_attn/Softmax': Q head-split Reshape '/model/vision_model/encoder/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "clip_vision-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
+    "clip_vision-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/vision_model/encoder/layers.0/self_attn/Softmax': Q head-split Reshape '/vision_model/encoder/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "deberta_v2-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape 'node_view_10' (x2)",
+    "deberta_v2-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/self/Softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape '/model/encoder/layer.0/attention/self/Reshape_12' (x2)",
+    "deberta_v2-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/self/Softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape '/model/encoder/layer.0/attention/self/Reshape_12' (x2)",
+    "deberta_v2-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/encoder/layer.0/attention/self/Softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape '/encoder/layer.0/attention/self/Reshape_12' (x2)",
+    "deit-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_41': Q head-split Reshape 'node_Reshape_119' cannot reshape Q of shape (2, 3, 32) (projection width 32) into [-1, 18, 4, 8] (x2)",
+    "deit-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "deit-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "deit-legacy_sdpa": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "deit-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "deit-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "dinov2-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_36': Q head-split Reshape 'node_Reshape_113' cannot reshape Q of shape (2, 3, 32) (projection width 32) into [-1, 17, 4, 8] (x2)",
+    "dinov2-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "dinov2-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "dinov2-legacy_sdpa": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "dinov2-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "distilbert-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/transformer/layer.0/attention/Softmax': Q head-split Reshape '/model/transformer/layer.0/attention/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "distilbert-legacy_sdpa": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/transformer/layer.0/attention/Softmax': Q projection not found: walking back from '/model/transformer/layer.0/attention/Mul_output_0' reached Mul '/model/transformer/layer.0/attention/Mul' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "distilbert-optimized": "1 of 2 Softmax rejected: Q head-split Reshape '/model/transformer/layer.1/attention/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape",
+    "distilbert-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/transformer/layer.0/attention/Softmax': Q projection not found: walking back from '/transformer/layer.0/attention/Mul_output_0' reached Mul '/transformer/layer.0/attention/Mul' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "falcon-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_157': K projection not found: walking back from 'transpose_4' reached GatherND 'node_GatherND_80' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "falcon-int8": "layer 0 ('/model/h.0/mlp/dense_4h_to_h/MatMul_output_0') differs from the residual stream by 1.1e+00",
+    "falcon-legacy_eager": "layer 0 ('/model/h.0/mlp/dense_4h_to_h/MatMul_output_0') differs from the residual stream by 1.1e+00",
+    "falcon-legacy_sdpa": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/h.0/self_attention/Softmax': Q projection not found: walking back from '/model/h.0/self_attention/Mul_4_output_0' reached Mul '/model/h.0/self_attention/Mul_4' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "falcon-optimized": "layer 0 ('/model/h.0/mlp/dense_4h_to_h/MatMul_output_0') differs from the residual stream by 1.1e+00",
+    "falcon-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/h.0/self_attention/Softmax': Q projection not found: walking back from '/h.0/self_attention/Mul_4_output_0' reached Mul '/h.0/self_attention/Mul_4' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "gemma-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/layers.0/self_attn/Softmax': Q head-split Reshape '/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "gemma-optimized": "1 of 2 Softmax rejected: Q head-split Reshape '/layers.1/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape",
+    "gemma-optimum": "layer 1 ('/layers.0/Add_output_0') differs from the residual stream by 8.8e-03",
+    "gpt2-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/h.0/attn/Softmax': Q projection not found: walking back from '/h.0/attn/Mul_output_0' reached Mul '/h.0/attn/Mul' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "gpt2-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/h.0/attn/Softmax': Q projection not found: walking back from '/h.0/attn/Mul_output_0' reached Mul '/h.0/attn/Mul' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "gpt2-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/h.0/attn/Softmax': Q projection not found: walking back from '/h.0/attn/Mul_output_0' reached Mul '/h.0/attn/Mul' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "gpt_neo-optimized": "layer 0 ('/model/h.0/ln_1/LayerNormalization_output_0') differs from the residual stream by 3.5e+01",
+    "gpt_neox-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_167': Q projection not found: walking back from 'cat_3' reached Concat 'node_cat_3' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "gpt_neox-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/layers.0/attention/Softmax': Q projection not found: walking back from '/layers.0/attention/Mul_7_output_0' reached Concat '/layers.0/attention/Concat_3' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "gpt_neox-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/layers.0/attention/Softmax': Q projection not found: walking back from '/layers.0/attention/Mul_7_output_0' reached Concat '/layers.0/attention/Concat_3' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "gpt_neox-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/layers.0/attention/Softmax': Q projection not found: walking back from '/layers.0/attention/Mul_7_output_0' reached Concat '/layers.0/attention/Concat_3' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "gptj-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_softmax': Q projection not found: walking back from 'permute_2' reached Concat 'node_cat_1' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "gptj-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/h.0/attn/Softmax': Q projection not found: walking back from '/model/h.0/attn/Cast_1_output_0' reached Concat '/model/h.0/attn/Concat_14' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "gptj-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/h.0/attn/Softmax': Q projection not found: walking back from '/model/h.0/attn/Cast_1_output_0' reached Concat '/model/h.0/attn/Concat_14' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "gptj-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/h.0/attn/Softmax': Q projection not found: walking back from '/model/h.0/attn/Transpose_2_output_0' reached Concat '/model/h.0/attn/Concat_14' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "gptj-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/h.0/attn/Softmax': Q projection not found: walking back from '/h.0/attn/Cast_1_output_0' reached Concat '/h.0/attn/Concat_14' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "llama-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/layers.0/self_attn/Softmax': Q head-split Reshape '/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "llama-optimized": "1 of 2 Softmax rejected: Q head-split Reshape '/layers.1/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape",
+    "llama-optimum": "layer 1 ('/layers.0/Add_output_0') differs from the residual stream by 4.8e-02",
+    "mistral-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/layers.0/self_attn/Softmax': Q head-split Reshape '/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "mistral-optimized": "1 of 2 Softmax rejected: Q head-split Reshape '/layers.1/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape",
+    "mistral-optimum": "layer 1 ('/layers.0/Add_output_0') differs from the residual stream by 4.8e-02",
+    "opt-dynamo_eager": "layer 1 ('add_229') differs from the residual stream by 3.7e-01",
+    "opt-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/decoder/layers.0/self_attn/Softmax': Q head-split Reshape '/model/decoder/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "opt-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/decoder/layers.0/self_attn/Softmax': Q head-split Reshape '/model/decoder/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "opt-legacy_sdpa": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/decoder/layers.0/self_attn/Softmax': Q head-split Reshape '/model/decoder/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "opt-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/decoder/layers.0/self_attn/Softmax': Q head-split Reshape '/model/decoder/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "opt-optimum": "layer 1 ('/decoder/layers.0/Add_output_0') differs from the residual stream by 3.7e-01",
+    "phi-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_181': Q projection not found: walking back from 'cat_3' reached Concat 'node_cat_3' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "phi-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/layers.0/self_attn/Softmax': Q projection not found: walking back from '/layers.0/self_attn/Mul_4_output_0' reached Concat '/layers.0/self_attn/Concat_5' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "phi-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/layers.0/self_attn/Softmax': Q projection not found: walking back from '/layers.0/self_attn/Mul_4_output_0' reached Concat '/layers.0/self_attn/Concat_5' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "phi-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/layers.0/self_attn/Softmax': Q projection not found: walking back from '/layers.0/self_attn/Mul_4_output_0' reached Concat '/layers.0/self_attn/Concat_5' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "phi3-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/layers.0/self_attn/Softmax': Q projection not found: walking back from '/layers.0/self_attn/Mul_8_output_0' reached Concat '/layers.0/self_attn/Concat_4' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "phi3-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/layers.0/self_attn/Softmax': Q projection not found: walking back from '/layers.0/self_attn/Mul_8_output_0' reached Concat '/layers.0/self_attn/Concat_4' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "phi3-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/layers.0/self_attn/Softmax': Q projection not found: walking back from '/layers.0/self_attn/Mul_8_output_0' reached Concat '/layers.0/self_attn/Concat_4' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "qwen2-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/layers.0/self_attn/Softmax': Q head-split Reshape '/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "qwen2-optimized": "1 of 2 Softmax rejected: Q head-split Reshape '/layers.1/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape",
+    "qwen2-optimum": "layer 1 ('/layers.0/Add_output_0') differs from the residual stream by 5.2e-02",
+    "roberta-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/self/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/self/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "roberta-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/self/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/self/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "roberta-legacy_sdpa": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/self/Softmax': Q projection not found: walking back from '/model/encoder/layer.0/attention/self/Mul_output_0' reached Mul '/model/encoder/layer.0/attention/self/Mul' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "roberta-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
+    "roberta-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/encoder/layer.0/attention/self/Softmax': Q projection not found: walking back from '/encoder/layer.0/attention/self/Mul_output_0' reached Mul '/encoder/layer.0/attention/self/Mul' (expected a MatMul/Gemm with a constant weight) (x2)",
+    "siglip_vision-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_31': Q head-split Reshape 'node_Reshape_111' cannot reshape Q of shape (2, 3, 32) (projection width 32) into [-1, 16, 4, 8] (x2)",
+    "siglip_vision-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/vision_model/encoder/layers.0/self_attn/Softmax': Q head-split Reshape '/model/vision_model/encoder/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "siglip_vision-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/vision_model/encoder/layers.0/self_attn/Softmax': Q head-split Reshape '/model/vision_model/encoder/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "siglip_vision-legacy_sdpa": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/vision_model/encoder/layers.0/self_attn/Softmax': Q head-split Reshape '/model/vision_model/encoder/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "siglip_vision-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
+    "t5_encoder-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/block.0/layer.0/SelfAttention/Softmax': Q head-split Reshape '/model/encoder/block.0/layer.0/SelfAttention/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "t5_encoder-legacy_eager": "layer 1 ('/model/encoder/block.0/layer.0/Add_output_0') differs from the residual stream by 5.4e-01",
+    "t5_encoder-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
+    "vit-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_36': Q head-split Reshape 'node_Reshape_113' cannot reshape Q of shape (2, 3, 32) (projection width 32) into [-1, 17, 4, 8] (x2)",
+    "vit-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "vit-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "vit-legacy_sdpa": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "vit-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/model/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "vit-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/encoder/layer.0/attention/attention/Softmax': Q head-split Reshape '/encoder/layer.0/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "whisper_encoder-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_softmax': Q head-split Reshape 'node_Reshape_109' cannot reshape Q of shape (2, 3, 32) (projection width 32) into [-1, 16, 4, 8] (x2)",
+    "whisper_encoder-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/layers.0/self_attn/Softmax': Q head-split Reshape '/model/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "whisper_encoder-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/layers.0/self_attn/Softmax': Q head-split Reshape '/model/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "whisper_encoder-legacy_sdpa": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/layers.0/self_attn/Softmax': Q head-split Reshape '/model/layers.0/self_attn/Reshape' cannot reshape Q of shape (2, 3, 32) (projection width 32) into an unknown shape (x2)",
+    "whisper_encoder-optimized": "layer 0 ('/model/layers.0/self_attn_layer_norm/LayerNormalization_output_0') differs from the residual stream by 9.1e-01",
+}
+
+
+def _relative(found: np.ndarray, truth: np.ndarray) -> float:
+    scale = max(float(np.linalg.norm(truth)), 1e-30)
+    return float(np.linalg.norm(found - truth)) / scale
+
+
+@functools.cache
+def _truth(name: str) -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / name) as data:
+        return {key: data[key] for key in data.files}
+
+
+def _feeds(model: OnnxModel, truth: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The truth's input feeds that the graph takes (exports differ in their optional inputs)."""
+    return {graph_input.name: truth[f"feed_{graph_input.name}"] for graph_input in model.inputs}
+
+
+def _blocks(model: OnnxModel, n_layers: int) -> list[BlockWeights] | str:
+    """Every block's weights, or the first line of why they could not all be found."""
+    try:
+        report = find_attention_blocks(model)
+    except NoAttentionBlocksError as err:
+        return one_line(err)
+    if report.failures:
+        first = report.failures[0]
+        return f"{len(report.failures)} of {report.n_softmax} Softmax rejected: {first.reason}"
+    if len(report.blocks) != n_layers:
+        return f"found {len(report.blocks)} blocks; the model has {n_layers}"
+    return [block_weights(model, block) for block in report.blocks]
+
+
+def _head_problem(block: BlockWeights, truth: dict[str, np.ndarray], layer: int) -> str | None:
+    """The first head whose W_Q^h W_K^hᵀ or W_V^h W_O^h differs from the truth."""
+    dh, group = int(truth["d_head"]), int(truth["n_heads"]) // int(truth["n_kv_heads"])
+    for h in range(int(truth["n_heads"])):
+        q, kv = slice(h * dh, (h + 1) * dh), slice((h // group) * dh, (h // group + 1) * dh)
+        pairs = {
+            "W_Q W_K^T": (
+                block.W_Q[:, q] @ block.W_K[:, kv].T,
+                truth["W_Q"][layer][:, q].astype(np.float64) @ truth["W_K"][layer][:, kv].T,
+            ),
+            "W_V W_O": (
+                block.W_V[:, kv] @ block.W_O[q, :],
+                truth["W_V"][layer][:, kv].astype(np.float64) @ truth["W_O"][layer][q, :],
+            ),
+        }
+        for name, (found, expected) in pairs.items():
+            error = _relative(found, expected)
+            if error > WEIGHT_RTOL:
+                return f"block {layer} head {h}: {name} differs by {error:.1e} (relative)"
+    return None
+
+
+def _structure_problem(blocks: list[BlockWeights], truth: dict[str, np.ndarray]) -> str | None:
+    for layer, block in enumerate(blocks):
+        found = (block.n_heads, block.n_kv_heads, block.d_head)
+        expected = tuple(int(truth[key]) for key in ("n_heads", "n_kv_heads", "d_head"))
+        if found != expected:
+            return f"block {layer}: (heads, kv heads, d_head) = {found}; expected {expected}"
+        problem = _head_problem(block, truth, layer)
+        if problem:
+            return problem
+    return None
+
+
+def _layer_problem(
+    model: OnnxModel, blocks: list[BlockWeights], truth: dict[str, np.ndarray], rtol: float
+) -> str | None:
+    """The first audit layer whose tensor differs from the true residual stream."""
+    names = layer_tensors(blocks)
+    try:
+        outputs = Runner(model, expose=names, provider="cpu", threads=1).collect(
+            _feeds(model, truth)
+        )
+    except Exception as err:  # the runner's own errors and onnxruntime's alike
+        return f"runner failed: {one_line(err)}"
+    for layer, name in enumerate(names):
+        found, expected = outputs[name], truth["hidden"][layer]
+        if found.shape != expected.shape:
+            return f"layer {layer} ({name!r}) has shape {found.shape}; expected {expected.shape}"
+        error = _relative(found.astype(np.float64), expected.astype(np.float64))
+        if error > rtol:
+            return f"layer {layer} ({name!r}) differs from the residual stream by {error:.1e}"
+    return None
+
+
+def first_problem(entry: dict[str, Any]) -> str | None:
+    """The first way the importer's answer on one fixture differs from its truth (None: none)."""
+    truth = _truth(entry["truth"])
+    model = load_model(FIXTURES / entry["file"])
+    blocks = _blocks(model, truth["W_Q"].shape[0])
+    if isinstance(blocks, str):
+        return blocks
+    rtol = QUANTISED_LAYER_RTOL if entry["variant"] == "int8" else LAYER_RTOL
+    return _structure_problem(blocks, truth) or _layer_problem(model, blocks, truth, rtol)
+
+
+def _params() -> list[Any]:
+    params = []
+    for entry in MANIFEST["fixtures"]:
+        reason = KNOWN_FAILURES.get(entry["id"])
+        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        params.append(pytest.param(entry, id=entry["id"], marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("entry", _params())
+def test_fixture_matches_its_truth(entry: dict[str, Any]) -> None:
+    problem = first_problem(entry)
+    assert problem is None, problem
+
+
+def test_known_failures_name_real_fixtures() -> None:
+    ids = {entry["id"] for entry in MANIFEST["fixtures"]}
+    assert set(KNOWN_FAILURES) <= ids, sorted(set(KNOWN_FAILURES) - ids)
+
+
+def test_manifest_lists_every_file_with_its_checksum() -> None:
+    listed = {entry["file"]: entry["sha256"] for entry in MANIFEST["fixtures"]}
+    on_disk = {path.relative_to(FIXTURES).as_posix() for path in FIXTURES.rglob("*.onnx")}
+    assert set(listed) == on_disk
+    for name, digest in listed.items():
+        assert hashlib.sha256((FIXTURES / name).read_bytes()).hexdigest() == digest, name
+
+
+def test_corpus_stays_small() -> None:
+    total = sum(path.stat().st_size for path in FIXTURES.rglob("*") if path.is_file())
+    assert total <= 20 * 2**20, f"{total / 2**20:.1f} MiB"
