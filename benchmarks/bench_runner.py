@@ -6,6 +6,8 @@ session can really be created) and each batch size, inputs per second of
 - ``plain``: the unmodified, fully fused model returning its own outputs (``session.run``);
 - ``reduced``: the audit's session with dominance off — the layer statistics reduced in the graph
   (:mod:`importers.run.reductions`), only they come back;
+- ``scalars``: the same without the Gram matrices (``--no-spectral``: only eight numbers per input
+  and layer come back);
 - ``+attention``: the audit's session with dominance on — also the attention probabilities of
   every block come back (what ``oversmooth audit`` runs by default).
 
@@ -44,7 +46,7 @@ from importers.weights import block_weights
 
 __all__ = ["Throughput", "available_providers", "main", "throughput"]
 
-VARIANTS = ("plain", "reduced", "+attention")
+VARIANTS = ("plain", "reduced", "scalars", "+attention")
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ def throughput(
             items,
             prefix=int(entry.prefix_tokens),
             attention=variant == "+attention",
+            spectral=variant != "scalars",
             provider=provider,  # type: ignore[arg-type]
         )
         for variant in VARIANTS[1:]
@@ -154,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> list[Throughput]:
     print(_device(providers))
     print(
         f"{'model':<16}{'provider':<9}{'batch':>6}{'plain/s':>10}{'reduced/s':>11}"
-        f"{'ratio':>7}{'+attn/s':>10}{'ratio':>7}"
+        f"{'ratio':>7}{'scalars/s':>11}{'ratio':>7}{'+attn/s':>10}{'ratio':>7}"
     )
     results = []
     audits: list[tuple[str, str, float]] = []
@@ -174,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> list[Throughput]:
                 print(
                     f"{name:<16}{provider:<9}{batch:>6}{rate['plain']:>10.1f}"
                     f"{rate['reduced']:>11.1f}{result.ratio('reduced'):>7.2f}"
+                    f"{rate['scalars']:>11.1f}{result.ratio('scalars'):>7.2f}"
                     f"{rate['+attention']:>10.1f}{result.ratio('+attention'):>7.2f}"
                 )
             rate = _audit_per_second(

@@ -98,6 +98,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--fold-gamma", action="store_true", help="fold the pre-LN γ into H for dominance"
     )
+    p.add_argument(
+        "--no-spectral",
+        action="store_true",
+        help="skip sigma_ratio, rank1_residual and effective_rank (their Gram matrices are most of "
+        "what a GPU audit copies back)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -186,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
         exclude_prefix=exclude,
         dominance=args.dominance,
         fold_gamma=args.fold_gamma,
+        spectral=not args.no_spectral,
         progress=not args.no_progress and sys.stderr.isatty(),
     )
     save_audit(result, out, figures=render, label="--out", force=args.force)

@@ -68,7 +68,7 @@ from importers.weights import BlockWeights, block_weights
 from importers.zoo import ModelRef, ZooModel, file_sha256, lookup
 from simulator.metrics import METRICS
 from simulator.output import package_versions
-from simulator.statistics import metrics_from_statistics
+from simulator.statistics import SPECTRAL_METRICS, metrics_from_statistics
 from simulator.theory import KINDS, dominance_kinds, kron_eigenvalues
 from simulator.tolerances import TIE_RTOL
 from simulator.validation import check_choice, check_positive_int
@@ -183,11 +183,13 @@ def _measure_layers(
 ) -> int:
     """Fill ``per_input[metric][item, layer]`` for one batch from its in-graph statistics.
 
-    Returns the batch size.
+    Without a Gram matrix (``spectral=False``) only the scalar metrics are filled. Returns the
+    batch size.
     """
+    names = [name for name in METRICS if plan.gram != "none" or name not in SPECTRAL_METRICS]
     batch = 0
     for layer in range(len(plan.layers)):
-        values = metrics_from_statistics(plan.statistics(outputs, layer))
+        values = metrics_from_statistics(plan.statistics(outputs, layer), names)
         for metric, value in values.items():
             batch = len(value)
             per_input[metric][start : start + batch, layer] = value
@@ -270,12 +272,14 @@ def audit_session(
     *,
     prefix: int = 0,
     attention: bool = True,
+    spectral: bool = True,
     provider: Literal["auto", "cpu", "cuda"] = "auto",
     threads: int | None = None,
 ) -> AuditSession:
     """Build the session the audit runs: layer statistics reduced in the graph, attention exposed.
 
-    Only the reductions' small outputs come back per layer (:mod:`importers.run.reductions`);
+    Only the reductions' outputs come back per layer (:mod:`importers.run.reductions`): eight
+    scalars, plus the smaller Gram matrix when ``spectral`` (the singular-value metrics need it);
     the attention probabilities are fetched only when ``attention`` (the dominance step needs
     them).
     """
@@ -287,7 +291,7 @@ def audit_session(
         layers,
         prefix=prefix,
         masked=inputs.token_mask is not None,
-        gram=_gram_orientation(graph, layers[0], inputs, blocks[0].d_model),
+        gram=_gram_orientation(graph, layers[0], inputs, blocks[0].d_model) if spectral else "none",
     )
     runner = Runner(
         graph, expose=probs, extension=plan.extension, provider=provider, threads=threads
@@ -308,6 +312,7 @@ def audit(
     exclude_prefix: bool | int = False,
     dominance: Granularity = "head",
     fold_gamma: bool = False,
+    spectral: bool = True,
     tie_rtol: float = TIE_RTOL,
     progress: bool = False,
 ) -> AuditResult:
@@ -333,6 +338,10 @@ def audit(
         H granularity of the dominance table, or skip it (no attention tensors fetched).
     fold_gamma : bool
         Fold the pre-LN γ into H for the dominance table.
+    spectral : bool
+        Compute the singular-value metrics (sigma_ratio, rank1_residual, effective_rank). They
+        need one min(T, D)² Gram matrix per input and layer from the device, most of what an
+        audit on a GPU moves; without them those columns are NaN and a note says so.
     tie_rtol : float
         Relative tolerance for ties of |μ|.
     progress : bool
@@ -357,8 +366,16 @@ def audit(
             "inputs are RANDOM, not real data: smoothing of noise says little about the model"
         )
     session = audit_session(
-        graph, blocks, inputs, prefix=prefix, attention=dominance != "none", provider=provider
+        graph,
+        blocks,
+        inputs,
+        prefix=prefix,
+        attention=dominance != "none",
+        spectral=spectral,
+        provider=provider,
     )
+    if not spectral:
+        notes.append(f"not computed (spectral=False): {', '.join(SPECTRAL_METRICS)}")
     runner = session.runner
     notes += session.notes
     eig_H = _value_spectra(blocks, dominance, fold_gamma) if dominance != "none" else []
@@ -391,7 +408,7 @@ def audit(
             dominance=dominance,
             fold_gamma=fold_gamma,
             tie_rtol=tie_rtol,
-            metrics=tuple(METRICS),
+            metrics=tuple(m for m in METRICS if spectral or m not in SPECTRAL_METRICS),
         ),
         provenance=Provenance(
             python=platform.python_version(),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -28,7 +29,7 @@ from importers.run.sources import default_inputs
 from importers.weights import block_weights
 from importers.zoo import get_model, models
 from simulator.metrics import METRICS, all_metrics
-from simulator.statistics import metrics_from_statistics
+from simulator.statistics import SPECTRAL_METRICS, metrics_from_statistics
 from simulator.tolerances import GRAM_ATOL, GRAM_RTOL, ORT_ATOL, ORT_RTOL
 from tests.importers.builders import VARIANTS, assemble
 from tests.realmodels import require_real_model
@@ -234,3 +235,18 @@ def test_zoo_audit_on_cuda_equals_the_cpu_audit(name: str) -> None:
             atol=ORT_ATOL,
             err_msg=f"{name}: {metric}",
         )
+
+
+def test_an_audit_without_spectral_metrics_keeps_the_scalar_ones(tmp_path: Path) -> None:
+    path = tmp_path / "bert.onnx"
+    model, inputs = _builder("bert_legacy")
+    onnx.save(model.proto, path)
+    full = audit(path, inputs, provider="cpu", dominance="none")
+    fast = audit(path, inputs, provider="cpu", dominance="none", spectral=False)
+    for metric in METRICS:
+        if metric in SPECTRAL_METRICS:
+            assert np.isnan(fast.metrics[metric]).all(), metric
+            assert metric not in fast.config.metrics
+        else:
+            assert_allclose(fast.metrics[metric], full.metrics[metric], rtol=GRAM_RTOL)
+    assert any("spectral=False" in note for note in fast.notes)
