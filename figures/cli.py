@@ -104,6 +104,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="skip sigma_ratio, rank1_residual and effective_rank (their Gram matrices are most of "
         "what a GPU audit copies back)",
     )
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="audit a model whose attention is only partly matched (the output says first what "
+        "is missing)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -146,7 +152,9 @@ def _inputs(
 def _summary(result: AuditResult, out: Path) -> str:
     rows = {(r["layer"], r["metric"]): r["mean"] for r in result.layer_rows()}
     model, inputs, provider = result.model, result.inputs, result.provider
+    partial = [note for note in result.notes if note.startswith("PARTIAL")]
     lines = [
+        *partial,
         f"model {model.name} ({model.n_blocks} blocks), "
         f"{inputs.n_inputs} inputs from {inputs.source}" + (" [RANDOM]" if inputs.random else ""),
         f"provider: {', '.join(provider.used)} ({provider.note})",
@@ -163,7 +171,7 @@ def _summary(result: AuditResult, out: Path) -> str:
             f"dominating eigenvalue over {dom.cases} (input, layer, head) cases: "
             f"{100 * (dom.perron or 0):.2f}% perron, {100 * (dom.non_perron or 0):.2f}% non-perron"
         )
-    lines += [f"note: {note}" for note in result.notes]
+    lines += [f"note: {note}" for note in result.notes if note not in partial]
     lines.append(f"report: {out / 'report.md'}")
     return "\n".join(lines)
 
@@ -193,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
         dominance=args.dominance,
         fold_gamma=args.fold_gamma,
         spectral=not args.no_spectral,
+        partial=args.partial,
         progress=not args.no_progress and sys.stderr.isatty(),
     )
     save_audit(result, out, figures=render, label="--out", force=args.force)

@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from importers.errors import ExtractionError
 from importers.graph import GraphIndex, OnnxModel
-from importers.match import AttentionBlock, LinearMatch, find_attention_blocks
+from importers.match import AttentionBlock, LinearMatch, check_complete, find_attention_blocks
 
 __all__ = ["WEIGHT_KEYS", "BlockWeights", "block_weights", "extract", "linear_weights"]
 
@@ -110,17 +110,26 @@ class BlockWeights(AttentionBlock):
         return {key: value for key, value in found.items() if value is not None}
 
 
-def extract(model: OnnxModel) -> list[BlockWeights]:
+def extract(model: OnnxModel, *, partial: bool = False) -> list[BlockWeights]:
     """Weights of every attention block of ``model``, in depth order.
+
+    Parameters
+    ----------
+    partial : bool
+        Accept a model whose attention is only partly matched (the matched blocks are returned).
 
     Raises
     ------
     NoAttentionBlocksError
         Nothing matched (see :func:`importers.match.find_attention_blocks`).
+    IncompleteMatchError
+        Some attention was not matched and ``partial`` is not set.
     ExtractionError
         A matched weight has an unexpected size.
     """
-    return [block_weights(model, block) for block in find_attention_blocks(model).blocks]
+    report = find_attention_blocks(model)
+    check_complete(report, partial=partial)
+    return [block_weights(model, block) for block in report.blocks]
 
 
 def block_weights(model: OnnxModel, block: AttentionBlock) -> BlockWeights:

@@ -55,6 +55,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(_as_json(model, report))
         return 0
+    if report.unmatched:  # said first: audit and weights refuse such a model without --partial
+        total = len(report.blocks) + len(report.unmatched)
+        print(
+            f"{len(report.unmatched)} of {total} attention blocks NOT matched "
+            f"({', '.join(repr(f.softmax) for f in report.unmatched)}): audit and weights refuse "
+            "this model unless --partial (reasons: --explain)"
+        )
     print(f"model: {model.path} (opset {model.opset})")
     print(_table(report.blocks))
     if report.failures and not args.explain:

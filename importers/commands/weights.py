@@ -25,16 +25,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_argument(parser)
     parser.add_argument("--out", required=True, metavar="W.npz", help="output file")
     add_force_argument(parser)
+    parser.add_argument(
+        "--partial",
+        action="store_true",
+        help="accept a model whose attention is only partly matched (says first what is missing)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from importers.weights import extract
+    from importers.match import check_complete, find_attention_blocks, missing_blocks_note
+    from importers.weights import block_weights
     from simulator.output import atomic_output
 
-    blocks = extract(open_model(args.model))
+    model = open_model(args.model)
+    report = find_attention_blocks(model)
+    check_complete(report, partial=args.partial)
+    if report.unmatched:
+        print(missing_blocks_note(report))
+    blocks = [block_weights(model, block) for block in report.blocks]
     arrays: dict[str, Any] = {
         f"blocks.{block.index}.{key}": value
         for block in blocks

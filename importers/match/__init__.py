@@ -7,6 +7,8 @@ find_attention_blocks
     rejected Softmax failed), or raises :class:`NoAttentionBlocksError` (exit status 1).
 AttentionBlock, MatchReport, MatchFailure, LinearMatch, NormMatch
     The results (structure only; :mod:`importers.weights` reads the numbers).
+check_complete, missing_blocks_note, IncompleteMatchError
+    All or nothing: refuse a result that would miss unmatched attention (:mod:`.coverage`).
 
 How a block is matched (names are never used, only op types, constants and shapes):
 
@@ -45,6 +47,14 @@ from importers.errors import ImporterError
 from importers.graph import GraphIndex, Node, OnnxModel
 from importers.match.core import SCALE_RTOL as SCALE_RTOL
 from importers.match.core import Matcher
+from importers.match.coverage import (
+    FUSED_ATTENTION,
+    IncompleteMatchError,
+    check_complete,
+    fused_attention_failures,
+    is_attention_softmax,
+    missing_blocks_note,
+)
 from importers.match.layout import PROBE_BATCH, PROBE_SEQUENCE
 from importers.match.results import (
     AttentionBlock,
@@ -59,17 +69,16 @@ from simulator.errors import one_line
 
 __all__ = [
     "AttentionBlock",
+    "IncompleteMatchError",
     "LinearMatch",
     "MatchFailure",
     "MatchReport",
     "NoAttentionBlocksError",
     "NormMatch",
+    "check_complete",
     "find_attention_blocks",
+    "missing_blocks_note",
 ]
-
-_FUSED_ATTENTION = frozenset(
-    {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention"}
-)
 
 
 def find_attention_blocks(model: OnnxModel) -> MatchReport:
@@ -93,7 +102,7 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
     index = model.index
     softmaxes = index.nodes_of_type("Softmax")
     if not softmaxes:
-        fused = [node.op_type for node in index.nodes if node.op_type in _FUSED_ATTENTION]
+        fused = [node.op_type for node in index.nodes if node.op_type in FUSED_ATTENTION]
         raise NoAttentionBlocksError.from_failures([], fused=fused)
     matchers = {(PROBE_BATCH, PROBE_SEQUENCE): Matcher(index, PROBE_BATCH, PROBE_SEQUENCE)}
     blocks: list[AttentionBlock] = []
@@ -102,18 +111,20 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
         try:
             blocks.append(_match_with_retry(matchers, index, softmax, len(blocks)))
         except RejectError as reject:
-            failures.append(MatchFailure(softmax.label, reject.reason, reject.nodes, reject.code))
+            attention = is_attention_softmax(index, softmax)
+            failures.append(
+                MatchFailure(softmax.label, reject.reason, reject.nodes, reject.code, attention)
+            )
         except ImporterError:  # a file problem (external data, ...) is the user's answer as is
             raise
         except (ValueError, TypeError, IndexError, KeyError, OverflowError) as err:
             # A malformed attribute or constant (an axis of the wrong type, an impossible shape)
             # rejects this candidate with the reason instead of escaping as a traceback.
-            reason = (
-                f"malformed graph around it: {one_line(err)}"
-            )
+            reason = f"malformed graph around it: {one_line(err)}"
             failures.append(MatchFailure(softmax.label, reason, (), "malformed"))
     if not blocks:
         raise NoAttentionBlocksError.from_failures(failures)
+    failures += fused_attention_failures(index)
     return MatchReport(blocks=blocks, failures=failures, n_softmax=len(softmaxes))
 
 

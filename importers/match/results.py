@@ -32,20 +32,25 @@ class MatchFailure:
         Nodes involved in the rejection.
     code : str
         A stable short tag for the kind of failure (e.g. ``"value_matmul_missing"``).
+    attention : bool
+        Whether the node is attention left unmatched (False for a classifier's Softmax; see
+        :func:`importers.match.coverage.is_attention_softmax`).
     """
 
     softmax: str
     reason: str
     nodes: tuple[str, ...] = ()
     code: str = "other"
+    attention: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        """The failure's JSON record: ``softmax``, ``code``, ``reason``, ``nodes``."""
+        """The failure's JSON record: ``softmax``, ``code``, ``reason``, ``nodes``, ``attention``."""
         return {
             "softmax": self.softmax,
             "code": self.code,
             "reason": self.reason,
             "nodes": list(self.nodes),
+            "attention": self.attention,
         }
 
 
@@ -224,10 +229,16 @@ class MatchReport:
     failures: list[MatchFailure]
     n_softmax: int
 
+    @property
+    def unmatched(self) -> list[MatchFailure]:
+        """The failures that are attention (fused operators included): blocks a result would miss."""
+        return [failure for failure in self.failures if failure.attention]
+
     def to_dict(self) -> dict[str, Any]:
         """``{"n_softmax", "blocks": [...], "failures": [...]}`` (see :meth:`AttentionBlock.to_dict`)."""
         return {
             "n_softmax": self.n_softmax,
+            "n_unmatched_attention": len(self.unmatched),
             "blocks": [block.to_dict() for block in self.blocks],
             "failures": [failure.to_dict() for failure in self.failures],
         }

@@ -49,7 +49,7 @@ from threadpoolctl import threadpool_limits
 from importers.errors import ImporterInputError
 from importers.graph import OnnxModel, load_model
 from importers.graph.shapes import inferred_types, static_dims
-from importers.match import find_attention_blocks
+from importers.match import check_complete, find_attention_blocks, missing_blocks_note
 from importers.run.feeds import Inputs
 from importers.run.records import (
     AuditConfig,
@@ -313,6 +313,7 @@ def audit(
     dominance: Granularity = "head",
     fold_gamma: bool = False,
     spectral: bool = True,
+    partial: bool = False,
     tie_rtol: float = TIE_RTOL,
     progress: bool = False,
 ) -> AuditResult:
@@ -342,6 +343,9 @@ def audit(
         Compute the singular-value metrics (sigma_ratio, rank1_residual, effective_rank). They
         need one min(T, D)² Gram matrix per input and layer from the device, most of what an
         audit on a GPU moves; without them those columns are NaN and a note says so.
+    partial : bool
+        Audit a model whose attention is only partly matched; the first note then names the
+        missing blocks (else :class:`~importers.match.IncompleteMatchError`, exit status 1).
     tie_rtol : float
         Relative tolerance for ties of |μ|.
     progress : bool
@@ -356,8 +360,10 @@ def audit(
     ref = _open(model, entry)
     prefix = _prefix_count(exclude_prefix, ref.entry)
     graph = model if isinstance(model, OnnxModel) else load_model(ref.path)
-    blocks = [block_weights(graph, block) for block in find_attention_blocks(graph).blocks]
-    notes: list[str] = []
+    report = find_attention_blocks(graph)
+    check_complete(report, partial=partial)
+    blocks = [block_weights(graph, block) for block in report.blocks]
+    notes = [missing_blocks_note(report)] if report.unmatched else []
     inputs = default_inputs(graph.inputs, ref.entry) if inputs is None else inputs
     if inputs.batch_size == 0:
         raise ImporterInputError("`inputs` must hold at least one item; got none")

@@ -1,0 +1,118 @@
+"""All or nothing: unmatched attention stops audit and weights unless --partial, which says it first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from importers.graph import model_from_proto
+from importers.match import IncompleteMatchError, check_complete, find_attention_blocks
+from importers.run.audit import audit
+from importers.run.feeds import Inputs
+from simulator.cli import main
+from tests.importers.builders import NEAR_MISSES, assemble
+
+SEED = 0
+
+
+def _broken_first_block(tmp_path: Path) -> Path:
+    """bert_legacy with block 0's ·V MatMul replaced (block 1 intact): 1 of 2 blocks unmatched."""
+    path = tmp_path / "half.onnx"
+    onnx.save(NEAR_MISSES["value_matmul_missing"](SEED).model, path)
+    return path
+
+
+def _inputs(path: Path) -> Inputs:
+    built = assemble("bert_legacy", SEED).built
+    mask = built.inputs["attention_mask"].astype(bool)
+    labels = tuple(f"item-{i}" for i in range(len(mask)))
+    return Inputs(feeds=dict(built.inputs), token_mask=mask, labels=labels, source="test")
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    status = main([str(arg) for arg in argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_a_partly_matched_model_is_refused_naming_the_missing_block(tmp_path: Path) -> None:
+    path = _broken_first_block(tmp_path)
+    report = find_attention_blocks(model_from_proto(onnx.load(path)))
+    assert len(report.blocks) == 1
+    (missing,) = report.unmatched
+    with pytest.raises(IncompleteMatchError, match=r"1 of 2 attention blocks are not matched"):
+        audit(path, _inputs(path), provider="cpu", dominance="none")
+    with pytest.raises(IncompleteMatchError, match=missing.softmax):
+        check_complete(report, partial=False)
+
+
+def test_partial_says_first_which_blocks_are_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _broken_first_block(tmp_path)
+    result = audit(path, _inputs(path), provider="cpu", dominance="none", partial=True)
+    assert result.notes[0].startswith("PARTIAL: 1 of 2 attention blocks not matched")
+    assert result.n_layers == 2
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, **_inputs(path).feeds)
+    out_dir = tmp_path / "report"
+    status, _, err = _cli(
+        capsys, "audit", path, "--inputs", feeds, "--out", out_dir, "--no-progress"
+    )
+    assert status == 1
+    assert "--partial" in err
+    assert not out_dir.exists()
+    status, out, _ = _cli(
+        capsys, "audit", path, "--inputs", feeds, "--out", out_dir, "--no-progress", "--partial"
+    )
+    assert status == 0
+    assert out.splitlines()[0].startswith("PARTIAL")
+    assert json.loads((out_dir / "audit.json").read_text())["notes"][0].startswith("PARTIAL")
+    report_lines = (out_dir / "report.md").read_text().splitlines()
+    assert report_lines[2].startswith("**PARTIAL")
+
+
+def test_weights_and_inspect_follow_the_same_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _broken_first_block(tmp_path)
+    out = tmp_path / "w.npz"
+    status, _, err = _cli(capsys, "weights", path, "--out", out)
+    assert (status, out.exists()) == (1, False)
+    assert "not matched" in err
+    status, printed, _ = _cli(capsys, "weights", path, "--out", out, "--partial")
+    assert status == 0
+    assert printed.startswith("PARTIAL")
+    assert sorted({key.split(".")[1] for key in np.load(out).files}) == ["0"]
+    status, printed, _ = _cli(capsys, "inspect", path)
+    assert status == 0
+    assert "1 of 2 attention blocks NOT matched" in printed.splitlines()[0]
+
+
+def test_a_classifier_softmax_is_not_missing_attention(tmp_path: Path) -> None:
+    model = model_from_proto(NEAR_MISSES["not_qk_product"](SEED).model)
+    report = find_attention_blocks(model)
+    assert len(report.blocks) == 2
+    (failure,) = report.failures
+    assert failure.attention is False
+    assert report.unmatched == []
+    check_complete(report, partial=False)
+
+
+def test_a_fused_attention_operator_counts_as_unmatched() -> None:
+    proto = assemble("bert_legacy", SEED).built.model
+    proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    first_input = proto.graph.node[0].output[0]
+    proto.graph.node.append(
+        onnx.helper.make_node(
+            "Attention", [first_input], ["fused_out"], domain="com.microsoft", name="fused"
+        )
+    )
+    report = find_attention_blocks(model_from_proto(proto))
+    assert [failure.code for failure in report.unmatched] == ["fused_attention_op"]
+    with pytest.raises(IncompleteMatchError, match="fused"):
+        check_complete(report, partial=False)
