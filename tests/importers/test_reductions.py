@@ -250,3 +250,23 @@ def test_an_audit_without_spectral_metrics_keeps_the_scalar_ones(tmp_path: Path)
         else:
             assert_allclose(fast.metrics[metric], full.metrics[metric], rtol=GRAM_RTOL)
     assert any("spectral=False" in note for note in fast.notes)
+
+
+def test_reused_output_buffers_hold_each_batch_and_are_reused() -> None:
+    model, inputs = _builder("bert_legacy")
+    layers = _layers(model)
+    plan = plan_reductions(model, layers, masked=True)
+    runner = Runner(model, expose=layers[1:2], extension=plan.extension, provider="cpu")
+    feeds = {**inputs.feeds, **plan.mask_feed(inputs.token_mask)}
+    feeds = {name: np.concatenate([array] * 4) for name, array in feeds.items()}
+    size = 3  # batches of 3, 3, ..., and a smaller last one
+    fresh = list(runner.run(feeds, batch_size=size))
+    pointers = []
+    for i, outputs in enumerate(runner.run(feeds, batch_size=size, reuse_outputs=True)):
+        for name in runner.output_names:
+            np.testing.assert_array_equal(outputs[name], fresh[i][name], err_msg=name)
+        pointers.append(outputs[runner.output_names[0]].ctypes.data)
+    assert len(pointers) == len(fresh) >= 3
+    assert len(feeds["input_ids"]) % size != 0
+    assert pointers[1] == pointers[0]  # same input shapes: the same host array again
+    assert runner.collect(feeds, batch_size=size)[layers[1]].shape[0] == len(feeds["input_ids"])
