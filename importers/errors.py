@@ -15,6 +15,7 @@ ImporterError
     ExternalDataError: external data outside the model's folder, missing or short
     ExtractionError: a matched block's weights cannot be read
     TransformError: a transform that cannot be applied to this model
+    LayerStreamError (exit 1): an audit layer would not be the residual stream the contract defines
     ModelMissingError, ModelChangedError, FetchError: the zoo's pinned models
     RunnerError: onnxruntime could not load or run the model
         ProviderError: the requested execution provider cannot be used
@@ -33,6 +34,7 @@ __all__ = [
     "FetchError",
     "ImporterError",
     "ImporterInputError",
+    "LayerStreamError",
     "MissingDependencyError",
     "ModelChangedError",
     "ModelFileError",
@@ -91,6 +93,18 @@ class FetchError(ImporterError):
 
 class TransformError(ImporterError, ValueError):
     """A model cannot be transformed as asked (quantised weights, grouped-query attention, too large)."""
+
+
+class LayerStreamError(ImporterError):
+    """The tensor the audit would read as a layer is not the residual stream the contract defines.
+
+    Raised by :func:`importers.run.audit.layer_tensors` when a block's residual stream could not be
+    established from the graph's structure, or when block i-1's output is not the stream block i
+    reads: an internal error, never a number (exit status 1: the model is well-formed, the
+    importer cannot audit it).
+    """
+
+    exit_code = 1
 
 
 class RunnerError(ImporterError):

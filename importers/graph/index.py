@@ -73,6 +73,20 @@ class GraphIndex:
         """Whether a top-level tensor of that name exists (node output, initializer or input)."""
         return name in self._producer or name in self.initializers or name in self.graph_inputs
 
+    def name_output(self, node: Node, position: int, name: str) -> str:
+        """Name the optional output ``position`` of ``node`` ``name`` if it has none; return its name.
+
+        The loaded graph is edited in place (empty names pad the outputs before it): the node then
+        also computes that output, which a session can fetch; nothing else changes.
+        """
+        outputs = node.proto.output
+        while len(outputs) <= position:
+            outputs.append("")
+        if not outputs[position]:
+            outputs[position] = name
+            self._producer[name] = node
+        return outputs[position]
+
     def undefined_inputs(self) -> Iterator[tuple[Node, str]]:
         """(node, tensor) pairs where a node reads a tensor defined nowhere at the top level."""
         for node in self.nodes:

@@ -14,9 +14,9 @@ import numpy as np
 
 from importers.graph import Node
 from importers.match.layout import Layout, LayoutProbe
-from importers.match.norms import StreamMatcher
 from importers.match.projections import ProjectionFinder, Trace, describe_linear
 from importers.match.results import AttentionBlock, LinearMatch
+from importers.match.stream import StreamMatcher
 from importers.match.walker import MAX_WALK, VALUE_PRESERVING, RejectError
 
 #: Relative mismatch tolerated between the score scale found and 1/sqrt(d_head).

@@ -1,10 +1,10 @@
-"""After the attention branch: LayerScale, the residual ``Add``, the norm position and kind.
+"""Norms found by structure, for :mod:`importers.match.stream` (the residual stream around a block).
 
-Pre-LN when the attention input is a norm's output whose input also enters the residual Add;
-post-LN when the residual Add is the attention input plus the branch and feeds a norm. Norms are
-fused ``LayerNormalization``, the decomposed LayerNorm chain, RMSNorm
-(Pow/ReduceMean/Add/Sqrt/Reciprocal-or-Div/Mul/Mul), ``SimplifiedLayerNormalization`` or
-``RMSNormalization``.
+Norms are fused ``LayerNormalization``, the decomposed LayerNorm chain, RMSNorm
+(Pow/ReduceMean/Add/Sqrt/Reciprocal-or-Div/Mul/Mul), ``SimplifiedLayerNormalization``,
+``RMSNormalization``, or onnxruntime's fused ``SkipLayerNormalization`` /
+``SkipSimplifiedLayerNormalization`` (the norm of ``input + skip (+ bias)``; its input is the sum, the
+node's optional fourth output, see :meth:`NormMatcher.skip_sum`).
 """
 
 from __future__ import annotations
@@ -12,58 +12,17 @@ from __future__ import annotations
 import numpy as np
 
 from importers.graph import Node
-from importers.match.results import LinearMatch, NormMatch
+from importers.match.results import NormMatch
 from importers.match.walker import GraphWalker
 
+#: onnxruntime's fused ``norm(input + skip (+ bias))`` ops and the norm each applies.
+SKIP_NORMS = {"SkipLayerNormalization": "layernorm", "SkipSimplifiedLayerNormalization": "rmsnorm"}
+#: The position of the optional ``input + skip (+ bias)`` output of a fused skip norm.
+SKIP_SUM_OUTPUT = 3
 
-class StreamMatcher(GraphWalker):
-    """Recognise the residual stream around an attention branch and the norm on it."""
 
-    def block_stream(self, x: str, o: LinearMatch) -> dict:
-        """Residual Add, LayerScale, norm position and the block's input/output tensor names."""
-        attention_input = self.stream_tensor(x)
-        branch = self.strip_reshapes_forward(o.output)
-        layer_scale, branch = self.layer_scale_after(branch, o.d_out)
-        residual_node, residual_in = self.residual_add(branch)
-        roles: dict[str, str] = {}
-        if layer_scale is not None:
-            roles["layer scale"] = f"Mul by constant {layer_scale!r}"
-        norm, norm_match, norm_output = "none", None, None
-        if residual_node is not None:
-            roles["residual"] = f"Add {residual_node.label!r}"
-            pre = self.norm_ending_at(attention_input)
-            if pre is not None and self.strip_casts(pre.input) == self.strip_casts(residual_in):
-                norm, norm_match = "pre", pre
-            elif self.strip_casts(residual_in) == self.strip_casts(attention_input):
-                post = self.norm_starting_at(residual_node.outputs[0])
-                if post is not None:
-                    norm, norm_match, norm_output = "post", post, post.output
-        if norm_match is not None:
-            roles["norm"] = f"{norm}-LN {norm_match.kind}: {', '.join(norm_match.nodes)}"
-        residual = residual_node.outputs[0] if residual_node is not None else None
-        block_input = (
-            norm_match.input
-            if norm == "pre" and norm_match is not None
-            else (residual_in if residual_in else attention_input)
-        )
-        sub_block_output = norm_output or residual or o.output
-        output = (
-            self.block_output(sub_block_output, post=norm == "post")
-            if residual
-            else sub_block_output
-        )
-        return {
-            "norm": norm,
-            "norm_kind": norm_match.kind if norm_match is not None else None,
-            "norm_match": norm_match,
-            "has_layer_scale": layer_scale is not None,
-            "layer_scale_name": layer_scale,
-            "input_name": block_input,
-            "residual_name": residual,
-            "norm_output_name": norm_output,
-            "output_name": output,
-            "roles": roles,
-        }
+class NormMatcher(GraphWalker):
+    """Recognise norms by structure, and the stream tensor behind a projection input."""
 
     def stream_tensor(self, name: str) -> str:
         """The residual-stream tensor behind a projection input: undo Casts and, for 2-D (Gemm)
@@ -98,26 +57,6 @@ class StreamMatcher(GraphWalker):
             if value is not None and value.size in (1, d_model):
                 return other, self.strip_reshapes_forward(users[0].outputs[0])
         return None, name
-
-    def residual_add(self, name: str) -> tuple[Node | None, str]:
-        adds = [node for node in self.consumers(name) if node.op_type == "Add"]
-        for node in adds:
-            other = next((operand for operand in node.inputs if operand != name), "")
-            if other and self.const(other) is None:
-                return node, other
-        return None, ""
-
-    def block_output(self, name: str, *, post: bool) -> str:
-        """After the attention sub-block: the MLP residual Add (and its norm for post-LN)."""
-        for node in self.consumers(name):
-            others = [operand for operand in node.inputs if operand != name]
-            if node.op_type != "Add" or len(others) != 1 or self.const(others[0]) is not None:
-                continue
-            if post:
-                norm = self.norm_starting_at(node.outputs[0])
-                return norm.output if norm is not None else node.outputs[0]
-            return node.outputs[0]
-        return name
 
     def norm_starting_at(self, name: str) -> NormMatch | None:
         """The outermost norm (LayerNorm or RMSNorm) that reads ``name``, searching forward."""
@@ -170,7 +109,32 @@ class StreamMatcher(GraphWalker):
             return None
         return NormMatch(kind, x, output, gamma, beta, eps, tuple(nodes) + tuple(reversed(passed)))
 
+    def skip_sum(self, node: Node) -> str:
+        """The sum ``input + skip (+ bias)`` of a fused skip norm: its optional fourth output.
+
+        Where the graph leaves that output out, this is the name it gets when requested with
+        :meth:`importers.graph.GraphIndex.name_output` (see :meth:`StreamMatcher.requested`).
+        """
+        outputs = node.outputs
+        if len(outputs) > SKIP_SUM_OUTPUT and outputs[SKIP_SUM_OUTPUT]:
+            return outputs[SKIP_SUM_OUTPUT]
+        name, suffix = f"{node.label}/input_skip_bias_sum", 0
+        while self.index.is_defined(name):
+            suffix += 1
+            name = f"{node.label}/input_skip_bias_sum_{suffix}"
+        return name
+
     def fused_norm(self, node: Node, output: str) -> NormMatch | None:
+        if node.op_type in SKIP_NORMS and node.outputs and output == node.outputs[0]:
+            return NormMatch(
+                SKIP_NORMS[node.op_type],
+                self.skip_sum(node),
+                output,
+                node.input(2) or None,
+                (node.input(3) or None) if node.op_type == "SkipLayerNormalization" else None,
+                float(node.attr("epsilon", 1e-12)),
+                (node.label,),
+            )
         kinds = {
             "LayerNormalization": "layernorm",
             "SimplifiedLayerNormalization": "rmsnorm",

@@ -110,11 +110,14 @@ class AttentionBlock:
     input_name : str
         Residual stream entering the block (pre-LN: the norm's input; post-LN: the attention input).
     residual_name : str or None
-        Output of the attention residual Add.
+        Output of the attention residual sum (an ``Add``, or a fused skip norm's sum output; for
+        parallel blocks the sum after both branches).
     norm_output_name : str or None
         Post-LN only: output of the norm after the residual Add.
     output_name : str
-        Block output after the MLP sub-block when found (else the attention sub-block's output).
+        The stream leaving the block, in the layout of ``input_name``: the residual sum closing the
+        MLP branch (pre-LN, no norm), its norm (post-LN), the sum after both branches (parallel),
+        or the attention sub-block's stream where no MLP branch follows.
     attention_name : str
         The Softmax output (attention probabilities, shape (..., n_heads, T, T)).
     q, k, v, o : LinearMatch
@@ -131,6 +134,11 @@ class AttentionBlock:
         Non-fatal observations (e.g. a score scale differing from 1/sqrt(d_head)).
     roles : dict of str to str
         Node names by role, for reports.
+    parallel : bool
+        Attention and MLP read the same stream; their results are added to it together.
+    stream_error : str or None
+        Why the residual stream around the block could not be established (one line naming what
+        was not found); the audit refuses to read its layers (:mod:`importers.match.stream`).
     """
 
     index: int
@@ -160,6 +168,8 @@ class AttentionBlock:
     layer_scale_name: str | None = field(repr=False)
     notes: tuple[str, ...] = ()
     roles: dict[str, str] = field(default_factory=dict, repr=False)
+    parallel: bool = False
+    stream_error: str | None = None
 
     @property
     def sources(self) -> dict[str, str]:
@@ -189,6 +199,7 @@ class AttentionBlock:
             "norm": self.norm,
             "norm_kind": self.norm_kind,
             "has_layer_scale": self.has_layer_scale,
+            "parallel": self.parallel,
             "scale": self.scale,
             "sources": self.sources,
             "tensors": {
@@ -199,6 +210,7 @@ class AttentionBlock:
                 "attention": self.attention_name,
             },
             "notes": list(self.notes),
+            "stream_error": self.stream_error,
         }
 
     def summary(self) -> str:

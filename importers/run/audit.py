@@ -46,7 +46,7 @@ from typing import Literal
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from importers.errors import ImporterInputError
+from importers.errors import ImporterInputError, LayerStreamError
 from importers.graph import OnnxModel, load_model
 from importers.graph.shapes import inferred_types, static_dims
 from importers.match import check_complete, find_attention_blocks, missing_blocks_note
@@ -79,20 +79,64 @@ Granularity = Literal["head", "layer", "none"]
 _PACKAGES = ("oversmooth", "numpy", "scipy", "onnx", "onnxruntime", "onnxruntime-gpu")
 
 
-def layer_tensors(blocks: Sequence[BlockWeights], notes: list[str] | None = None) -> list[str]:
+def layer_tensors(
+    blocks: Sequence[BlockWeights], notes: list[str] | None = None, *, partial: bool = False
+) -> list[str]:
     """Graph tensors of the recorded layers: block 0's input, then every block's output.
 
     Layer 0 is the stream entering block 0, layer i the output of block i-1 (see the module
-    docstring). Where a block does not read its predecessor's output, a note is appended to
-    ``notes`` and the predecessor's output is used.
+    docstring); the matcher traces both from the graph's residual sums
+    (:mod:`importers.match.stream`). Every layer is checked against the block structure: block
+    i-1's output, found walking forward from its MLP residual, must be the stream block i reads,
+    found walking back from its attention (its norm's input, or the attention input, that its
+    attention residual adds).
+
+    Parameters
+    ----------
+    blocks : sequence of BlockWeights
+        The matched blocks in depth order.
+    notes : list of str, optional
+        Notes on the layer choice are appended here.
+    partial : bool
+        The blocks are only the matched part of the model (``--partial``): between two of them an
+        unmatched block may sit, so a break of the chain is noted (the earlier block's output is
+        used) instead of refused.
+
+    Returns
+    -------
+    list of str
+
+    Raises
+    ------
+    LayerStreamError
+        A block's residual stream could not be established, or a layer tensor is not the stream
+        entering the next block.
     """
+    for block in blocks:
+        if block.stream_error is not None:
+            raise LayerStreamError(
+                f"layer {block.index + 1} (the output of block {block.index}) cannot be read: "
+                f"{block.stream_error}"
+            )
     names = [blocks[0].input_name] + [block.output_name for block in blocks]
     for i in range(1, len(blocks)):
-        if blocks[i].input_name != blocks[i - 1].output_name and notes is not None:
-            notes.append(
-                f"block {i} reads {blocks[i].input_name!r} but block {i - 1} ends at "
-                f"{blocks[i - 1].output_name!r}; layer {i} uses the latter"
+        if blocks[i].input_name == blocks[i - 1].output_name:
+            continue
+        mismatch = (
+            f"block {i} reads {blocks[i].input_name!r} but block {i - 1} ends at "
+            f"{blocks[i - 1].output_name!r}"
+        )
+        if not partial:
+            raise LayerStreamError(
+                f"layer {i} would not be the residual stream: {mismatch} (internal error: the "
+                f"block structure found is inconsistent)"
             )
+        if notes is not None:
+            notes.append(f"{mismatch}; layer {i} uses the latter")
+    if len(set(names)) != len(names):
+        raise LayerStreamError(
+            f"two layers would read the same tensor ({', '.join(map(repr, names))}): internal error"
+        )
     return names
 
 
@@ -275,16 +319,18 @@ def audit_session(
     spectral: bool = True,
     provider: Literal["auto", "cpu", "cuda"] = "auto",
     threads: int | None = None,
+    partial: bool = False,
 ) -> AuditSession:
     """Build the session the audit runs: layer statistics reduced in the graph, attention exposed.
 
     Only the reductions' outputs come back per layer (:mod:`importers.run.reductions`): eight
     scalars, plus the smaller Gram matrix when ``spectral`` (the singular-value metrics need it);
     the attention probabilities are fetched only when ``attention`` (the dominance step needs
-    them).
+    them). ``partial``: ``blocks`` are only the matched part of the model (see
+    :func:`layer_tensors`).
     """
     notes: list[str] = []
-    layers = layer_tensors(blocks, notes)
+    layers = layer_tensors(blocks, notes, partial=partial)
     probs = [block.attention_name for block in blocks] if attention else []
     plan = plan_reductions(
         graph,
@@ -379,6 +425,7 @@ def audit(
         attention=dominance != "none",
         spectral=spectral,
         provider=provider,
+        partial=bool(report.unmatched),
     )
     if not spectral:
         notes.append(f"not computed (spectral=False): {', '.join(SPECTRAL_METRICS)}")
@@ -389,7 +436,10 @@ def audit(
     per_input = {name: np.full(shape, np.nan) for name in METRICS}
     cases: list[DominanceCase] = []
     start = 0
-    for outputs in runner.run(session.feeds, batch_size=batch_size, progress=progress):
+    batches = runner.run(
+        session.feeds, batch_size=batch_size, progress=progress, reuse_outputs=True
+    )
+    for outputs in batches:
         # Many small eigenvalue problems: one BLAS thread each is fastest, and it avoids the
         # collapse of multithreaded BLAS on a busy machine (5-20x measured on 2 cores).
         with threadpool_limits(limits=1, user_api="blas"):

@@ -1,0 +1,294 @@
+"""The residual stream around an attention block: where it enters, where each branch closes, where
+it leaves. These are the audit's layer tensors (:func:`importers.run.audit.layer_tensors`).
+
+Every residual sub-block has the same shape, whatever the exporter: a *stream* tensor S feeds a
+branch (directly, or through a norm) and a *sum* adds the branch's result back to S. A sum is an
+``Add`` of two non-constant tensors, or onnxruntime's fused ``SkipLayerNormalization`` /
+``SkipSimplifiedLayerNormalization`` (``input + skip (+ bias)``, then normalised; the sum is its
+optional fourth output, named in the loaded graph when the graph leaves it out). Casts, Reshape and
+Flatten are *views*: the same stream in another dtype or layout.
+
+From the attention branch's output the walk goes forward through sums until one adds the stream
+the attention read (the attention input, or the input of the norm before it): that is the
+attention residual. An extra summand on the way is a parallel branch (GPT-J, Falcon): it must be
+computed from the same stream without attention. Pre-LN and norm-free blocks continue on the sum,
+post-LN blocks on its norm; the MLP residual is the next sum on that stream whose other summand is
+a branch computed from it (or, for parallel blocks, none is sought), and the block output is that
+sum (pre-LN) or its norm (post-LN), in the layout of the block input. A branch is told from the
+next block's attention by walking back from it: a branch reaches the stream without meeting a
+Softmax. What cannot be established is recorded in ``stream_error``, one line naming what was not
+found; the audit refuses such a block instead of reading a guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from importers.graph import Node
+from importers.match.norms import SKIP_NORMS, SKIP_SUM_OUTPUT, NormMatcher
+from importers.match.results import LinearMatch, NormMatch
+
+#: Ops that keep a tensor's values (dtype or layout only): the same stream.
+VIEWS = frozenset({"Cast", "Identity", "Reshape", "Flatten", "Dropout", "Squeeze", "Unsqueeze"})
+#: Nodes a branch may pass before it is called unknown (bounds the backward walk).
+MAX_BRANCH_NODES = 400
+#: Sums passed from the attention output before its residual (attention + parallel MLP + stream).
+MAX_SUM_CHAIN = 3
+
+
+@dataclass(frozen=True)
+class ResidualSum:
+    """A residual sum: an ``Add`` of two non-constant tensors or a fused skip norm.
+
+    ``terms`` are its two summands; ``output`` is the sum (for a skip norm, its optional fourth
+    output, possibly still to be named); ``normed`` the skip norm's normalised output.
+    """
+
+    node: Node
+    terms: tuple[str, str]
+    output: str
+    normed: str | None
+
+
+class StreamError(Exception):
+    """Internal: the residual stream around a block could not be established (one line)."""
+
+
+class StreamMatcher(NormMatcher):
+    """Trace the residual stream through one block (see the module docstring)."""
+
+    _declared_ranks: dict[str, int] | None = None
+
+    # -- views and sums ---------------------------------------------------------------------------
+    def view_source(self, name: str) -> str:
+        """``name`` with views (Cast, Reshape, ...) of a non-constant tensor undone, backwards."""
+        for _ in range(8):
+            node = self.producer(name)
+            if node is None or node.op_type not in VIEWS or self.const(node.input(0)) is not None:
+                break
+            name = node.input(0)
+        return name
+
+    def views_forward(self, name: str) -> list[str]:
+        """``name`` and the tensors that are views of it, forwards (breadth first)."""
+        found, frontier = [name], [name]
+        for _ in range(4):
+            frontier = [
+                node.outputs[0]
+                for tensor in frontier
+                for node in self.consumers(tensor)
+                if node.op_type in VIEWS and node.input(0) == tensor and node.outputs
+            ]
+            found += [tensor for tensor in frontier if tensor not in found]
+        return found
+
+    def as_sum(self, node: Node) -> ResidualSum | None:
+        if node.op_type == "Add" and len(node.inputs) == 2:
+            a, b = node.inputs
+            if self.const(a) is None and self.const(b) is None:
+                return ResidualSum(node, (a, b), node.outputs[0], None)
+        if node.op_type in SKIP_NORMS and node.input(0) and node.input(1):
+            return ResidualSum(
+                node, (node.input(0), node.input(1)), self.skip_sum(node), node.outputs[0]
+            )
+        return None
+
+    def sums_reading(self, name: str) -> list[tuple[ResidualSum, str]]:
+        """(sum, its other summand) for every residual sum of ``name`` or one of its views."""
+        found = []
+        for view in self.views_forward(name):
+            for node in self.consumers(view):
+                total = self.as_sum(node)
+                if total is not None and view in total.terms:
+                    other = total.terms[1] if total.terms[0] == view else total.terms[0]
+                    found.append((total, other))
+        return found
+
+    def rank(self, name: str) -> int | None:
+        """The rank of ``name``: from the probe's shapes, else from the graph's value_info."""
+        shape = self.context.shape(name)
+        if shape is not None:
+            return len(shape)
+        if self._declared_ranks is None:
+            values = [*self.index.graph.value_info, *self.index.graph.output]
+            self._declared_ranks = {
+                value.name: len(value.type.tensor_type.shape.dim)
+                for value in values
+                if value.type.tensor_type.HasField("shape")
+            }
+        return self._declared_ranks.get(name)
+
+    def in_layout_of(self, name: str, reference: str) -> str:
+        """A view of ``name`` with the rank of ``reference`` (a 2-D MLP sum back in 3-D)."""
+        want, have = self.rank(reference), self.rank(name)
+        if want is None or have is None or have == want:
+            return name
+        for view in self.views_forward(name)[1:]:
+            if self.rank(view) == want:
+                return view
+        raise StreamError(f"no view of {name!r} has the rank {want} of the block input")
+
+    def branch_kind(self, term: str, streams: set[str]) -> str:
+        """Whether ``term`` is computed from ``streams`` without attention: ``"branch"``,
+        ``"attention"`` (a Softmax on the way), ``"other"`` (it never reaches them) or
+        ``"unknown"`` (too long to tell). Shape arithmetic is not followed; a fused skip norm
+        whose sum is one of ``streams`` counts as reaching it (the branch reads its norm)."""
+        frontier, seen, reached = [term], set(), False
+        while frontier:
+            tensor = frontier.pop()
+            if tensor in streams or self.view_source(tensor) in streams:
+                reached = True
+                continue
+            node = self.producer(tensor)
+            if node is None or node.position in seen or self.const(tensor) is not None:
+                continue
+            if node.op_type in SKIP_NORMS and self.skip_sum(node) in streams:
+                reached = True
+                continue
+            seen.add(node.position)
+            if node.op_type == "Softmax":
+                return "attention"
+            if len(seen) > MAX_BRANCH_NODES:
+                return "unknown"
+            if node.op_type not in ("Shape", "Size"):
+                frontier.extend(operand for operand in node.inputs if operand)
+        return "branch" if reached else "other"
+
+    # -- the block -------------------------------------------------------------------------------
+    def attention_residual(
+        self, branch: str, candidates: list[str]
+    ) -> tuple[ResidualSum, str, list[str]]:
+        """The sum closing the attention branch on one of ``candidates`` (the stream it read):
+        (sum, that stream, summands passed on the way: parallel branches)."""
+        wanted = {self.view_source(name): name for name in candidates}
+        current, extra = branch, list[str]()
+        for _ in range(MAX_SUM_CHAIN):
+            sums = self.sums_reading(current)
+            for total, other in sums:
+                if self.view_source(other) in wanted:
+                    return total, wanted[self.view_source(other)], extra
+            if len(sums) != 1:
+                break
+            total, other = sums[0]
+            extra.append(other)
+            current = total.output
+        raise StreamError(
+            f"the residual sum adding the attention output {branch!r} to the stream it read "
+            f"({', '.join(map(repr, candidates))}) was not found"
+        )
+
+    def mlp_residual(self, stream: str, streams: set[str]) -> ResidualSum | None:
+        """The sum closing a non-attention branch (the MLP) on ``stream``; None if it has none."""
+        found, unknown = [], []
+        for total, other in self.sums_reading(stream):
+            kind = self.branch_kind(other, streams)
+            if kind == "branch":
+                found.append(total)
+            elif kind == "unknown":
+                unknown.append(total.node.label)
+        if len(found) == 1:
+            return found[0]
+        if found:
+            names = ", ".join(repr(total.node.label) for total in found)
+            raise StreamError(f"the stream {stream!r} has several MLP residual sums ({names})")
+        if unknown:
+            raise StreamError(
+                f"what the residual sum {unknown[0]!r} adds to the stream {stream!r} could not be "
+                f"traced (over {MAX_BRANCH_NODES} nodes)"
+            )
+        return None
+
+    def post_norm(self, total: ResidualSum) -> NormMatch:
+        """The norm of a post-LN sum (a skip norm's own, or the norm reading the sum)."""
+        if total.normed is not None:
+            norm = self.norm_ending_at(total.normed)
+        else:
+            norm = self.norm_starting_at(total.output)
+        if norm is None:
+            raise StreamError(f"no norm after the post-LN residual sum {total.node.label!r}")
+        return norm
+
+    def requested(self, name: str) -> str:
+        """``name``; a fused skip norm's sum output that the graph left out is named now."""
+        node = self.producer(name)
+        if node is None and not self.index.is_defined(name):
+            for candidate in self.index.nodes:
+                if candidate.op_type in SKIP_NORMS and self.skip_sum(candidate) == name:
+                    return self.index.name_output(candidate, SKIP_SUM_OUTPUT, name)
+        return name
+
+    def block_stream(self, x: str, o: LinearMatch) -> dict:
+        """Norm position and kind, LayerScale, and the block's stream tensors (see the module
+        docstring); ``stream_error`` says what was not found, if anything."""
+        attention_input = self.stream_tensor(x)
+        branch = self.strip_reshapes_forward(o.output)
+        layer_scale, branch = self.layer_scale_after(branch, o.d_out)
+        roles: dict[str, str] = {}
+        if layer_scale is not None:
+            roles["layer scale"] = f"Mul by constant {layer_scale!r}"
+        pre = self.norm_ending_at(attention_input)
+        candidates = ([self.strip_casts(pre.input)] if pre is not None else []) + [attention_input]
+        result = {
+            "norm": "none",
+            "norm_kind": None,
+            "norm_match": None,
+            "has_layer_scale": layer_scale is not None,
+            "layer_scale_name": layer_scale,
+            "input_name": candidates[0],
+            "residual_name": None,
+            "norm_output_name": None,
+            "output_name": o.output,
+            "parallel": False,
+            "stream_error": None,
+        }
+        try:
+            result.update(self.trace_stream(branch, candidates, pre, roles))
+        except StreamError as err:
+            result["stream_error"] = str(err)
+        norm_match = result["norm_match"]
+        if isinstance(norm_match, NormMatch):
+            result["norm_kind"] = norm_match.kind
+            roles["norm"] = f"{result['norm']}-LN {norm_match.kind}: {', '.join(norm_match.nodes)}"
+        return {**result, "roles": roles}
+
+    def trace_stream(
+        self, branch: str, candidates: list[str], pre: NormMatch | None, roles: dict[str, str]
+    ) -> dict:
+        """The stream tensors of one block, or :class:`StreamError`."""
+        residual, stream_in, extra = self.attention_residual(branch, candidates)
+        stream_in = self.requested(stream_in)
+        found: dict = {"input_name": stream_in}
+        streams = {stream_in, self.view_source(stream_in)}
+        for term in extra:
+            if self.branch_kind(term, streams) != "branch":
+                raise StreamError(
+                    f"the attention output is added to {term!r}, which is neither the stream "
+                    f"nor a branch computed from it"
+                )
+        roles["residual"] = f"{residual.node.op_type} {residual.node.label!r}"
+        if pre is not None and stream_in != candidates[-1]:
+            found.update(norm="pre", norm_match=pre)
+        if "norm" not in found and (residual.normed is not None or not extra):
+            post = self.post_norm(residual) if residual.normed is not None else None
+            post = post or self.norm_starting_at(residual.output)
+            if post is not None:
+                found.update(norm="post", norm_match=post, norm_output_name=post.output)
+        post_ln = found.get("norm") == "post"
+        after = found.get("norm_output_name") or self.requested(residual.output)
+        found["residual_name"] = self.requested(residual.output)
+        if extra:
+            found["parallel"] = True
+            roles["parallel"] = f"attention and {len(extra)} other branch(es) read one stream"
+            mlp: ResidualSum | None = residual
+        else:
+            streams |= {after, self.view_source(after)}
+            mlp = self.mlp_residual(after, streams)
+        if mlp is None:
+            output = after
+            roles["MLP residual"] = "none (the next sum on the stream is attention)"
+        else:
+            if mlp is not residual:
+                roles["MLP residual"] = f"{mlp.node.op_type} {mlp.node.label!r}"
+            output = self.post_norm(mlp).output if post_ln else self.requested(mlp.output)
+        found["output_name"] = self.in_layout_of(output, stream_in)
+        return found
