@@ -431,7 +431,8 @@ def audit(
         notes.append(f"not computed (spectral=False): {', '.join(SPECTRAL_METRICS)}")
     runner = session.runner
     notes += session.notes
-    eig_H = _value_spectra(blocks, dominance, fold_gamma) if dominance != "none" else []
+    with threadpool_limits(limits=1, user_api="blas"):  # small eigenproblems: see model_spectra
+        eig_H = _value_spectra(blocks, dominance, fold_gamma) if dominance != "none" else []
     shape = (inputs.batch_size, len(session.layers))
     per_input = {name: np.full(shape, np.nan) for name in METRICS}
     cases: list[DominanceCase] = []
