@@ -29,16 +29,20 @@ How a block is matched (names are never used, only op types, constants and shape
    probed as 2 and 3 (or as the sizes a static export's head-split Reshape spells out).
 5. Forward from the ·V MatMul through the head merge to the output projection W_O (probed the same
    way for its row order), an optional LayerScale ``Mul`` by a constant, and the residual ``Add``.
-6. The norm: pre-LN when the attention input is a norm's output whose input also enters the
-   residual Add; post-LN when the residual Add is the attention input plus the branch and feeds a
-   norm. Norms are fused ``LayerNormalization``, the decomposed LayerNorm chain, RMSNorm
-   (Pow/ReduceMean/Add/Sqrt/Reciprocal-or-Div/Mul/Mul), ``SimplifiedLayerNormalization`` or
-   ``RMSNormalization``.
+6. The residual stream and the norm (:mod:`importers.match.stream`): forward from the attention
+   output through residual sums (``Add`` of two non-constant tensors, or a fused
+   ``SkipLayerNormalization``) to the one that adds the stream the attention read: pre-LN when
+   that is a norm's input, post-LN when it is the attention input and the sum feeds a norm; a
+   summand passed on the way is a parallel branch. Then the MLP residual on the resulting stream
+   (a sum whose other summand is computed from it without a Softmax) gives the block output. Norms
+   are fused ``LayerNormalization``, the decomposed LayerNorm chain, RMSNorm
+   (Pow/ReduceMean/Add/Sqrt/Reciprocal-or-Div/Mul/Mul), ``SimplifiedLayerNormalization``,
+   ``RMSNormalization`` or the fused skip norms (:mod:`importers.match.norms`).
 
 This package's ``__init__`` is the public face; the work is done in its modules: :mod:`importers.match.results`
 (the result classes), :mod:`importers.match.core` (the Softmax-anchored walk, steps 1, 2 and 5),
 :mod:`importers.match.projections` (step 3), :mod:`importers.match.layout` (the probe, steps 4 and 5),
-:mod:`importers.match.norms` (step 6) and :mod:`importers.match.walker` (the shared graph queries).
+:mod:`importers.match.stream` and :mod:`importers.match.norms` (step 6) and :mod:`importers.match.walker` (the shared graph queries).
 """
 
 from __future__ import annotations

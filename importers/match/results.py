@@ -265,6 +265,8 @@ class MatchReport:
             lines.append(f"Softmax {block.softmax!r}: block {block.index}: {block.summary()}")
             lines.extend(f"  {role}: {what}" for role, what in block.roles.items())
             lines.extend(f"  note: {note}" for note in block.notes)
+            if block.stream_error is not None:
+                lines.append(f"  residual stream not established: {block.stream_error}")
         for failure in self.failures:
             lines.append(
                 f"Softmax {failure.softmax!r}: rejected [{failure.code}]: {failure.reason}"
