@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -61,7 +62,7 @@ from importers.run.records import (
     ProviderInfo,
 )
 from importers.run.reductions import Gram, ReductionPlan, plan_reductions
-from importers.run.runner import Runner
+from importers.run.runner import Runner, default_threads
 from importers.run.sources import default_inputs
 from importers.value_spectra import head_eigenvalues, layer_eigenvalues, model_spectra
 from importers.weights import BlockWeights, block_weights
@@ -248,15 +249,26 @@ def _measure_dominance(
     start: int,
     eig_H: Sequence[np.ndarray],
     tie_rtol: float,
+    pool: ThreadPoolExecutor,
 ) -> list[DominanceCase]:
-    """Dominance cases of one batch: every (input, layer, head) with its attention matrix."""
-    cases: list[DominanceCase] = []
+    """Dominance cases of one batch: every (input, layer, head) with its attention matrix.
+
+    The (input, layer) problems are spread over ``pool``'s threads (LAPACK releases the GIL);
+    the cases come back in (layer, input, head) order whatever the thread count.
+    """
+    probs_per_item, real, eig, items, layers = [], [], [], [], []
     for layer, (block, name) in enumerate(zip(blocks, attention, strict=False)):
         probs = _attention_probs(outputs[name], name, block.n_heads)
-        real = _token_masks(inputs, start, probs.shape[0], probs.shape[-1], 0)
-        for b in range(probs.shape[0]):
-            cases += _dominance_cases(probs[b], real[b], eig_H[layer], start + b, layer, tie_rtol)
-    return cases
+        masks = _token_masks(inputs, start, probs.shape[0], probs.shape[-1], 0)
+        for b in range(len(probs)):
+            probs_per_item.append(probs[b])
+            real.append(masks[b])
+            eig.append(eig_H[layer])
+            items.append(start + b)
+            layers.append(layer)
+    ties = [tie_rtol] * len(items)
+    done = pool.map(_dominance_cases, probs_per_item, real, eig, items, layers, ties)
+    return [case for cases in done for case in cases]
 
 
 def _prefix_count(exclude_prefix: bool | int, entry: ZooModel | None) -> int:
@@ -440,15 +452,18 @@ def audit(
     batches = runner.run(
         session.feeds, batch_size=batch_size, progress=progress, reuse_outputs=True
     )
-    for outputs in batches:
-        # Many small eigenvalue problems: one BLAS thread each is fastest, and it avoids the
-        # collapse of multithreaded BLAS on a busy machine (5-20x measured on 2 cores).
-        with threadpool_limits(limits=1, user_api="blas"):
+    # Many small eigenvalue problems: one BLAS thread each, one worker thread per core; this also
+    # avoids the collapse of multithreaded BLAS on a busy machine (5-20x measured on 2 cores).
+    with (
+        threadpool_limits(limits=1, user_api="blas"),
+        ThreadPoolExecutor(max_workers=default_threads()) as pool,
+    ):
+        for outputs in batches:
             batch = _measure_layers(outputs, session.plan, start, per_input)
             cases += _measure_dominance(
-                outputs, blocks, session.attention, inputs, start, eig_H, tie_rtol
+                outputs, blocks, session.attention, inputs, start, eig_H, tie_rtol, pool
             )
-        start += batch
+            start += batch
     return AuditResult(
         model=ModelInfo(ref.name, str(ref.path), file_sha256(ref.path), len(blocks)),
         inputs=InputsInfo(

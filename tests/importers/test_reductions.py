@@ -270,3 +270,19 @@ def test_reused_output_buffers_hold_each_batch_and_are_reused() -> None:
     assert len(feeds["input_ids"]) % size != 0
     assert pointers[1] == pointers[0]  # same input shapes: the same host array again
     assert runner.collect(feeds, batch_size=size)[layers[1]].shape[0] == len(feeds["input_ids"])
+
+
+def test_dominance_cases_do_not_depend_on_the_worker_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importers.run.audit as audit_module
+
+    path = tmp_path / "bert.onnx"
+    model, inputs = _builder("bert_legacy")
+    onnx.save(model.proto, path)
+    results = []
+    for threads in (1, 3):
+        monkeypatch.setattr(audit_module, "default_threads", lambda n=threads: n)
+        results.append(audit(path, inputs, provider="cpu", batch_size=1).dominance)
+    assert results[0] == results[1]
+    assert len(results[0]) > 0
