@@ -10,6 +10,7 @@ where a CUDA session can be created (marker ``cuda``: skipped elsewhere).
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -275,8 +276,7 @@ def test_reused_output_buffers_hold_each_batch_and_are_reused() -> None:
 def test_dominance_cases_do_not_depend_on_the_worker_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import importers.run.audit as audit_module
-
+    audit_module = importlib.import_module("importers.run.audit")  # the package exports audit()
     path = tmp_path / "bert.onnx"
     model, inputs = _builder("bert_legacy")
     onnx.save(model.proto, path)
