@@ -1,8 +1,9 @@
 """Run an ONNX model with onnxruntime and fetch chosen intermediate tensors, batch by batch.
 
-ONNX Runtime can only return graph outputs, so :class:`Runner` appends the requested tensors to the
-graph's outputs (typed by ONNX shape inference where it can, otherwise typed by onnxruntime) and,
-unless asked, drops the original outputs so only the exposed tensors are copied back. Note that
+ONNX Runtime can only return graph outputs, so :class:`Runner` appends the requested tensors, and
+the outputs of an optional :class:`~importers.run.reductions.GraphExtension` (nodes it adds, e.g. the
+audit's reductions), to the graph's outputs (typed by ONNX shape inference where it can, else by
+onnxruntime) and, unless asked, drops the original outputs so only those are copied back. Note that
 onnxruntime does not fuse across a node whose output is a graph output, so an instrumented session
 runs a slightly different (less fused) graph than the plain one (see :func:`plain_session`).
 
@@ -18,10 +19,8 @@ Runner
     A session exposing chosen tensors; ``run`` yields them per batch, ``provenance`` records options.
 plain_session
     An onnxruntime session of the unmodified graph with the same options (for benchmarks).
-session_options
-    The options every session here uses (explicit threads, no spinning, optimisation level).
-ProviderError, RunnerError
-    Errors raised here.
+session_options, open_session
+    The options every session here uses; a session on a provider, with the note on the choice.
 """
 
 from __future__ import annotations
