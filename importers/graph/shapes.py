@@ -50,8 +50,13 @@ _SAME_SHAPE = frozenset(
     "Cast Identity Erf Sqrt Relu Gelu Sigmoid Tanh Neg Reciprocal Softmax LogSoftmax IsNaN "
     "Abs Exp Log Not Clip LeakyRelu Softplus Round Floor Ceil LayerNormalization "
     "SimplifiedLayerNormalization RMSNormalization Dropout BatchNormalization HardSigmoid "
-    "Elu Selu Sin Cos".split()
+    "Elu Selu Sin Cos CumSum Sign Softsign HardSwish Mish Trilu QuantizeLinear DequantizeLinear "
+    "DynamicQuantizeLinear FastGelu BiasGelu QuickGelu SkipLayerNormalization "
+    "SkipSimplifiedLayerNormalization".split()
 )
+#: Ops with more than one output whose other outputs keep the shape of input 0 (the skip norms'
+#: input+skip sum).
+_SAME_SHAPE_OUTPUTS = {"SkipLayerNormalization": 3, "SkipSimplifiedLayerNormalization": 3}
 _BROADCAST = frozenset(
     "Add Sub Mul Div Pow Where Equal Greater Less GreaterOrEqual LessOrEqual And Or Xor Max Min "
     "Mod BitwiseAnd BitwiseOr".split()
@@ -150,8 +155,10 @@ class ShapeContext:
 
     def _node_shape(self, node: Node, output: int) -> tuple[int, ...] | None:
         op = node.op_type
-        if op in _SAME_SHAPE and output == 0:
+        if op in _SAME_SHAPE and output in (0, _SAME_SHAPE_OUTPUTS.get(op)):
             return self._get("shape", node.input(0))
+        if op == "DynamicQuantizeLinear":  # outputs 1 and 2: the scalar scale and zero point
+            return ()
         if op in _BROADCAST:
             shapes = [self._get("shape", name) for name in node.inputs]
             return None if None in shapes else tuple(np.broadcast_shapes(*shapes))
@@ -159,10 +166,14 @@ class ShapeContext:
             data = self._get("value", node.outputs[0])
             return None if data is None else tuple(data.shape)
         rule = _SHAPE_RULES.get(op)
-        if rule is None:
-            return None
-        dummy = rule(self, node, output)
-        return None if dummy is None else tuple(dummy.shape)
+        if rule is not None:
+            dummy = rule(self, node, output)
+            return None if dummy is None else tuple(dummy.shape)
+        if op in FOLDERS or op in _VALUE_RULES:  # shape arithmetic: the value gives the shape
+            data = self._get("value", node.outputs[output])
+            if data is not None:
+                return tuple(np.shape(data))
+        return None
 
     def dummy(self, name: str) -> np.ndarray:
         """A zero-strided array with the shape of ``name`` (raises _MissingDependencyError or ValueError)."""
@@ -227,6 +238,64 @@ def _gemm_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
     return np.broadcast_to(np.zeros((), np.int8), (rows, cols))
 
 
+def _window_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray | None:
+    """Conv, ConvInteger, QLinearConv's geometry and the pooling ops (ONNX output-size formula)."""
+    data = context._get("shape", node.input(0))
+    if data is None or len(data) < 3:
+        return None
+    spatial = data[2:]
+    weight = None
+    if node.op_type in ("Conv", "ConvInteger"):
+        weight = context._get("shape", node.input(1))
+        if weight is None:
+            return None
+    kernel = node.attr("kernel_shape") or (weight[2:] if weight is not None else None)
+    if kernel is None or len(kernel) != len(spatial):
+        return None
+    rank = len(spatial)
+    strides = node.attr("strides") or [1] * rank
+    dilations = node.attr("dilations") or [1] * rank
+    pads = node.attr("pads") or [0] * (2 * rank)
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    rounding = math.ceil if node.attr("ceil_mode", 0) else math.floor
+    sizes = []
+    for axis in range(rank):
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            sizes.append(-(-spatial[axis] // strides[axis]))
+            continue
+        padding = 0 if auto_pad == "VALID" else pads[axis] + pads[axis + rank]
+        extent = dilations[axis] * (kernel[axis] - 1) + 1
+        sizes.append(int(rounding((spatial[axis] + padding - extent) / strides[axis])) + 1)
+    channels = weight[0] if weight is not None else data[1]
+    return np.broadcast_to(np.zeros((), np.int8), (data[0], channels, *sizes))
+
+
+def _resize_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray | None:
+    """Resize (opset 11+): the ``sizes`` input, else each axis times its ``scales`` (floored)."""
+    data = context._get("shape", node.input(0))
+    scales = context._get("value", node.input(2)) if node.input(2) else None
+    sizes = context._get("value", node.input(3)) if node.input(3) else None
+    if data is None or (sizes is None and scales is None):
+        return None
+    axes = node.attr("axes")
+    axes = list(range(len(data))) if axes is None else [int(axis) % len(data) for axis in axes]
+    result = list(data)
+    for position, axis in enumerate(axes):
+        if sizes is not None and np.size(sizes):
+            result[axis] = int(np.ravel(sizes)[position])
+        elif scales is not None and np.size(scales):
+            result[axis] = math.floor(data[axis] * float(np.ravel(scales)[position]))
+        else:
+            return None
+    return np.broadcast_to(np.zeros((), np.int8), tuple(result))
+
+
+def _global_pool_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
+    data = context.dummy(node.input(0))
+    return np.zeros((*data.shape[:2], *([1] * (data.ndim - 2))), np.int8)
+
+
 def _with_values(function: Callable) -> Callable:
     def rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
         data = context.dummy(node.input(0))
@@ -274,6 +343,15 @@ _SHAPE_RULES: Mapping[str, Callable[[ShapeContext, Node, int], np.ndarray | None
     "ReduceSum": _reduce_rule,
     "ReduceMax": _reduce_rule,
     "MatMul": _matmul_rule,
+    "MatMulInteger": _matmul_rule,
+    "Conv": _window_rule,
+    "ConvInteger": _window_rule,
+    "MaxPool": _window_rule,
+    "AveragePool": _window_rule,
+    "LpPool": _window_rule,
+    "GlobalAveragePool": _global_pool_rule,
+    "Resize": _resize_rule,
+    "GlobalMaxPool": _global_pool_rule,
     "Gemm": _gemm_rule,
     "ConstantOfShape": lambda context, node, _o: np.zeros(
         tuple(np.ravel(context._get("value", node.input(0)))), np.int8
@@ -299,6 +377,17 @@ _VALUE_RULES: Mapping[str, Callable[[Node, list], np.ndarray]] = {
     "Not": lambda _node, values: np.logical_not(values[0]),
     "Abs": lambda _node, values: np.abs(values[0]),
     "Range": _value_range,
+    "Pow": binary_fold(lambda a, b: np.power(a, b).astype(a.dtype)),
+    "Floor": lambda _node, values: np.floor(values[0]),
+    "Ceil": lambda _node, values: np.ceil(values[0]),
+    "Round": lambda _node, values: np.round(values[0]),
+    "Greater": binary_fold(np.greater),
+    "Less": binary_fold(np.less),
+    "GreaterOrEqual": binary_fold(np.greater_equal),
+    "LessOrEqual": binary_fold(np.less_equal),
+    "And": binary_fold(np.logical_and),
+    "Or": binary_fold(np.logical_or),
+    "Mod": lambda node, values: (np.fmod if node.attr("fmod", 0) else np.mod)(*values),
     "ReduceProd": lambda _node, values: np.asarray(np.prod(values[0]), dtype=values[0].dtype),
     "Expand": lambda _node, values: np.broadcast_to(
         values[0], np.broadcast_shapes(values[0].shape, tuple(np.ravel(values[1])))
