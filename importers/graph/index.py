@@ -13,7 +13,7 @@ external_data_path
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import numpy as np
@@ -36,11 +36,19 @@ class GraphIndex:
         Parsed without external data.
     base_dir : Path or None
         Folder that external-data locations are relative to (the model's folder).
+    opset_import : sequence of onnx.OperatorSetIdProto
+        The model's opset imports (for ONNX shape inference on the graph; empty: none run).
     """
 
-    def __init__(self, graph: onnx.GraphProto, base_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        graph: onnx.GraphProto,
+        base_dir: Path | None = None,
+        opset_import: Sequence[onnx.OperatorSetIdProto] = (),
+    ) -> None:
         self.graph = graph
         self.base_dir = base_dir
+        self.opset_import = tuple(opset_import)
         self.nodes = [Node(position, proto) for position, proto in enumerate(graph.node)]
         self.initializers = {tensor.name: tensor for tensor in graph.initializer}
         self.graph_inputs = {value.name: value for value in graph.input}

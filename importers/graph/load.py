@@ -164,7 +164,7 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
         )
     _check_versions_and_domains(proto, where)
     opset = _default_opset(proto, where)
-    index = GraphIndex(proto.graph, path.parent if path is not None else None)
+    index = GraphIndex(proto.graph, path.parent if path is not None else None, proto.opset_import)
     if not index.nodes:
         raise ModelFileError(f"`model` must contain a graph with nodes; {where} has none")
     for node, name in index.undefined_inputs():

@@ -5,6 +5,8 @@ Public API
 ShapeContext
     ``shape(name)`` and ``value(name)`` of any tensor, evaluated iteratively and memoised; None
     wherever an op is not modelled.
+concrete_shapes
+    Static shapes from ONNX shape inference with the graph inputs pinned to concrete sizes.
 inferred_types
     Tensor types from ONNX shape inference (all ops ONNX knows, contrib ops excepted).
 static_dims
@@ -35,7 +37,7 @@ from importers.graph.folding import (
 from importers.graph.index import GraphIndex
 from importers.graph.node import Node
 
-__all__ = ["ShapeContext", "inferred_types", "static_dims"]
+__all__ = ["ShapeContext", "concrete_shapes", "inferred_types", "static_dims"]
 
 
 class _MissingDependencyError(Exception):
@@ -77,6 +79,7 @@ class ShapeContext:
         self.sequence = sequence
         self._memo: dict[tuple[str, str], Any] = {}
         self._symbols: dict[str, int] = {}
+        self._inferred: dict[str, tuple[int, ...]] | None = None
 
     def set_shape(self, name: str, shape: tuple[int, ...]) -> None:
         """Pin the shape of ``name`` (used for tensors computed by a probe)."""
@@ -135,8 +138,20 @@ class ShapeContext:
         if node is None:
             return None
         if kind == "shape":
-            return self._node_shape(node, node.outputs.index(name))
+            shape = self._node_shape(node, node.outputs.index(name))
+            return shape if shape is not None else self._inferred_shape(name)
         return self._node_value(node)
+
+    def _inferred_shape(self, name: str) -> tuple[int, ...] | None:
+        """Fallback for an op without a rule here: ONNX shape inference at the assumed sizes."""
+        if self._inferred is None:
+            pinned = {}
+            for name_ in self.index.graph_inputs:
+                shape = None if name_ in self.index.initializers else self._input_shape(name_)
+                if shape is not None:
+                    pinned[name_] = shape
+            self._inferred = concrete_shapes(self.index.graph, self.index.opset_import, pinned)
+        return self._inferred.get(name)
 
     def _input_shape(self, name: str) -> tuple[int, ...] | None:
         value_type = self.index.graph_inputs[name].type
@@ -418,14 +433,71 @@ def _skeleton(model: Any) -> Any:
     graph.name = model.graph.name
     for field in ("node", "input", "output", "value_info", "sparse_initializer"):
         getattr(graph, field).extend(getattr(model.graph, field))
-    for tensor in model.graph.initializer:
+    _skeleton_initializers(model.graph, graph)
+    return skeleton
+
+
+def _skeleton_initializers(source: Any, graph: Any) -> None:
+    """Copy ``source``'s initializers into ``graph``, the large ones without their values."""
+    for tensor in source.initializer:
         if tensor.ByteSize() <= _SMALL_TENSOR_BYTES:
             graph.initializer.append(tensor)
         else:
             graph.initializer.append(
                 onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
             )
-    return skeleton
+
+
+def concrete_shapes(
+    graph: Any, opset_import: Any, pinned: Mapping[str, tuple[int, ...]]
+) -> dict[str, tuple[int, ...]]:
+    """Static shapes of ``graph``'s tensors by ONNX shape inference (with data propagation), the
+    graph inputs named in ``pinned`` set to those concrete shapes.
+
+    Parameters
+    ----------
+    graph : onnx.GraphProto
+    opset_import : sequence of onnx.OperatorSetIdProto
+        The model's opset imports; empty: nothing is inferred.
+    pinned : mapping of str to tuple of int
+        Concrete shapes of graph inputs (their symbolic dims replaced).
+
+    Returns
+    -------
+    dict
+        Tensor name → shape, for every tensor whose inferred dims are all concrete. Empty when
+        inference fails; ops ONNX does not know (contrib ops) and what depends on them are absent.
+    """
+    if not opset_import:
+        return {}
+    model = onnx.ModelProto(ir_version=onnx.IR_VERSION)
+    model.opset_import.extend(opset_import)
+    model.graph.name = graph.name
+    model.graph.node.extend(graph.node)
+    model.graph.sparse_initializer.extend(graph.sparse_initializer)
+    _skeleton_initializers(graph, model.graph)
+    for value in graph.input:
+        copy = model.graph.input.add()
+        copy.CopyFrom(value)
+        if value.name in pinned and copy.type.HasField("tensor_type"):
+            shape = copy.type.tensor_type.shape
+            shape.Clear()
+            for dim in pinned[value.name]:
+                shape.dim.add().dim_value = int(dim)
+    for value in graph.output:  # names and element types only: their symbolic dims would clash
+        model.graph.output.add(name=value.name)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # a fallback only: ShapeContext's own rules come first
+        return {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for value in inferred.graph.value_info:
+        if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if all(dim.HasField("dim_value") for dim in dims):
+            shapes[value.name] = tuple(int(dim.dim_value) for dim in dims)
+    return shapes
 
 
 def inferred_types(model: Any) -> dict[str, Any]:
