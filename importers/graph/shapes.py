@@ -3,8 +3,8 @@
 Public API
 ----------
 ShapeContext
-    ``shape(name)`` and ``value(name)`` of any tensor, evaluated iteratively and memoised; None
-    wherever an op is not modelled.
+    ``shape(name)`` and ``value(name)`` of any tensor, evaluated iteratively and memoised; a shape
+    no rule gives comes from ONNX shape inference at the same sizes; None where neither knows.
 concrete_shapes
     Static shapes from ONNX shape inference with the graph inputs pinned to concrete sizes.
 inferred_types
@@ -70,7 +70,9 @@ class ShapeContext:
 
     Symbolic graph-input dimensions take ``batch`` (axis 0) or ``sequence`` (other axes) unless the
     same symbol was seen before. Shapes may also be pinned with :meth:`set_shape`. Evaluation is
-    iterative (no recursion), memoised, and returns None wherever an op is not modelled.
+    iterative (no recursion) and memoised. A shape no rule here gives is taken from
+    :func:`concrete_shapes` (ONNX shape inference, run once, with the graph inputs pinned to the
+    same concrete sizes); None where neither knows.
     """
 
     def __init__(self, index: GraphIndex, *, batch: int, sequence: int) -> None:

@@ -26,7 +26,11 @@ How a block is matched (names are never used, only op types, constants and shape
    grouping (GQA) and exactly which weight column feeds which head, whatever the export's layout.
    The head count therefore comes from the graph's Reshape shape constants; the score scale is only
    a cross-check (a mismatch is recorded in ``notes``). Symbolic batch and sequence sizes are
-   probed as 2 and 3 (or as the sizes a static export's head-split Reshape spells out).
+   probed as 2 and 3 (or as the sizes a static export's head-split Reshape spells out); the probe's
+   leading axes are the projection input's shape, evaluated from the graph's own arithmetic at those
+   sizes (so a vision model's patch count is the one its image size fixes), and Reshape targets
+   computed at run time (``Shape``/``Gather``/``Concat``...) are evaluated the same way
+   (:class:`importers.graph.ShapeContext`).
 5. Forward from the ·V MatMul through the head merge to the output projection W_O (probed the same
    way for its row order), an optional LayerScale ``Mul`` by a constant, and the residual ``Add``.
 6. The residual stream and the norm (:mod:`importers.match.stream`): forward from the attention
