@@ -92,7 +92,9 @@ class ShapeContext:
         return self._resolve(("shape", name))
 
     def value(self, name: str) -> np.ndarray | None:
-        """The value of a small integer tensor (shape arithmetic), or None."""
+        """The value of a tensor computed from constants and shapes only (shape arithmetic, and
+        float scalars such as a score scale ``Sqrt(1/Sqrt(Cast(Shape(q)[-1])))``), or None: a
+        value that depends on the input data has none (graph inputs have no value)."""
         return self._resolve(("value", name))
 
     def _get(self, kind: str, name: str) -> Any:

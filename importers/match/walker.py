@@ -9,6 +9,7 @@ the current Softmax candidate with a reason.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import numpy as np
@@ -66,21 +67,40 @@ class GraphWalker:
             node = self.producer(name)
         return name
 
+    def scalar(self, name: str) -> float | None:
+        """The value of a one-element tensor known without running the graph, else None.
+
+        A constant, or a value the shape context evaluates from the graph's own arithmetic at the
+        probe's concrete sizes (constants folded plus shape arithmetic, e.g. the
+        ``Sqrt(1/Sqrt(Cast(Shape(q)[-1])))`` an SDPA export applies to Q and K): never a value that
+        depends on the input data, whose graph inputs have no value.
+        """
+        if not name:
+            return None
+        value = self.const(name)
+        if value is None:
+            value = self.context.value(name)
+        if value is None or np.size(value) != 1:
+            return None
+        try:
+            number = float(np.ravel(value)[0])
+        except (TypeError, ValueError):
+            return None
+        return number if math.isfinite(number) else None
+
     def scalar_factor(self, node: Node) -> tuple[float | None, str]:
-        """(factor, data input) for a Mul/Div by a one-element constant, else (None, "")."""
+        """(factor, data input) for a Mul/Div by a one-element value known without running the
+        graph (:meth:`scalar`: a constant or shape arithmetic), else (None, "")."""
         if node.op_type == "Mul":
             for const_pos in (1, 0):
-                value = self.const(node.input(const_pos))
-                if (
-                    value is not None
-                    and value.size == 1
-                    and self.const(node.input(1 - const_pos)) is None
-                ):
-                    return float(value.ravel()[0]), node.input(1 - const_pos)
+                value = self.scalar(node.input(const_pos))
+                if value is not None and self.scalar(node.input(1 - const_pos)) is None:
+                    if self.const(node.input(1 - const_pos)) is None:
+                        return value, node.input(1 - const_pos)
         if node.op_type == "Div":
-            value = self.const(node.input(1))
-            if value is not None and value.size == 1 and float(value.ravel()[0]) != 0.0:
-                return 1.0 / float(value.ravel()[0]), node.input(0)
+            value = self.scalar(node.input(1))
+            if value is not None and value != 0.0 and self.scalar(node.input(0)) is None:
+                return 1.0 / value, node.input(0)
         return None, ""
 
     def origin(self, name: str) -> str:
