@@ -52,7 +52,7 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
                 (o.nodes[-1],),
             )
         scale = score_scale * q.scale * k.scale
-        notes = self.scale_notes(scale, d_head)
+        notes = self.scale_notes(scale, d_head) + self.rotary_notes(q, k)
         stream = self.block_stream(q.linear.x, o)
         roles = {
             "scores": f"MatMul {scores.label!r}"
@@ -104,6 +104,16 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
                 f"Softmax axis is {axis}; expected the last axis (-1) of the rank-{rank} scores",
                 (softmax.label,),
             )
+
+    @staticmethod
+    def rotary_notes(q: Trace, k: Trace) -> tuple[str, ...]:
+        """A note for a rotary embedding other than Llama's full rotate-half (W_Q, W_K are the
+        weights before it)."""
+        styles = sorted({trace.rotary for trace in (q, k) if trace.rotary})
+        unusual = [style for style in styles if style != "full rotate-half"]
+        if not unusual:
+            return ()
+        return (f"rotary embedding on Q/K: {'; '.join(styles)}; W_Q and W_K are read before it",)
 
     @staticmethod
     def scale_notes(scale: float, d_head: int) -> tuple[str, ...]:

@@ -13,14 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from importers.graph import (
-    Node,
-    apply_slice,
-    apply_split,
-    flatten,
-    reshape_target,
-    unsqueeze,
-)
+from importers.match.layout_ops import apply_layout as _apply_layout
 from importers.match.projections import Step, Trace, path_text
 from importers.match.results import LinearMatch
 from importers.match.walker import GraphWalker, RejectError
@@ -260,43 +253,6 @@ def _static_sizes(target: np.ndarray | None, value: np.ndarray) -> tuple[int, in
         known == value.shape[-1] if all(d > 0 for d in features) else value.shape[-1] % known == 0
     )
     return (dims[0], dims[1]) if fits else None
-
-
-def _apply_layout(node: Node, value: np.ndarray, values: list, output: int) -> np.ndarray:
-    """Apply one layout op to the probe (shape-like inputs already evaluated in ``values``)."""
-    op = node.op_type
-    if op == "Transpose":
-        perm = node.attr("perm")
-        return np.transpose(value, perm if perm is not None else None)
-    if op == "Reshape":
-        if values[0] is None:
-            raise ValueError("the target shape could not be evaluated")
-        return value.reshape(
-            reshape_target(value.shape, values[0], allowzero=bool(node.attr("allowzero", 0)))
-        )
-    if op == "Flatten":
-        return flatten(value, int(node.attr("axis", 1)))
-    if op in ("Squeeze", "Unsqueeze"):
-        axes = values[0] if values and values[0] is not None else node.attr("axes")
-        axes = None if axes is None else [int(axis) for axis in np.ravel(axes)]
-        if op == "Unsqueeze":
-            return unsqueeze(value, axes or [])
-        return np.squeeze(value) if axes is None else np.squeeze(value, axis=tuple(axes))
-    if op == "Expand":
-        return np.broadcast_to(
-            value, np.broadcast_shapes(value.shape, tuple(int(d) for d in np.ravel(values[0])))
-        )
-    if op == "Tile":
-        return np.tile(value, [int(r) for r in np.ravel(values[0])])
-    if op == "Split":
-        return apply_split(node, value, values[0] if values else None, output)
-    if op == "Slice":
-        return apply_slice(value, *(values + [None] * (4 - len(values)))[:4])
-    if op == "Gather":
-        if values[0] is None:
-            raise ValueError("the Gather indices are not constant")
-        return np.take(value, values[0], axis=int(node.attr("axis", 0)))
-    raise ValueError(f"{op} is not a layout op")
 
 
 def _broadcast_lead(*values: np.ndarray) -> tuple[int, ...]:
