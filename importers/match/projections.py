@@ -342,6 +342,8 @@ class ProjectionFinder(GraphWalker):
             if (producer := self.producer(name)) is not None
             and (match := self.rope_match(producer)) is not None
         }
+        if width == assembled.shape[-1]:  # Phi-3: the pass-through slice is empty
+            return x, f"full {'/'.join(sorted(styles))}"
         return x, (
             f"partial {'/'.join(sorted(styles))} on the first {width} of "
             f"{assembled.shape[-1]} columns of each head"
