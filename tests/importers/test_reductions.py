@@ -193,20 +193,18 @@ def _cuda_or_skip() -> None:
 ZOO = [entry.name for entry in models()]
 
 
-@pytest.mark.realmodel
-@pytest.mark.parametrize("name", ZOO)
-def test_zoo_models_in_graph_statistics_give_the_host_metrics_on_cpu(name: str) -> None:
-    model, inputs, prefix = _zoo(name)
-    _assert_equal(model, inputs, name, prefix=prefix, gram="tokens")
+#: Every provider test runs on the CPU; the CUDA ones where CUDA works (skipped elsewhere).
+PROVIDERS = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
-@pytest.mark.cuda
 @pytest.mark.realmodel
+@pytest.mark.parametrize("provider", PROVIDERS)
 @pytest.mark.parametrize("name", ZOO)
-def test_zoo_models_in_graph_statistics_give_the_host_metrics_on_cuda(name: str) -> None:
-    _cuda_or_skip()
+def test_zoo_models_in_graph_statistics_give_the_host_metrics(name: str, provider: str) -> None:
+    if provider == "cuda":
+        _cuda_or_skip()
     model, inputs, prefix = _zoo(name)
-    _assert_equal(model, inputs, name, prefix=prefix, gram="tokens", provider="cuda")
+    _assert_equal(model, inputs, name, prefix=prefix, gram="tokens", provider=provider)
 
 
 @pytest.mark.cuda

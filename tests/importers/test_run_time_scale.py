@@ -11,32 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from importers.graph import model_from_proto
 from importers.match import NoAttentionBlocksError, find_attention_blocks
 from importers.weights import block_weights
+from tests.importers.small_graph import SmallGraph
 
 D, HEADS, D_HEAD = 8, 2, 4
 
 
-class _Graph:
-    def __init__(self) -> None:
-        self.nodes: list = []
-        self.inits: list = []
-        self.count = 0
-
-    def const(self, value: object, dtype: type = np.float32) -> str:
-        self.count += 1
-        name = f"c{self.count}"
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    def op(self, op_type: str, *inputs: str, **attrs: object) -> str:
-        self.count += 1
-        name = f"{op_type.lower()}{self.count}"
-        self.nodes.append(helper.make_node(op_type, list(inputs), [name], **attrs))
-        return name
+class _Graph(SmallGraph):
 
     def last_dim(self, x: str) -> str:
         """``Cast(Shape(x)[-1])`` as a float scalar."""
