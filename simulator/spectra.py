@@ -124,8 +124,29 @@ def attention_doubly_stochastic(
         A = x[..., :, None] * K * x[..., None, :]
         if np.max(np.abs(A.sum(axis=-1) - 1.0)) < SINKHORN_TOL:
             break
+    else:  # nearly decomposable K converge slowly: finish x ⊙ (K x) = 1 by Newton's method
+        x = _newton_balance(K, x)
+        A = x[..., :, None] * K * x[..., None, :]
     A = 0.5 * (A + np.swapaxes(A, -1, -2))
     return A / A.sum(axis=-1, keepdims=True)
+
+
+def _newton_balance(K: FloatArray, x: FloatArray, steps: int = 30) -> FloatArray:
+    """Newton steps on ``F(x) = x ⊙ (K x) - 1`` (Jacobian ``diag(K x) + diag(x) K``) from a near root.
+
+    Stops at round-off, or before a step that would leave the positive orthant.
+    """
+    for _ in range(steps):
+        Kx = (K @ x[..., None])[..., 0]
+        F = x * Kx - 1.0
+        if np.max(np.abs(F)) < SINKHORN_TOL:
+            break
+        J = x[..., :, None] * K + Kx[..., :, None] * np.eye(K.shape[-1])
+        step = np.linalg.solve(J, F[..., None])[..., 0]
+        if np.any(x - step <= 0):
+            break
+        x = x - step
+    return x
 
 
 def attention_general(
