@@ -16,7 +16,7 @@ static_dims
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -315,6 +315,11 @@ def _global_pool_rule(context: ShapeContext, node: Node, _output: int) -> np.nda
     return np.zeros((*data.shape[:2], *([1] * (data.ndim - 2))), np.int8)
 
 
+def _gather_nd_shape(data: Sequence[int], indices: Sequence[int], node: Node) -> tuple[int, ...]:
+    """GatherND's output shape: ``indices.shape[:-1] + data.shape[batch_dims + indices.shape[-1]:]``."""
+    return (*indices[:-1], *data[int(node.attr("batch_dims", 0)) + indices[-1] :])
+
+
 def _with_values(function: Callable) -> Callable:
     def rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
         data = context.dummy(node.input(0))
@@ -352,6 +357,12 @@ _SHAPE_RULES: Mapping[str, Callable[[ShapeContext, Node, int], np.ndarray | None
         context.dummy(node.input(0)),
         np.zeros(context._get("shape", node.input(1)), np.int64),
         axis=int(node.attr("axis", 0)),
+    ),
+    "GatherND": lambda context, node, _o: np.zeros(
+        _gather_nd_shape(
+            context._get("shape", node.input(0)), context._get("shape", node.input(1)), node
+        ),
+        np.int8,
     ),
     "Concat": lambda context, node, _o: np.concatenate(
         [context.dummy(name) for name in node.inputs], axis=int(node.attr("axis"))

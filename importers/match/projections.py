@@ -28,7 +28,7 @@ from importers.match.results import LinearMatch
 from importers.match.walker import MAX_WALK, VALUE_PRESERVING, GraphWalker, RejectError
 
 _LAYOUT_OPS = frozenset(
-    "Transpose Reshape Squeeze Unsqueeze Flatten Expand Tile Split Slice Gather "
+    "Transpose Reshape Squeeze Unsqueeze Flatten Expand Tile Split Slice Gather GatherND "
     "Identity Cast Dropout".split()
 )
 _MERGE_OPS = frozenset("Transpose Reshape Flatten Squeeze Unsqueeze Identity Cast Dropout".split())
