@@ -20,7 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto
 
 from importers.graph import OnnxModel, load_model
 from importers.match import NoAttentionBlocksError, find_attention_blocks
@@ -40,10 +43,12 @@ LAYER_RTOL = 1e-3
 #: hidden states differ from any float recomputation by that rounding, so layers are compared to
 #: the (dequantised-weight) truth at this looser tolerance. Weights are still exact.
 QUANTISED_LAYER_RTOL = 5e-2
+#: Beyond that, a quantised layer passes only if every other same-shape tensor of the graph is at
+#: least this many times farther from the true layer (see :func:`_clearly_closest`).
+RIVAL_MARGIN = 2.0
 
 #: Fixtures that fail today, with the first line of the failure (see docs/fixtures.md).
 KNOWN_FAILURES: dict[str, str] = {
-    "albert-int8": "block 1 head 0: W_Q W_K^T differs by 1.1e-02 (relative)",
     "albert-optimized": "1 of 1 Softmax rejected: fused com.microsoft Attention operator: its packed weights are not read (export or optimise without attention fusion)",
     "bert-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
     "bloom-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_105': QK^T MatMul not found: no input of Add 'node_add_207' comes from a product of two non-constant tensors (x2)",
@@ -57,7 +62,6 @@ KNOWN_FAILURES: dict[str, str] = {
     "deberta_v2-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/self/Softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape '/model/encoder/layer.0/attention/self/Reshape_12' (x2)",
     "deberta_v2-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/encoder/layer.0/attention/self/Softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape '/encoder/layer.0/attention/self/Reshape_12' (x2)",
     "roberta-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
-    "siglip_vision-int8": "layer 1 ('/model/vision_model/encoder/layers.0/Add_1_output_0') differs from the residual stream by 1.0e-01",
     "siglip_vision-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
     "t5_encoder-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
 }
@@ -115,20 +119,54 @@ def _head_problem(block: BlockWeights, truth: dict[str, np.ndarray], layer: int)
     return None
 
 
-def _structure_problem(blocks: list[BlockWeights], truth: dict[str, np.ndarray]) -> str | None:
+def _int8_weight_names(model: OnnxModel) -> frozenset[str]:
+    """The graph's int8 initializers (the weights ``quantize_dynamic`` quantised)."""
+    return frozenset(
+        tensor.name
+        for tensor in model.proto.graph.initializer
+        if tensor.data_type == TensorProto.INT8
+    )
+
+
+def _truth_of_block(
+    block: BlockWeights,
+    truth: dict[str, np.ndarray],
+    float_truth: dict[str, np.ndarray],
+    int8: frozenset[str],
+) -> dict[str, np.ndarray]:
+    """The dequantised truth where the graph quantised the block's projections, else the float truth.
+
+    ``truth_int8`` replaces a torch weight by its dequantised value wherever the quantiser
+    quantised one of its initializers. A weight shared by several layers (ALBERT) can be exported
+    as one initializer per layer, and the quantiser may quantise only some of the copies: a block
+    whose Q, K, V and O weights are all float in the graph then computes with the float weights.
+    """
+    weights = {block.q.weight, block.k.weight, block.v.weight, block.o.weight}
+    return float_truth if not weights & int8 else truth
+
+
+def _structure_problem(
+    blocks: list[BlockWeights],
+    truth: dict[str, np.ndarray],
+    model: OnnxModel,
+    entry: dict[str, Any],
+) -> str | None:
+    int8 = _int8_weight_names(model) if entry["variant"] == "int8" else frozenset()
+    float_truth = _truth(str(Path(entry["file"]).parent / "truth.npz")) if int8 else truth
     for layer, block in enumerate(blocks):
+        block_truth = _truth_of_block(block, truth, float_truth, int8) if int8 else truth
         found = (block.n_heads, block.n_kv_heads, block.d_head)
-        expected = tuple(int(truth[key]) for key in ("n_heads", "n_kv_heads", "d_head"))
+        expected = tuple(int(block_truth[key]) for key in ("n_heads", "n_kv_heads", "d_head"))
         if found != expected:
             return f"block {layer}: (heads, kv heads, d_head) = {found}; expected {expected}"
-        problem = _head_problem(block, truth, layer)
+        problem = _head_problem(block, block_truth, layer)
         if problem:
             return problem
     return None
 
 
 def _layer_problem(
-    model: OnnxModel, blocks: list[BlockWeights], truth: dict[str, np.ndarray], rtol: float
+    model: OnnxModel, blocks: list[BlockWeights], truth: dict[str, np.ndarray], *, quantised: bool
 ) -> str | None:
     """The first audit layer whose tensor differs from the true residual stream."""
     names = layer_tensors(blocks)
@@ -143,9 +181,40 @@ def _layer_problem(
         if found.shape != expected.shape:
             return f"layer {layer} ({name!r}) has shape {found.shape}; expected {expected.shape}"
         error = _relative(found.astype(np.float64), expected.astype(np.float64))
-        if error > rtol:
+        rtol = QUANTISED_LAYER_RTOL if quantised else LAYER_RTOL
+        if error > rtol and not (quantised and _clearly_closest(model, name, truth, layer)):
             return f"layer {layer} ({name!r}) differs from the residual stream by {error:.1e}"
     return None
+
+
+def _clearly_closest(model: OnnxModel, name: str, truth: dict[str, np.ndarray], layer: int) -> bool:
+    """Whether ``name`` is the graph tensor nearest the true layer, by :data:`RIVAL_MARGIN`.
+
+    Dynamic quantisation's run-time rounding of the activations grows with depth and, in some
+    small random models, exceeds :data:`QUANTISED_LAYER_RTOL` (SigLIP int8: 1 % at the embeddings,
+    10 % after block 0). What the layer check guards against is reading the wrong tensor, so there
+    the chosen tensor must be much closer to the true residual stream than every other tensor of
+    the same shape in the graph (the attention residual, the MLP output, the norms...).
+    """
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    candidates = [out for node in proto.graph.node for out in node.output if out]
+    del proto.graph.output[:]
+    proto.graph.output.extend(onnx.ValueInfoProto(name=out) for out in candidates)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    wanted = {spec.name for spec in session.get_inputs()}
+    feeds = {key: value for key, value in _feeds(model, truth).items() if key in wanted}
+    expected = truth["hidden"][layer].astype(np.float64)
+    values = dict(zip(candidates, session.run(None, feeds), strict=True))
+    chosen = np.asarray(values[name], np.float64)
+    rivals = [
+        _relative(np.asarray(value, np.float64), expected)
+        for value in values.values()
+        if np.shape(value) == expected.shape
+        and np.issubdtype(np.asarray(value).dtype, np.floating)
+        and not np.array_equal(np.asarray(value, np.float64), chosen)  # copies of the layer
+    ]
+    return _relative(chosen, expected) * RIVAL_MARGIN <= min(rivals, default=np.inf)
 
 
 def first_problem(entry: dict[str, Any]) -> str | None:
@@ -155,8 +224,9 @@ def first_problem(entry: dict[str, Any]) -> str | None:
     blocks = _blocks(model, truth["W_Q"].shape[0])
     if isinstance(blocks, str):
         return blocks
-    rtol = QUANTISED_LAYER_RTOL if entry["variant"] == "int8" else LAYER_RTOL
-    return _structure_problem(blocks, truth) or _layer_problem(model, blocks, truth, rtol)
+    return _structure_problem(blocks, truth, model, entry) or _layer_problem(
+        model, blocks, truth, quantised=entry["variant"] == "int8"
+    )
 
 
 def _params() -> list[Any]:
