@@ -448,13 +448,15 @@ FAMILIES: tuple[Family, ...] = (
         _BERT_PROJ,
         "text",
         _POST,
+        sdpa=False,  # transformers 4.57's ElectraModel has eager attention only
     ),
     Family(
         "mpnet",
         _hf(
             "MPNetModel",
             "MPNetConfig",
-            _text(max_position_embeddings=66, relative_attention_num_buckets=8),
+            # MPNet's compute_position_bias hard-codes 32 buckets: the table must have them.
+            _text(max_position_embeddings=66, relative_attention_num_buckets=32),
             add_pooling_layer=False,
         ),
         "encoder.layer",
@@ -1132,6 +1134,8 @@ def write_manifest(corpus: Corpus) -> None:
         "fixtures": sorted(keep + corpus.entries, key=lambda e: e["id"]),
         "export_failures": sorted(keep_failed + corpus.skipped, key=lambda s: s["id"]),
     }
+    # Hand-kept notes (``dropped_for_size``: fixtures deleted to keep the corpus small) survive.
+    manifest |= {key: value for key, value in old.items() if key not in manifest}
     path.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
 

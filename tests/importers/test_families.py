@@ -47,8 +47,12 @@ QUANTISED_LAYER_RTOL = 5e-2
 #: least this many times farther from the true layer (see :func:`_clearly_closest`).
 RIVAL_MARGIN = 2.0
 
+#: The corpus's size limit: 30 families of tiny models, each 100-150 KB per export.
+CORPUS_MIB = 22
+
 #: Fixtures that fail today, with the first line of the failure (see docs/fixtures.md).
 KNOWN_FAILURES: dict[str, str] = {
+    "electra-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
     "albert-optimized": "1 of 1 Softmax rejected: fused com.microsoft Attention operator: its packed weights are not read (export or optimise without attention fusion)",
     "bert-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
     "bloom-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_105': QK^T MatMul not found: no input of Add 'node_add_207' comes from a product of two non-constant tensors (x2)",
@@ -259,4 +263,4 @@ def test_manifest_lists_every_file_with_its_checksum() -> None:
 
 def test_corpus_stays_small() -> None:
     total = sum(path.stat().st_size for path in FIXTURES.rglob("*") if path.is_file())
-    assert total <= 20 * 2**20, f"{total / 2**20:.1f} MiB"
+    assert total <= CORPUS_MIB * 2**20, f"{total / 2**20:.1f} MiB"
