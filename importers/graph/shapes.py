@@ -374,6 +374,9 @@ _SHAPE_RULES: Mapping[str, Callable[[ShapeContext, Node, int], np.ndarray | None
     "ReduceMax": _reduce_rule,
     "MatMul": _matmul_rule,
     "MatMulInteger": _matmul_rule,
+    "MatMulNBits": lambda context, node, _o: np.zeros(
+        (*context._get("shape", node.input(0))[:-1], int(node.attr("N"))), np.int8
+    ),
     "Conv": _window_rule,
     "ConvInteger": _window_rule,
     "MaxPool": _window_rule,

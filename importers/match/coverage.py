@@ -43,7 +43,7 @@ __all__ = [
 FUSED_ATTENTION = frozenset(
     {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention"}
 )
-_PRODUCTS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Einsum", "MatMulInteger"})
+_PRODUCTS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Einsum", "MatMulInteger", "MatMulNBits"})
 #: Ops between a product and the Softmax that keep the scores' meaning (masks, scales, biases).
 _THROUGH = frozenset(
     {"Add", "Sub", "Mul", "Div", "Cast", "Where", "Reshape", "Transpose", "Identity", "Squeeze"}

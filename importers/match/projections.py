@@ -26,6 +26,7 @@ from importers.graph import Node
 from importers.match.layout_ops import apply_layout
 from importers.match.results import LinearMatch
 from importers.match.walker import MAX_WALK, VALUE_PRESERVING, GraphWalker, RejectError
+from importers.nbits import NBITS
 
 _LAYOUT_OPS = frozenset(
     "Transpose Reshape Squeeze Unsqueeze Flatten Expand Tile Split Slice Gather GatherND "
@@ -135,6 +136,8 @@ class ProjectionFinder(GraphWalker):
             return None
         if node.op_type in _LINEAR_OPS:
             return self.linear_from_matmul(node, name, role)
+        if node.op_type == "MatMulNBits":
+            return self.linear_from_nbits(node, name, role)
         if node.op_type == "Mul":
             return self.linear_from_integer_matmul(node, name)
         return None
@@ -175,6 +178,43 @@ class ProjectionFinder(GraphWalker):
             transpose=transpose,
             alpha=float(node.attr("alpha", 1.0)),
             beta=beta,
+            nodes=(node.label,),
+        )
+
+    def linear_from_nbits(self, node: Node, name: str, role: str) -> LinearMatch | None:
+        """onnxruntime's block-quantised ``MatMulNBits(x, B, scales, zero_points?, g_idx?, bias?)``."""
+        x = node.input(0)
+        if self.const(x) is not None:
+            return None
+        constants = [operand for operand in node.inputs[1:] if operand]
+        missing = next((operand for operand in constants if self.const(operand) is None), None)
+        problem = (
+            f"reads {self.origin(missing)} instead of a constant"
+            if missing
+            else "has a g_idx input (act-order quantisation), which is not read"
+            if node.input(4)
+            else f"has {node.attr('bits', 4)}-bit codes; expected one of {NBITS}"
+            if int(node.attr("bits", 4)) not in NBITS
+            else ""
+        )
+        if problem:
+            raise RejectError(
+                f"{role.lower()}_projection_unsupported",
+                f"{role} projection MatMulNBits {node.label!r} {problem}",
+                (node.label,),
+            )
+        return LinearMatch(
+            kind="matmul_nbits",
+            x=x,
+            weight=node.input(1),
+            output=name,
+            d_in=int(node.attr("K")),
+            d_out=int(node.attr("N")),
+            bias=node.input(5) or None,
+            weight_scale=node.input(2),
+            weight_zero_point=node.input(3) or None,
+            bits=int(node.attr("bits", 4)),
+            block_size=int(node.attr("block_size")),
             nodes=(node.label,),
         )
 
@@ -421,7 +461,7 @@ class ProjectionFinder(GraphWalker):
     def output_linear_at(self, user: Node, name: str) -> LinearMatch | None:
         """W_O when ``user`` starts a projection of ``name`` (else None)."""
         end: str | None
-        if user.op_type in _LINEAR_OPS and user.input(0) == name:
+        if user.op_type in (*_LINEAR_OPS, "MatMulNBits") and user.input(0) == name:
             end = user.outputs[0]
         elif user.op_type == "DynamicQuantizeLinear" and user.input(0) == name:
             end = self.integer_matmul_end(user)

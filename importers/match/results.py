@@ -58,8 +58,10 @@ class MatchFailure:
 class LinearMatch:
     """A projection ``y = x @ W + b`` found in the graph (weights not read yet).
 
-    ``kind`` is ``"matmul"``, ``"gemm"``, ``"fused_matmul"`` or ``"matmul_integer"`` (onnxruntime
-    dynamic quantisation; ``weight_scale``/``weight_zero_point`` name the dequantisation constants).
+    ``kind`` is ``"matmul"``, ``"gemm"``, ``"fused_matmul"``, ``"matmul_integer"`` (onnxruntime
+    dynamic quantisation; ``weight_scale``/``weight_zero_point`` name the dequantisation constants)
+    or ``"matmul_nbits"`` (onnxruntime's block-quantised ``MatMulNBits``: ``weight`` holds the packed
+    ``bits``-bit codes in blocks of ``block_size`` along the input axis, see :mod:`importers.nbits`).
     ``transpose`` says the stored weight is (out, in); ``alpha``/``beta`` are Gemm's factors.
     """
 
@@ -75,6 +77,8 @@ class LinearMatch:
     beta: float = 1.0
     weight_scale: str | None = None
     weight_zero_point: str | None = None
+    bits: int = 0
+    block_size: int = 0
     nodes: tuple[str, ...] = ()
 
 
