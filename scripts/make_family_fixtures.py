@@ -20,7 +20,9 @@ Per family it writes, under ``<out>/<family>/``:
 * ``truth.npz`` — the float model's truth; ``truth_int8.npz`` — the same model with every weight that
   ``int8.onnx`` quantised replaced by its dequantised value;
 * ``nbits.onnx`` — onnxruntime's 4-bit ``MatMulNBits`` block quantisation of the same, for a few
-  families, with ``truth_nbits.npz`` made the same way (each weight as onnxruntime multiplies by it).
+  families, with ``truth_nbits.npz`` made the same way (each weight as onnxruntime multiplies by it);
+* ``fp16.onnx`` — onnxruntime's float16 conversion of the same, for the same families, with
+  ``truth_fp16.npz`` (the weights rounded to float16).
 
 A truth file holds, per attention layer ``l``: ``W_Q[l]`` (d_model, H·d_head), ``W_K[l]`` and
 ``W_V[l]`` (d_model, H_kv·d_head), ``W_O[l]`` (H·d_head, d_model) in the project's row-vector
@@ -64,7 +66,8 @@ D_MODEL, N_HEADS, N_KV, D_FF, VOCAB, N_LAYERS = 32, 4, 2, 64, 128, 2
 BATCH, TOKENS = 2, 8
 IMAGE, PATCH, MELS, AUDIO_POSITIONS = 32, 8, 8, 16
 LEGACY_OPSET, DYNAMO_OPSET = 17, 18
-#: 4-bit ``MatMulNBits`` variants: an encoder, a fused-QKV decoder, a GQA rotary decoder, a ViT.
+#: 4-bit ``MatMulNBits`` and float16 variants: an encoder, a fused-QKV decoder, a GQA rotary
+#: decoder, a ViT.
 NBITS_FAMILIES = frozenset({"bert", "gpt2", "llama", "vit"})
 #: Codes per block along the input axis (d_model 32: two blocks per weight column).
 NBITS_BLOCK = 16
@@ -937,6 +940,22 @@ def quantize_nbits(source: Path, path: Path) -> None:
     onnx.save(quantizer.model.model, str(path))
 
 
+def to_float16(source: Path, path: Path) -> None:
+    """onnxruntime's float16 conversion (``keep_io_types``: the graph still takes float32 inputs)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    onnx.save(convert_float_to_float16(onnx.load(str(source)), keep_io_types=True), str(path))
+
+
+def float16_weights(fp16_path: Path) -> dict[str, np.ndarray]:
+    """``{initializer: its float16 value}`` for the initializers the conversion made float16."""
+    return {
+        t.name: numpy_helper.to_array(t).astype(np.float32)
+        for t in onnx.load(str(fp16_path)).graph.initializer
+        if t.data_type == onnx.TensorProto.FLOAT16
+    }
+
+
 def int8_weights(int8_path: Path) -> dict[str, np.ndarray]:
     """``{float initializer: its dequantised value}`` for the weights ``quantize_dynamic`` quantised."""
     ints = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(int8_path)).graph.initializer}
@@ -1166,6 +1185,7 @@ def _derived_variants(
     quantisers = [("int8", "torchscript+quantize_dynamic", quantize, int8_weights)]
     if family.name in NBITS_FAMILIES:
         quantisers.append(("nbits", "torchscript+matmul_nbits", quantize_nbits, nbits_weights))
+        quantisers.append(("fp16", "torchscript+float16", to_float16, float16_weights))
     for variant, exporter, quantise, dequantised_weights in quantisers:
         path = folder / f"{variant}.onnx"
         if _attempt(corpus, family, variant, functools.partial(quantise, legacy, path)):
