@@ -159,7 +159,7 @@ def _mask_form(facts: _Facts, mask: str, batch: int) -> str | None:
     _refuse(shape is None, "with a mask of unknown shape")
     assert shape is not None
     if len(shape) == 1 and shape[0] in (batch, 2 * batch):
-        return "lengths" if shape[0] == batch else "end_start"
+        return "index"
     if len(shape) == 2 and shape[1] == 1 and shape[0] in (1, batch) and _SEQUENCE != 1:
         return "dummy"
     if len(shape) in (2, 3):

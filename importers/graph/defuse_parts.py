@@ -26,7 +26,7 @@ from onnx import helper, numpy_helper
 __all__ = ["DeclinedError", "Emitter"]
 
 #: Key-padding mask forms of onnxruntime's contrib attention operators, by the mask's shape.
-MASK_FORMS = ("lengths", "end_start", "keys", "queries_keys", "dummy")
+MASK_FORMS = ("index", "keys", "queries_keys", "dummy")
 
 
 class DeclinedError(Exception):
@@ -155,9 +155,11 @@ class Emitter:
     def key_mask_bias(self, mask: str, form: str, keys: str, value: float) -> str:
         """The additive bias of an onnxruntime key mask (``value`` at masked keys, else 0).
 
-        ``form`` (:data:`MASK_FORMS`): ``lengths`` (B,) — keys at or after the length are masked;
-        ``end_start`` (2B,) — also keys before the start; ``keys`` (B, T) and ``queries_keys``
-        (B, S, T) — entries ≤ 0 are masked. Returns shape (B, 1, 1, T) or (B, 1, S, T).
+        ``form`` (:data:`MASK_FORMS`): ``index`` (B,) key lengths — keys at or after the length
+        are masked — or (2B,) end positions then start positions — keys before the start masked
+        too (told apart at run time: the start is read from the mask padded with B zeros);
+        ``keys`` (B, T) and ``queries_keys`` (B, S, T) — entries ≤ 0 are masked. Returns shape
+        (B, 1, 1, T) or (B, 1, S, T).
         """
         index = self.op("Cast", [mask], to=onnx.TensorProto.INT64)
         if form in ("keys", "queries_keys"):
@@ -165,17 +167,24 @@ class Emitter:
             axes = [1, 2] if form == "keys" else [1]
             return self.op("Unsqueeze", [self.where_bias(masked, value), self.ints("axes", axes)])
         batch = self.gather(self.op("Shape", [keys]), [0])
-        position = self.op("Unsqueeze", [self.positions(keys, 1), self.ints("axis", [0])])
-        end = self.op("Slice", [index, self.ints("start", [0]), batch])
-        masked = self.op(
-            "GreaterOrEqual", [position, self.op("Unsqueeze", [end, self.ints("axis", [1])])]
+        zeros = self.op(
+            "ConstantOfShape", [batch], value=numpy_helper.from_array(np.zeros(1, np.int64))
         )
-        if form == "end_start":
-            twice = self.op("Mul", [batch, self.ints("two", [2])])
-            start = self.op(
-                "Unsqueeze", [self.op("Slice", [index, batch, twice]), self.ints("axis", [1])]
-            )
-            masked = self.op("Or", [masked, self.op("Less", [position, start])])
+        padded = self.op("Concat", [index, zeros], axis=0)
+        twice = self.op("Mul", [batch, self.ints("two", [2])])
+        end = self.op("Slice", [padded, self.ints("start", [0]), batch])
+        start = self.op("Slice", [padded, batch, twice])
+        position = self.op("Unsqueeze", [self.positions(keys, 1), self.ints("axis", [0])])
+        masked = self.op(
+            "Or",
+            [
+                self.op(
+                    "GreaterOrEqual",
+                    [position, self.op("Unsqueeze", [end, self.ints("axis", [1])])],
+                ),
+                self.op("Less", [position, self.op("Unsqueeze", [start, self.ints("axis", [1])])]),
+            ],
+        )
         return self.op("Unsqueeze", [self.where_bias(masked, value), self.ints("axes", [1, 2])])
 
     def bool_mask_bias(self, mask: str) -> str:
