@@ -63,7 +63,8 @@ class Emitter:
 
     def scalar(self, what: str, value: float) -> str:
         """A 0-d constant of the computation's float type."""
-        return self.const(what, np.asarray(value, dtype=self.dtype))
+        with np.errstate(over="ignore"):  # float16: a filter value like -3.4e38 becomes -inf
+            return self.const(what, np.asarray(value, dtype=self.dtype))
 
     def ints(self, what: str, values: list[int] | int) -> str:
         return self.const(what, np.asarray(values, dtype=np.int64))
