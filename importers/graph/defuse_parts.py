@@ -30,7 +30,8 @@ MASK_FORMS = ("index", "keys", "queries_keys", "dummy")
 
 
 class DeclinedError(Exception):
-    """A fused operator uses a feature its rewrite does not implement (the message names it)."""
+    """Internal: a fused operator uses a feature its rewrite does not implement (the message names
+    it); :func:`importers.graph.defuse.defuse_attention` turns it into a :class:`Declined`."""
 
 
 class Emitter:
