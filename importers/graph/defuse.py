@@ -160,7 +160,7 @@ def _mask_form(facts: _Facts, mask: str, batch: int) -> str | None:
     assert shape is not None
     if len(shape) == 1 and shape[0] in (batch, 2 * batch):
         return "index"
-    if len(shape) == 2 and shape[1] == 1 and shape[0] in (1, batch) and _SEQUENCE != 1:
+    if len(shape) == 2 and shape[1] == 1 and shape[0] in (1, batch):
         return "dummy"
     if len(shape) in (2, 3):
         return "keys" if len(shape) == 2 else "queries_keys"
@@ -435,6 +435,4 @@ def _rewritten(
         container.extend(kept)
     for emitter in replaced.values():
         copy.graph.initializer.extend(emitter.initializers)
-    if any(entry.domain in DEFAULT_DOMAINS for entry in copy.opset_import) is False:
-        copy.opset_import.append(onnx.helper.make_opsetid("", 13))
     return copy
