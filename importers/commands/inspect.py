@@ -64,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
         )
     print(f"model: {model.path} (opset {model.opset})")
     print(_table(report.blocks))
+    for block in report.blocks:  # the rewrite of fused operators is said, never silent
+        for note in block.notes:
+            if note.startswith("defused from"):
+                print(f"block {block.index}: {note}")
     if report.failures and not args.explain:
         print(f"{len(report.failures)} other Softmax node(s) rejected (see --explain)")
     if args.explain:

@@ -320,6 +320,17 @@ def _gather_nd_shape(data: Sequence[int], indices: Sequence[int], node: Node) ->
     return (*indices[:-1], *data[int(node.attr("batch_dims", 0)) + indices[-1] :])
 
 
+def _embed_rule(context: ShapeContext, node: Node, output: int) -> np.ndarray | None:
+    """onnxruntime's EmbedLayerNormalization: (B, S, D) embeddings (and their sum, output 2) and
+    the (B,) mask index (output 1); D is the length of gamma (input 5)."""
+    ids = context._get("shape", node.input(0))
+    gamma = context._get("shape", node.input(5))
+    if ids is None or gamma is None:
+        return None
+    shape = (ids[0],) if output == 1 else (*ids, *gamma[-1:])
+    return np.broadcast_to(np.zeros((), np.int8), shape)
+
+
 def _with_values(function: Callable) -> Callable:
     def rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
         data = context.dummy(node.input(0))
@@ -386,6 +397,7 @@ _SHAPE_RULES: Mapping[str, Callable[[ShapeContext, Node, int], np.ndarray | None
     "Resize": _resize_rule,
     "GlobalMaxPool": _global_pool_rule,
     "Gemm": _gemm_rule,
+    "EmbedLayerNormalization": _embed_rule,
     "ConstantOfShape": lambda context, node, _o: np.zeros(
         tuple(np.ravel(context._get("value", node.input(0)))), np.int8
     ),

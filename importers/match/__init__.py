@@ -54,12 +54,13 @@ This package's ``__init__`` is the public face; the work is done in its modules:
 
 from __future__ import annotations
 
+import dataclasses
+
 from importers.errors import ImporterError
 from importers.graph import GraphIndex, Node, OnnxModel
 from importers.match.core import SCALE_RTOL as SCALE_RTOL
 from importers.match.core import Matcher
 from importers.match.coverage import (
-    FUSED_ATTENTION,
     IncompleteMatchError,
     check_complete,
     fused_attention_failures,
@@ -112,9 +113,14 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
     """
     index = model.index
     softmaxes = index.nodes_of_type("Softmax")
+    fused = fused_attention_failures(index, {item.node: item.line() for item in model.declined})
     if not softmaxes:
-        fused = [node.op_type for node in index.nodes if node.op_type in FUSED_ATTENTION]
-        raise NoAttentionBlocksError.from_failures([], fused=fused)
+        if fused:
+            raise NoAttentionBlocksError(
+                f"no attention block found: the graph has no Softmax node; {fused[0].reason}",
+                fused,
+            )
+        raise NoAttentionBlocksError.from_failures([])
     matchers = {(PROBE_BATCH, PROBE_SEQUENCE): Matcher(index, PROBE_BATCH, PROBE_SEQUENCE)}
     blocks: list[AttentionBlock] = []
     failures: list[MatchFailure] = []
@@ -134,9 +140,15 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
             reason = f"malformed graph around it: {one_line(err)}"
             failures.append(MatchFailure(softmax.label, reason, (), "malformed"))
     if not blocks:
-        raise NoAttentionBlocksError.from_failures(failures)
-    failures += fused_attention_failures(index)
-    return MatchReport(blocks=blocks, failures=failures, n_softmax=len(softmaxes))
+        raise NoAttentionBlocksError.from_failures(failures + fused)
+    notes = {item.softmax: item.note() for item in model.defused}
+    blocks = [
+        dataclasses.replace(block, notes=(notes[block.softmax], *block.notes))
+        if block.softmax in notes
+        else block
+        for block in blocks
+    ]
+    return MatchReport(blocks=blocks, failures=failures + fused, n_softmax=len(softmaxes))
 
 
 def _match_with_retry(
