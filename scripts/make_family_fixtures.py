@@ -6,7 +6,7 @@ project never installs (docs/fixtures.md gives the commands for a separate envir
 downloaded: every model is built from a config with seeded random weights (2 layers, d_model 32,
 4 heads of 8, vocabulary 128, 32x32 images in 8x8 patches, 8 mel bins).
 
-Per family it writes, under ``<out>/<family>/``:
+Per family it writes, under ``<out>/<family>/`` (each ONNX file finally compressed to ``.onnx.xz``):
 
 * ``legacy_eager.onnx`` — ``torch.onnx.export(dynamo=False)``, opset 17, dynamic batch (and sequence
   for text) axes, eager attention;
@@ -1202,6 +1202,23 @@ def _derived_variants(
             )
 
 
+def _compress(out: Path, entry: dict[str, Any]) -> None:
+    """Replace a fixture's ``.onnx`` by ``.onnx.xz`` (xz -9e): the corpus stays under 20 MB.
+
+    ``sha256`` becomes the compressed file's digest; ``onnx_sha256`` keeps the export's.
+    """
+    import lzma
+
+    path = out / entry["file"]
+    data = path.read_bytes()
+    packed = path.with_name(path.name + ".xz")
+    packed.write_bytes(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
+    path.unlink()
+    entry["file"] += ".xz"
+    entry["sha256"] = hashlib.sha256(packed.read_bytes()).hexdigest()
+    entry["onnx_sha256"] = hashlib.sha256(data).hexdigest()
+
+
 def write_manifest(corpus: Corpus) -> None:
     """``manifest.json``: the fixtures (sorted by id) and the exports that failed."""
     path = corpus.out / "manifest.json"
@@ -1211,6 +1228,8 @@ def write_manifest(corpus: Corpus) -> None:
     families = {e["family"] for e in corpus.entries} | {
         s["id"].split("-")[0] for s in corpus.skipped
     }
+    for entry in corpus.entries:
+        _compress(corpus.out, entry)
     keep = [e for e in old["fixtures"] if e["family"] not in families]
     keep_failed = [s for s in old["export_failures"] if s["id"].split("-")[0] not in families]
     manifest = {

@@ -4,20 +4,17 @@ rewrite implements; every form it does not implement is declined by name."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from importers.graph import load_model, model_from_proto
+from importers.graph import model_from_proto
 from importers.match import NoAttentionBlocksError, find_attention_blocks
 from importers.run.runner import Runner
+from tests.importers.family_corpus import FIXTURES, MANIFEST, fixture_proto, load_fixture
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "families"
 #: Largest relative difference (max-abs over max-abs) between the fused and the defused outputs.
 OUTPUT_RTOL = 1e-5
 BATCH, SEQ, D_MODEL, HEADS = 2, 5, 16, 4
@@ -309,17 +306,15 @@ def test_relative_position_bias_is_t5s_bucketed_table(bidirectional: int) -> Non
 
 # -- the corpus ----------------------------------------------------------------------------------
 
-_MANIFEST = json.loads((FIXTURES / "manifest.json").read_text(encoding="utf-8"))
-_TRUTH = {entry["id"]: entry["truth"] for entry in _MANIFEST["fixtures"]}
+_TRUTH = {entry["id"]: entry["truth"] for entry in MANIFEST["fixtures"]}
 #: onnxruntime-optimized fixtures with fused attention that the CPU provider can run as they are.
 _RUNNABLE = ["albert", "bert", "clip_vision", "roberta", "siglip_vision"]
 
 
 @pytest.mark.parametrize("family", _RUNNABLE)
 def test_defused_fixture_computes_what_the_fused_graph_computes(family: str) -> None:
-    path = FIXTURES / family / "optimized.onnx"
-    original = onnx.load(path)
-    model = load_model(path)
+    original = fixture_proto(f"{family}/optimized.onnx.xz")
+    model = load_fixture(f"{family}/optimized.onnx.xz")
     assert model.defused
     with np.load(FIXTURES / _TRUTH[f"{family}-optimized"]) as truth:
         feeds = {item.name: truth[f"feed_{item.name}"] for item in model.inputs}
@@ -329,7 +324,7 @@ def test_defused_fixture_computes_what_the_fused_graph_computes(family: str) -> 
 
 
 def test_the_runner_exposes_the_defused_attention_probabilities() -> None:
-    model = load_model(FIXTURES / "bert" / "optimized.onnx")
+    model = load_fixture("bert/optimized.onnx.xz")
     blocks = find_attention_blocks(model).blocks
     assert [block.notes[0] for block in blocks] == [
         "defused from com.microsoft Attention 'Attention_0'",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 
-from importers.graph import OnnxModel, load_model
+from importers.graph import OnnxModel
 from importers.match import NoAttentionBlocksError, find_attention_blocks
 from importers.run.audit import layer_tensors
 from importers.run.runner import Runner
 from importers.weights import BlockWeights, block_weights
 from simulator.errors import one_line
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "families"
-MANIFEST: dict[str, Any] = json.loads((FIXTURES / "manifest.json").read_text(encoding="utf-8"))
+from tests.importers.family_corpus import FIXTURES, MANIFEST, fixture_bytes, load_fixture
 
 #: Relative tolerance on the per-head products W_V^h W_O^h and W_Q^h W_K^hᵀ.
 WEIGHT_RTOL = 1e-4
@@ -50,8 +47,8 @@ FLOAT16_LAYER_RTOL = 1e-2
 #: least this many times farther from the true layer (see :func:`_clearly_closest`).
 RIVAL_MARGIN = 2.0
 
-#: The corpus's size limit: 30 families of tiny models, each 100-150 KB per export.
-CORPUS_MIB = 24
+#: The corpus's size limit (issue 11: at most 20 MB in all).
+CORPUS_MIB = 20
 
 #: Fixtures that fail today, with the first line of the failure (see docs/fixtures.md).
 KNOWN_FAILURES: dict[str, str] = {
@@ -220,7 +217,7 @@ def _clearly_closest(model: OnnxModel, name: str, truth: dict[str, np.ndarray], 
 def first_problem(entry: dict[str, Any]) -> str | None:
     """The first way the importer's answer on one fixture differs from its truth (None: none)."""
     truth = _truth(entry["truth"])
-    model = load_model(FIXTURES / entry["file"])
+    model = load_fixture(entry["file"])
     blocks = _blocks(model, truth["W_Q"].shape[0])
     if isinstance(blocks, str):
         return blocks
@@ -249,12 +246,13 @@ def test_known_failures_name_real_fixtures() -> None:
     assert set(KNOWN_FAILURES) <= ids, sorted(set(KNOWN_FAILURES) - ids)
 
 
-def test_manifest_lists_every_file_with_its_checksum() -> None:
-    listed = {entry["file"]: entry["sha256"] for entry in MANIFEST["fixtures"]}
-    on_disk = {path.relative_to(FIXTURES).as_posix() for path in FIXTURES.rglob("*.onnx")}
+def test_manifest_lists_every_file_with_its_checksums() -> None:
+    listed = {entry["file"]: entry for entry in MANIFEST["fixtures"]}
+    on_disk = {path.relative_to(FIXTURES).as_posix() for path in FIXTURES.rglob("*.onnx*")}
     assert set(listed) == on_disk
-    for name, digest in listed.items():
-        assert hashlib.sha256((FIXTURES / name).read_bytes()).hexdigest() == digest, name
+    for name, entry in listed.items():
+        assert hashlib.sha256((FIXTURES / name).read_bytes()).hexdigest() == entry["sha256"], name
+        assert hashlib.sha256(fixture_bytes(name)).hexdigest() == entry["onnx_sha256"], name
 
 
 def test_corpus_stays_small() -> None:
