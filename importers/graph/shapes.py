@@ -290,6 +290,27 @@ def _window_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray 
     return np.broadcast_to(np.zeros((), np.int8), (data[0], channels, *sizes))
 
 
+def _pad_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray | None:
+    """Pad: ``out[a] = in[a] + pads[a] + pads[a + n]`` over the padded axes (all, or input 3's)."""
+    data = context._get("shape", node.input(0))
+    pads = context._get("value", node.input(1)) if node.input(1) else node.attr("pads")
+    if data is None or pads is None:
+        return None
+    pads = [int(p) for p in np.ravel(pads)]
+    axes_value = context._get("value", node.input(3)) if node.input(3) else None
+    if node.input(3) and axes_value is None:
+        return None
+    axes = (
+        range(len(data))
+        if axes_value is None
+        else [int(a) % len(data) for a in np.ravel(axes_value)]
+    )
+    shape, n = list(data), len(pads) // 2
+    for i, axis in enumerate(axes):
+        shape[axis] += pads[i] + pads[i + n]
+    return np.zeros(shape, np.int8)
+
+
 def _resize_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray | None:
     """Resize (opset 11+): the ``sizes`` input, else each axis times its ``scales`` (floored)."""
     data = context._get("shape", node.input(0))
@@ -395,6 +416,7 @@ _SHAPE_RULES: Mapping[str, Callable[[ShapeContext, Node, int], np.ndarray | None
     "LpPool": _window_rule,
     "GlobalAveragePool": _global_pool_rule,
     "Resize": _resize_rule,
+    "Pad": _pad_rule,
     "GlobalMaxPool": _global_pool_rule,
     "Gemm": _gemm_rule,
     "EmbedLayerNormalization": _embed_rule,

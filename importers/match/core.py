@@ -38,6 +38,7 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
         k = self.trace(scores.input(1), "K")
         v = self.trace(value_matmul.input(1), "V")
         self.check_self_attention(q, k, v)
+        self.check_whole_sequence(softmax, q.linear.x)
         layout = self.probe_heads(q, k, v)
         self.check_softmax_axis(softmax, len(layout.lead) + 2)
         columns = self.head_columns(layout.q, layout.k, layout.v)
@@ -95,6 +96,36 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
                 f"Q, K and V project different tensors ({', '.join(sorted(sources))}); "
                 f"only self-attention is supported",
             )
+
+    def check_whole_sequence(self, softmax: Node, x: str) -> None:
+        """Decline windowed attention: the projected tokens were folded into the batch axis.
+
+        Q, K and V project a (B·n, t, D) tensor while the graph runs B inputs when the tokens of
+        each input were cut into n windows of t (Swin): each input then has one t×t matrix per
+        window and head, not the token-mixing matrix A of all its tokens that the theory is about.
+        """
+        shape, batch = self.context.shape(x), self._input_batch()
+        if shape is None or batch is None or len(shape) != 3 or shape[0] <= batch:
+            return
+        if shape[0] % batch:
+            return
+        raise RejectError(
+            "windowed_attention",
+            f"windowed attention: each input's tokens attend within {shape[0] // batch} windows "
+            f"of {shape[1]} tokens (folded into the batch axis, Swin-style), so no single "
+            f"attention matrix over all its tokens exists",
+            (softmax.label,),
+        )
+
+    def _input_batch(self) -> int | None:
+        """The batch size the probe runs: the leading size of the first graph input of rank >= 2."""
+        for name in self.index.graph_inputs:
+            if name in self.index.initializers:
+                continue
+            shape = self.context.shape(name)
+            if shape is not None and len(shape) >= 2:
+                return int(shape[0])
+        return None
 
     def check_softmax_axis(self, softmax: Node, rank: int) -> None:
         axis = int(softmax.attr("axis", -1))
