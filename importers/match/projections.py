@@ -58,6 +58,7 @@ class Trace:
     scale: float
     rope: bool
     rotary: str = ""  # how the rotary embedding was applied (for notes), "" when there is none
+    rotary_width: int | None = None  # columns rotated per head by a partial one; None: all
 
 
 class ProjectionFinder(GraphWalker):
@@ -68,10 +69,11 @@ class ProjectionFinder(GraphWalker):
         """Walk back from an attention operand to its projection."""
         steps: list[Step] = []
         scale, rope, start, rotary = 1.0, False, name, ""
+        width: int | None = None
         for _ in range(MAX_WALK):
             linear = self.linear_ending_at(name, role)
             if linear is not None:
-                return Trace(role, linear, tuple(reversed(steps)), scale, rope, rotary)
+                return Trace(role, linear, tuple(reversed(steps)), scale, rope, rotary, width)
             node = self.producer(name)
             if node is None:
                 raise RejectError(
@@ -98,9 +100,9 @@ class ProjectionFinder(GraphWalker):
                 continue
             partial = self.partial_rotary(node) if op == "Concat" else None
             if partial is not None:
-                rope, rotary = True, partial[1]
-                steps.append(Step(node, partial[0], name, skip=True))
-                name = partial[0]
+                rope, (source, rotary, width) = True, partial
+                steps.append(Step(node, source, name, skip=True))
+                name = source
                 continue
             raise RejectError(
                 f"{role.lower()}_projection_missing",
@@ -307,9 +309,10 @@ class ProjectionFinder(GraphWalker):
                 return ""
         return style if negated else ""
 
-    def partial_rotary(self, node: Node) -> tuple[str, str] | None:
-        """(x, description) when the Concat ``node`` re-assembles ``x`` from slices of it, some
-        passed through a rotary embedding (a partial rotary embedding), else None.
+    def partial_rotary(self, node: Node) -> tuple[str, str, int | None] | None:
+        """(x, description, columns rotated per head) when the Concat ``node`` re-assembles ``x``
+        from slices of it, some passed through a rotary embedding (a partial rotary embedding),
+        else None; the width is None when every column is rotated.
 
         The pieces are followed back through value-preserving layout ops and rotary ``Add`` s to
         their nearest common ancestor; with a probe in its place (the rotary ``Add`` s taken as
@@ -383,10 +386,12 @@ class ProjectionFinder(GraphWalker):
             and (match := self.rope_match(producer)) is not None
         }
         if width == assembled.shape[-1]:  # Phi-3: the pass-through slice is empty
-            return x, f"full {'/'.join(sorted(styles))}"
-        return x, (
+            return x, f"full {'/'.join(sorted(styles))}", None
+        return (
+            x,
             f"partial {'/'.join(sorted(styles))} on the first {width} of "
-            f"{assembled.shape[-1]} columns of each head"
+            f"{assembled.shape[-1]} columns of each head",
+            width,
         )
 
     def reassemble(

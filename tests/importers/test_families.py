@@ -52,15 +52,6 @@ CORPUS_MIB = 20
 
 #: Fixtures that fail today, with the first line of the failure (see docs/fixtures.md).
 KNOWN_FAILURES: dict[str, str] = {
-    "bloom-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_105': QK^T MatMul not found: no input of Add 'node_add_207' comes from a product of two non-constant tensors (x2)",
-    "bloom-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/h.0/self_attention/Softmax': QK^T MatMul not found: no input of Add '/model/h.0/self_attention/Add_1' comes from a product of two non-constant tensors (x2)",
-    "bloom-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/h.0/self_attention/Softmax': QK^T MatMul not found: no input of Add '/model/h.0/self_attention/Add_1' comes from a product of two non-constant tensors (x2)",
-    "bloom-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/h.0/self_attention/Softmax': QK^T MatMul not found: no input of Add '/model/h.0/self_attention/Add_1' comes from a product of two non-constant tensors (x2)",
-    "bloom-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/h.0/self_attention/Softmax': QK^T MatMul not found: no input of Add '/h.0/self_attention/Add_1' comes from a product of two non-constant tensors (x2)",
-    "deberta_v2-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape 'node_view_10' (x2)",
-    "deberta_v2-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/self/Softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape '/model/encoder/layer.0/attention/self/Reshape_12' (x2)",
-    "deberta_v2-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/self/Softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape '/model/encoder/layer.0/attention/self/Reshape_12' (x2)",
-    "deberta_v2-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/encoder/layer.0/attention/self/Softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape '/encoder/layer.0/attention/self/Reshape_12' (x2)",
 }
 
 
