@@ -55,7 +55,7 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
             )
         bias = self.score_bias(softmax, scores, score_sum, q, k, v)
         scale = score_scale * q.scale * k.scale
-        notes = self.scale_notes(scale, d_head, bias) + self.rotary_notes(q, k)
+        notes = self.scale_notes(scale, d_head, bias) + self.rotary_notes(q, k) + bias.notes
         rotary, rotary_width = self.rotary_form(q, k, d_head)
         stream = self.block_stream(q.linear.x, o)
         roles = {

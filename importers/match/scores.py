@@ -99,12 +99,14 @@ _CANDIDATE_ERRORS = (RejectError, ValueError, TypeError, IndexError, KeyError, O
 @dataclass(frozen=True)
 class ScoreBias:
     """What is added to QKᵀ: ``kind`` (none/alibi/relative/disentangled/other), ``causal``, the
-    number of disentangled position terms, and one description per term for the block's roles."""
+    number of disentangled position terms, one description per term for the block's roles, and
+    notes on terms classified by structure only or not recognised."""
 
     kind: str
     causal: bool
     position_terms: int
     described: tuple[str, ...]
+    notes: tuple[str, ...] = ()
 
 
 class ScoreMatcher(ProjectionFinder):
@@ -350,19 +352,21 @@ class ScoreMatcher(ProjectionFinder):
         masks = [self.fill_mask(fill) for fill in found.fills]
         kinds: list[str] = []
         described: list[str] = []
+        notes: list[str] = []
         for term in found.terms:
+            label = self.term_label(term)
             if self.depends_on(term.tensor, hidden):
                 kinds.append(self.position_term(term, hidden))
-                described.append(f"disentangled position term {self.term_label(term)}")
+                described.append(f"disentangled position term {label}")
                 continue
-            kind, mask = self.independent_term(term)
-            if mask is not None:
-                masks.append(mask)
+            kind, mask, note = self.independent_term(term)
+            masks.append(mask)
+            notes += [note] if note else []
             if kind != "none":
                 kinds.append(kind)
-                described.append(f"{kind} bias {self.term_label(term)}")
+                described.append(f"{kind} bias {label}")
             elif mask is not None and mask.any():
-                described.append(f"mask {self.term_label(term)}")
+                described.append(f"mask {label}")
         described += [f"mask fill {fill.node.op_type} {fill.node.label!r}" for fill in found.fills]
         shape = self.context.shape(product.outputs[0]) or self.context.shape(softmax.input(0))
         causal = (
@@ -373,8 +377,10 @@ class ScoreMatcher(ProjectionFinder):
             )
         )
         distinct = sorted(set(kinds))
+        if len(distinct) > 1:
+            notes.append(f"score terms of several kinds ({', '.join(distinct)}): score bias other")
         kind = distinct[0] if len(distinct) == 1 else ("other" if distinct else "none")
-        return ScoreBias(kind, causal, kinds.count("disentangled"), tuple(described))
+        return ScoreBias(kind, causal, kinds.count("disentangled"), tuple(described), tuple(notes))
 
     def term_label(self, term: ScoreTerm) -> str:
         node = self.producer(term.tensor)
@@ -384,24 +390,61 @@ class ScoreMatcher(ProjectionFinder):
         condition = values.neutral_value(self, fill.condition)
         return None if condition is None else np.asarray(condition, dtype=bool) == fill.masked_when
 
-    def independent_term(self, term: ScoreTerm) -> tuple[str, np.ndarray | None]:
-        """(kind, masked entries or None) for a term that does not depend on the hidden states."""
+    def independent_term(self, term: ScoreTerm) -> tuple[str, np.ndarray | None, str | None]:
+        """(kind, masked entries or None, note or None) for a term that does not depend on the
+        hidden states (module docstring)."""
+        label = self.term_label(term)
         value = values.neutral_value(self, term.tensor)
         if value is None:
-            return ("relative" if self.gathered_from_table(term.tensor) else "other"), None
+            fed = self.fed_by_input(term.tensor)
+            if fed is not None:
+                return (
+                    "none",
+                    None,
+                    (
+                        f"score term {label} is fed by graph input {fed!r}: taken as a mask the "
+                        "caller supplies (not evaluated; no causal mask is reported from it)"
+                    ),
+                )
+            kind = "relative" if self.gathered_from_table(term.tensor) else "other"
+            return (
+                kind,
+                None,
+                (
+                    f"score term {label} could not be evaluated with an all-ones attention mask; "
+                    f"taken as {kind} from its structure"
+                    + ("" if kind == "relative" else " (not a gather from a position table)")
+                ),
+            )
         value = np.asarray(value, dtype=np.float64) * term.factor
-        bias = values.bias_part(value)
-        masked = values.masked_entries(value)
+        bias, masked = values.bias_part(value), values.masked_entries(value)
         table = self.gathered_from_table(term.tensor) or self.constant_table(term.tensor)
         if values.is_zero(bias) and (not table or masked.any()):
-            kind = "none"
-        elif values.is_linear_in_key(bias):
-            kind = "alibi"
-        elif values.is_relative(bias) or self.gathered_from_table(term.tensor):
-            kind = "relative"
-        else:
-            kind = "other"
-        return kind, masked
+            return "none", masked, None
+        if values.is_linear_in_key(bias):
+            return "alibi", masked, None
+        if values.is_relative(bias) or self.gathered_from_table(term.tensor):
+            return "relative", masked, None
+        return (
+            "other",
+            masked,
+            (
+                f"score term {label} does not depend on the hidden states but is neither a mask, "
+                "ALiBi (linear in the key position) nor a relative position bias; A is the Softmax "
+                "of QK^T plus it"
+            ),
+        )
+
+    def fed_by_input(self, name: str) -> str | None:
+        """The graph input ``name`` is (through casts and layout ops), else None."""
+        for _ in range(16):
+            if name in self.index.graph_inputs:
+                return name
+            node = self.producer(name)
+            if node is None or node.op_type not in _TABLE_PATH:
+                return None
+            name = node.input(0)
+        return None
 
     def constant_table(self, name: str) -> bool:
         """Whether ``name`` is a constant with a (query, key) extent: a learned bias even when its
