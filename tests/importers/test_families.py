@@ -232,6 +232,35 @@ def test_fixture_matches_its_truth(entry: dict[str, Any]) -> None:
     assert problem is None, problem
 
 
+def _features_found(entry: dict[str, Any]) -> set[tuple[str, bool, str]] | str:
+    """The (score_bias, causal, rotary) of every block found, or why blocks were not found."""
+    try:
+        report = find_attention_blocks(load_model(FIXTURES / entry["file"]))
+    except NoAttentionBlocksError as err:
+        return one_line(err)
+    for block in report.blocks:
+        widths = {"none": (0, 0), "full": (block.d_head, block.d_head)}
+        low, high = widths.get(block.rotary, (1, block.d_head - 1))
+        if not low <= block.rotary_width <= high:
+            return f"block {block.index}: rotary {block.rotary} of width {block.rotary_width}"
+    return {(block.score_bias, block.causal, block.rotary) for block in report.blocks}
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param(entry, id=entry["id"])
+        for entry in MANIFEST["fixtures"]
+        if not KNOWN_FAILURES.get(entry["id"], "").startswith(("no attention", "1 of"))
+    ],
+)
+def test_blocks_report_the_manifest_features(entry: dict[str, Any]) -> None:
+    """Every block's score bias, causal mask and rotary form are the ones the model has."""
+    features = entry["features"]
+    expected = (features["score_bias"], features["causal"], features["rotary"])
+    assert _features_found(entry) == {expected}
+
+
 def test_known_failures_name_real_fixtures() -> None:
     ids = {entry["id"] for entry in MANIFEST["fixtures"]}
     assert set(KNOWN_FAILURES) <= ids, sorted(set(KNOWN_FAILURES) - ids)
