@@ -396,6 +396,8 @@ class ScoreMatcher(ProjectionFinder):
         label = self.term_label(term)
         value = values.neutral_value(self, term.tensor)
         if value is None:
+            if self.fills_constants(term.tensor):
+                return "none", None, None
             fed = self.fed_by_input(term.tensor)
             if fed is not None:
                 return (
@@ -434,6 +436,25 @@ class ScoreMatcher(ProjectionFinder):
                 "of QK^T plus it"
             ),
         )
+
+    def fills_constants(self, name: str) -> bool:
+        """Whether ``name`` is laid out from a ``Where`` choosing between constants that are all
+        zero or masking: a mask whatever its condition (a defused Attention's mask index)."""
+        for _ in range(16):
+            node = self.producer(name)
+            if node is None:
+                return False
+            if node.op_type == "Where":
+                branches = [self.const(node.input(position)) for position in (1, 2)]
+                return all(
+                    branch is not None
+                    and bool(np.all((branch == 0) | (branch <= values.MASK_FLOOR)))
+                    for branch in branches
+                )
+            if node.op_type not in _TABLE_PATH:
+                return False
+            name = node.input(0)
+        return False
 
     def fed_by_input(self, name: str) -> str | None:
         """The graph input ``name`` is (through casts and layout ops), else None."""

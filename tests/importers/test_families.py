@@ -51,8 +51,7 @@ RIVAL_MARGIN = 2.0
 CORPUS_MIB = 20
 
 #: Fixtures that fail today, with the first line of the failure (see docs/fixtures.md).
-KNOWN_FAILURES: dict[str, str] = {
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def _relative(found: np.ndarray, truth: np.ndarray) -> float:
@@ -235,7 +234,7 @@ def test_fixture_matches_its_truth(entry: dict[str, Any]) -> None:
 def _features_found(entry: dict[str, Any]) -> set[tuple[str, bool, str]] | str:
     """The (score_bias, causal, rotary) of every block found, or why blocks were not found."""
     try:
-        report = find_attention_blocks(load_model(FIXTURES / entry["file"]))
+        report = find_attention_blocks(load_fixture(entry["file"]))
     except NoAttentionBlocksError as err:
         return one_line(err)
     for block in report.blocks:
