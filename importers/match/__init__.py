@@ -12,13 +12,16 @@ check_complete, missing_blocks_note, IncompleteMatchError
 
 How a block is matched (names are never used, only op types, constants and shapes):
 
-1. Back from the Softmax through a mask ``Add``/``Where``, scalar ``Mul``/``Div`` scaling and ``Cast``
-   to the QKᵀ ``MatMul`` (two non-constant operands). A scalar factor (here and on the Q/K paths) is
+1. Back from the Softmax through the score sum (:mod:`importers.match.scores`: ``Add``/``Sub``,
+   mask fills, scalar ``Mul``/``Div`` scaling, views that keep the (query, key) axes) to the QKᵀ
+   ``MatMul`` (two non-constant operands, Q and K projections of one stream); every other term
+   added to it is classified (``score_bias``: a mask, ALiBi, relative, disentangled or other;
+   ``causal``). A scalar factor (here and on the Q/K paths) is
    a constant or a value computed from constants and shapes only (e.g. SDPA's
    ``Sqrt(1/Sqrt(Cast(Shape(q)[-1])))`` on both Q and K), evaluated at the probe's sizes; one
    computed from the activations is declined. The block's ``scale`` is the product of them all.
-2. Forward from the Softmax (through an ``IsNaN``→``Where`` guard, ``Cast``, ``Dropout``) to the ·V
-   ``MatMul``.
+2. Forward from the Softmax (through an ``IsNaN``→``Where`` guard, ``Cast``, ``Dropout``, views
+   that keep the (query, key) axes) to the ·V ``MatMul``.
 3. Back from Q, K and V through head-split layout ops (Reshape, Transpose, Squeeze, Unsqueeze, Expand,
    Tile, and Split/Slice/Gather of a fused QKV), scalar scaling and rotary embeddings to a projection:
    ``MatMul`` with a constant weight (+ bias ``Add``), ``Gemm``, ``FusedMatMul``, or

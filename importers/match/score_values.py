@@ -5,7 +5,8 @@ constants, shapes and the integer graph inputs (an attention mask, position ids)
 evaluates it with every integer or boolean graph input set to ones: an attention mask that keeps
 every token. The subgraph is cut where a value is already known without running the graph
 (constants, shape arithmetic: :meth:`importers.graph.ShapeContext.value`) and run with ONNX's
-reference evaluator. The value tests below are the classification of
+reference evaluator. The structure tests (a table gathered by an index, a ``Where`` between
+masking constants, a graph input) and the value tests below are the classification of
 :mod:`importers.match.scores`:
 
 - entries at or below :data:`MASK_FLOOR` are *masked* (finfo.min, -10000, -inf);
@@ -36,6 +37,10 @@ MAX_TERM_NODES = 400
 #: A bias whose heads take at most this fraction of distinct values is gathered from a table.
 TABLE_FRACTION = 0.5
 _OPAQUE = frozenset({"If", "Loop", "Scan"})
+#: Ops a position table or a mask is laid out with (they keep its set of values).
+_LAYOUT = frozenset("Transpose Reshape Squeeze Unsqueeze Expand Tile Slice Cast Identity".split())
+#: Most layout ops followed back from a term.
+MAX_LAYOUT_STEPS = 16
 
 
 def neutral_value(walker: GraphWalker, name: str) -> np.ndarray | None:
@@ -141,6 +146,51 @@ def _dequantize_linear() -> type:
             return ((shifted * x_scale.reshape(shape)).astype(x_scale.dtype),)
 
     return DequantizeLinear
+
+
+# -- what a term's structure says ------------------------------------------------------------------
+def layout_source(walker: GraphWalker, name: str) -> tuple[str, Node | None]:
+    """``name`` followed back through layout ops (which keep a term's set of values): the tensor
+    reached and its producer (None for a graph input or an initializer)."""
+    for _ in range(MAX_LAYOUT_STEPS):
+        node = walker.producer(name)
+        if node is None or node.op_type not in _LAYOUT:
+            return name, node
+        name = node.input(0)
+    return name, walker.producer(name)
+
+
+def gathered_from_table(walker: GraphWalker, name: str) -> bool:
+    """Whether the term is entries of a table gathered by an index (the caller knows it does not
+    depend on the hidden states: a position table)."""
+    _, node = layout_source(walker, name)
+    return node is not None and node.op_type in ("Gather", "GatherElements")
+
+
+def constant_table(walker: GraphWalker, name: str) -> bool:
+    """Whether the term is a constant with a (query, key) extent: a learned bias even when its
+    values are all zero (BEiT initialises its relative position table to zero)."""
+    value = walker.const(name)
+    return value is not None and value.ndim >= 2 and min(value.shape[-2:]) >= 2
+
+
+def fills_constants(walker: GraphWalker, name: str) -> bool:
+    """Whether the term is a ``Where`` choosing between constants that are all zero or masking: a
+    mask whatever its condition (a defused ``Attention``'s mask index)."""
+    _, node = layout_source(walker, name)
+    if node is None or node.op_type != "Where":
+        return False
+    branches = [walker.const(node.input(position)) for position in (1, 2)]
+    return all(
+        branch is not None and bool(np.all((branch == 0) | (branch <= MASK_FLOOR)))
+        for branch in branches
+    )
+
+
+def fed_by_input(walker: GraphWalker, name: str) -> str | None:
+    """The graph input the term is laid out from, else None."""
+    source, _ = layout_source(walker, name)
+    return source if source in walker.index.graph_inputs else None
 
 
 # -- what a term's values look like ----------------------------------------------------------------

@@ -4,9 +4,11 @@ Walking back from the Softmax, the scores are a sum. ``Add``, ``Sub`` and ``Neg`
 (a constant, or shape arithmetic: :meth:`~importers.match.walker.GraphWalker.scalar_factor`), views
 that keep the (query, key) axes (Cast, Identity, Reshape, Squeeze, Unsqueeze, Flatten) and mask
 fills (``Where`` replacing scores by a constant at or below ``MASK_FLOOR``) are passed; every other
-tensor reached is one *term*. The *content* term is the query-key product QKᵀ: a ``MatMul`` of two
-non-constant tensors; where several terms are such products, the one whose operands are Q and K
-projections of one stream. The block's score scale is the product of the scalar factors on its path.
+tensor reached, and every subtree with no product of two non-constant tensors in it (BERT's
+``(1 - mask) * finfo.min`` is one term, not two), is one *term*. The *content* term is the
+query-key product QKᵀ: a ``MatMul`` of two non-constant tensors; where several terms are such
+products, the one whose operands are Q and K projections of one stream (the others are terms). The
+block's score scale is the product of the scalar factors on its path.
 
 Every other term is classified once Q, K and V are traced (:meth:`ScoreMatcher.score_bias`), by
 what it depends on and by its values, never by names:
@@ -16,8 +18,9 @@ what it depends on and by its values, never by names:
   integer graph input set to ones (:func:`~importers.match.score_values.neutral_value`). Masked
   entries (at or below ``MASK_FLOOR``) make it a mask; what remains is its bias: zero (a mask
   only), linear in the key position in every row (``alibi``), constant along the diagonals or
-  gathered from a table (``relative``), or ``other``. A term whose value cannot be evaluated is
-  ``relative`` when it is gathered from a table, else ``other``.
+  gathered from a table (``relative``), or ``other``. A term whose value cannot be evaluated is a
+  mask when it is a ``Where`` between zero and masking constants, a mask the caller supplies when
+  it is a graph input, ``relative`` when it is gathered from a table, else ``other`` (with a note).
 - A term that depends on the hidden states is accepted only as a disentangled position term
   (DeBERTa's content-to-position and position-to-content scores): through gathers and layout ops
   (``Gather``, ``GatherElements``, ``Transpose``, ...) it is a product of a Q or K projection of
@@ -26,6 +29,10 @@ what it depends on and by its values, never by names:
 
 ``causal``: the masked entries of the mask terms and fills, evaluated the same way, hide every key
 after its query (j > i) and never the diagonal.
+
+The views on the way are checked on shapes, which the shape context answers once and memoises;
+:meth:`ScoreMatcher.scores_of` therefore walks every Softmax's scores before anything else is
+matched (see there).
 """
 
 from __future__ import annotations
@@ -51,10 +58,6 @@ _SUM_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Neg"} | _VIEWS)
 _POSITION_PATH = frozenset(
     "Gather GatherElements Transpose Reshape Squeeze Unsqueeze Expand Tile Slice Cast Identity "
     "Neg".split()
-)
-#: Ops a relative position table is gathered and laid out with.
-_TABLE_PATH = frozenset(
-    "Transpose Reshape Squeeze Unsqueeze Expand Tile Slice Cast Identity Concat".split()
 )
 
 
@@ -247,11 +250,12 @@ class ScoreMatcher(ProjectionFinder):
         if not products and not found.products:
             raise self.no_product(softmax, found)
         labels = ", ".join(repr(node.label) for node, _, _ in found.products)
+        fitting = f"{len(products)} of them multiply" if products else "none of them multiplies"
         raise RejectError(
             "no_qk_matmul",
             f"QK^T MatMul not found: the scores add {len(found.products)} products of two "
-            f"non-constant tensors ({labels}) and {len(products) or 'none'} of them multiplies Q "
-            "and K projections of one stream",
+            f"non-constant tensors ({labels}) and {fitting} Q and K projections of one stream "
+            "(expected one content product QK^T)",
             tuple(node.label for node, _, _ in found.products),
         )
 
@@ -353,7 +357,8 @@ class ScoreMatcher(ProjectionFinder):
         kinds: list[str] = []
         described: list[str] = []
         notes: list[str] = []
-        for term in found.terms:
+        others = [ScoreTerm(node.outputs[0], scale) for node, scale, _ in found.products]
+        for term in found.terms + [term for term in others if term.tensor != product.outputs[0]]:
             label = self.term_label(term)
             if self.depends_on(term.tensor, hidden):
                 kinds.append(self.position_term(term, hidden))
@@ -396,9 +401,9 @@ class ScoreMatcher(ProjectionFinder):
         label = self.term_label(term)
         value = values.neutral_value(self, term.tensor)
         if value is None:
-            if self.fills_constants(term.tensor):
+            if values.fills_constants(self, term.tensor):
                 return "none", None, None
-            fed = self.fed_by_input(term.tensor)
+            fed = values.fed_by_input(self, term.tensor)
             if fed is not None:
                 return (
                     "none",
@@ -408,7 +413,7 @@ class ScoreMatcher(ProjectionFinder):
                         "caller supplies (not evaluated; no causal mask is reported from it)"
                     ),
                 )
-            kind = "relative" if self.gathered_from_table(term.tensor) else "other"
+            kind = "relative" if values.gathered_from_table(self, term.tensor) else "other"
             return (
                 kind,
                 None,
@@ -420,12 +425,14 @@ class ScoreMatcher(ProjectionFinder):
             )
         value = np.asarray(value, dtype=np.float64) * term.factor
         bias, masked = values.bias_part(value), values.masked_entries(value)
-        table = self.gathered_from_table(term.tensor) or self.constant_table(term.tensor)
+        table = values.gathered_from_table(self, term.tensor) or values.constant_table(
+            self, term.tensor
+        )
         if values.is_zero(bias) and (not table or masked.any()):
             return "none", masked, None
         if values.is_linear_in_key(bias):
             return "alibi", masked, None
-        if values.is_relative(bias) or self.gathered_from_table(term.tensor):
+        if values.is_relative(bias) or values.gathered_from_table(self, term.tensor):
             return "relative", masked, None
         return (
             "other",
@@ -436,56 +443,6 @@ class ScoreMatcher(ProjectionFinder):
                 "of QK^T plus it"
             ),
         )
-
-    def fills_constants(self, name: str) -> bool:
-        """Whether ``name`` is laid out from a ``Where`` choosing between constants that are all
-        zero or masking: a mask whatever its condition (a defused Attention's mask index)."""
-        for _ in range(16):
-            node = self.producer(name)
-            if node is None:
-                return False
-            if node.op_type == "Where":
-                branches = [self.const(node.input(position)) for position in (1, 2)]
-                return all(
-                    branch is not None
-                    and bool(np.all((branch == 0) | (branch <= values.MASK_FLOOR)))
-                    for branch in branches
-                )
-            if node.op_type not in _TABLE_PATH:
-                return False
-            name = node.input(0)
-        return False
-
-    def fed_by_input(self, name: str) -> str | None:
-        """The graph input ``name`` is (through casts and layout ops), else None."""
-        for _ in range(16):
-            if name in self.index.graph_inputs:
-                return name
-            node = self.producer(name)
-            if node is None or node.op_type not in _TABLE_PATH:
-                return None
-            name = node.input(0)
-        return None
-
-    def constant_table(self, name: str) -> bool:
-        """Whether ``name`` is a constant with a (query, key) extent: a learned bias even when its
-        values are all zero (BEiT initialises its relative position table to zero)."""
-        value = self.const(name)
-        return value is not None and value.ndim >= 2 and min(value.shape[-2:]) >= 2
-
-    def gathered_from_table(self, name: str) -> bool:
-        """Whether ``name`` is entries of a table gathered (and laid out) by an index (the caller
-        knows it does not depend on the hidden states: a position table)."""
-        for _ in range(16):
-            node = self.producer(name)
-            if node is None:
-                return False
-            if node.op_type in ("Gather", "GatherElements"):
-                return True
-            if node.op_type not in _TABLE_PATH:
-                return False
-            name = node.input(0)
-        return False
 
     def depends_on(self, name: str, hidden: set[str]) -> bool:
         """Whether the value of ``name`` is computed from a ``hidden`` tensor or a Softmax output

@@ -68,6 +68,15 @@ def _term(g: _Graph, kind: str, q: str, rng: np.random.Generator) -> tuple[str, 
         index = g.op("Expand", g.const(_relative_index()[None, None], np.int64), target)
         c2p = g.op("GatherElements", by_position, index, axis=3)
         return "add", g.op("Mul", c2p, g.const(scale)), scale
+    if kind == "position_product":  # BERT's relative_key-like: Q times position embeddings
+        table = g.const(rng.normal(size=(T, D_HEAD)))
+        length = g.op("Squeeze", g.op("Shape", "x", start=1, end=2), g.ints(0))
+        positions = g.op("Range", g.const(0, np.int64), length, g.const(1, np.int64))
+        embeddings = g.op("Gather", table, positions, axis=0)  # not a constant: a second product
+        return "add", g.op("MatMul", q, g.op("Transpose", embeddings, perm=[1, 0])), scale
+    if kind == "two_contents":  # a second query-key product of the same stream
+        k_t = g.op("Transpose", g.heads("x", g.const(_w(rng))), perm=[0, 1, 3, 2])
+        return "add", g.op("MatMul", q, k_t), scale
     if kind == "padding":  # BERT: (1 - mask) * finfo.min on (B, 1, 1, T)
         keep = g.op("Cast", g.op("Unsqueeze", "attention_mask", g.ints(1, 2)), to=1)
         return "add", g.op("Mul", g.op("Sub", g.const(1.0), keep), g.const(FINFO_MIN)), scale
@@ -134,6 +143,7 @@ EXPECTED = {  # kind: (score_bias, causal)
     "alibi": ("alibi", True),
     "relative": ("relative", False),
     "disentangled": ("disentangled", False),
+    "position_product": ("disentangled", False),
     "padding": ("none", False),
     "causal_where": ("none", True),
     "anticausal": ("none", False),
@@ -182,6 +192,11 @@ def test_a_bias_computed_from_the_hidden_states_is_declined_by_name() -> None:
     (failure,) = caught.value.failures
     assert failure.code == "score_bias_hidden"
     assert "score bias depending on the hidden states other than a disentangled" in failure.reason
+
+
+def test_two_query_key_products_of_one_stream_are_declined() -> None:
+    with pytest.raises(NoAttentionBlocksError, match="2 of them multiply Q and K projections"):
+        find_attention_blocks(model_from_proto(_model("two_contents")[0]))
 
 
 def test_a_reshape_that_splits_the_key_axis_is_declined() -> None:
