@@ -116,6 +116,7 @@ class ScoreMatcher(ProjectionFinder):
     """The score sum behind a Softmax: its query-key product and what else is added to it."""
 
     _scores: dict[int, tuple[ScoreSum, Content] | Exception] | None = None
+    _neutral: dict[str, np.ndarray | None] | None = None
 
     def scores_of(self, softmax: Node) -> tuple[ScoreSum, Content]:
         """The score sum behind ``softmax`` and its content product (MatMul, scale, nodes passed).
@@ -391,15 +392,24 @@ class ScoreMatcher(ProjectionFinder):
         node = self.producer(term.tensor)
         return f"{term.tensor!r}" if node is None else f"{node.op_type} {node.label!r}"
 
+    def neutral_value(self, name: str) -> np.ndarray | None:
+        """:func:`~importers.match.score_values.neutral_value`, once per tensor (the blocks of a
+        decoder share one mask)."""
+        if self._neutral is None:
+            self._neutral = {}
+        if name not in self._neutral:
+            self._neutral[name] = values.neutral_value(self, name)
+        return self._neutral[name]
+
     def fill_mask(self, fill: MaskFill) -> np.ndarray | None:
-        condition = values.neutral_value(self, fill.condition)
+        condition = self.neutral_value(fill.condition)
         return None if condition is None else np.asarray(condition, dtype=bool) == fill.masked_when
 
     def independent_term(self, term: ScoreTerm) -> tuple[str, np.ndarray | None, str | None]:
         """(kind, masked entries or None, note or None) for a term that does not depend on the
         hidden states (module docstring)."""
         label = self.term_label(term)
-        value = values.neutral_value(self, term.tensor)
+        value = self.neutral_value(term.tensor)
         if value is None:
             if values.fills_constants(self, term.tensor):
                 return "none", None, None
