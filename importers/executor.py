@@ -7,8 +7,8 @@ order, so the answer does not depend on where a task ran. Three places (``--sche
 ``None`` (no option)
     :class:`LocalExecutor`: every task in this process, one after the other.
 ``"local"``
-    A Dask ``LocalCluster`` on this machine (``workers`` processes, one thread each, no dashboard),
-    started here and shut down when the executor closes.
+    A Dask ``LocalCluster`` on this machine (``workers`` processes, one thread each, no dashboard,
+    its files in a temporary folder), started here and shut down when the executor closes.
 ``"tcp://host:port"`` (or ``tls://``)
     The workers of an existing Dask cluster; tasks still running when the executor closes are
     cancelled, the cluster itself is left running.
@@ -38,6 +38,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -205,19 +207,26 @@ def _distributed() -> Any:
 @contextlib.contextmanager
 def _local_cluster(workers: int) -> Iterator[tuple[Any, str]]:
     distributed = _distributed()
-    cluster = distributed.LocalCluster(
-        n_workers=workers,
-        threads_per_worker=1,
-        processes=True,
-        dashboard_address=None,
-        worker_dashboard_address=None,
-        silence_logs=logging.CRITICAL,
-    )
+    scratch = tempfile.mkdtemp(prefix="oversmooth-dask-")  # the workers' files, removed after
     try:
-        with distributed.Client(cluster) as client:
-            yield client, cluster.scheduler_address
+        cluster = distributed.LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            # its HTTP server (metrics, health) on a free port: 8787 may be taken
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+            worker_dashboard_address=None,
+            silence_logs=logging.CRITICAL,
+            local_directory=scratch,
+        )
+        try:
+            with distributed.Client(cluster) as client:
+                yield client, cluster.scheduler_address
+        finally:
+            cluster.close()
     finally:
-        cluster.close()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @contextlib.contextmanager
