@@ -142,10 +142,13 @@ class _DaskExecutor:
         shared: Mapping[str, Any] | None = None,
     ) -> Iterator[tuple[int, Any]]:
         client = self._client
+        # unique keys (hash=False): a value scattered again must not share its key with the
+        # futures an earlier call is cancelling
         common = {
-            key: client.scatter(value, broadcast=True) for key, value in (shared or {}).items()
+            key: client.scatter(value, broadcast=True, hash=False)
+            for key, value in (shared or {}).items()
         }
-        data = client.scatter(list(tasks))  # by value, each task to one worker
+        data = client.scatter(list(tasks), hash=False)  # by value, each task to one worker
         futures = [client.submit(fn, item, **common, pure=False) for item in data]
         return self._collect(futures, [*data, *common.values()])
 
