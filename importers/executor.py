@@ -27,6 +27,8 @@ Executor
     ``slots``, ``describe()``.
 LocalExecutor
     Runs everything in this process.
+local_cluster
+    A Dask ``LocalCluster`` on this machine, shut down on exit.
 open_executor
     The executor for a ``--scheduler`` value, as a context manager.
 progress_bar
@@ -52,6 +54,7 @@ __all__ = [
     "CONNECT_TIMEOUT_S",
     "Executor",
     "LocalExecutor",
+    "local_cluster",
     "open_executor",
     "progress_bar",
 ]
@@ -208,9 +211,14 @@ def _distributed() -> Any:
 
 
 @contextlib.contextmanager
-def _local_cluster(workers: int) -> Iterator[tuple[Any, str]]:
+def local_cluster(workers: int, folder: str | None = None) -> Iterator[tuple[Any, str]]:
+    """Start a Dask ``LocalCluster`` here; yield a client and the scheduler's address.
+
+    ``workers`` processes of one thread each, no dashboard, the workers' files in ``folder``
+    (default: a temporary folder removed afterwards). Shut down on exit, Ctrl-C included.
+    """
     distributed = _distributed()
-    scratch = tempfile.mkdtemp(prefix="oversmooth-dask-")  # the workers' files, removed after
+    scratch = folder or tempfile.mkdtemp(prefix="oversmooth-dask-")
     try:
         cluster = distributed.LocalCluster(
             n_workers=workers,
@@ -229,7 +237,8 @@ def _local_cluster(workers: int) -> Iterator[tuple[Any, str]]:
         finally:
             cluster.close()
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if folder is None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -286,7 +295,7 @@ def open_executor(
         yield LocalExecutor()
         return
     cluster = (
-        _local_cluster(workers or default_threads())
+        local_cluster(workers or default_threads())
         if _check_scheduler(scheduler) == "local"
         else _remote_cluster(scheduler)
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from simulator.cli import main
-from tests.cluster import WORKERS, local_cluster
+from tests.cluster import WORKERS, started_cluster
 from tests.realmodels import require_real_model
 
 SPEC = {
@@ -33,7 +33,7 @@ FILES = {"sweep.csv", "sweep.json", "regime_map.png"}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with local_cluster(tmp_path_factory.mktemp("dask")) as address:
+    with started_cluster(tmp_path_factory.mktemp("dask")) as address:
         yield address
 
 

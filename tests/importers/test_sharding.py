@@ -36,7 +36,7 @@ from importers.run.sharding import (
 )
 from importers.run.sources import random_inputs
 from importers.zoo import file_sha256, lookup
-from tests.cluster import WORKERS, local_cluster
+from tests.cluster import WORKERS, started_cluster
 from tests.importers.builders import assemble
 from tests.realmodels import require_real_model
 
@@ -130,7 +130,7 @@ def test_a_worker_sees_a_file_only_with_the_same_sha256(builder_model: Path) -> 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with local_cluster(tmp_path_factory.mktemp("dask")) as address:
+    with started_cluster(tmp_path_factory.mktemp("dask")) as address:
         yield address
 
 
