@@ -218,24 +218,28 @@ def local_cluster(workers: int, folder: str | None = None) -> Iterator[tuple[Any
     (default: a temporary folder removed afterwards). Shut down on exit, Ctrl-C included.
     """
     distributed = _distributed()
+    import dask
+
     scratch = folder or tempfile.mkdtemp(prefix="oversmooth-dask-")
+    cluster_options = {
+        "n_workers": workers,
+        "threads_per_worker": 1,
+        "processes": True,
+        "dashboard_address": None,
+        # its HTTP server (metrics, health) on a free port: 8787 may be taken
+        "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"},
+        "worker_dashboard_address": None,
+        "silence_logs": logging.CRITICAL,
+        "local_directory": scratch,
+    }
     try:
-        cluster = distributed.LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            # its HTTP server (metrics, health) on a free port: 8787 may be taken
-            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
-            worker_dashboard_address=None,
-            silence_logs=logging.CRITICAL,
-            local_directory=scratch,
-        )
-        try:
-            with distributed.Client(cluster) as client:
-                yield client, cluster.scheduler_address
-        finally:
-            cluster.close()
+        # the scheduler keeps its folder under dask's temporary-directory: there too
+        with (
+            dask.config.set({"temporary-directory": scratch}),
+            distributed.LocalCluster(**cluster_options) as cluster,
+            distributed.Client(cluster) as client,
+        ):
+            yield client, cluster.scheduler_address
     finally:
         if folder is None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from importers.errors import ImporterInputError
-from importers.executor import LocalExecutor, open_executor
+from importers.executor import LocalExecutor, open_executor, progress_bar
 from importers.graph import load_model
 from importers.run.audit import audit
 from importers.run.records import AuditResult
@@ -249,3 +249,15 @@ def test_the_distributed_audit_of_minilm_l3_equals_the_local_one(cluster: str) -
     assert merged.provenance.runner["shards"] == WORKERS
     for name, values in one.metrics.items():
         np.testing.assert_array_equal(by_value[0].metrics[name], values)
+
+
+def test_the_progress_bar_counts_items_with_their_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    with progress_bar(5, "input", enabled=True) as advance:
+        advance(2)
+        advance(3)
+    err = capsys.readouterr().err
+    assert "5/5" in err
+    assert "input/s" in err
+    with progress_bar(5, "input", enabled=False) as advance:
+        advance(5)
+    assert capsys.readouterr().err == ""
