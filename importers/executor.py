@@ -41,6 +41,7 @@ import contextlib
 import logging
 import re
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
@@ -211,6 +212,25 @@ def _distributed() -> Any:
 
 
 @contextlib.contextmanager
+def _children_ignore_ctrl_c() -> Iterator[None]:
+    """Processes started inside inherit an ignored SIGINT (this process's own handling returns after).
+
+    The terminal sends Ctrl-C to the whole process group: the workers of a local cluster would
+    each print a traceback. This process handles it instead, shutting them down. A Ctrl-C while
+    the workers start (a second or two) is lost. Outside the main thread nothing is changed.
+    """
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
 def local_cluster(workers: int, folder: str | None = None) -> Iterator[tuple[Any, str]]:
     """Start a Dask ``LocalCluster`` here; yield a client and the scheduler's address.
 
@@ -234,12 +254,11 @@ def local_cluster(workers: int, folder: str | None = None) -> Iterator[tuple[Any
     }
     try:
         # the scheduler keeps its folder under dask's temporary-directory: there too
-        with (
-            dask.config.set({"temporary-directory": scratch}),
-            distributed.LocalCluster(**cluster_options) as cluster,
-            distributed.Client(cluster) as client,
-        ):
-            yield client, cluster.scheduler_address
+        with dask.config.set({"temporary-directory": scratch}):
+            with _children_ignore_ctrl_c():
+                cluster = distributed.LocalCluster(**cluster_options)
+            with cluster, distributed.Client(cluster) as client:
+                yield client, cluster.scheduler_address
     finally:
         if folder is None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -7,8 +7,14 @@ Bad input exits 2 with one line and no output folder; Ctrl-C leaves no output.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -169,3 +175,42 @@ def test_audit_on_a_local_cluster_writes_the_single_process_report(
         assert docs[1]["dominance"][key] == pytest.approx(docs[0]["dominance"][key], rel=1e-9)
     assert docs[1]["provenance"]["runner"]["executor"]["workers"] == 2
     assert {p.name for p in tmp_path.iterdir()} == {"one", "two"}
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes of a process group (from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry.name)) == pgid:
+                    members.append(int(entry.name))
+    return members
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process groups from /proc")
+def test_ctrl_c_at_the_terminal_stops_a_local_cluster_sweep_with_one_line(tmp_path: Path) -> None:
+    """The terminal sends SIGINT to the whole process group, workers included: still one line,
+    exit 130, no output folder, no process left."""
+    spec = write_spec(tmp_path, {**SPEC, "layers": 3000, "seeds": 40})
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "simulator.cli", "sweep", str(spec), "--out", str(out)]
+    command += ["--scheduler", "local", "--workers", "2", "--no-progress"]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline = time.monotonic() + 60
+    while len(_group(process.pid)) < 4 and time.monotonic() < deadline:  # the workers run
+        time.sleep(0.2)
+    time.sleep(2)
+    os.killpg(process.pid, signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert stderr == "oversmooth sweep: interrupted\n"
+    assert stdout == ""
+    assert not out.exists()
+    assert {p.name for p in tmp_path.iterdir()} == {"spec.json"}
+    deadline = time.monotonic() + 20  # multiprocessing's resource tracker ends on its own
+    while _group(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _group(process.pid) == []
