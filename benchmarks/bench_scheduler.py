@@ -82,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         warm, merged = _seconds(
             lambda: sharded_audit(graph, inputs, executor=executor, **options), args.runs
         )
-    print(f"local cluster of {args.workers} workers: start {started:.2f} s, first audit {cold:.2f} s")
+    print(
+        f"local cluster of {args.workers} workers: start {started:.2f} s, first audit {cold:.2f} s"
+    )
     print(f"  warm workers, median of {args.runs}: {warm:.2f} s")
     print(f"speed-up, warm workers: {single / warm:.2f}x")
     print(f"speed-up, start + first audit (one command): {single / (started + cold):.2f}x")
