@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "simulator": "benchmarks.bench_simulator",
     "runner": "benchmarks.bench_runner",
     "audit": "benchmarks.bench_audit",
+    "memory": "benchmarks.bench_memory",
 }
 
 

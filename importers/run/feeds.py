@@ -6,16 +6,24 @@ data came from and a digest of the feed bytes. Feeds are checked against the mod
 (names, ranks, fixed dimensions, dtypes); a mismatch raises :class:`~importers.errors.FeedError`
 listing what the model expects.
 
+Inputs are held in memory (``feeds``) or read batch by batch by a :class:`FeedReader` (images
+decoded, noise drawn, ``.npz`` members read when a batch is asked for), so that an audit's memory
+does not grow with the number of inputs; :meth:`Inputs.batches` reads them in order either way.
+
 Public API
 ----------
 Inputs
-    Feeds plus token mask, labels, source, digest and a ``random`` flag.
-check_feeds
-    Check feeds against graph inputs.
+    Feeds (or a reader) plus token mask, labels, source, digest and a ``random`` flag.
+FeedReader
+    What reads items ``[start, stop)`` of inputs not held in memory.
+check_feeds, check_values
+    Check feeds against graph inputs; check only their token values (ids >= 0, masks 0/1).
 for_graph
-    Rename, cast and check canonical feeds against a model's graph inputs.
-feeds_digest
-    The sha256 over feed names, dtypes, shapes and bytes.
+    Rename, cast, pad (a fixed sequence length) and check canonical feeds against a model's inputs.
+feeds_digest, streamed_digest
+    The sha256 over feed names, dtypes, shapes and bytes; the same, read piece by piece.
+concatenate
+    Inputs one after the other.
 TEXT_FEEDS, IMAGE_FEED
     Canonical feed names before they are mapped onto a graph's inputs.
 """

@@ -23,6 +23,7 @@ import hashlib
 import os
 import struct
 import zipfile
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ NPZ_ERRORS = (
     NotImplementedError,
     zipfile.BadZipFile,
     struct.error,
+    zlib.error,
 )
 _LABELS = "labels"
 #: Fixed part of a zip local file header; the name and extra field follow it.

@@ -10,7 +10,8 @@ bundled_inputs
 default_inputs
     The bundled inputs that suit a model (its zoo entry, else its graph inputs).
 from_npz, from_images, from_text, random_inputs
-    Inputs from an ``.npz`` of feeds, a folder of images, a text file (needs ``tokenizers``) or noise.
+    Inputs from an ``.npz`` of feeds (:mod:`importers.run.npz`), a folder of images, a text file
+    (needs ``tokenizers``) or noise. Images, noise and ``.npz`` are read batch by batch.
 load_image
     One image as an RGB ``(size, size, 3)`` uint8 array: shorter side resized, centre-cropped.
 DATA_DIR, IMAGE_SUFFIXES

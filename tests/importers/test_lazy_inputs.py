@@ -200,3 +200,14 @@ def test_npz_items_can_exceed_the_element_limit_of_one_array(tmp_path, monkeypat
     monkeypatch.setenv("OVERSMOOTH_MAX_ELEMENTS", "40")
     inputs = sources.from_npz(tmp_path / "x.npz", TEXT_GRAPH)
     assert inputs.read(0, 4).feeds["input_ids"].shape == (4, 7)
+
+
+def test_a_damaged_deflated_npz_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "x.npz"
+    np.savez_compressed(path, **_text_feeds(50))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3 : len(data) // 3 + 16] = bytes(16)  # inside the first member's stream
+    path.write_bytes(bytes(data))
+    with pytest.raises(ImporterInputError, match=r"cannot read .*x\.npz") as info:
+        sources.from_npz(path, TEXT_GRAPH)
+    assert "\n" not in str(info.value)
