@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks.bench_audit import audit_command
 
 __all__ = ["Peak", "audit_peak", "main"]
 
@@ -51,20 +52,8 @@ def audit_peak(model: str, n_inputs: int, dominance: str = "head") -> Peak:
         The audit exited with a non-zero status (its last output line is in the message).
     """
     with tempfile.TemporaryDirectory() as folder:
-        command = [
-            sys.executable,
-            "-m",
-            "simulator.cli",
-            "audit",
-            model,
-            "--random",
-            str(n_inputs),
-            "--dominance",
-            dominance,
-            "--out",
-            str(Path(folder) / "report"),
-            "--no-progress",
-        ]
+        out = Path(folder) / "report"
+        command = audit_command(model, out, "--random", str(n_inputs), "--dominance", dominance)
         start = time.perf_counter()
         with subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
