@@ -145,6 +145,10 @@ class Inputs:
         self._reader = reader
         self._digest = digest
 
+    def __repr__(self) -> str:
+        held = "in memory" if self.in_memory else "read per batch"
+        return f"Inputs({self.batch_size} items from {self.source!r}, {held})"
+
     @property
     def in_memory(self) -> bool:
         """Whether every item is held in memory (else items are read per batch)."""
@@ -250,7 +254,7 @@ def concatenate(parts: Sequence[Inputs], like: Inputs) -> Inputs:
 
 
 #: Bytes of one feed read at a time while streaming a digest.
-DIGEST_CHUNK_BYTES = 32 * 2**20
+DIGEST_CHUNK_BYTES = 4 * 2**20
 
 
 def streamed_digest(read: Callable[[int, int], Mapping[str, np.ndarray]], n_items: int) -> str:
