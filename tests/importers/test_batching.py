@@ -240,3 +240,26 @@ def test_minilm_int8_numbers_do_not_depend_on_the_batch_size(tmp_path: Path, qua
             assert np.array_equal(
                 result.metrics[metric], results[0].metrics[metric], equal_nan=True
             )
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def test_the_audit_command_runs_a_fixed_batch_graph_on_npz_shards(tmp_path: Path, capsys) -> None:
+    """``--batch-size 2`` on a graph fixed at batch 1, inputs from a folder of two .npz shards."""
+    from simulator.cli import main
+
+    path = with_fixed_dims(VIT, tmp_path / "fixed.onnx", batch=1)
+    feeds = random_inputs(load_model(path).inputs, seed=0, batch=3).feeds["pixel_values"]
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    np.savez(shards / "a.npz", pixel_values=feeds[:2])
+    np.savez_compressed(shards / "b.npz", pixel_values=feeds[2:])
+    out = tmp_path / "report"
+    argv = ["audit", str(path), "--inputs", str(shards), "--batch-size", "2", "--out", str(out)]
+    code = main([*argv, "--no-progress"])
+    stdout = capsys.readouterr().out
+    assert code == 0
+    assert "3 inputs from npz:" in stdout
+    assert "fixes the batch size at 1" in stdout
+    assert "fixes the batch size at 1" in (out / "report.md").read_text(encoding="utf-8")
