@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "runner": "benchmarks.bench_runner",
     "audit": "benchmarks.bench_audit",
     "scheduler": "benchmarks.bench_scheduler",
+    "memory": "benchmarks.bench_memory",
 }
 
 

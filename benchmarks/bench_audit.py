@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["Breakdown", "audit_breakdown", "command_seconds", "main"]
+__all__ = ["Breakdown", "audit_breakdown", "audit_command", "command_seconds", "main"]
 
 DEFAULT_AUDIT_MODEL = "dinov2-vits14"
 
@@ -44,20 +44,18 @@ def load_average() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {cores} cores"
 
 
+def audit_command(model: str, out: Path, *options: str) -> list[str]:
+    """The command line of ``oversmooth audit MODEL --out OUT --no-progress OPTIONS`` in a fresh
+    interpreter."""
+    command = [sys.executable, "-m", "simulator.cli", "audit", model, "--out", str(out)]
+    return [*command, "--no-progress", *options]
+
+
 def command_seconds(model: str, runs: int, env: dict[str, str] | None = None) -> float:
     """Median wall seconds of ``oversmooth audit MODEL`` in a fresh interpreter."""
     times = []
     with tempfile.TemporaryDirectory() as folder:
-        command = [
-            sys.executable,
-            "-m",
-            "simulator.cli",
-            "audit",
-            model,
-            "--out",
-            str(Path(folder) / "report"),
-            "--no-progress",
-        ]
+        command = audit_command(model, Path(folder) / "report")
         for _ in range(runs):
             start = time.perf_counter()
             subprocess.run(

@@ -54,7 +54,10 @@ def _register_audit(subparsers: argparse._SubParsersAction) -> None:
     )
     source = p.add_mutually_exclusive_group()
     source.add_argument(
-        "--inputs", type=Path, metavar="X.npz", help="feeds keyed by graph input name, batch first"
+        "--inputs",
+        type=Path,
+        metavar="X.npz",
+        help="feeds keyed by graph input name, batch first (or a folder of such .npz shards)",
     )
     source.add_argument(
         "--images", type=Path, metavar="DIR", help="a folder of images (resized, normalised)"
