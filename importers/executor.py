@@ -249,7 +249,10 @@ def local_cluster(workers: int, folder: str | None = None) -> Iterator[tuple[Any
         # its HTTP server (metrics, health) on a free port: 8787 may be taken
         "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"},
         "worker_dashboard_address": None,
-        "silence_logs": logging.CRITICAL,
+        # Dask's own log lines are not ours to print: even at CRITICAL it logs a traceback when a
+        # Ctrl-C closes the scheduler's connections mid-message. Failures reach the user as one
+        # line through the futures (ClusterError, the task's own error).
+        "silence_logs": logging.CRITICAL + 1,
         "local_directory": scratch,
     }
     try:
