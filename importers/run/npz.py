@@ -204,6 +204,15 @@ class _NpzReader:
         self._open: tuple[int, _Shard] | None = None
         self._digest = ""
 
+    def close(self) -> None:
+        """Close the shard open last (each pass opens the shards it reads one at a time)."""
+        if self._open is not None:
+            self._open[1].close()
+            self._open = None
+
+    def __del__(self) -> None:  # the reader has no end-of-use call: its last shard closes here
+        self.close()
+
     def _shard(self, index: int) -> _Shard:
         if self._open is None or self._open[0] != index:
             if self._open is not None:

@@ -8,6 +8,7 @@ numbers do not depend on ``batch_size``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,13 +27,31 @@ from importers.run.runner import Runner
 from importers.run.sources import random_inputs
 from simulator import tolerances as tol
 from simulator.metrics import METRICS
+from tests.importers.family_corpus import fixture_bytes
 from tests.importers.small_graph import SmallGraph
 from tests.realmodels import require_real_model
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "families"
-BERT = FIXTURES / "bert" / "legacy_eager.onnx"
-BERT_INT8 = FIXTURES / "bert" / "int8.onnx"
-VIT = FIXTURES / "vit" / "legacy_eager.onnx"
+
+@dataclass(frozen=True)
+class Corpus:
+    """Family fixtures as plain ``.onnx`` files (the corpus stores them xz-compressed)."""
+
+    bert: Path
+    bert_int8: Path
+    vit: Path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
+    folder = tmp_path_factory.mktemp("families")
+    files = {"bert": "bert/legacy_eager", "bert_int8": "bert/int8", "vit": "vit/legacy_eager"}
+    paths = {}
+    for key, name in files.items():
+        paths[key] = folder / f"{key}.onnx"
+        paths[key].write_bytes(fixture_bytes(f"{name}.onnx.xz"))
+    return Corpus(**paths)
+
+
 VOCAB = 128  # the BERT fixture's vocabulary
 
 
@@ -82,23 +101,27 @@ def assert_same_numbers(result: AuditResult, expected: AuditResult, rtol: float,
 
 
 @pytest.mark.parametrize("fixed", [1, 4])
-def test_a_fixed_batch_image_graph_runs_at_its_size(tmp_path: Path, fixed: int) -> None:
-    model = load_model(with_fixed_dims(VIT, tmp_path / "fixed.onnx", batch=fixed))
+def test_a_fixed_batch_image_graph_runs_at_its_size(
+    corpus: Corpus, tmp_path: Path, fixed: int
+) -> None:
+    model = load_model(with_fixed_dims(corpus.vit, tmp_path / "fixed.onnx", batch=fixed))
     assert fixed_batch(model.inputs) == fixed
     inputs = random_inputs(model.inputs, seed=2, batch=6)  # 6 = one full batch of 4 and a part
     result = audit(model, inputs, provider="cpu", batch_size=3)
-    expected = audit(VIT, inputs, provider="cpu", batch_size=3)
+    expected = audit(corpus.vit, inputs, provider="cpu", batch_size=3)
     assert result.inputs.n_inputs == 6
     assert any(f"fixes the batch size at {fixed}" in note for note in result.notes)
     assert_same_numbers(result, expected, tol.ORT_RTOL, tol.ORT_ATOL)
 
 
-def test_the_runner_fills_a_fixed_batch_and_drops_the_filler(tmp_path: Path) -> None:
-    path = with_fixed_dims(VIT, tmp_path / "fixed.onnx", batch=4)
+def test_the_runner_fills_a_fixed_batch_and_drops_the_filler(
+    corpus: Corpus, tmp_path: Path
+) -> None:
+    path = with_fixed_dims(corpus.vit, tmp_path / "fixed.onnx", batch=4)
     feeds = random_inputs(load_model(path).inputs, seed=1, batch=5).feeds
     expose = [load_model(path).proto.graph.node[-1].output[0]]
     fixed = Runner(load_model(path), expose=expose, provider="cpu").collect(feeds, batch_size=2)
-    free = Runner(load_model(VIT), expose=expose, provider="cpu").collect(feeds)
+    free = Runner(load_model(corpus.vit), expose=expose, provider="cpu").collect(feeds)
     assert fixed[expose[0]].shape[0] == 5
     assert_allclose(fixed[expose[0]], free[expose[0]], rtol=tol.ORT_RTOL, atol=tol.ORT_ATOL)
 
@@ -106,8 +129,8 @@ def test_the_runner_fills_a_fixed_batch_and_drops_the_filler(tmp_path: Path) -> 
 # -- a fixed sequence length ---------------------------------------------------------------------
 
 
-def test_a_fixed_sequence_length_is_met_by_masked_padding(tmp_path: Path) -> None:
-    path = with_fixed_dims(BERT, tmp_path / "fixed.onnx", batch=1, sequence=16)
+def test_a_fixed_sequence_length_is_met_by_masked_padding(corpus: Corpus, tmp_path: Path) -> None:
+    path = with_fixed_dims(corpus.bert, tmp_path / "fixed.onnx", batch=1, sequence=16)
     model = load_model(path)
     text = text_inputs([5, 9, 7])
     padded = for_graph(text, model.inputs)
@@ -115,22 +138,26 @@ def test_a_fixed_sequence_length_is_met_by_masked_padding(tmp_path: Path) -> Non
     assert padded.token_mask.sum(axis=1).tolist() == [5, 9, 7]
     assert not padded.feeds["attention_mask"][:, 9:].any()
     result = audit(model, padded, provider="cpu")
-    expected = audit(BERT, for_graph(text, load_model(BERT).inputs), provider="cpu")
+    expected = audit(corpus.bert, for_graph(text, load_model(corpus.bert).inputs), provider="cpu")
     assert_same_numbers(result, expected, tol.ORT_RTOL, tol.ORT_ATOL)
     assert [c.n_tokens for c in cases_by_item(result)] == [
         c.n_tokens for c in cases_by_item(expected)
     ]
 
 
-def test_texts_longer_than_a_fixed_sequence_are_refused_in_one_line(tmp_path: Path) -> None:
-    model = load_model(with_fixed_dims(BERT, tmp_path / "fixed.onnx", sequence=8))
+def test_texts_longer_than_a_fixed_sequence_are_refused_in_one_line(
+    corpus: Corpus, tmp_path: Path
+) -> None:
+    model = load_model(with_fixed_dims(corpus.bert, tmp_path / "fixed.onnx", sequence=8))
     with pytest.raises(FeedError, match="fixes the sequence at 8 tokens; got texts of 9") as info:
         for_graph(text_inputs([5, 9]), model.inputs)
     assert "\n" not in str(info.value)
 
 
-def test_padding_beyond_the_real_tokens_is_cut_to_a_fixed_sequence(tmp_path: Path) -> None:
-    model = load_model(with_fixed_dims(BERT, tmp_path / "fixed.onnx", sequence=6))
+def test_padding_beyond_the_real_tokens_is_cut_to_a_fixed_sequence(
+    corpus: Corpus, tmp_path: Path
+) -> None:
+    model = load_model(with_fixed_dims(corpus.bert, tmp_path / "fixed.onnx", sequence=6))
     text = text_inputs([5, 6])
     wide = Inputs(
         feeds={name: np.pad(array, ((0, 0), (0, 4))) for name, array in text.feeds.items()},
@@ -182,8 +209,10 @@ def test_batch_mixing_nodes_are_found_by_structure(op_type, attrs, constant_inpu
     assert (items, bool(notes)) == ((1, True) if mixes else (4, False))
 
 
-def test_a_dynamically_quantised_graph_gives_the_same_numbers_whatever_the_batch_size() -> None:
-    model = load_model(BERT_INT8)
+def test_a_dynamically_quantised_graph_gives_the_same_numbers_whatever_the_batch_size(
+    corpus: Corpus,
+) -> None:
+    model = load_model(corpus.bert_int8)
     assert {node.op_type for node in batch_mixing_nodes(model)} == {"DynamicQuantizeLinear"}
     inputs = for_graph(text_inputs([5, 9, 7, 9, 3, 8], seed=4), model.inputs)
     results = [audit(model, inputs, provider="cpu", batch_size=size) for size in (1, 4, 6)]
@@ -197,12 +226,13 @@ def test_a_dynamically_quantised_graph_gives_the_same_numbers_whatever_the_batch
 
 
 def test_a_dynamically_quantised_graph_with_a_fixed_batch_fills_it_with_the_input_itself(
+    corpus: Corpus,
     tmp_path: Path,
 ) -> None:
-    path = with_fixed_dims(BERT_INT8, tmp_path / "fixed.onnx", batch=3)
+    path = with_fixed_dims(corpus.bert_int8, tmp_path / "fixed.onnx", batch=3)
     inputs = for_graph(text_inputs([5, 9, 7, 4], seed=6), load_model(path).inputs)
     result = audit(path, inputs, provider="cpu", batch_size=4)
-    alone = audit(BERT_INT8, inputs, provider="cpu", batch_size=1)
+    alone = audit(corpus.bert_int8, inputs, provider="cpu", batch_size=1)
     assert any("filled to the graph's fixed batch of 3" in note for note in result.notes)
     assert_same_numbers(result, alone, tol.ORT_RTOL, tol.ORT_ATOL)
 
@@ -245,11 +275,13 @@ def test_minilm_int8_numbers_do_not_depend_on_the_batch_size(tmp_path: Path, qua
 # -- the command line ----------------------------------------------------------------------------
 
 
-def test_the_audit_command_runs_a_fixed_batch_graph_on_npz_shards(tmp_path: Path, capsys) -> None:
+def test_the_audit_command_runs_a_fixed_batch_graph_on_npz_shards(
+    corpus: Corpus, tmp_path: Path, capsys
+) -> None:
     """``--batch-size 2`` on a graph fixed at batch 1, inputs from a folder of two .npz shards."""
     from simulator.cli import main
 
-    path = with_fixed_dims(VIT, tmp_path / "fixed.onnx", batch=1)
+    path = with_fixed_dims(corpus.vit, tmp_path / "fixed.onnx", batch=1)
     feeds = random_inputs(load_model(path).inputs, seed=0, batch=3).feeds["pixel_values"]
     shards = tmp_path / "shards"
     shards.mkdir()
