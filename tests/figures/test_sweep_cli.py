@@ -188,6 +188,27 @@ def _group(pgid: int) -> list[int]:
     return members
 
 
+def _interrupt(process: subprocess.Popen) -> tuple[str, str]:
+    """Ctrl-C at the terminal, again if it was lost.
+
+    A Ctrl-C while the local cluster's workers start is ignored by design (they must inherit an
+    ignored SIGINT); on a loaded machine the start can outlast the wait above, so the key is
+    pressed again after :data:`RETRY_S` seconds without an exit.
+    """
+    for _ in range(5):
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            return process.communicate(timeout=RETRY_S)
+        except subprocess.TimeoutExpired:
+            continue
+    process.kill()
+    return process.communicate()
+
+
+#: Seconds to wait for an interrupted sweep to exit before pressing Ctrl-C again.
+RETRY_S = 20
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process groups from /proc")
 def test_ctrl_c_at_the_terminal_stops_a_local_cluster_sweep_with_one_line(tmp_path: Path) -> None:
     """The terminal sends SIGINT to the whole process group, workers included: still one line,
@@ -203,8 +224,7 @@ def test_ctrl_c_at_the_terminal_stops_a_local_cluster_sweep_with_one_line(tmp_pa
     while len(_group(process.pid)) < 4 and time.monotonic() < deadline:  # the workers run
         time.sleep(0.2)
     time.sleep(2)
-    os.killpg(process.pid, signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=60)
+    stdout, stderr = _interrupt(process)
     assert process.returncode == 130
     assert stderr == "oversmooth sweep: interrupted\n"
     assert stdout == ""
