@@ -19,8 +19,7 @@ from importers.run import sources
 from importers.run.audit import audit
 from importers.run.feeds import Inputs, feeds_digest
 from importers.zoo import IMAGENET_MEAN, IMAGENET_STD
-
-VIT = Path(__file__).resolve().parents[1] / "fixtures" / "families" / "vit" / "legacy_eager.onnx"
+from tests.importers.family_corpus import load_fixture
 
 TEXT_GRAPH = (
     GraphInput("input_ids", np.dtype(np.int64), ("batch", "sequence")),
@@ -117,13 +116,12 @@ def test_an_image_that_fails_to_decode_late_is_named(tmp_path: Path) -> None:
         inputs.read(1, 2)
 
 
-def test_an_audit_reading_per_batch_equals_one_held_in_memory(tmp_path: Path) -> None:
-    from importers.graph import load_model
-
-    lazy = sources.random_inputs(load_model(VIT).inputs, seed=5, batch=5)
+def test_an_audit_reading_per_batch_equals_one_held_in_memory() -> None:
+    vit = load_fixture("vit/legacy_eager.onnx.xz")
+    lazy = sources.random_inputs(vit.inputs, seed=5, batch=5)
     memory = in_memory(lazy)
-    first = audit(VIT, lazy, provider="cpu", batch_size=2)
-    second = audit(VIT, memory, provider="cpu", batch_size=2)
+    first = audit(vit, lazy, provider="cpu", batch_size=2)
+    second = audit(vit, memory, provider="cpu", batch_size=2)
     for name, values in first.metrics.items():
         assert np.array_equal(values, second.metrics[name], equal_nan=True), name
     assert first.dominance == second.dominance
