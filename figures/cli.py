@@ -111,6 +111,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "is missing)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compute the value spectra afresh: neither read nor write the per-user cache",
+    )
     p.set_defaults(func=run)
 
 
@@ -203,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
         spectral=not args.no_spectral,
         partial=args.partial,
         progress=not args.no_progress and sys.stderr.isatty(),
+        cache=not args.no_cache,
     )
     save_audit(result, out, figures=render, label="--out", force=args.force)
     print(_summary(result, out))

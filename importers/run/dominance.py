@@ -1,0 +1,134 @@
+"""The audit's dominance step: the dominating eigenvalue of ``I + H_h ⊗ A`` per (input, layer, head).
+
+A is a head's attention matrix restricted to the real tokens (rows renormalised), H_h the head's
+value spectrum (see :mod:`importers.run.audit`, "Dominance counting"). Most cases are decided
+without the spectrum of A: :func:`simulator.perron.dominating_modes` certifies perron kind from a
+bound on A's non-Perron eigenvalues and computes the full spectra only of the heads it cannot
+decide; its answer is the dense path's (same kind, μ, λ^A, λ^H to round-off).
+
+Public API
+----------
+dominance_spectra
+    Per block, the (n_heads, k) H eigenvalues the dominance step uses, from the value spectra.
+measure_dominance
+    The cases of one batch of onnxruntime outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from importers.errors import ImporterInputError
+from importers.run.feeds import Inputs
+from importers.run.records import DominanceCase
+from importers.value_spectra import BlockSpectra
+from importers.weights import BlockWeights
+from simulator.perron import PerronTargets, dominating_modes, perron_targets
+from simulator.theory import KINDS
+
+__all__ = ["dominance_spectra", "measure_dominance"]
+
+
+def dominance_spectra(
+    blocks: Sequence[BlockWeights],
+    spectra: Sequence[BlockSpectra],
+    granularity: str,
+    fold_gamma: bool,
+) -> list[np.ndarray]:
+    """Per block a (n_heads, k) array of H eigenvalues used for dominance.
+
+    ``granularity`` is ``"layer"`` or ``"head"``. ``"head"``: the d_head eigenvalues of ``W_O^h W_V^h`` plus the zero eigenvalue of the
+    rank-deficient d×d product (when ``d_model > d_head``); ``"layer"``: the d eigenvalues of the
+    whole-layer product for every head. ``fold_gamma`` uses the γ-folded kinds of pre-LN blocks.
+    """
+    values = []
+    for block, spectrum in zip(blocks, spectra, strict=True):
+        if granularity == "layer":
+            eig = np.tile(spectrum.whole_layer(gamma=fold_gamma), (block.n_heads, 1))
+        else:
+            eig = spectrum.heads(gamma=fold_gamma)
+            if block.d_model > block.d_head:  # the d×d product also has the eigenvalue 0
+                eig = np.concatenate([eig, np.zeros((block.n_heads, 1))], axis=1)
+        values.append(eig)
+    return values
+
+
+def _token_masks(
+    inputs: Inputs, start: int, batch: int, n_tokens: int, exclude_prefix: int
+) -> np.ndarray:
+    # Images have no mask (every position is real); a text mask must match the token axis exactly.
+    mask = inputs.token_mask_for(n_tokens)[start : start + batch].copy()
+    mask[:, :exclude_prefix] = False
+    return mask
+
+
+def _attention_probs(array: np.ndarray, name: str, n_heads: int) -> np.ndarray:
+    if array.ndim != 4 or array.shape[1] != n_heads or array.shape[2] != array.shape[3]:
+        raise ImporterInputError(
+            f"attention probabilities {name!r} must have shape (batch, {n_heads}, T, T); got {array.shape}"
+        )
+    return array
+
+
+def _dominance_cases(
+    probs: np.ndarray,
+    token_mask: np.ndarray,
+    eig_H: np.ndarray,
+    targets: PerronTargets,
+    where: tuple[int, int],
+    tie_rtol: float,
+) -> list[DominanceCase]:
+    """Cases for every head of one input: probs (heads, T, T), token_mask (T,), eig_H (heads, k)."""
+    item, layer = where
+    keep = np.flatnonzero(token_mask)
+    A = probs[:, keep][:, :, keep].astype(np.float64)
+    A = A / A.sum(axis=-1, keepdims=True)
+    modes = dominating_modes(A, eig_H, tie_rtol=tie_rtol, targets=targets)
+    return [
+        DominanceCase(
+            item,
+            layer,
+            head,
+            KINDS[int(modes.kinds[head])],
+            complex(modes.mu[head]),
+            complex(modes.eig_A[head]),
+            complex(modes.eig_H[head]),
+            int(keep.size),
+        )
+        for head in range(A.shape[0])
+    ]
+
+
+def measure_dominance(
+    outputs: dict[str, np.ndarray],
+    blocks: Sequence[BlockWeights],
+    attention: Sequence[str],
+    inputs: Inputs,
+    start: int,
+    eig_H: Sequence[np.ndarray],
+    tie_rtol: float,
+    pool: ThreadPoolExecutor,
+) -> list[DominanceCase]:
+    """Dominance cases of one batch: every (input, layer, head) with its attention matrix.
+
+    ``eig_H`` holds one (n_heads, k) array per block (:func:`dominance_spectra`). The (input,
+    layer) problems are spread over ``pool``'s threads (matrix products and LAPACK release the
+    GIL); the cases come back in (layer, input, head) order whatever the thread count.
+    """
+    probs_per_item, real, eig, targets, where = [], [], [], [], []
+    for layer, (block, name) in enumerate(zip(blocks, attention, strict=False)):
+        probs = _attention_probs(outputs[name], name, block.n_heads)
+        masks = _token_masks(inputs, start, probs.shape[0], probs.shape[-1], 0)
+        layer_targets = perron_targets(eig_H[layer], tie_rtol=tie_rtol)
+        for b in range(len(probs)):
+            probs_per_item.append(probs[b])
+            real.append(masks[b])
+            eig.append(eig_H[layer])
+            targets.append(layer_targets)
+            where.append((start + b, layer))
+    ties = [tie_rtol] * len(where)
+    done = pool.map(_dominance_cases, probs_per_item, real, eig, targets, where, ties)
+    return [case for cases in done for case in cases]
