@@ -42,6 +42,7 @@ round-off.
 Functions
 ---------
 perron_targets     -- per head, the radius that certifies perron kind and the Perron-row mode
+nonperron_radius   -- a certified bound on the modulus of every non-Perron eigenvalue of A
 perron_certified   -- which heads of a stack of attention matrices are certified perron
 dominating_modes   -- kind, μ, λ^A, λ^H per head: certified where possible, dense otherwise
 """
@@ -62,6 +63,7 @@ __all__ = [
     "DominatingModes",
     "PerronTargets",
     "dominating_modes",
+    "nonperron_radius",
     "perron_certified",
     "perron_targets",
 ]
@@ -189,14 +191,14 @@ def _select(state: _Residual, keep: NDArray[np.bool_]) -> _Residual:
 
 
 def _start(
-    A: NDArray[np.float64], radius: NDArray[np.float64]
+    A: NDArray[np.float64], candidates: NDArray[np.bool_]
 ) -> tuple[NDArray[np.intp], _Residual]:
-    """The heads that can be certified, and their first residual.
+    """The candidate heads that qualify, and their first residual.
 
-    A head qualifies with a positive target radius and a nonnegative A whose rows sum to 1 within
+    A head qualifies with a nonnegative A whose rows sum to 1 within
     :data:`~simulator.tolerances.STOCHASTIC_ATOL` (NaN and inf fail these tests).
     """
-    heads = np.flatnonzero(radius > 0) if A.shape[-1] else np.zeros(0, dtype=np.intp)
+    heads = np.flatnonzero(candidates) if A.shape[-1] else np.zeros(0, dtype=np.intp)
     A = A[heads]
     minima = A.min(axis=-2)
     sums = A.sum(axis=-1)
@@ -213,6 +215,53 @@ def _stalled(
     with np.errstate(divide="ignore"):
         step = np.log(previous) - np.log(rho)
         return np.log(rho) - _STALL_STEPS * step >= np.log(radius)
+
+
+def _radius_bounds(
+    A: NDArray[np.float64], radius: NDArray[np.float64], max_squarings: int, *, give_up: bool
+) -> NDArray[np.float64]:
+    """Per head the best certified bound found, inf where none applies.
+
+    A head stops squaring when its bound falls below ``radius``, when its residual leaves the
+    normal range, or (``give_up``) when the bound stalls above ``radius``.
+    """
+    bounds = np.full(A.shape[0], np.inf)
+    heads, state = _start(A, radius >= 0)
+    best = np.full(heads.size, np.inf)
+    for s in range(max_squarings + 1):
+        if heads.size == 0:
+            break
+        if s:
+            state = _squared(state)
+        previous = best
+        best = np.minimum(best, (state.norm + state.error) ** (0.5**s) * (1.0 + 4.0 * _U))
+        bounds[heads] = best
+        keep = (best >= radius[heads]) & (state.norm > _SMALLEST_RESIDUAL)
+        if give_up and s >= _STALL_AFTER:
+            keep &= ~_stalled(best, previous, radius[heads])
+        heads, state, best = heads[keep], _select(state, keep), best[keep]
+    return bounds
+
+
+def nonperron_radius(A: ArrayLike, *, squarings: int = MAX_SQUARINGS) -> NDArray[np.float64]:
+    """A certified upper bound on ``|λ|`` for every non-Perron eigenvalue λ of each A.
+
+    Parameters
+    ----------
+    A : (heads, n, n) array_like
+        Row-stochastic matrices (rows summing to 1 within STOCHASTIC_ATOL, entries >= 0).
+    squarings : int
+        The bound is the least of ``τ(A^k)^{1/k}``, ``k = 1, 2, 4, …, 2^squarings``, with every
+        rounding error counted (module docstring).
+
+    Returns
+    -------
+    (heads,) float ndarray
+        The bound for the exact row normalisation of each A; inf where A is not stochastic or
+        nonnegative. Below 1 it also proves the Perron root simple.
+    """
+    A = np.asarray(A, dtype=np.float64)
+    return _radius_bounds(A, np.zeros(A.shape[0]), squarings, give_up=False)
 
 
 def perron_certified(
@@ -233,30 +282,12 @@ def perron_certified(
     Returns
     -------
     (heads,) bool ndarray
-        True where the kind is perron for certain (module docstring); False means undecided, not
-        non-perron.
+        True where ``nonperron_radius < targets.radius``: the kind is perron for certain (module
+        docstring). False means undecided, not non-perron.
     """
     A = np.asarray(A, dtype=np.float64)
-    certified = np.zeros(A.shape[0], dtype=bool)
-    heads, state = _start(A, targets.radius)
-    if heads.size == 0:
-        return certified
-    best = np.full(heads.size, np.inf)
-    for s in range(max_squarings + 1):
-        if s:
-            state = _squared(state)
-        previous = best
-        best = np.minimum(best, (state.norm + state.error) ** (0.5**s) * (1.0 + 4.0 * _U))
-        radius = targets.radius[heads]
-        done = best < radius
-        certified[heads[done]] = True
-        keep = ~done & (state.norm > _SMALLEST_RESIDUAL)
-        if s >= _STALL_AFTER:
-            keep &= ~_stalled(best, previous, radius)
-        heads, state, best = heads[keep], _select(state, keep), best[keep]
-        if heads.size == 0:
-            break
-    return certified
+    radius = np.where(targets.radius > 0, targets.radius, -1.0)  # -1: not even a candidate
+    return _radius_bounds(A, radius, max_squarings, give_up=True) < targets.radius
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import json
 import os
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -89,10 +90,10 @@ def load_entry(
 ) -> Arrays | None:
     """The arrays of an entry, or None when it is missing, unreadable, another key's, or not ``valid``."""
     path = entry_path(model_sha256, entry, options)
-    try:
-        with np.load(path, allow_pickle=False) as stored:
+    try:  # the file is opened here: np.load leaks its own handle when the zip is broken
+        with path.open("rb") as handle, np.load(handle, allow_pickle=False) as stored:
             arrays = {name: stored[name] for name in stored.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error):
         return None
     key = arrays.pop(_KEY, None)
     if key is None or key.shape != () or str(key) != _key(model_sha256, entry, options):
