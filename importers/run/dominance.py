@@ -10,6 +10,8 @@ Public API
 ----------
 dominance_spectra
     Per block, the (n_heads, k) H eigenvalues the dominance step uses, from the value spectra.
+DominanceProblem, dominance_problems
+    The heads of one (input, layer), and all of one batch of onnxruntime outputs.
 measure_dominance
     The cases of one batch of onnxruntime outputs.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,7 +32,7 @@ from importers.weights import BlockWeights
 from simulator.perron import PerronTargets, dominating_modes, perron_targets
 from simulator.theory import KINDS
 
-__all__ = ["dominance_spectra", "measure_dominance"]
+__all__ = ["DominanceProblem", "dominance_problems", "dominance_spectra", "measure_dominance"]
 
 
 def dominance_spectra(
@@ -73,33 +76,81 @@ def _attention_probs(array: np.ndarray, name: str, n_heads: int) -> np.ndarray:
     return array
 
 
-def _dominance_cases(
-    probs: np.ndarray,
-    token_mask: np.ndarray,
-    eig_H: np.ndarray,
-    targets: PerronTargets,
-    where: tuple[int, int],
-    tie_rtol: float,
-) -> list[DominanceCase]:
-    """Cases for every head of one input: probs (heads, T, T), token_mask (T,), eig_H (heads, k)."""
-    item, layer = where
-    keep = np.flatnonzero(token_mask)
-    A = probs[:, keep][:, :, keep].astype(np.float64)
-    A = A / A.sum(axis=-1, keepdims=True)
-    modes = dominating_modes(A, eig_H, tie_rtol=tie_rtol, targets=targets)
-    return [
-        DominanceCase(
-            item,
-            layer,
-            head,
-            KINDS[int(modes.kinds[head])],
-            complex(modes.mu[head]),
-            complex(modes.eig_A[head]),
-            complex(modes.eig_H[head]),
-            int(keep.size),
+@dataclass(frozen=True)
+class DominanceProblem:
+    """The heads of one (input, layer): attention probabilities and the H spectra they meet.
+
+    Attributes
+    ----------
+    item, layer : int
+    probs : (heads, T, T) ndarray
+        The block's attention probabilities for this input (all positions).
+    token_mask : (T,) bool ndarray
+        The real tokens.
+    eig_H : (heads, k) complex ndarray
+    targets : PerronTargets
+        ``perron_targets(eig_H)``, shared by the layer's problems.
+    """
+
+    item: int
+    layer: int
+    probs: np.ndarray
+    token_mask: np.ndarray
+    eig_H: np.ndarray
+    targets: PerronTargets
+
+    def attention(self) -> np.ndarray:
+        """A (heads, n, n): the real tokens' rows and columns, rows renormalised (float64)."""
+        keep = np.flatnonzero(self.token_mask)
+        A = self.probs[:, keep][:, :, keep].astype(np.float64)
+        return A / A.sum(axis=-1, keepdims=True)
+
+    def cases(self, tie_rtol: float, *, certify: bool = True) -> list[DominanceCase]:
+        """One case per head (:func:`simulator.perron.dominating_modes`; ``certify=False``: dense)."""
+        A = self.attention()
+        modes = dominating_modes(
+            A, self.eig_H, tie_rtol=tie_rtol, certify=certify, targets=self.targets
         )
-        for head in range(A.shape[0])
-    ]
+        return [
+            DominanceCase(
+                self.item,
+                self.layer,
+                head,
+                KINDS[int(modes.kinds[head])],
+                complex(modes.mu[head]),
+                complex(modes.eig_A[head]),
+                complex(modes.eig_H[head]),
+                int(A.shape[-1]),
+            )
+            for head in range(A.shape[0])
+        ]
+
+
+def dominance_problems(
+    outputs: dict[str, np.ndarray],
+    blocks: Sequence[BlockWeights],
+    attention: Sequence[str],
+    inputs: Inputs,
+    start: int,
+    eig_H: Sequence[np.ndarray],
+    tie_rtol: float,
+) -> list[DominanceProblem]:
+    """The (input, layer) problems of one batch of outputs, in (layer, input) order.
+
+    ``outputs`` hold the blocks' attention probabilities under the names ``attention``; the batch's
+    first input is item ``start`` of ``inputs``; ``eig_H`` holds one (n_heads, k) array per block
+    (:func:`dominance_spectra`).
+    """
+    problems = []
+    for layer, (block, name) in enumerate(zip(blocks, attention, strict=False)):
+        probs = _attention_probs(outputs[name], name, block.n_heads)
+        masks = _token_masks(inputs, start, probs.shape[0], probs.shape[-1], 0)
+        targets = perron_targets(eig_H[layer], tie_rtol=tie_rtol)
+        problems += [
+            DominanceProblem(start + b, layer, probs[b], masks[b], eig_H[layer], targets)
+            for b in range(len(probs))
+        ]
+    return problems
 
 
 def measure_dominance(
@@ -114,21 +165,10 @@ def measure_dominance(
 ) -> list[DominanceCase]:
     """Dominance cases of one batch: every (input, layer, head) with its attention matrix.
 
-    ``eig_H`` holds one (n_heads, k) array per block (:func:`dominance_spectra`). The (input,
-    layer) problems are spread over ``pool``'s threads (matrix products and LAPACK release the
-    GIL); the cases come back in (layer, input, head) order whatever the thread count.
+    The (input, layer) problems (:func:`dominance_problems`) are spread over ``pool``'s threads
+    (matrix products and LAPACK release the GIL); the cases come back in (layer, input, head)
+    order whatever the thread count.
     """
-    probs_per_item, real, eig, targets, where = [], [], [], [], []
-    for layer, (block, name) in enumerate(zip(blocks, attention, strict=False)):
-        probs = _attention_probs(outputs[name], name, block.n_heads)
-        masks = _token_masks(inputs, start, probs.shape[0], probs.shape[-1], 0)
-        layer_targets = perron_targets(eig_H[layer], tie_rtol=tie_rtol)
-        for b in range(len(probs)):
-            probs_per_item.append(probs[b])
-            real.append(masks[b])
-            eig.append(eig_H[layer])
-            targets.append(layer_targets)
-            where.append((start + b, layer))
-    ties = [tie_rtol] * len(where)
-    done = pool.map(_dominance_cases, probs_per_item, real, eig, targets, where, ties)
+    problems = dominance_problems(outputs, blocks, attention, inputs, start, eig_H, tie_rtol)
+    done = pool.map(lambda problem: problem.cases(tie_rtol), problems)
     return [case for cases in done for case in cases]
