@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 
@@ -43,11 +43,11 @@ def assert_same_as_dense(A: np.ndarray, eig_H: np.ndarray) -> DominatingModes:
     return fast
 
 
-def nonperron_moduli(A: np.ndarray) -> np.ndarray:
-    """Per matrix, the largest modulus of an eigenvalue other than the Perron root (dense)."""
+def nonperron_moduli(A: np.ndarray, centre: float = 0.0) -> np.ndarray:
+    """Per matrix, the largest ``|λ − centre|`` of an eigenvalue other than the Perron root (dense)."""
     eig = np.linalg.eigvals(A)
     p = perron_index(eig)
-    others = np.abs(eig)
+    others = np.abs(eig - centre)
     np.put_along_axis(others, p[..., None], 0.0, axis=-1)
     return others.max(axis=-1)
 
@@ -80,11 +80,15 @@ def test_certified_path_equals_the_dense_path(params, eig_H, power) -> None:
     st.sampled_from([1.0, 4.0, 20.0]),
     st.integers(0, 8),
 )
+@example(params={"kind": "symmetric", "n": 2, "scale": 0.2, "seed": 0}, power=1.0, squarings=8)
 def test_the_bound_is_never_below_a_nonperron_eigenvalue(params, power, squarings) -> None:
     A = sharpened(build_attention(params, batch=(HEADS,)), power)
     bound = nonperron_radius(A, squarings=squarings)
     # The dense eigenvalues carry round-off; the bound must hold up to that.
     assert (bound >= nonperron_moduli(A) - EIG_TOL).all()
+    for shift in (0.25, 0.5):
+        shifted = nonperron_radius(A, squarings=squarings, shift=shift)
+        assert (shifted >= nonperron_moduli(A, centre=shift) - EIG_TOL).all()
 
 
 @given(
@@ -131,6 +135,15 @@ def test_diffuse_attention_is_certified_with_the_perron_mode() -> None:
     fast = assert_same_as_dense(A, eig_H)
     assert fast.certified.all()
     assert_allclose(fast.mu, 1.9, rtol=0, atol=0)
+
+
+def test_a_nearly_decomposable_psd_attention_is_certified_by_the_shifted_disk() -> None:
+    """λ_2 ≈ 0.99 defeats the disk about 0, but a PSD-score A has its spectrum in [0, 1]:
+    the disk about α = ρ/2 keeps ``|1 − 0.35 λ|`` below the Perron ``1.3``."""
+    A = spectra.attention_symmetric_scores(12, scale=2.0, scores="psd", batch=(HEADS,), rng=7)
+    eig_H = spectra_for_heads([0.3, -0.35])
+    assert (nonperron_radius(A) > perron_targets(eig_H).radius).all()
+    assert assert_same_as_dense(A, eig_H).certified.all()
 
 
 def test_a_complex_pair_on_top_reports_the_dense_path_member() -> None:
