@@ -361,16 +361,17 @@ def audit(
     )
     # Many small eigenvalue problems: one BLAS thread each, one worker thread per core; this also
     # avoids the collapse of multithreaded BLAS on a busy machine (5-20x measured on 2 cores).
+    # The batch's Gram eigenvalues run as one more job beside its dominance problems.
     with (
         threadpool_limits(limits=1, user_api="blas"),
         ThreadPoolExecutor(max_workers=default_threads()) as pool,
     ):
         for outputs in batches:
-            batch = _measure_layers(outputs, session.plan, start, per_input)
+            measured = pool.submit(_measure_layers, outputs, session.plan, start, per_input)
             cases += measure_dominance(
                 outputs, blocks, session.attention, inputs, start, eig_H, tie_rtol, pool
             )
-            start += batch
+            start += measured.result()
     return AuditResult(
         model=ModelInfo(ref.name, str(ref.path), sha256, len(blocks)),
         inputs=InputsInfo(

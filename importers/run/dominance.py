@@ -101,9 +101,13 @@ class DominanceProblem:
 
     def attention(self) -> np.ndarray:
         """A (heads, n, n): the real tokens' rows and columns, rows renormalised (float64)."""
-        keep = np.flatnonzero(self.token_mask)
-        A = self.probs[:, keep][:, :, keep].astype(np.float64)
-        return A / A.sum(axis=-1, keepdims=True)
+        if self.token_mask.all():  # images: no copy of a submatrix (10x faster at T = 257)
+            A = self.probs.astype(np.float64)
+        else:
+            keep = np.flatnonzero(self.token_mask)
+            A = self.probs[:, keep[:, None], keep].astype(np.float64)
+        A /= A.sum(axis=-1, keepdims=True)
+        return A
 
     def cases(self, tie_rtol: float, *, certify: bool = True) -> list[DominanceCase]:
         """One case per head (:func:`simulator.perron.dominating_modes`; ``certify=False``: dense)."""
