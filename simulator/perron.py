@@ -137,7 +137,7 @@ def perron_targets(eig_H: ArrayLike, *, tie_rtol: float = TIE_RTOL) -> PerronTar
     top = np.take_along_axis(moduli, best[..., None], axis=-1)[..., 0]
     largest = np.abs(lam_H).max(axis=-1)
     threshold = top * (1.0 - tie_rtol) * (1.0 - PERRON_MARGIN)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         radius = np.where((largest > 0) & (threshold > 1.0), (threshold - 1.0) / largest, 0.0)
     radius = np.where(_ambiguous_top(lam_H, moduli, best, top), 0.0, radius)
     return PerronTargets(radius, best, lam_H, threshold)
@@ -209,8 +209,8 @@ def _first_residual(
 def _squared(state: _Residual) -> _Residual:
     """``B̂_s = fl(B̂² − 𝟙 cᵀ)``, rescaled by a power of 2, against the exact ``B² − 𝟙 cᵀ``.
 
-    The power-of-2 rescaling to a norm in [1/2, 1) is exact and keeps the entries in the normal
-    range however small the residual gets. (float32 products would take half the time, but
+    The power-of-2 rescaling of ``norm + error`` into [1/2, 1) is exact and keeps the entries in
+    the normal range however small the residual gets. (float32 products would take half the time, but
     their errors, relative to the undeflated square, cost about a tenth of DINOv2's
     certificates.)
     """
@@ -219,8 +219,9 @@ def _squared(state: _Residual) -> _Residual:
     Y, norm = _deflate(state.B @ state.B)
     tiny = n * n * _TINY  # underflow: an absolute error of at most one subnormal step per term
     error = _gamma(n) * b * b + 2.0 * b * e + e * e + 2.0 * _U * norm + tiny
-    _, exponent = np.frexp(norm)  # norm = m 2^exponent, m in [0.5, 1)
-    exponent = np.clip(np.where(norm > 0, exponent, 0), -_RESCALE_LIMIT, _RESCALE_LIMIT)
+    # norm + error = m 2^exponent, m in [0.5, 1): after scaling, no term can overflow.
+    _, exponent = np.frexp(norm + error)
+    exponent = np.clip(exponent, -_RESCALE_LIMIT, _RESCALE_LIMIT)
     Y *= np.ldexp(1.0, -exponent)[:, None, None]
     down = np.ldexp(1.0, -exponent)
     # Scaling is exact except where an entry lands among the subnormals: one step each.
@@ -331,7 +332,7 @@ def _shifted_target(
     size = np.abs(lam)
     threshold = targets.threshold[heads][:, None]
     failing = 1.0 + size * rho[:, None] >= threshold
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         room = (threshold - np.abs(1.0 + lam * shift[:, None])) / size
     room = np.where(failing, room, np.inf)
     radius = room.min(axis=-1)
