@@ -17,6 +17,8 @@ BENCHMARKS: dict[str, str] = {
     "simulator": "benchmarks.bench_simulator",
     "runner": "benchmarks.bench_runner",
     "audit": "benchmarks.bench_audit",
+    "scheduler": "benchmarks.bench_scheduler",
+    "memory": "benchmarks.bench_memory",
 }
 
 

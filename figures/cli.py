@@ -1,5 +1,7 @@
 """``oversmooth audit``: the main job. Registered here because its report includes pictures.
 
+``oversmooth sweep`` (:mod:`figures.sweep`) is registered here too, for the same reason.
+
 The measurement itself lives in :mod:`importers.run.audit`; this layer adds the PNG figures
 (:mod:`figures.audit_report`) and prints a summary.
 """
@@ -12,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from figures import sweep
+from importers.commands.common import add_scheduler_options
 from importers.errors import ImporterInputError
 from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, ZooModel, lookup
 
@@ -23,7 +27,12 @@ DEFAULT_MODEL = "dinov2-vits14"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``audit`` subcommand."""
+    """Add the ``audit`` and ``sweep`` subcommands."""
+    _register_audit(subparsers)
+    sweep.register(subparsers)
+
+
+def _register_audit(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "audit",
         help="run a model on real inputs: per-layer smoothing, dominating eigenvalues, spectra, report",
@@ -45,7 +54,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     source = p.add_mutually_exclusive_group()
     source.add_argument(
-        "--inputs", type=Path, metavar="X.npz", help="feeds keyed by graph input name, batch first"
+        "--inputs",
+        type=Path,
+        metavar="X.npz",
+        help="feeds keyed by graph input name, batch first (or a folder of such .npz shards)",
     )
     source.add_argument(
         "--images", type=Path, metavar="DIR", help="a folder of images (resized, normalised)"
@@ -110,6 +122,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="audit a model whose attention is only partly matched (the output says first what "
         "is missing)",
     )
+    add_scheduler_options(p, "the inputs are split into shards of whole batches, one per worker")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--no-cache",
@@ -184,9 +197,11 @@ def _summary(result: AuditResult, out: Path) -> str:
 def run(args: argparse.Namespace) -> int:
     """Audit, draw, write the report folder atomically, print a summary."""
     from figures.audit_report import render
+    from importers.executor import open_executor
     from importers.graph import load_model
     from importers.run import audit, save_audit
     from importers.run.report import replaceable_folder
+    from importers.run.sharding import sharded_audit
     from simulator.output import check_output_folder
 
     ref = lookup(args.model)
@@ -196,20 +211,23 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(ref.path)  # parsed once: inputs, matching and the runner share it
     inputs = _inputs(args, model.inputs, ref.entry)
     exclude = True if args.exclude_prefix == -1 else args.exclude_prefix
-    result = audit(
-        model,
-        inputs,
-        entry=ref.entry,
-        provider=args.provider,
-        batch_size=args.batch_size,
-        exclude_prefix=exclude,
-        dominance=args.dominance,
-        fold_gamma=args.fold_gamma,
-        spectral=not args.no_spectral,
-        partial=args.partial,
-        progress=not args.no_progress and sys.stderr.isatty(),
-        cache=not args.no_cache,
-    )
+    options = {
+        "entry": ref.entry,
+        "provider": args.provider,
+        "batch_size": args.batch_size,
+        "exclude_prefix": exclude,
+        "dominance": args.dominance,
+        "fold_gamma": args.fold_gamma,
+        "spectral": not args.no_spectral,
+        "partial": args.partial,
+        "progress": not args.no_progress and sys.stderr.isatty(),
+        "cache": not args.no_cache,
+    }
+    if args.scheduler is None and args.workers is None:
+        result = audit(model, inputs, **options)
+    else:
+        with open_executor(args.scheduler, workers=args.workers) as executor:
+            result = sharded_audit(model, inputs, executor=executor, **options)
     save_audit(result, out, figures=render, label="--out", force=args.force)
     print(_summary(result, out))
     return 0

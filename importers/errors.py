@@ -19,6 +19,7 @@ ImporterError
     ModelMissingError, ModelChangedError, FetchError: the zoo's pinned models
     RunnerError: onnxruntime could not load or run the model
         ProviderError: the requested execution provider cannot be used
+    ClusterError (exit 1): the Dask cluster failed the work (a worker died)
     MissingDependencyError (also an ``ImportError``): an optional package is needed
     NoAttentionBlocksError (exit 1; in :mod:`importers.match.results`, beside the failures it carries)
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 from simulator.errors import InputError, OversmoothError
 
 __all__ = [
+    "ClusterError",
     "ExternalDataError",
     "ExtractionError",
     "FeedError",
@@ -113,6 +115,16 @@ class RunnerError(ImporterError):
 
 class ProviderError(RunnerError):
     """The requested execution provider cannot be used."""
+
+
+class ClusterError(ImporterError):
+    """The Dask cluster failed the work (a worker died, a task could not run there).
+
+    Exit status 1: the inputs were fine, the machines were not. An unreachable or malformed
+    scheduler address is an :class:`ImporterInputError` (exit status 2).
+    """
+
+    exit_code = 1
 
 
 class MissingDependencyError(ImporterError, ImportError):

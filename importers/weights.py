@@ -17,7 +17,8 @@ Convention (docs/theory.md §3.3, §6.7): ``y = x @ W``; W_Q is (d_model, n_head
 columns ``h·d_head:(h+1)·d_head``; W_K and W_V are (d_model, n_kv_heads·d_head); W_O is
 (n_heads·d_head, d_model) with head h in the matching rows. Quantised weights are returned
 dequantised: int8 Cast→Mul and DequantizeLinear are folded exactly as the graph computes them
-(float32); onnxruntime dynamic quantisation (MatMulInteger) gives ``(W_q − zero_point)·scale``, exact
+(float32); onnxruntime dynamic quantisation (MatMulInteger) gives ``(W_q − zero_point)·scale`` and
+block-quantised ``MatMulNBits`` ``(q − z)·s`` per block (:mod:`importers.nbits`), both exact
 in float64.
 """
 
@@ -31,6 +32,7 @@ from numpy.typing import NDArray
 from importers.errors import ExtractionError
 from importers.graph import GraphIndex, OnnxModel
 from importers.match import AttentionBlock, LinearMatch, check_complete, find_attention_blocks
+from importers.nbits import dequantize_nbits
 
 __all__ = ["WEIGHT_KEYS", "BlockWeights", "block_weights", "extract", "linear_weights"]
 
@@ -164,6 +166,8 @@ def linear_weights(index: GraphIndex, linear: LinearMatch) -> tuple[FloatArray, 
     raw = _constant(index, linear.weight)
     if linear.kind == "matmul_integer":
         W = _dequantize_integer(index, linear, raw)
+    elif linear.kind == "matmul_nbits":
+        W = _dequantize_nbits(index, linear, raw)
     else:
         W = raw.astype(np.float64)
         if linear.transpose:
@@ -204,6 +208,27 @@ def _dequantize_integer(index: GraphIndex, linear: LinearMatch, raw: np.ndarray)
     scale = _constant(index, linear.weight_scale).astype(np.float64)
     scale = scale.reshape(1, -1) if scale.size > 1 else scale.reshape(())
     return shifted.astype(np.float64) * scale
+
+
+def _dequantize_nbits(index: GraphIndex, linear: LinearMatch, raw: np.ndarray) -> FloatArray:
+    """The (K, N) weight of a ``MatMulNBits`` projection, exact in float64 (:mod:`importers.nbits`)."""
+    if linear.weight_scale is None:
+        raise ExtractionError(f"n-bit weight {linear.weight!r} must have scales; got none")
+    zero_points = (
+        None if linear.weight_zero_point is None else _constant(index, linear.weight_zero_point)
+    )
+    try:
+        return dequantize_nbits(
+            raw,
+            _constant(index, linear.weight_scale),
+            zero_points,
+            bits=linear.bits,
+            block_size=linear.block_size,
+            K=linear.d_in,
+            N=linear.d_out,
+        )
+    except ValueError as err:
+        raise ExtractionError(f"n-bit weight {linear.weight!r}: {err}") from None
 
 
 def _constant(index: GraphIndex, name: str) -> np.ndarray:

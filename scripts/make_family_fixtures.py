@@ -6,7 +6,7 @@ project never installs (docs/fixtures.md gives the commands for a separate envir
 downloaded: every model is built from a config with seeded random weights (2 layers, d_model 32,
 4 heads of 8, vocabulary 128, 32x32 images in 8x8 patches, 8 mel bins).
 
-Per family it writes, under ``<out>/<family>/``:
+Per family it writes, under ``<out>/<family>/`` (each ONNX file finally compressed to ``.onnx.xz``):
 
 * ``legacy_eager.onnx`` — ``torch.onnx.export(dynamo=False)``, opset 17, dynamic batch (and sequence
   for text) axes, eager attention;
@@ -18,7 +18,11 @@ Per family it writes, under ``<out>/<family>/``:
   (of ``optimum.onnx`` where the plain legacy export fails);
 * ``int8.onnx`` — ``onnxruntime.quantization.quantize_dynamic`` (int8 weights) of the same;
 * ``truth.npz`` — the float model's truth; ``truth_int8.npz`` — the same model with every weight that
-  ``int8.onnx`` quantised replaced by its dequantised value.
+  ``int8.onnx`` quantised replaced by its dequantised value;
+* ``nbits.onnx`` — onnxruntime's 4-bit ``MatMulNBits`` block quantisation of the same, for a few
+  families, with ``truth_nbits.npz`` made the same way (each weight as onnxruntime multiplies by it);
+* ``fp16.onnx`` — onnxruntime's float16 conversion of the same, for the same families, with
+  ``truth_fp16.npz`` (the weights rounded to float16).
 
 A truth file holds, per attention layer ``l``: ``W_Q[l]`` (d_model, H·d_head), ``W_K[l]`` and
 ``W_V[l]`` (d_model, H_kv·d_head), ``W_O[l]`` (H·d_head, d_model) in the project's row-vector
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -61,6 +66,11 @@ D_MODEL, N_HEADS, N_KV, D_FF, VOCAB, N_LAYERS = 32, 4, 2, 64, 128, 2
 BATCH, TOKENS = 2, 8
 IMAGE, PATCH, MELS, AUDIO_POSITIONS = 32, 8, 8, 16
 LEGACY_OPSET, DYNAMO_OPSET = 17, 18
+#: 4-bit ``MatMulNBits`` and float16 variants: an encoder, a fused-QKV decoder, a GQA rotary
+#: decoder, a ViT.
+NBITS_FAMILIES = frozenset({"bert", "gpt2", "llama", "vit"})
+#: Codes per block along the input axis (d_model 32: two blocks per weight column).
+NBITS_BLOCK = 16
 
 Weights = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
@@ -448,13 +458,15 @@ FAMILIES: tuple[Family, ...] = (
         _BERT_PROJ,
         "text",
         _POST,
+        sdpa=False,  # transformers 4.57's ElectraModel has eager attention only
     ),
     Family(
         "mpnet",
         _hf(
             "MPNetModel",
             "MPNetConfig",
-            _text(max_position_embeddings=66, relative_attention_num_buckets=8),
+            # MPNet's compute_position_bias hard-codes 32 buckets: the table must have them.
+            _text(max_position_embeddings=66, relative_attention_num_buckets=32),
             add_pooling_layer=False,
         ),
         "encoder.layer",
@@ -917,33 +929,103 @@ def quantize(source: Path, path: Path) -> None:
     quantize_dynamic(str(source), str(path), weight_type=QuantType.QInt8)
 
 
-def dequantised_model(model: nn.Module, float_path: Path, int8_path: Path) -> nn.Module:
-    """A copy of ``model`` whose weights that ``int8_path`` quantised hold their dequantised value.
+def quantize_nbits(source: Path, path: Path) -> None:
+    """onnxruntime's 4-bit block quantisation (``MatMulNBits``, blocks of 16, with zero points)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    Each quantised initializer ``X_quantized`` is matched to the float export's initializer ``X``;
-    each torch weight is matched to an initializer equal to it or to its transpose.
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(source)), block_size=NBITS_BLOCK, is_symmetric=False, bits=4
+    )
+    quantizer.process()
+    onnx.save(quantizer.model.model, str(path))
+
+
+def to_float16(source: Path, path: Path) -> None:
+    """onnxruntime's float16 conversion (``keep_io_types``: the graph still takes float32 inputs)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    onnx.save(convert_float_to_float16(onnx.load(str(source)), keep_io_types=True), str(path))
+
+
+def float16_weights(fp16_path: Path) -> dict[str, np.ndarray]:
+    """``{initializer: its float16 value}`` for the initializers the conversion made float16."""
+    return {
+        t.name: numpy_helper.to_array(t).astype(np.float32)
+        for t in onnx.load(str(fp16_path)).graph.initializer
+        if t.data_type == onnx.TensorProto.FLOAT16
+    }
+
+
+def int8_weights(int8_path: Path) -> dict[str, np.ndarray]:
+    """``{float initializer: its dequantised value}`` for the weights ``quantize_dynamic`` quantised."""
+    ints = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(int8_path)).graph.initializer}
+    values = {}
+    for name, q in ints.items():
+        if not name.endswith("_quantized"):
+            continue
+        base = name.removesuffix("_quantized")
+        zero = ints.get(f"{base}_zero_point", np.zeros(()))
+        dq = (q.astype(np.float64) - zero.astype(np.float64)) * ints[f"{base}_scale"]
+        values[base] = dq.astype(np.float32)
+    return values
+
+
+def nbits_weights(nbits_path: Path) -> dict[str, np.ndarray]:
+    """``{float initializer: the (K, N) weight onnxruntime multiplies by}`` per ``MatMulNBits``.
+
+    Read from the runtime itself: the node alone, run on ``A = I_K``, returns its weight.
+    """
+    import onnxruntime
+
+    model = onnx.load(str(nbits_path))
+    inits = {t.name: t for t in model.graph.initializer}
+    values = {}
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        K, N = int(attrs["K"]), int(attrs["N"])
+        single = onnx.helper.make_graph(
+            [node],
+            "one",
+            [onnx.helper.make_tensor_value_info(node.input[0], onnx.TensorProto.FLOAT, [K, K])],
+            [onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, [K, N])],
+            [inits[name] for name in node.input[1:] if name],
+        )
+        proto = onnx.helper.make_model(single, ir_version=10, opset_imports=model.opset_import)
+        session = onnxruntime.InferenceSession(
+            proto.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        (weight,) = session.run(None, {node.input[0]: np.eye(K, dtype=np.float32)})
+        values[node.input[1].rsplit("_Q", 1)[0]] = weight
+    return values
+
+
+def dequantised_model(
+    model: nn.Module, float_path: Path, values: dict[str, np.ndarray]
+) -> nn.Module:
+    """A copy of ``model`` whose weights the quantised export stores quantised hold their
+    dequantised ``values`` (keyed by the float export's initializer name).
+
+    Each torch weight is matched to a float initializer equal to it or to its transpose.
     """
     import copy
 
     floats = {
         t.name: numpy_helper.to_array(t) for t in onnx.load(str(float_path)).graph.initializer
     }
-    ints = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(int8_path)).graph.initializer}
     replaced = copy.deepcopy(model)
     for param in replaced.parameters():
         if param.ndim != 2:
             continue
         value = param.detach().numpy()
         for name, stored in floats.items():
-            if f"{name}_quantized" not in ints:
+            if name not in values:
                 continue
             flipped = stored.shape == value.T.shape and np.array_equal(stored, value.T)
             if not flipped and not (stored.shape == value.shape and np.array_equal(stored, value)):
                 continue
-            q = ints[f"{name}_quantized"].astype(np.float64)
-            zero = ints.get(f"{name}_zero_point", np.zeros(()))
-            dq = (q - zero.astype(np.float64)) * ints[f"{name}_scale"].astype(np.float64)
-            dq = dq.astype(np.float32)
+            dq = values[name].astype(np.float32)
             with torch.no_grad():
                 param.copy_(torch.from_numpy(dq.T.copy() if flipped else dq))
             break
@@ -1100,19 +1182,41 @@ def _derived_variants(
                 optimizer_model_type=family.optimizer,
                 **origin,
             )
-    path = folder / "int8.onnx"
-    if _attempt(corpus, family, "int8", lambda: quantize(legacy, path)):
-        fake = dequantised_model(model, legacy, path)
-        name = _save_truth(folder / "truth_int8.npz", truth(family, fake, feeds))
-        corpus.add(
-            family,
-            "int8",
-            "torchscript+quantize_dynamic",
-            LEGACY_OPSET,
-            path,
-            truth=f"{family.name}/{name}",
-            **origin,
-        )
+    quantisers = [("int8", "torchscript+quantize_dynamic", quantize, int8_weights)]
+    if family.name in NBITS_FAMILIES:
+        quantisers.append(("nbits", "torchscript+matmul_nbits", quantize_nbits, nbits_weights))
+        quantisers.append(("fp16", "torchscript+float16", to_float16, float16_weights))
+    for variant, exporter, quantise, dequantised_weights in quantisers:
+        path = folder / f"{variant}.onnx"
+        if _attempt(corpus, family, variant, functools.partial(quantise, legacy, path)):
+            fake = dequantised_model(model, legacy, dequantised_weights(path))
+            name = _save_truth(folder / f"truth_{variant}.npz", truth(family, fake, feeds))
+            corpus.add(
+                family,
+                variant,
+                exporter,
+                LEGACY_OPSET,
+                path,
+                truth=f"{family.name}/{name}",
+                **origin,
+            )
+
+
+def _compress(out: Path, entry: dict[str, Any]) -> None:
+    """Replace a fixture's ``.onnx`` by ``.onnx.xz`` (xz -9e): the corpus stays under 20 MB.
+
+    ``sha256`` becomes the compressed file's digest; ``onnx_sha256`` keeps the export's.
+    """
+    import lzma
+
+    path = out / entry["file"]
+    data = path.read_bytes()
+    packed = path.with_name(path.name + ".xz")
+    packed.write_bytes(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
+    path.unlink()
+    entry["file"] += ".xz"
+    entry["sha256"] = hashlib.sha256(packed.read_bytes()).hexdigest()
+    entry["onnx_sha256"] = hashlib.sha256(data).hexdigest()
 
 
 def write_manifest(corpus: Corpus) -> None:
@@ -1124,6 +1228,8 @@ def write_manifest(corpus: Corpus) -> None:
     families = {e["family"] for e in corpus.entries} | {
         s["id"].split("-")[0] for s in corpus.skipped
     }
+    for entry in corpus.entries:
+        _compress(corpus.out, entry)
     keep = [e for e in old["fixtures"] if e["family"] not in families]
     keep_failed = [s for s in old["export_failures"] if s["id"].split("-")[0] not in families]
     manifest = {
@@ -1132,6 +1238,8 @@ def write_manifest(corpus: Corpus) -> None:
         "fixtures": sorted(keep + corpus.entries, key=lambda e: e["id"]),
         "export_failures": sorted(keep_failed + corpus.skipped, key=lambda s: s["id"]),
     }
+    # Hand-kept notes (``dropped_for_size``: fixtures deleted to keep the corpus small) survive.
+    manifest |= {key: value for key, value in old.items() if key not in manifest}
     path.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
 

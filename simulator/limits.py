@@ -12,6 +12,7 @@ limit                  default             environment variable
 ``max_image_side``     4096 pixels         ``OVERSMOOTH_MAX_IMAGE_SIDE``: ``--image-size``, decoded images
 ``max_text_bytes``     64 MiB              ``OVERSMOOTH_MAX_TEXT_BYTES``: a ``--text`` file
 ``max_examples``       10**6               ``OVERSMOOTH_MAX_EXAMPLES``: ``verify --examples``
+``max_sweep_cells``    10**5               ``OVERSMOOTH_MAX_SWEEP_CELLS``: cells of a ``sweep`` grid
 =====================  ==================  ===============================================
 """
 
@@ -31,6 +32,7 @@ LIMITS: dict[str, tuple[int, str, str]] = {
     "max_image_side": (4096, "OVERSMOOTH_MAX_IMAGE_SIDE", "pixels on an image side"),
     "max_text_bytes": (64 * 2**20, "OVERSMOOTH_MAX_TEXT_BYTES", "bytes in a text file"),
     "max_examples": (10**6, "OVERSMOOTH_MAX_EXAMPLES", "instances per check of verify"),
+    "max_sweep_cells": (10**5, "OVERSMOOTH_MAX_SWEEP_CELLS", "cells in a sweep grid"),
 }
 
 

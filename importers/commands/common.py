@@ -1,4 +1,4 @@
-"""What the importer's subcommands share: the MODEL argument and opening it.
+"""What the subcommands share: the MODEL argument, ``--force``, ``--scheduler`` and opening a model.
 
 Only argparse work happens at import time; onnx is imported when a command runs.
 """
@@ -26,6 +26,23 @@ def add_force_argument(parser: argparse.ArgumentParser) -> None:
     """``--force``: replace an existing output that is not an earlier output of this command."""
     parser.add_argument(
         "--force", action="store_true", help="replace an existing --out that is not ours"
+    )
+
+
+def add_scheduler_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--scheduler`` and ``--workers`` (:func:`importers.executor.open_executor`); ``what`` says
+    how the work is split."""
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help=f"run on a Dask cluster: `local` starts one on this machine, tcp://HOST:PORT uses an "
+        f"existing one ({what})",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="worker processes of `--scheduler local` (default: the usable cores)",
     )
 
 

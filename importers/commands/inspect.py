@@ -1,7 +1,9 @@
 """``oversmooth inspect MODEL``: the attention blocks found in an ONNX graph, and why others were not.
 
 Prints one row per block (index, heads, key/value heads, d_model, d_head, norm position, norm kind,
-LayerScale). ``--json`` prints ``{"model", "opset", "n_softmax", "blocks": [...], "failures": [...]}``
+LayerScale, causal mask, rotary embedding — ``partial W/d_head`` when W columns per head are
+rotated — and what else is added to the scores: ``score_bias`` none, alibi, relative,
+disentangled or other). ``--json`` prints ``{"model", "opset", "n_softmax", "blocks": [...], "failures": [...]}``
 instead (each block as :meth:`~importers.match.AttentionBlock.to_dict`, the same record as in
 ``audit.json``);
 ``--explain`` adds, for every Softmax, the nodes matched or the reason it was rejected. Exit status 1
@@ -20,7 +22,19 @@ if TYPE_CHECKING:
     from importers.graph import OnnxModel
     from importers.match import AttentionBlock, MatchReport
 
-_COLUMNS = ("block", "heads", "kv_heads", "d_model", "d_head", "norm", "norm_kind", "layer_scale")
+_COLUMNS = (
+    "block",
+    "heads",
+    "kv_heads",
+    "d_model",
+    "d_head",
+    "norm",
+    "norm_kind",
+    "layer_scale",
+    "causal",
+    "rotary",
+    "score_bias",
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -64,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
         )
     print(f"model: {model.path} (opset {model.opset})")
     print(_table(report.blocks))
+    for block in report.blocks:  # the rewrite of fused operators is said, never silent
+        for note in block.notes:
+            if note.startswith("defused from"):
+                print(f"block {block.index}: {note}")
     if report.failures and not args.explain:
         print(f"{len(report.failures)} other Softmax node(s) rejected (see --explain)")
     if args.explain:
@@ -81,6 +99,9 @@ def _row(block: AttentionBlock) -> tuple[str, ...]:
         block.norm,
         block.norm_kind or "-",
         "yes" if block.has_layer_scale else "no",
+        "yes" if block.causal else "no",
+        block.rotary_text,
+        block.score_bias,
     )
 
 

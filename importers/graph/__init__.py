@@ -16,11 +16,20 @@ shapes
     :class:`ShapeContext`: static shapes and shape arithmetic under assumed batch/sequence sizes.
 node
     :class:`Node`: one node with its position.
+defuse, defuse_parts
+    Fused attention operators rewritten into standard ONNX when a model is loaded.
 """
 
 from __future__ import annotations
 
-from importers.graph.folding import apply_slice, apply_split, flatten, reshape_target, unsqueeze
+from importers.graph.folding import (
+    apply_slice,
+    apply_split,
+    flatten,
+    gather_nd,
+    reshape_target,
+    unsqueeze,
+)
 from importers.graph.index import GraphIndex, external_data_path
 from importers.graph.load import (
     SUPPORTED_OPSETS,
@@ -43,6 +52,7 @@ __all__ = [
     "apply_split",
     "external_data_path",
     "flatten",
+    "gather_nd",
     "load_model",
     "model_from_proto",
     "reshape_target",

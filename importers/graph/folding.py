@@ -94,6 +94,32 @@ def _fold_gather(node: Node, values: list) -> np.ndarray:
     return np.take(values[0], values[1], axis=int(node.attr("axis", 0)))
 
 
+def gather_nd(data: np.ndarray, indices: np.ndarray, batch_dims: int = 0) -> np.ndarray:
+    """ONNX GatherND.
+
+    With ``b = batch_dims`` leading batch axes shared by ``data`` (rank r) and ``indices`` (rank q),
+    each index tuple ``indices[..., :]`` of length ``k <= r - b`` picks a slice of ``data``; the
+    result has shape ``indices.shape[:-1] + data.shape[b + k:]``. Negative indices count from the
+    end, as in NumPy.
+    """
+    indices = np.asarray(indices, dtype=np.int64)
+    batch = data.shape[:batch_dims]
+    if indices.shape[:batch_dims] != batch or indices.shape[-1] > data.ndim - batch_dims:
+        raise ValueError(f"GatherND indices {indices.shape} do not fit data {data.shape}")
+    depth = indices.shape[-1]
+    flat_data = data.reshape(-1, *data.shape[batch_dims:])
+    flat_indices = indices.reshape(len(flat_data), -1, depth)
+    picked = [
+        block[tuple(np.moveaxis(rows, -1, 0))]
+        for block, rows in zip(flat_data, flat_indices, strict=True)
+    ]
+    return np.stack(picked).reshape(*indices.shape[:-1], *data.shape[batch_dims + depth :])
+
+
+def _fold_gather_nd(node: Node, values: list) -> np.ndarray:
+    return gather_nd(values[0], values[1], int(node.attr("batch_dims", 0)))
+
+
 def binary_fold(function: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable:
     def fold(_node: Node, values: list) -> np.ndarray:
         return np.asarray(function(values[0], values[1]))
@@ -135,6 +161,7 @@ FOLDERS: dict[str, Callable[[Node, list], np.ndarray | None]] = {
     "Flatten": _fold_flatten,
     "Concat": _fold_concat,
     "Gather": _fold_gather,
+    "GatherND": _fold_gather_nd,
     "Neg": lambda _node, values: np.negative(values[0]),
     "Sqrt": lambda _node, values: np.sqrt(values[0]),
     "Reciprocal": lambda _node, values: np.reciprocal(values[0]),

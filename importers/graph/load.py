@@ -25,6 +25,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from importers.errors import ModelFileError, UnsupportedModelError
+from importers.graph.defuse import Declined, Defused, defuse_attention
 from importers.graph.index import GraphIndex, external_data_path, graph_tensors
 from importers.graph.node import DEFAULT_DOMAINS
 
@@ -92,12 +93,19 @@ class OnnxModel:
     index : GraphIndex
     inputs : tuple of GraphInput
         The graph inputs to feed.
+    defused : tuple of Defused
+        The fused attention nodes rewritten into standard ONNX (:mod:`importers.graph.defuse`);
+        ``proto`` and ``index`` are the rewritten graph.
+    declined : tuple of Declined
+        The fused attention nodes left fused, each with the feature that stopped the rewrite.
     """
 
     path: Path | None
     proto: onnx.ModelProto = field(repr=False)
     opset: int
     index: GraphIndex = field(repr=False)
+    defused: tuple[Defused, ...] = ()
+    declined: tuple[Declined, ...] = ()
 
     @property
     def inputs(self) -> tuple[GraphInput, ...]:
@@ -155,7 +163,12 @@ def load_model(path: str | os.PathLike[str]) -> OnnxModel:
 
 
 def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> OnnxModel:
-    """Check an already parsed model and index it (``path`` locates external data)."""
+    """Check an already parsed model, defuse its fused attention nodes and index it.
+
+    ``path`` locates external data. Fused attention operators are rewritten into the
+    standard-ONNX subgraph they stand for (:func:`importers.graph.defuse.defuse_attention`; the
+    caller's ``proto`` is left unchanged): every later step sees, and runs, that graph.
+    """
     where = repr(str(path)) if path is not None else "the model"
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
         raise ModelFileError(
@@ -176,7 +189,18 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             info = {entry.key: entry.value for entry in tensor.external_data}
             external_data_path(index.base_dir, info.get("location", ""), tensor.name)
-    return OnnxModel(path=path, proto=proto, opset=opset, index=index)
+    defusion = defuse_attention(proto, index)
+    if defusion.proto is not None:
+        proto = defusion.proto
+        index = GraphIndex(proto.graph, index.base_dir, proto.opset_import)
+    return OnnxModel(
+        path=path,
+        proto=proto,
+        opset=opset,
+        index=index,
+        defused=defusion.defused,
+        declined=defusion.declined,
+    )
 
 
 def _check_versions_and_domains(proto: onnx.ModelProto, where: str) -> None:

@@ -16,7 +16,7 @@ static_dims
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -290,6 +290,27 @@ def _window_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray 
     return np.broadcast_to(np.zeros((), np.int8), (data[0], channels, *sizes))
 
 
+def _pad_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray | None:
+    """Pad: ``out[a] = in[a] + pads[a] + pads[a + n]`` over the padded axes (all, or input 3's)."""
+    data = context._get("shape", node.input(0))
+    pads = context._get("value", node.input(1)) if node.input(1) else node.attr("pads")
+    if data is None or pads is None:
+        return None
+    pads = [int(p) for p in np.ravel(pads)]
+    axes_value = context._get("value", node.input(3)) if node.input(3) else None
+    if node.input(3) and axes_value is None:
+        return None
+    axes = (
+        range(len(data))
+        if axes_value is None
+        else [int(a) % len(data) for a in np.ravel(axes_value)]
+    )
+    shape, n = list(data), len(pads) // 2
+    for i, axis in enumerate(axes):
+        shape[axis] += pads[i] + pads[i + n]
+    return np.zeros(shape, np.int8)
+
+
 def _resize_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray | None:
     """Resize (opset 11+): the ``sizes`` input, else each axis times its ``scales`` (floored)."""
     data = context._get("shape", node.input(0))
@@ -313,6 +334,22 @@ def _resize_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray 
 def _global_pool_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
     data = context.dummy(node.input(0))
     return np.zeros((*data.shape[:2], *([1] * (data.ndim - 2))), np.int8)
+
+
+def _gather_nd_shape(data: Sequence[int], indices: Sequence[int], node: Node) -> tuple[int, ...]:
+    """GatherND's output shape: ``indices.shape[:-1] + data.shape[batch_dims + indices.shape[-1]:]``."""
+    return (*indices[:-1], *data[int(node.attr("batch_dims", 0)) + indices[-1] :])
+
+
+def _embed_rule(context: ShapeContext, node: Node, output: int) -> np.ndarray | None:
+    """onnxruntime's EmbedLayerNormalization: (B, S, D) embeddings (and their sum, output 2) and
+    the (B,) mask index (output 1); D is the length of gamma (input 5)."""
+    ids = context._get("shape", node.input(0))
+    gamma = context._get("shape", node.input(5))
+    if ids is None or gamma is None:
+        return None
+    shape = (ids[0],) if output == 1 else (*ids, *gamma[-1:])
+    return np.broadcast_to(np.zeros((), np.int8), shape)
 
 
 def _with_values(function: Callable) -> Callable:
@@ -353,6 +390,12 @@ _SHAPE_RULES: Mapping[str, Callable[[ShapeContext, Node, int], np.ndarray | None
         np.zeros(context._get("shape", node.input(1)), np.int64),
         axis=int(node.attr("axis", 0)),
     ),
+    "GatherND": lambda context, node, _o: np.zeros(
+        _gather_nd_shape(
+            context._get("shape", node.input(0)), context._get("shape", node.input(1)), node
+        ),
+        np.int8,
+    ),
     "Concat": lambda context, node, _o: np.concatenate(
         [context.dummy(name) for name in node.inputs], axis=int(node.attr("axis"))
     ),
@@ -363,6 +406,9 @@ _SHAPE_RULES: Mapping[str, Callable[[ShapeContext, Node, int], np.ndarray | None
     "ReduceMax": _reduce_rule,
     "MatMul": _matmul_rule,
     "MatMulInteger": _matmul_rule,
+    "MatMulNBits": lambda context, node, _o: np.zeros(
+        (*context._get("shape", node.input(0))[:-1], int(node.attr("N"))), np.int8
+    ),
     "Conv": _window_rule,
     "ConvInteger": _window_rule,
     "MaxPool": _window_rule,
@@ -370,8 +416,10 @@ _SHAPE_RULES: Mapping[str, Callable[[ShapeContext, Node, int], np.ndarray | None
     "LpPool": _window_rule,
     "GlobalAveragePool": _global_pool_rule,
     "Resize": _resize_rule,
+    "Pad": _pad_rule,
     "GlobalMaxPool": _global_pool_rule,
     "Gemm": _gemm_rule,
+    "EmbedLayerNormalization": _embed_rule,
     "ConstantOfShape": lambda context, node, _o: np.zeros(
         tuple(np.ravel(context._get("value", node.input(0)))), np.int8
     ),

@@ -12,13 +12,16 @@ check_complete, missing_blocks_note, IncompleteMatchError
 
 How a block is matched (names are never used, only op types, constants and shapes):
 
-1. Back from the Softmax through a mask ``Add``/``Where``, scalar ``Mul``/``Div`` scaling and ``Cast``
-   to the QKᵀ ``MatMul`` (two non-constant operands). A scalar factor (here and on the Q/K paths) is
+1. Back from the Softmax through the score sum (:mod:`importers.match.scores`: ``Add``/``Sub``,
+   mask fills, scalar ``Mul``/``Div`` scaling, views that keep the (query, key) axes) to the QKᵀ
+   ``MatMul`` (two non-constant operands, Q and K projections of one stream); every other term
+   added to it is classified (``score_bias``: a mask, ALiBi, relative, disentangled or other;
+   ``causal``). A scalar factor (here and on the Q/K paths) is
    a constant or a value computed from constants and shapes only (e.g. SDPA's
    ``Sqrt(1/Sqrt(Cast(Shape(q)[-1])))`` on both Q and K), evaluated at the probe's sizes; one
    computed from the activations is declined. The block's ``scale`` is the product of them all.
-2. Forward from the Softmax (through an ``IsNaN``→``Where`` guard, ``Cast``, ``Dropout``) to the ·V
-   ``MatMul``.
+2. Forward from the Softmax (through an ``IsNaN``→``Where`` guard, ``Cast``, ``Dropout``, views
+   that keep the (query, key) axes) to the ·V ``MatMul``.
 3. Back from Q, K and V through head-split layout ops (Reshape, Transpose, Squeeze, Unsqueeze, Expand,
    Tile, and Split/Slice/Gather of a fused QKV), scalar scaling and rotary embeddings to a projection:
    ``MatMul`` with a constant weight (+ bias ``Add``), ``Gemm``, ``FusedMatMul``, or
@@ -54,12 +57,13 @@ This package's ``__init__`` is the public face; the work is done in its modules:
 
 from __future__ import annotations
 
+import dataclasses
+
 from importers.errors import ImporterError
 from importers.graph import GraphIndex, Node, OnnxModel
 from importers.match.core import SCALE_RTOL as SCALE_RTOL
 from importers.match.core import Matcher
 from importers.match.coverage import (
-    FUSED_ATTENTION,
     IncompleteMatchError,
     check_complete,
     fused_attention_failures,
@@ -112,9 +116,14 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
     """
     index = model.index
     softmaxes = index.nodes_of_type("Softmax")
+    fused = fused_attention_failures(index, {item.node: item.line() for item in model.declined})
     if not softmaxes:
-        fused = [node.op_type for node in index.nodes if node.op_type in FUSED_ATTENTION]
-        raise NoAttentionBlocksError.from_failures([], fused=fused)
+        if fused:
+            raise NoAttentionBlocksError(
+                f"no attention block found: the graph has no Softmax node; {fused[0].reason}",
+                fused,
+            )
+        raise NoAttentionBlocksError.from_failures([])
     matchers = {(PROBE_BATCH, PROBE_SEQUENCE): Matcher(index, PROBE_BATCH, PROBE_SEQUENCE)}
     blocks: list[AttentionBlock] = []
     failures: list[MatchFailure] = []
@@ -134,9 +143,15 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
             reason = f"malformed graph around it: {one_line(err)}"
             failures.append(MatchFailure(softmax.label, reason, (), "malformed"))
     if not blocks:
-        raise NoAttentionBlocksError.from_failures(failures)
-    failures += fused_attention_failures(index)
-    return MatchReport(blocks=blocks, failures=failures, n_softmax=len(softmaxes))
+        raise NoAttentionBlocksError.from_failures(failures + fused)
+    notes = {item.softmax: item.note() for item in model.defused}
+    blocks = [
+        dataclasses.replace(block, notes=(notes[block.softmax], *block.notes))
+        if block.softmax in notes
+        else block
+        for block in blocks
+    ]
+    return MatchReport(blocks=blocks, failures=failures + fused, n_softmax=len(softmaxes))
 
 
 def _match_with_retry(

@@ -14,17 +14,18 @@ import numpy as np
 
 from importers.graph import Node
 from importers.match.layout import Layout, LayoutProbe
-from importers.match.projections import ProjectionFinder, Trace, describe_linear
+from importers.match.projections import Trace, describe_linear
 from importers.match.results import AttentionBlock, LinearMatch
+from importers.match.scores import ScoreBias, ScoreMatcher
 from importers.match.stream import StreamMatcher
-from importers.match.walker import MAX_WALK, VALUE_PRESERVING, RejectError
+from importers.match.walker import VALUE_PRESERVING, RejectError
 
 #: Relative mismatch tolerated between the score scale found and 1/sqrt(d_head).
 SCALE_RTOL = 1e-3
-_SCORE_PASS = frozenset({"Cast", "Identity"})
+_PROBABILITY_VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 
 
-class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
+class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
     """Pattern matching over one graph (one shape context, shared across candidates).
 
     ``batch`` and ``sequence`` are the sizes assumed for symbolic dimensions while probing.
@@ -32,12 +33,13 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
 
     # -- the whole block --------------------------------------------------------------------------
     def match(self, softmax: Node, index: int) -> AttentionBlock:
-        scores, score_scale, score_nodes = self.scores_matmul(softmax)
+        score_sum, (scores, score_scale, score_nodes) = self.scores_of(softmax)
         value_matmul, guard = self.value_matmul(softmax)
         q = self.trace(scores.input(0), "Q")
         k = self.trace(scores.input(1), "K")
         v = self.trace(value_matmul.input(1), "V")
         self.check_self_attention(q, k, v)
+        self.check_whole_sequence(softmax, q.linear.x)
         layout = self.probe_heads(q, k, v)
         self.check_softmax_axis(softmax, len(layout.lead) + 2)
         columns = self.head_columns(layout.q, layout.k, layout.v)
@@ -51,8 +53,10 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
                 f"features but W_O writes {o.d_out}",
                 (o.nodes[-1],),
             )
+        bias = self.score_bias(softmax, scores, score_sum, q, k, v)
         scale = score_scale * q.scale * k.scale
-        notes = self.scale_notes(scale, d_head) + self.rotary_notes(q, k)
+        notes = self.scale_notes(scale, d_head, bias) + self.rotary_notes(q, k) + bias.notes
+        rotary, rotary_width = self.rotary_form(q, k, d_head)
         stream = self.block_stream(q.linear.x, o)
         roles = {
             "scores": f"MatMul {scores.label!r}"
@@ -63,6 +67,7 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
             "K": describe_linear(k),
             "V": describe_linear(v),
             "O": f"{o.kind} {', '.join(o.nodes)} (weight {o.weight!r})",
+            **({"score terms": "; ".join(bias.described)} if bias.described else {}),
             **stream.pop("roles"),
         }
         return AttentionBlock(
@@ -84,6 +89,10 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
             o_rows=o_rows,
             notes=notes,
             roles=roles,
+            score_bias=bias.kind,
+            causal=bias.causal,
+            rotary=rotary,
+            rotary_width=rotary_width,
             **stream,
         )
 
@@ -95,6 +104,36 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
                 f"Q, K and V project different tensors ({', '.join(sorted(sources))}); "
                 f"only self-attention is supported",
             )
+
+    def check_whole_sequence(self, softmax: Node, x: str) -> None:
+        """Decline windowed attention: the projected tokens were folded into the batch axis.
+
+        Q, K and V project a (B·n, t, D) tensor while the graph runs B inputs when the tokens of
+        each input were cut into n windows of t (Swin): each input then has one t×t matrix per
+        window and head, not the token-mixing matrix A of all its tokens that the theory is about.
+        """
+        shape, batch = self.context.shape(x), self._input_batch()
+        if shape is None or batch is None or len(shape) != 3 or shape[0] <= batch:
+            return
+        if shape[0] % batch:
+            return
+        raise RejectError(
+            "windowed_attention",
+            f"windowed attention: each input's tokens attend within {shape[0] // batch} windows "
+            f"of {shape[1]} tokens (folded into the batch axis, Swin-style), so no single "
+            f"attention matrix over all its tokens exists",
+            (softmax.label,),
+        )
+
+    def _input_batch(self) -> int | None:
+        """The batch size the probe runs: the leading size of the first graph input of rank >= 2."""
+        for name in self.index.graph_inputs:
+            if name in self.index.initializers:
+                continue
+            shape = self.context.shape(name)
+            if shape is not None and len(shape) >= 2:
+                return int(shape[0])
+        return None
 
     def check_softmax_axis(self, softmax: Node, rank: int) -> None:
         axis = int(softmax.attr("axis", -1))
@@ -116,104 +155,34 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
         return (f"rotary embedding on Q/K: {'; '.join(styles)}; W_Q and W_K are read before it",)
 
     @staticmethod
-    def scale_notes(scale: float, d_head: int) -> tuple[str, ...]:
+    def rotary_form(q: Trace, k: Trace, d_head: int) -> tuple[str, int]:
+        """("none" | "full" | "partial", columns rotated per head) of the rotary embedding."""
+        traces = [trace for trace in (q, k) if trace.rope]
+        if not traces:
+            return "none", 0
+        widths = [trace.rotary_width for trace in traces if trace.rotary_width is not None]
+        return ("partial", max(widths)) if widths else ("full", d_head)
+
+    @staticmethod
+    def scale_notes(scale: float, d_head: int, bias: ScoreBias) -> tuple[str, ...]:
+        """A note when the score scale is not 1/sqrt(d_head); one of 1/sqrt(d_head * n), integer
+        n, is named (disentangled attention divides by sqrt(d_head * (1 + position terms)))."""
         expected = 1.0 / math.sqrt(d_head)
         if abs(scale / expected - 1.0) <= SCALE_RTOL:
             return ()
-        return (
+        note = (
             f"score scale {scale:.6g} differs from 1/sqrt(d_head) = {expected:.6g} "
-            f"(d_head {d_head} taken from the head-split Reshape)",
+            f"(d_head {d_head} taken from the head-split Reshape)"
         )
-
-    # -- 1. scores ---------------------------------------------------------------------------------
-    def scores_matmul(self, softmax: Node) -> tuple[Node, float, list[str]]:
-        """Walk back from the Softmax to the QKᵀ MatMul; returns (MatMul, scale, nodes passed)."""
-        name, scale = softmax.input(0), 1.0
-        passed: list[str] = []
-        for _ in range(MAX_WALK):
-            node = self.producer(name)
-            if node is None:
-                raise RejectError(
-                    "no_qk_matmul",
-                    f"QK^T MatMul not found: the Softmax input comes from {self.origin(name)}",
+        factor = 1.0 / (scale * scale * d_head) if scale > 0 else 0.0
+        if round(factor) >= 2 and abs(factor / round(factor) - 1.0) <= 2 * SCALE_RTOL:
+            note += f"; it is 1/sqrt(d_head * {round(factor)})"
+            if bias.kind == "disentangled" and round(factor) == 1 + bias.position_terms:
+                note += (
+                    f", the scale of disentangled attention with {bias.position_terms} "
+                    "position terms (1/sqrt(d_head * (1 + position terms)))"
                 )
-            if node.op_type == "MatMul":
-                for operand in node.inputs:
-                    if self.const(operand) is not None:
-                        raise RejectError(
-                            "no_qk_matmul",
-                            f"QK^T MatMul not found: MatMul {node.label!r} multiplies by the "
-                            f"constant {operand!r}, not a query-key product",
-                            (node.label,),
-                        )
-                return node, scale, passed
-            factor, data = (
-                self.scalar_factor(node) if node.op_type in ("Mul", "Div") else (None, "")
-            )
-            if factor is not None:
-                scale, name = scale * factor, data
-            elif node.op_type in _SCORE_PASS:
-                name = node.input(0)
-            elif node.op_type in ("Add", "Sub", "Where"):
-                name = self.score_branch(node)
-            elif node.op_type in ("Mul", "Div"):
-                raise RejectError(
-                    "score_scale_not_constant",
-                    f"the scores are scaled by a non-constant factor: {node.op_type} "
-                    f"{node.label!r} reads {self.origin(self.scale_operand(node))}",
-                    (node.label,),
-                )
-            else:
-                raise RejectError(
-                    "no_qk_matmul",
-                    f"QK^T MatMul not found: walking back from the Softmax reached "
-                    f"{node.op_type} {node.label!r}",
-                    (node.label,),
-                )
-            passed.append(f"{node.op_type} {node.label!r}")
-        raise RejectError("no_qk_matmul", "QK^T MatMul not found: the path is too long")
-
-    def scale_operand(self, node: Node) -> str:
-        """The operand of a score Mul/Div that is not the scores."""
-        if node.op_type == "Div" or self.reaches_qk(node.input(0), depth=12):
-            return node.input(1)
-        return node.input(0)
-
-    def score_branch(self, node: Node) -> str:
-        """The input of a mask Add/Sub/Where that carries the scores."""
-        positions = {"Add": (0, 1), "Sub": (0,), "Where": (1, 2)}[node.op_type]
-        candidates = [
-            node.input(i) for i in positions if node.input(i) and self.const(node.input(i)) is None
-        ]
-        if len(candidates) == 1:
-            return candidates[0]
-        reaching = [name for name in candidates if self.reaches_qk(name, depth=12)]
-        if reaching:
-            return reaching[0]
-        raise RejectError(
-            "no_qk_matmul",
-            f"QK^T MatMul not found: no input of {node.op_type} {node.label!r} comes from a "
-            f"product of two non-constant tensors",
-            (node.label,),
-        )
-
-    def reaches_qk(self, name: str, depth: int) -> bool:
-        """Whether a product of two non-constant tensors lies within ``depth`` mask/scale ops."""
-        frontier, seen = [name], set()
-        for _ in range(depth):
-            next_frontier: list[str] = []
-            for tensor in frontier:
-                node = self.producer(tensor)
-                if node is None or node.position in seen:
-                    continue
-                seen.add(node.position)
-                if node.op_type == "MatMul":
-                    if all(self.const(operand) is None for operand in node.inputs):
-                        return True
-                elif node.op_type in ("Add", "Sub", "Mul", "Div", "Where", "Cast", "Identity"):
-                    next_frontier.extend(operand for operand in node.inputs if operand)
-            frontier = next_frontier
-        return False
+        return (note,)
 
     # -- 2. value MatMul ---------------------------------------------------------------------------
     def value_matmul(self, softmax: Node) -> tuple[Node, list[str]]:
@@ -232,8 +201,11 @@ class Matcher(ProjectionFinder, LayoutProbe, StreamMatcher):
                 continue
             if (
                 len(users) == 1
-                and users[0].op_type in VALUE_PRESERVING
                 and users[0].input(0) == name
+                and (
+                    users[0].op_type in VALUE_PRESERVING
+                    or (users[0].op_type in _PROBABILITY_VIEWS and self.keeps_score_axes(users[0]))
+                )
             ):
                 passed.append(f"{users[0].op_type} {users[0].label!r}")
                 name = users[0].outputs[0]

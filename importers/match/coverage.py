@@ -8,7 +8,9 @@ Every Softmax that was not matched counts as unmatched attention unless it is pl
 classifier: its scores are a product of activations with a constant matrix (``x W + b``), not of
 two activations (``Q Kᵀ``, with or without an additive bias such as ALiBi). Fused attention
 operators (onnxruntime's ``Attention``, ``MultiHeadAttention``, ``GroupQueryAttention``,
-``PackedAttention``, ONNX's ``Attention``) are never matched yet and always count.
+``PackedAttention``, ONNX's ``Attention``) are rewritten into standard ONNX when the model is
+loaded (:mod:`importers.graph.defuse`); one still in the graph was declined there and counts, with
+the feature that stopped the rewrite as its reason.
 
 Public API
 ----------
@@ -25,6 +27,8 @@ IncompleteMatchError
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from importers.errors import ImporterError
 from importers.graph import GraphIndex, Node
@@ -43,7 +47,7 @@ __all__ = [
 FUSED_ATTENTION = frozenset(
     {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention"}
 )
-_PRODUCTS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Einsum", "MatMulInteger"})
+_PRODUCTS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Einsum", "MatMulInteger", "MatMulNBits"})
 #: Ops between a product and the Softmax that keep the scores' meaning (masks, scales, biases).
 _THROUGH = frozenset(
     {"Add", "Sub", "Mul", "Div", "Cast", "Where", "Reshape", "Transpose", "Identity", "Squeeze"}
@@ -82,13 +86,20 @@ def is_attention_softmax(index: GraphIndex, softmax: Node) -> bool:
     return True
 
 
-def fused_attention_failures(index: GraphIndex) -> list[MatchFailure]:
-    """One :class:`MatchFailure` (code ``fused_attention_op``) per fused attention operator."""
+def fused_attention_failures(
+    index: GraphIndex, declined: Mapping[str, str] | None = None
+) -> list[MatchFailure]:
+    """One :class:`MatchFailure` (code ``fused_attention_op``) per fused attention operator left in
+    the graph; ``declined`` maps a node's label to why it was not defused (one line)."""
+    declined = declined or {}
     return [
         MatchFailure(
             node.label,
-            f"fused {node.domain or 'ai.onnx'} {node.op_type} operator: its packed weights are "
-            "not read (export or optimise without attention fusion)",
+            declined.get(
+                node.label,
+                f"fused {node.domain or 'ai.onnx'} {node.op_type} operator: not defused",
+            )
+            + " (export or optimise without attention fusion)",
             (node.label,),
             "fused_attention_op",
         )

@@ -10,6 +10,7 @@ from importers.graph import (
     apply_slice,
     apply_split,
     flatten,
+    gather_nd,
     reshape_target,
     unsqueeze,
 )
@@ -49,4 +50,8 @@ def apply_layout(node: Node, value: np.ndarray, values: list, output: int) -> np
         if values[0] is None:
             raise ValueError("the Gather indices are not constant")
         return np.take(value, values[0], axis=int(node.attr("axis", 0)))
+    if op == "GatherND":
+        if values[0] is None:
+            raise ValueError("the GatherND indices are not constant")
+        return gather_nd(value, values[0], int(node.attr("batch_dims", 0)))
     raise ValueError(f"{op} is not a layout op")

@@ -26,9 +26,10 @@ from importers.graph import Node
 from importers.match.layout_ops import apply_layout
 from importers.match.results import LinearMatch
 from importers.match.walker import MAX_WALK, VALUE_PRESERVING, GraphWalker, RejectError
+from importers.nbits import NBITS
 
 _LAYOUT_OPS = frozenset(
-    "Transpose Reshape Squeeze Unsqueeze Flatten Expand Tile Split Slice Gather "
+    "Transpose Reshape Squeeze Unsqueeze Flatten Expand Tile Split Slice Gather GatherND "
     "Identity Cast Dropout".split()
 )
 _MERGE_OPS = frozenset("Transpose Reshape Flatten Squeeze Unsqueeze Identity Cast Dropout".split())
@@ -57,6 +58,7 @@ class Trace:
     scale: float
     rope: bool
     rotary: str = ""  # how the rotary embedding was applied (for notes), "" when there is none
+    rotary_width: int | None = None  # columns rotated per head by a partial one; None: all
 
 
 class ProjectionFinder(GraphWalker):
@@ -67,10 +69,11 @@ class ProjectionFinder(GraphWalker):
         """Walk back from an attention operand to its projection."""
         steps: list[Step] = []
         scale, rope, start, rotary = 1.0, False, name, ""
+        width: int | None = None
         for _ in range(MAX_WALK):
             linear = self.linear_ending_at(name, role)
             if linear is not None:
-                return Trace(role, linear, tuple(reversed(steps)), scale, rope, rotary)
+                return Trace(role, linear, tuple(reversed(steps)), scale, rope, rotary, width)
             node = self.producer(name)
             if node is None:
                 raise RejectError(
@@ -97,9 +100,9 @@ class ProjectionFinder(GraphWalker):
                 continue
             partial = self.partial_rotary(node) if op == "Concat" else None
             if partial is not None:
-                rope, rotary = True, partial[1]
-                steps.append(Step(node, partial[0], name, skip=True))
-                name = partial[0]
+                rope, (source, rotary, width) = True, partial
+                steps.append(Step(node, source, name, skip=True))
+                name = source
                 continue
             raise RejectError(
                 f"{role.lower()}_projection_missing",
@@ -135,6 +138,8 @@ class ProjectionFinder(GraphWalker):
             return None
         if node.op_type in _LINEAR_OPS:
             return self.linear_from_matmul(node, name, role)
+        if node.op_type == "MatMulNBits":
+            return self.linear_from_nbits(node, name, role)
         if node.op_type == "Mul":
             return self.linear_from_integer_matmul(node, name)
         return None
@@ -175,6 +180,43 @@ class ProjectionFinder(GraphWalker):
             transpose=transpose,
             alpha=float(node.attr("alpha", 1.0)),
             beta=beta,
+            nodes=(node.label,),
+        )
+
+    def linear_from_nbits(self, node: Node, name: str, role: str) -> LinearMatch | None:
+        """onnxruntime's block-quantised ``MatMulNBits(x, B, scales, zero_points?, g_idx?, bias?)``."""
+        x = node.input(0)
+        if self.const(x) is not None:
+            return None
+        constants = [operand for operand in node.inputs[1:] if operand]
+        missing = next((operand for operand in constants if self.const(operand) is None), None)
+        problem = (
+            f"reads {self.origin(missing)} instead of a constant"
+            if missing
+            else "has a g_idx input (act-order quantisation), which is not read"
+            if node.input(4)
+            else f"has {node.attr('bits', 4)}-bit codes; expected one of {NBITS}"
+            if int(node.attr("bits", 4)) not in NBITS
+            else ""
+        )
+        if problem:
+            raise RejectError(
+                f"{role.lower()}_projection_unsupported",
+                f"{role} projection MatMulNBits {node.label!r} {problem}",
+                (node.label,),
+            )
+        return LinearMatch(
+            kind="matmul_nbits",
+            x=x,
+            weight=node.input(1),
+            output=name,
+            d_in=int(node.attr("K")),
+            d_out=int(node.attr("N")),
+            bias=node.input(5) or None,
+            weight_scale=node.input(2),
+            weight_zero_point=node.input(3) or None,
+            bits=int(node.attr("bits", 4)),
+            block_size=int(node.attr("block_size")),
             nodes=(node.label,),
         )
 
@@ -267,9 +309,10 @@ class ProjectionFinder(GraphWalker):
                 return ""
         return style if negated else ""
 
-    def partial_rotary(self, node: Node) -> tuple[str, str] | None:
-        """(x, description) when the Concat ``node`` re-assembles ``x`` from slices of it, some
-        passed through a rotary embedding (a partial rotary embedding), else None.
+    def partial_rotary(self, node: Node) -> tuple[str, str, int | None] | None:
+        """(x, description, columns rotated per head) when the Concat ``node`` re-assembles ``x``
+        from slices of it, some passed through a rotary embedding (a partial rotary embedding),
+        else None; the width is None when every column is rotated.
 
         The pieces are followed back through value-preserving layout ops and rotary ``Add`` s to
         their nearest common ancestor; with a probe in its place (the rotary ``Add`` s taken as
@@ -343,10 +386,12 @@ class ProjectionFinder(GraphWalker):
             and (match := self.rope_match(producer)) is not None
         }
         if width == assembled.shape[-1]:  # Phi-3: the pass-through slice is empty
-            return x, f"full {'/'.join(sorted(styles))}"
-        return x, (
+            return x, f"full {'/'.join(sorted(styles))}", None
+        return (
+            x,
             f"partial {'/'.join(sorted(styles))} on the first {width} of "
-            f"{assembled.shape[-1]} columns of each head"
+            f"{assembled.shape[-1]} columns of each head",
+            width,
         )
 
     def reassemble(
@@ -421,7 +466,7 @@ class ProjectionFinder(GraphWalker):
     def output_linear_at(self, user: Node, name: str) -> LinearMatch | None:
         """W_O when ``user`` starts a projection of ``name`` (else None)."""
         end: str | None
-        if user.op_type in _LINEAR_OPS and user.input(0) == name:
+        if user.op_type in (*_LINEAR_OPS, "MatMulNBits") and user.input(0) == name:
             end = user.outputs[0]
         elif user.op_type == "DynamicQuantizeLinear" and user.input(0) == name:
             end = self.integer_matmul_end(user)

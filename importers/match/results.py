@@ -58,8 +58,10 @@ class MatchFailure:
 class LinearMatch:
     """A projection ``y = x @ W + b`` found in the graph (weights not read yet).
 
-    ``kind`` is ``"matmul"``, ``"gemm"``, ``"fused_matmul"`` or ``"matmul_integer"`` (onnxruntime
-    dynamic quantisation; ``weight_scale``/``weight_zero_point`` name the dequantisation constants).
+    ``kind`` is ``"matmul"``, ``"gemm"``, ``"fused_matmul"``, ``"matmul_integer"`` (onnxruntime
+    dynamic quantisation; ``weight_scale``/``weight_zero_point`` name the dequantisation constants)
+    or ``"matmul_nbits"`` (onnxruntime's block-quantised ``MatMulNBits``: ``weight`` holds the packed
+    ``bits``-bit codes in blocks of ``block_size`` along the input axis, see :mod:`importers.nbits`).
     ``transpose`` says the stored weight is (out, in); ``alpha``/``beta`` are Gemm's factors.
     """
 
@@ -75,6 +77,8 @@ class LinearMatch:
     beta: float = 1.0
     weight_scale: str | None = None
     weight_zero_point: str | None = None
+    bits: int = 0
+    block_size: int = 0
     nodes: tuple[str, ...] = ()
 
 
@@ -139,6 +143,19 @@ class AttentionBlock:
     stream_error : str or None
         Why the residual stream around the block could not be established (one line naming what
         was not found); the audit refuses to read its layers (:mod:`importers.match.stream`).
+    score_bias : {"none", "alibi", "relative", "disentangled", "other"}
+        What else is added to the content scores Q K^T before the Softmax, masks aside: ALiBi
+        (linear in the key position per head), a relative position bias (a function of j - i, a
+        table gathered by relative position), disentangled position terms (a Q or K projection
+        times position embeddings, DeBERTa) or another term independent of the hidden states
+        (:mod:`importers.match.scores`). A stays the real Softmax output; W_Q and W_K are the
+        content projections.
+    causal : bool
+        A mask hides every key after its query (found by evaluating the masks, not by names).
+    rotary : {"none", "full", "partial"}
+        The rotary embedding on Q and K (W_Q and W_K are read before it).
+    rotary_width : int
+        Columns rotated per head (d_head for full, 0 for none).
     """
 
     index: int
@@ -170,6 +187,10 @@ class AttentionBlock:
     roles: dict[str, str] = field(default_factory=dict, repr=False)
     parallel: bool = False
     stream_error: str | None = None
+    score_bias: str = "none"
+    causal: bool = False
+    rotary: str = "none"
+    rotary_width: int = 0
 
     @property
     def sources(self) -> dict[str, str]:
@@ -200,6 +221,10 @@ class AttentionBlock:
             "norm_kind": self.norm_kind,
             "has_layer_scale": self.has_layer_scale,
             "parallel": self.parallel,
+            "causal": self.causal,
+            "score_bias": self.score_bias,
+            "rotary": self.rotary,
+            "rotary_width": self.rotary_width,
             "scale": self.scale,
             "sources": self.sources,
             "tensors": {
@@ -214,13 +239,26 @@ class AttentionBlock:
         }
 
     def summary(self) -> str:
-        """One line: heads, sizes, norm, LayerScale."""
+        """One line: heads, sizes, norm, LayerScale, and causal mask, rotary and score bias when
+        present."""
         norm = self.norm if self.norm_kind is None else f"{self.norm}-LN {self.norm_kind}"
-        scale = ", LayerScale" if self.has_layer_scale else ""
+        extras = [
+            *(["LayerScale"] if self.has_layer_scale else []),
+            *(["causal"] if self.causal else []),
+            *([f"rotary {self.rotary_text}"] if self.rotary != "none" else []),
+            *([f"score bias {self.score_bias}"] if self.score_bias != "none" else []),
+        ]
         return (
             f"{self.n_heads} heads ({self.n_kv_heads} kv) x {self.d_head}, "
-            f"d_model {self.d_model}, norm {norm}{scale}"
+            f"d_model {self.d_model}, norm {norm}" + "".join(f", {extra}" for extra in extras)
         )
+
+    @property
+    def rotary_text(self) -> str:
+        """``none``, ``full`` or ``partial W/d_head`` (columns rotated per head)."""
+        if self.rotary == "partial":
+            return f"partial {self.rotary_width}/{self.d_head}"
+        return self.rotary
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ feeds
     :class:`Inputs` (feeds plus provenance) and checking feeds against a model's graph inputs.
 sources
     Where inputs come from: bundled photographs and sentences, ``.npz``, images, text, noise.
+npz
+    ``.npz`` feeds (one file or a folder of shards), read batch by batch.
+batching
+    Items per onnxruntime call: fixed batch sizes filled, batch-mixing graphs run one input at a time.
 runner
     :class:`Runner`: an onnxruntime session that returns chosen intermediate tensors.
 audit

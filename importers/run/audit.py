@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
@@ -51,6 +51,7 @@ from importers.errors import ImporterInputError, LayerStreamError
 from importers.graph import OnnxModel, load_model
 from importers.graph.shapes import inferred_types, static_dims
 from importers.match import check_complete, find_attention_blocks, missing_blocks_note
+from importers.run.batching import items_per_call, run_batches
 from importers.run.cache import cached_value_spectra
 from importers.run.dominance import dominance_spectra, measure_dominance
 from importers.run.feeds import Inputs
@@ -209,8 +210,8 @@ class AuditSession:
     plan : ReductionPlan
     runner : Runner
         Returns the reductions' outputs, then the attention probabilities.
-    feeds : dict of str to ndarray
-        The inputs' feeds plus the token mask the reductions read.
+    inputs : Inputs
+        What the session runs on (held in memory or read per batch).
     notes : list of str
         Notes on the layer choice.
     """
@@ -219,8 +220,24 @@ class AuditSession:
     attention: list[str]
     plan: ReductionPlan
     runner: Runner
-    feeds: dict[str, np.ndarray]
+    inputs: Inputs
     notes: list[str]
+
+    def batch_feeds(self, batch: Inputs) -> dict[str, np.ndarray]:
+        """A batch's feeds plus the token mask the reductions read (padding never counts)."""
+        mask = batch.token_mask
+        return {**batch.feeds, **(self.plan.mask_feed(mask) if mask is not None else {})}
+
+    @property
+    def feeds(self) -> dict[str, np.ndarray]:
+        """:meth:`batch_feeds` of every input at once (read whole, in memory)."""
+        return self.batch_feeds(self.inputs)
+
+    def batches(
+        self, items: int, *, progress: bool = False
+    ) -> Iterator[tuple[Inputs, dict[str, np.ndarray]]]:
+        """``(batch, outputs)`` for the inputs read ``items`` at a time (see :func:`run_batches`)."""
+        return run_batches(self.runner, self.inputs, self.batch_feeds, items, progress=progress)
 
 
 def audit_session(
@@ -246,20 +263,18 @@ def audit_session(
     notes: list[str] = []
     layers = layer_tensors(blocks, notes, partial=partial)
     probs = [block.attention_name for block in blocks] if attention else []
+    first = inputs.read(0, 1)  # masked or not, and the token count, without reading every input
     plan = plan_reductions(
         graph,
         layers,
         prefix=prefix,
-        masked=inputs.token_mask is not None,
-        gram=_gram_orientation(graph, layers[0], inputs, blocks[0].d_model) if spectral else "none",
+        masked=first.token_mask is not None,
+        gram=_gram_orientation(graph, layers[0], first, blocks[0].d_model) if spectral else "none",
     )
     runner = Runner(
         graph, expose=probs, extension=plan.extension, provider=provider, threads=threads
     )
-    feeds = dict(inputs.feeds)
-    if inputs.token_mask is not None:  # padding never counts: the mask weights every statistic
-        feeds.update(plan.mask_feed(inputs.token_mask))
-    return AuditSession(layers, probs, plan, runner, feeds, notes)
+    return AuditSession(layers, probs, plan, runner, inputs, notes)
 
 
 def audit(
@@ -293,7 +308,10 @@ def audit(
     provider : {"auto", "cpu", "cuda"}
         onnxruntime execution provider; ``"cuda"`` fails unless the session really runs on CUDA.
     batch_size : int
-        Inputs per onnxruntime call (bounds memory).
+        Inputs per onnxruntime call (bounds memory). A graph that fixes its batch size runs at
+        that size; one with nodes that mix the inputs of a batch (``DynamicQuantizeLinear``) runs
+        every input alone, so the numbers never depend on it (a note says so; see
+        :mod:`importers.run.batching`).
     exclude_prefix : bool or int
         Leave prefix tokens out of the metrics: True uses the zoo's count (CLS = 1), an int counts.
     dominance : {"head", "layer", "none"}
@@ -349,6 +367,8 @@ def audit(
         notes.append(f"not computed (spectral=False): {', '.join(SPECTRAL_METRICS)}")
     runner = session.runner
     notes += session.notes
+    items, batch_notes = items_per_call(graph, batch_size)
+    notes += batch_notes
     sha256 = file_sha256(ref.path)
     spectra = cached_value_spectra(blocks, sha256, use_cache=cache)
     eig_H = dominance_spectra(blocks, spectra, dominance, fold_gamma) if dominance != "none" else []
@@ -356,9 +376,7 @@ def audit(
     per_input = {name: np.full(shape, np.nan) for name in METRICS}
     cases: list[DominanceCase] = []
     start = 0
-    batches = runner.run(
-        session.feeds, batch_size=batch_size, progress=progress, reuse_outputs=True
-    )
+    batches = session.batches(items, progress=progress)
     # Many small eigenvalue problems: one BLAS thread each, one worker thread per core; this also
     # avoids the collapse of multithreaded BLAS on a busy machine (5-20x measured on 2 cores).
     # The batch's Gram eigenvalues run as one more job beside its dominance problems.
@@ -366,12 +384,13 @@ def audit(
         threadpool_limits(limits=1, user_api="blas"),
         ThreadPoolExecutor(max_workers=default_threads()) as pool,
     ):
-        for outputs in batches:
+        for batch, outputs in batches:
             measured = pool.submit(_measure_layers, outputs, session.plan, start, per_input)
             cases += measure_dominance(
-                outputs, blocks, session.attention, inputs, start, eig_H, tie_rtol, pool
+                outputs, blocks, session.attention, batch, start, eig_H, tie_rtol, pool
             )
-            start += measured.result()
+            measured.result()
+            start += batch.batch_size
     return AuditResult(
         model=ModelInfo(ref.name, str(ref.path), sha256, len(blocks)),
         inputs=InputsInfo(

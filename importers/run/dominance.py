@@ -59,13 +59,9 @@ def dominance_spectra(
     return values
 
 
-def _token_masks(
-    inputs: Inputs, start: int, batch: int, n_tokens: int, exclude_prefix: int
-) -> np.ndarray:
+def _token_masks(inputs: Inputs, batch: int, n_tokens: int) -> np.ndarray:
     # Images have no mask (every position is real); a text mask must match the token axis exactly.
-    mask = inputs.token_mask_for(n_tokens)[start : start + batch].copy()
-    mask[:, :exclude_prefix] = False
-    return mask
+    return inputs.token_mask_for(n_tokens)[:batch]
 
 
 def _attention_probs(array: np.ndarray, name: str, n_heads: int) -> np.ndarray:
@@ -141,14 +137,14 @@ def dominance_problems(
 ) -> list[DominanceProblem]:
     """The (input, layer) problems of one batch of outputs, in (layer, input) order.
 
-    ``outputs`` hold the blocks' attention probabilities under the names ``attention``; the batch's
-    first input is item ``start`` of ``inputs``; ``eig_H`` holds one (n_heads, k) array per block
-    (:func:`dominance_spectra`).
+    ``outputs`` hold the blocks' attention probabilities under the names ``attention`` for the
+    batch ``inputs``, whose first input is numbered ``start``; ``eig_H`` holds one (n_heads, k)
+    array per block (:func:`dominance_spectra`).
     """
     problems = []
     for layer, (block, name) in enumerate(zip(blocks, attention, strict=False)):
         probs = _attention_probs(outputs[name], name, block.n_heads)
-        masks = _token_masks(inputs, start, probs.shape[0], probs.shape[-1], 0)
+        masks = _token_masks(inputs, probs.shape[0], probs.shape[-1])
         targets = perron_targets(eig_H[layer], tie_rtol=tie_rtol)
         problems += [
             DominanceProblem(start + b, layer, probs[b], masks[b], eig_H[layer], targets)

@@ -109,6 +109,23 @@ def _fmt(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+def _causal_paragraph(result: AuditResult) -> list[str]:
+    """How the dominance of causal blocks is classified (nothing when no block is causal)."""
+    causal = [str(block.index) for block in result.blocks if block.causal]
+    if not causal:
+        return []
+    return [
+        "",
+        f"Causal blocks ({', '.join(causal)}): A is lower-triangular, so its eigenvalues are its "
+        "diagonal entries a_ii, and a_00 = 1 (the first token sees only itself). λ^A = 1 is "
+        "still an eigenvalue (the rows sum to 1), but A is not positive, so the Perron–Frobenius "
+        "guarantees behind the smoothing argument (a simple dominant root with a positive "
+        "eigenvector) do not hold. The cases are classified by the same rule: perron-type when "
+        "every dominating 1 + λ^H λ^A pairs with the λ^A = 1 of a_00; a token that attends only to "
+        "itself adds another λ^A = 1, and such ties count as non-perron.",
+    ]
+
+
 def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) -> str:
     """The ``report.md`` text: what was run, per-layer smoothing, dominance, spectra, provenance."""
     dom = result.dominance_summary()
@@ -161,6 +178,7 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
             f"| {_fmt(r.hfc_lfc_ratio)} | {r.cosine_change:+.3f} | {r.predicted} | {r.observed} |"
             for r in dom.per_layer
         ]
+        lines += _causal_paragraph(result)
         decided = [r for r in dom.per_layer if r.agree is not None]
         agreed = sum(bool(r.agree) for r in decided)
         lines += [

@@ -42,6 +42,7 @@ from importers.errors import ImporterInputError, ProviderError, RunnerError
 from importers.graph import GraphInput, OnnxModel
 from importers.graph.index import uses_external_data
 from importers.graph.shapes import inferred_types
+from importers.run.batching import batch_count, call_size, calls, drop_filler, fixed_batch
 from importers.run.cuda import preload_cuda_libraries
 from importers.run.feeds import Inputs, check_feeds
 from importers.run.reductions import GraphExtension
@@ -346,25 +347,6 @@ def _temporary_model_file(model: Any, folder: Path) -> Iterator[str]:
             os.unlink(tmp)
 
 
-def _batch_count(feeds: Mapping[str, np.ndarray]) -> int:
-    sizes = {int(np.asarray(array).shape[0]) for array in feeds.values() if np.ndim(array)}
-    if len(sizes) != 1:
-        raise ImporterInputError(
-            f"`feeds` must share one batch size along axis 0; got sizes {sorted(sizes)}"
-        )
-    return sizes.pop()
-
-
-def _check_batch_size(batch_size: int | None, n_items: int) -> int:
-    if batch_size is None:
-        return max(1, n_items)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ImporterInputError(
-            f"`batch_size` must be a positive integer or None; got {batch_size!r}"
-        )
-    return batch_size
-
-
 class Runner:
     """An onnxruntime session that returns chosen intermediate tensors of a model.
 
@@ -472,7 +454,7 @@ class Runner:
 
     def _feeds(self, feeds: Inputs | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = dict(feeds.feeds if isinstance(feeds, Inputs) else feeds)
-        check_feeds(arrays, self.inputs)
+        check_feeds(arrays, self.inputs, any_batch=True)  # a fixed batch size: filled per call
         return {name: np.ascontiguousarray(array) for name, array in arrays.items()}
 
     def _run_batch(self, feeds: Mapping[str, np.ndarray], reuse: bool) -> dict[str, np.ndarray]:
@@ -527,42 +509,47 @@ class Runner:
         batch_size: int | None = None,
         progress: bool = False,
         reuse_outputs: bool = False,
+        first_item: int = 0,
     ) -> Iterator[dict[str, np.ndarray]]:
         """Yield, per batch of items, ``{name: array}`` for every name in :attr:`output_names`.
 
         Feeds are checked against the graph inputs (the model's and the extension's) first.
         Memory stays bounded by one batch of outputs. On CUDA, inputs and outputs are bound on the
-        device with IOBinding and only the outputs are copied back.
+        device with IOBinding and only the outputs are copied back. A graph that fixes its batch
+        size runs at that size: a short batch is filled with copies of its last item and the
+        filler's rows are dropped from the (batch-first) outputs (:mod:`importers.run.batching`).
 
         Parameters
         ----------
         feeds : Inputs or mapping of str to ndarray
             Batch-first arrays keyed by graph input name.
         batch_size : int, optional
-            Items per onnxruntime call (default: all at once).
+            Items per onnxruntime call (default: all at once; at most a batch size the graph fixes).
         progress : bool
             Show a tqdm progress bar on stderr.
         reuse_outputs : bool
             Write each batch's outputs into the arrays yielded for the previous batch (same input
             shapes): no allocation per batch, but a yielded array is valid only until the next
             one is requested. For consumers that reduce each batch at once (the audit).
+        first_item : int
+            Number of the first item, for error messages (when ``feeds`` is one part of more).
         """
         arrays = self._feeds(feeds)
-        n_items = _batch_count(arrays)
-        size = _check_batch_size(batch_size, n_items)
-        starts = range(0, n_items, size)
+        fixed = fixed_batch(self.inputs)
+        n_items = batch_count(arrays)
+        size = call_size(batch_size, n_items, fixed)
+        parts: Any = calls(arrays, size, fixed)
         if progress:
             from tqdm import tqdm
 
-            starts = tqdm(starts, desc="onnxruntime", unit="batch", total=len(starts))
-        for start in starts:
-            batch = {name: array[start : start + size] for name, array in arrays.items()}
+            parts = tqdm(parts, desc="onnxruntime", unit="batch", total=-(-n_items // size))
+        for start, stop, batch in parts:
             try:
                 outputs = self._run_batch(batch, reuse_outputs)
             except Exception as err:  # onnxruntime's run-time errors derive from Exception only
-                stop = min(start + size, n_items)
-                raise RunnerError(f"onnxruntime failed on items {start}-{stop - 1}: {err}") from err
-            yield outputs
+                first, last = first_item + start, first_item + stop - 1
+                raise RunnerError(f"onnxruntime failed on items {first}-{last}: {err}") from err
+            yield outputs if fixed is None else drop_filler(outputs, stop - start, fixed)
 
     def collect(
         self, feeds: Inputs | Mapping[str, np.ndarray], *, batch_size: int | None = None

@@ -10,7 +10,8 @@ bundled_inputs
 default_inputs
     The bundled inputs that suit a model (its zoo entry, else its graph inputs).
 from_npz, from_images, from_text, random_inputs
-    Inputs from an ``.npz`` of feeds, a folder of images, a text file (needs ``tokenizers``) or noise.
+    Inputs from an ``.npz`` of feeds (:mod:`importers.run.npz`), a folder of images, a text file
+    (needs ``tokenizers``) or noise. Images, noise and ``.npz`` are read batch by batch.
 load_image
     One image as an RGB ``(size, size, 3)`` uint8 array: shorter side resized, centre-cropped.
 DATA_DIR, IMAGE_SUFFIXES
@@ -19,10 +20,10 @@ DATA_DIR, IMAGE_SUFFIXES
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,8 +32,8 @@ from numpy.typing import NDArray
 
 from importers.errors import FeedError, ImporterInputError, MissingDependencyError
 from importers.graph import GraphInput
-from importers.graph.load import Dim
-from importers.run.feeds import IMAGE_FEED, TEXT_FEEDS, Inputs, check_feeds, feeds_digest, for_graph
+from importers.run.feeds import IMAGE_FEED, TEXT_FEEDS, Inputs, for_graph, streamed_digest
+from importers.run.npz import from_npz
 from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, ZooModel
 from simulator.errors import one_line
 from simulator.limits import check_elements, check_size
@@ -64,6 +65,52 @@ def _check_pixels(dims: tuple[int, int], path: str | os.PathLike[str]) -> None:
     check_elements((*dims, 4), f"image {Path(path).name!r}", error=ImporterInputError)
 
 
+def _resized(width: int, height: int, size: int, path: str | os.PathLike[str]) -> tuple[int, int]:
+    """The size an image of ``width`` x ``height`` is resized to (shorter side ``size``), checked."""
+    _check_pixels((width, height), path)  # before decoding: a bomb allocates nothing
+    scale = size / min(width, height)
+    new_size = (max(size, round(width * scale)), max(size, round(height * scale)))
+    check_elements(
+        (*new_size, 3),
+        f"image {Path(path).name!r} resized to side {size}",
+        error=ImporterInputError,
+    )
+    return new_size
+
+
+def _check_image_size(size: int) -> int:
+    return check_size(
+        check_positive_int(size, "image size", error=ImporterInputError),
+        "image size",
+        "max_image_side",
+        error=ImporterInputError,
+    )
+
+
+@contextlib.contextmanager
+def _opened(path: str | os.PathLike[str]) -> Iterator[Any]:
+    """``PIL.Image.open(path)``; what an unreadable image raises becomes one line naming the file."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                yield image
+    except (
+        OSError,
+        UnidentifiedImageError,
+        ValueError,
+        Image.DecompressionBombWarning,
+        Image.DecompressionBombError,
+    ) as err:
+        if isinstance(err, ImporterInputError):
+            raise
+        raise ImporterInputError(
+            f"`images` must be readable image files; cannot read {path}: {one_line(err)}"
+        ) from None
+
+
 def load_image(path: str | os.PathLike[str], size: int) -> NDArray[np.uint8]:
     """Read an image as RGB, resize its shorter side to ``size`` (bicubic) and centre-crop.
 
@@ -76,38 +123,13 @@ def load_image(path: str | os.PathLike[str], size: int) -> NDArray[np.uint8]:
     ImporterInputError
         The file cannot be read as an image (the message names the file).
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
-    check_size(
-        check_positive_int(size, "image size", error=ImporterInputError),
-        "image size",
-        "max_image_side",
-        error=ImporterInputError,
-    )
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
-                _check_pixels(image.size, path)  # before decoding: a bomb allocates nothing
-                rgb = image.convert("RGB")
-    except (
-        OSError,
-        UnidentifiedImageError,
-        ValueError,
-        Image.DecompressionBombWarning,
-        Image.DecompressionBombError,
-    ) as err:
-        raise ImporterInputError(
-            f"`images` must be readable image files; cannot read {path}: {one_line(err)}"
-        ) from None
-    width, height = rgb.size
-    scale = size / min(width, height)
-    new_size = (max(size, round(width * scale)), max(size, round(height * scale)))
-    check_elements(
-        (*new_size, 3),
-        f"image {Path(path).name!r} resized to side {size}",
-        error=ImporterInputError,
-    )
+    size = _check_image_size(size)
+    with _opened(path) as image:
+        width, height = image.size
+        new_size = _resized(width, height, size, path)
+        rgb = image.convert("RGB")
     resized = rgb.resize(new_size, Image.Resampling.BICUBIC)
     left = (new_size[0] - size) // 2
     top = (new_size[1] - size) // 2
@@ -115,29 +137,61 @@ def load_image(path: str | os.PathLike[str], size: int) -> NDArray[np.uint8]:
     return np.asarray(cropped, dtype=np.uint8)
 
 
-def _normalise(
-    images: NDArray[np.uint8], mean: Sequence[float], std: Sequence[float]
-) -> NDArray[np.float32]:
-    """(B, H, W, 3) uint8 → (B, 3, H, W) float32, ``(x / 255 - mean) / std`` per channel."""
+def _check_image_header(path: Path, size: int) -> None:
+    """Read the image's header only (not its pixels) and check what decoding it would allocate."""
+    with _opened(path) as image:
+        width, height = image.size
+        _resized(width, height, size, path)
+
+
+def _check_normalisation(mean: Sequence[float], std: Sequence[float]) -> None:
     if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
         raise ImporterInputError(
             f"`mean` and `std` must have 3 entries with std > 0; got {tuple(mean)}, {tuple(std)}"
         )
+
+
+def _normalise(
+    images: NDArray[np.uint8], mean: Sequence[float], std: Sequence[float]
+) -> NDArray[np.float32]:
+    """(B, H, W, 3) uint8 → (B, 3, H, W) float32, ``(x / 255 - mean) / std`` per channel."""
+    _check_normalisation(mean, std)
     scaled = images.astype(np.float32) / np.float32(255.0)
     normalised = (scaled - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return np.ascontiguousarray(normalised.transpose(0, 3, 1, 2), dtype=np.float32)
 
 
+class _ImageReader:
+    """Decodes, resizes and normalises the images of items ``[start, stop)`` when asked."""
+
+    def __init__(
+        self, files: Sequence[Path], size: int, mean: Sequence[float], std: Sequence[float]
+    ) -> None:
+        self.files = list(files)
+        self.size = size
+        self.mean = tuple(mean)
+        self.std = tuple(std)
+        self.n_items = len(self.files)
+
+    def read(self, start: int, stop: int) -> tuple[dict[str, np.ndarray], None]:
+        pixels = [load_image(path, self.size) for path in self.files[start:stop]]
+        stacked = np.stack(pixels) if pixels else np.zeros((0, self.size, self.size, 3), np.uint8)
+        return {IMAGE_FEED: _normalise(stacked, self.mean, self.std)}, None
+
+    def digest(self) -> str:
+        return streamed_digest(lambda start, stop: self.read(start, stop)[0], self.n_items)
+
+
 def _image_inputs(
     files: Sequence[Path], size: int, mean: Sequence[float], std: Sequence[float], source: str
 ) -> Inputs:
-    pixels = np.stack([load_image(path, size) for path in files])
-    return Inputs(
-        feeds={IMAGE_FEED: _normalise(pixels, mean, std)},
-        token_mask=None,
-        labels=tuple(path.name for path in files),
-        source=source,
-    )
+    """Images read per batch; every file's header is checked now, its pixels decoded when read."""
+    size = _check_image_size(size)
+    _check_normalisation(mean, std)
+    for path in files:
+        _check_image_header(path, size)
+    reader = _ImageReader(files, size, mean, std)
+    return Inputs(reader=reader, labels=tuple(path.name for path in files), source=source)
 
 
 def _image_files(directory: Path) -> list[Path]:
@@ -164,10 +218,12 @@ def from_images(
     std: Sequence[float] = IMAGENET_STD,
     graph: Sequence[GraphInput] | None = None,
 ) -> Inputs:
-    """Every image in a folder (sorted by name), as one normalised NCHW float32 batch.
+    """Every image in a folder (sorted by name), as normalised NCHW float32 inputs.
 
     Each image is converted to RGB, its shorter side resized to ``size`` and centre-cropped
-    (:func:`load_image`), then normalised per channel as ``(x / 255 - mean) / std``.
+    (:func:`load_image`), then normalised per channel as ``(x / 255 - mean) / std``. Only the files'
+    headers are read now; the pixels are decoded batch by batch when the inputs are read, so any
+    number of images fits in memory.
 
     Parameters
     ----------
@@ -183,7 +239,7 @@ def from_images(
     Returns
     -------
     Inputs
-        ``feeds`` holds one ``(B, 3, size, size)`` float32 array; ``labels`` are file names.
+        Read per batch: ``feeds`` of ``(B, 3, size, size)`` float32; ``labels`` are file names.
     """
     folder = Path(directory)
     inputs = _image_inputs(_image_files(folder), size, mean, std, f"images:{folder}")
@@ -327,95 +383,15 @@ def bundled_inputs(
     elif kind == "image":
         files = sorted((DATA_DIR / "images").glob("*.png"))
         inputs = _image_inputs(files, size, mean, std, "bundled-images")
+        inputs = inputs.read(0, inputs.batch_size)  # six photographs: held in memory
     else:
         raise ImporterInputError(f"`kind` must be one of text, image; got {kind!r}")
     return _maybe_for_graph(inputs, graph)
 
 
-def _npz_labels(data: Mapping[str, np.ndarray], batch: int) -> tuple[str, ...]:
-    if "labels" in data:
-        labels = tuple(str(label) for label in np.asarray(data["labels"]).reshape(-1))
-        if len(labels) != batch:
-            raise ImporterInputError(
-                f"`labels` in the npz must have {batch} entries; got {len(labels)}"
-            )
-        return labels
-    return tuple(f"item-{index}" for index in range(batch))
-
-
-#: What reading a damaged, truncated, encrypted or foreign ``.npz`` raises inside NumPy/zipfile.
-_NPZ_ERRORS = (
-    OSError,
-    ValueError,
-    EOFError,
-    KeyError,
-    RuntimeError,
-    NotImplementedError,
-    zipfile.BadZipFile,
-)
-
-
-def _check_npz_sizes(file: Path) -> None:
-    """Read every member's ``.npy`` header (not its data) and check the declared shape against
-    :func:`simulator.limits.check_elements`, so a header declaring 2^40 elements allocates nothing."""
-    with zipfile.ZipFile(file) as archive:
-        if not archive.namelist():
-            raise ValueError("the archive holds no arrays")
-        for info in archive.infolist():
-            with archive.open(info) as member:
-                version = np.lib.format.read_magic(member)
-                read_header = (
-                    np.lib.format.read_array_header_1_0
-                    if version == (1, 0)
-                    else np.lib.format.read_array_header_2_0
-                )
-                shape, _, _ = read_header(member)
-                check_elements(
-                    shape, f"array {info.filename!r} of `inputs`", error=ImporterInputError
-                )
-
-
-def from_npz(path: str | os.PathLike[str], graph: Sequence[GraphInput]) -> Inputs:
-    """Feeds stored in an ``.npz`` under the graph input names (plus an optional ``labels`` array).
-
-    The token mask is taken from an ``attention_mask`` feed when there is one.
-
-    Raises
-    ------
-    ImporterInputError
-        The file cannot be read as an npz (message names the file).
-    FeedError
-        The arrays do not fit the graph inputs.
-    """
-    file = regular_file(path, "inputs", error=ImporterInputError)
-    try:
-        _check_npz_sizes(file)
-        with np.load(file, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
-    except _NPZ_ERRORS as err:
-        raise ImporterInputError(
-            f"`inputs` must be a readable .npz file of arrays; cannot read {str(file)!r}: "
-            f"{one_line(err)}"
-        ) from None
-    feeds = {name: array for name, array in arrays.items() if name != "labels"}
-    check_feeds(feeds, graph)
-    batch = next((int(array.shape[0]) for array in feeds.values() if array.ndim), 1)
-    mask_name = next((spec.name for spec in graph if "mask" in spec.name.lower()), None)
-    mask = feeds[mask_name].astype(bool) if mask_name else None
-    digest = feeds_digest(feeds)
-    return Inputs(
-        feeds=feeds,
-        token_mask=mask if mask is not None and mask.ndim == 2 else None,
-        labels=_npz_labels(arrays, batch),
-        source=f"npz:{digest[:12]}",
-        digest=digest,
-    )
-
-
-def _random_dim(axis: int, dim: Dim, batch: int, seq: int) -> int:
-    if isinstance(dim, int):
-        return dim
-    return batch if axis == 0 else seq
+def _random_row(spec: GraphInput, seq: int) -> tuple[int, ...]:
+    """One item's shape: fixed axes their size, symbolic ones ``seq`` (axis 0 is the item axis)."""
+    return tuple(dim if isinstance(dim, int) else seq for dim in spec.shape[1:])
 
 
 def _random_feed(
@@ -435,6 +411,53 @@ def _random_feed(
     raise FeedError(f"cannot make random data for {spec.describe()}")
 
 
+class _RandomReader:
+    """Draws items ``[start, stop)``: item ``i`` from its own generator, seeded ``(seed, i)``.
+
+    So an item is the same whatever batch it is read in. A feed without axes (no item axis) is
+    drawn once, seeded ``(seed,)``.
+    """
+
+    def __init__(
+        self, graph: Sequence[GraphInput], seed: int, n_items: int, seq: int, vocab_size: int
+    ) -> None:
+        self.specs = [spec for spec in graph if spec.shape]
+        self.rows = {spec.name: _random_row(spec, seq) for spec in self.specs}
+        rng = np.random.default_rng((seed,))
+        self.scalars = {
+            spec.name: _random_feed(spec, (), rng, vocab_size) for spec in graph if not spec.shape
+        }
+        self.seed = seed
+        self.n_items = n_items
+        self.vocab_size = vocab_size
+        self.mask_name = next(
+            (spec.name for spec in self.specs if "mask" in spec.name.lower()), None
+        )
+
+    def _item(self, index: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng((self.seed, index))
+        return {
+            spec.name: _random_feed(spec, self.rows[spec.name], rng, self.vocab_size)
+            for spec in self.specs
+        }
+
+    def read(self, start: int, stop: int) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        items = [self._item(index) for index in range(start, min(stop, self.n_items))]
+        feeds = {
+            spec.name: np.stack([item[spec.name] for item in items])
+            if items
+            else np.zeros((0, *self.rows[spec.name]), spec.dtype)
+            for spec in self.specs
+        }
+        mask = feeds.get(self.mask_name) if self.mask_name else None
+        return {**feeds, **self.scalars}, (
+            mask.astype(bool) if mask is not None and mask.ndim == 2 else None
+        )
+
+    def digest(self) -> str:
+        return streamed_digest(lambda start, stop: self.read(start, stop)[0], self.n_items)
+
+
 def random_inputs(
     graph: Sequence[GraphInput],
     *,
@@ -443,29 +466,28 @@ def random_inputs(
     seq: int = 16,
     vocab_size: int = 1000,
 ) -> Inputs:
-    """Labelled random feeds for every graph input (``random=True``; not real data).
+    """``batch`` labelled random items for the graph inputs (``random=True``; not real data).
 
-    Axis 0 of a symbolic shape gets ``batch``, other symbolic axes ``seq``, fixed axes their size.
-    Integer inputs whose name contains ``mask`` are ones, ``type``/``position`` zeros, others ids
-    drawn uniformly from ``[0, vocab_size)``; float inputs are standard normal.
+    Axis 0 is the item axis (a batch size the graph fixes is met by the runner, which fills its
+    batches), other symbolic axes get ``seq``, fixed axes their size. Integer inputs whose name
+    contains ``mask`` are ones, ``type``/``position`` zeros, others ids drawn uniformly from
+    ``[0, vocab_size)``; float inputs are standard normal. Item ``i`` is drawn from its own
+    generator seeded ``(seed, i)``, when it is read: the same item whatever the batch it is read
+    in, and memory does not grow with ``batch``.
     """
     for value, name in ((batch, "batch"), (seq, "seq"), (vocab_size, "vocab_size")):
         check_positive_int(value, name, error=ImporterInputError)
     for value, name in ((batch, "batch"), (seq, "seq")):  # even where the graph fixes the axis
         check_size(value, name, "max_elements", error=ImporterInputError)
-    rng = as_generator(seed, error=ImporterInputError)
-    feeds = {}
-    for spec in graph:
-        shape = tuple(_random_dim(axis, dim, batch, seq) for axis, dim in enumerate(spec.shape))
-        check_elements(shape, f"random feed {spec.name!r}", error=ImporterInputError)
-        feeds[spec.name] = _random_feed(spec, shape, rng, vocab_size)
-    n_items = next((array.shape[0] for array in feeds.values() if array.ndim), 1)
-    mask_name = next((spec.name for spec in graph if "mask" in spec.name.lower()), None)
-    mask = feeds[mask_name].astype(bool) if mask_name and feeds[mask_name].ndim == 2 else None
+    as_generator(seed, error=ImporterInputError)  # checks the seed
+    for spec in graph:  # one onnxruntime call: the rows the graph fixes, or one item
+        rows = spec.shape[0] if spec.shape and isinstance(spec.shape[0], int) else 1
+        row = _random_row(spec, seq) if spec.shape else ()
+        check_elements((rows, *row), f"random feed {spec.name!r}", error=ImporterInputError)
+    reader = _RandomReader(graph, int(seed), batch, seq, vocab_size)
     return Inputs(
-        feeds=feeds,
-        token_mask=mask,
-        labels=tuple(f"random-{seed}-{index}" for index in range(n_items)),
+        reader=reader,
+        labels=tuple(f"random-{seed}-{index}" for index in range(batch)),
         source="random",
         random=True,
     )

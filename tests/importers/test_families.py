@@ -15,22 +15,22 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto
 
-from importers.graph import OnnxModel, load_model
+from importers.graph import OnnxModel
 from importers.match import NoAttentionBlocksError, find_attention_blocks
 from importers.run.audit import layer_tensors
 from importers.run.runner import Runner
 from importers.weights import BlockWeights, block_weights
 from simulator.errors import one_line
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "families"
-MANIFEST: dict[str, Any] = json.loads((FIXTURES / "manifest.json").read_text(encoding="utf-8"))
+from tests.importers.family_corpus import FIXTURES, MANIFEST, fixture_bytes, load_fixture
 
 #: Relative tolerance on the per-head products W_V^h W_O^h and W_Q^h W_K^hᵀ.
 WEIGHT_RTOL = 1e-4
@@ -40,28 +40,18 @@ LAYER_RTOL = 1e-3
 #: hidden states differ from any float recomputation by that rounding, so layers are compared to
 #: the (dequantised-weight) truth at this looser tolerance. Weights are still exact.
 QUANTISED_LAYER_RTOL = 5e-2
+#: float16 graphs round every activation to 11 significant bits (2^-11 = 4.9e-4 per op); over a
+#: block's few dozen ops that reaches a few 1e-3 (Llama: 4.2e-3 after block 0).
+FLOAT16_LAYER_RTOL = 1e-2
+#: Beyond that, a quantised layer passes only if every other same-shape tensor of the graph is at
+#: least this many times farther from the true layer (see :func:`_clearly_closest`).
+RIVAL_MARGIN = 2.0
+
+#: The corpus's size limit (issue 11: at most 20 MB in all).
+CORPUS_MIB = 20
 
 #: Fixtures that fail today, with the first line of the failure (see docs/fixtures.md).
-KNOWN_FAILURES: dict[str, str] = {
-    "albert-int8": "block 1 head 0: W_Q W_K^T differs by 1.1e-02 (relative)",
-    "albert-optimized": "1 of 1 Softmax rejected: fused com.microsoft Attention operator: its packed weights are not read (export or optimise without attention fusion)",
-    "bert-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
-    "bloom-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_105': QK^T MatMul not found: no input of Add 'node_add_207' comes from a product of two non-constant tensors (x2)",
-    "bloom-int8": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/h.0/self_attention/Softmax': QK^T MatMul not found: no input of Add '/model/h.0/self_attention/Add_1' comes from a product of two non-constant tensors (x2)",
-    "bloom-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/h.0/self_attention/Softmax': QK^T MatMul not found: no input of Add '/model/h.0/self_attention/Add_1' comes from a product of two non-constant tensors (x2)",
-    "bloom-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/h.0/self_attention/Softmax': QK^T MatMul not found: no input of Add '/model/h.0/self_attention/Add_1' comes from a product of two non-constant tensors (x2)",
-    "bloom-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/h.0/self_attention/Softmax': QK^T MatMul not found: no input of Add '/h.0/self_attention/Add_1' comes from a product of two non-constant tensors (x2)",
-    "clip_vision-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
-    "deberta_v2-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape 'node_view_10' (x2)",
-    "deberta_v2-legacy_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/self/Softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape '/model/encoder/layer.0/attention/self/Reshape_12' (x2)",
-    "deberta_v2-optimized": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/model/encoder/layer.0/attention/self/Softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape '/model/encoder/layer.0/attention/self/Reshape_12' (x2)",
-    "deberta_v2-optimum": "no attention block found among 2 Softmax node(s); most common reasons: Softmax '/encoder/layer.0/attention/self/Softmax': QK^T MatMul not found: walking back from the Softmax reached Reshape '/encoder/layer.0/attention/self/Reshape_12' (x2)",
-    "falcon-dynamo_eager": "no attention block found among 2 Softmax node(s); most common reasons: Softmax 'node_Softmax_157': K projection not found: walking back from 'transpose_4' reached GatherND 'node_GatherND_80' (expected a MatMul/Gemm with a constant weight) (x2)",
-    "roberta-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
-    "siglip_vision-int8": "layer 1 ('/model/vision_model/encoder/layers.0/Add_1_output_0') differs from the residual stream by 1.0e-01",
-    "siglip_vision-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
-    "t5_encoder-optimized": "no attention block found: the graph has no Softmax node (it uses fused Attention nodes, which hide the attention weights' structure; export without attention fusion)",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def _relative(found: np.ndarray, truth: np.ndarray) -> float:
@@ -116,20 +106,54 @@ def _head_problem(block: BlockWeights, truth: dict[str, np.ndarray], layer: int)
     return None
 
 
-def _structure_problem(blocks: list[BlockWeights], truth: dict[str, np.ndarray]) -> str | None:
+def _int8_weight_names(model: OnnxModel) -> frozenset[str]:
+    """The graph's int8 initializers (the weights ``quantize_dynamic`` quantised)."""
+    return frozenset(
+        tensor.name
+        for tensor in model.proto.graph.initializer
+        if tensor.data_type == TensorProto.INT8
+    )
+
+
+def _truth_of_block(
+    block: BlockWeights,
+    truth: dict[str, np.ndarray],
+    float_truth: dict[str, np.ndarray],
+    int8: frozenset[str],
+) -> dict[str, np.ndarray]:
+    """The dequantised truth where the graph quantised the block's projections, else the float truth.
+
+    ``truth_int8`` replaces a torch weight by its dequantised value wherever the quantiser
+    quantised one of its initializers. A weight shared by several layers (ALBERT) can be exported
+    as one initializer per layer, and the quantiser may quantise only some of the copies: a block
+    whose Q, K, V and O weights are all float in the graph then computes with the float weights.
+    """
+    weights = {block.q.weight, block.k.weight, block.v.weight, block.o.weight}
+    return float_truth if not weights & int8 else truth
+
+
+def _structure_problem(
+    blocks: list[BlockWeights],
+    truth: dict[str, np.ndarray],
+    model: OnnxModel,
+    entry: dict[str, Any],
+) -> str | None:
+    int8 = _int8_weight_names(model) if entry["variant"] == "int8" else frozenset()
+    float_truth = _truth(str(Path(entry["file"]).parent / "truth.npz")) if int8 else truth
     for layer, block in enumerate(blocks):
+        block_truth = _truth_of_block(block, truth, float_truth, int8) if int8 else truth
         found = (block.n_heads, block.n_kv_heads, block.d_head)
-        expected = tuple(int(truth[key]) for key in ("n_heads", "n_kv_heads", "d_head"))
+        expected = tuple(int(block_truth[key]) for key in ("n_heads", "n_kv_heads", "d_head"))
         if found != expected:
             return f"block {layer}: (heads, kv heads, d_head) = {found}; expected {expected}"
-        problem = _head_problem(block, truth, layer)
+        problem = _head_problem(block, block_truth, layer)
         if problem:
             return problem
     return None
 
 
 def _layer_problem(
-    model: OnnxModel, blocks: list[BlockWeights], truth: dict[str, np.ndarray], rtol: float
+    model: OnnxModel, blocks: list[BlockWeights], truth: dict[str, np.ndarray], variant: str
 ) -> str | None:
     """The first audit layer whose tensor differs from the true residual stream."""
     names = layer_tensors(blocks)
@@ -144,20 +168,52 @@ def _layer_problem(
         if found.shape != expected.shape:
             return f"layer {layer} ({name!r}) has shape {found.shape}; expected {expected.shape}"
         error = _relative(found.astype(np.float64), expected.astype(np.float64))
-        if error > rtol:
+        rtol = {"int8": QUANTISED_LAYER_RTOL, "fp16": FLOAT16_LAYER_RTOL}.get(variant, LAYER_RTOL)
+        if error > rtol and not (variant == "int8" and _clearly_closest(model, name, truth, layer)):
             return f"layer {layer} ({name!r}) differs from the residual stream by {error:.1e}"
     return None
+
+
+def _clearly_closest(model: OnnxModel, name: str, truth: dict[str, np.ndarray], layer: int) -> bool:
+    """Whether ``name`` is the graph tensor nearest the true layer, by :data:`RIVAL_MARGIN`.
+
+    Dynamic quantisation's run-time rounding of the activations grows with depth and, in some
+    small random models, exceeds :data:`QUANTISED_LAYER_RTOL` (SigLIP int8: 1 % at the embeddings,
+    10 % after block 0). What the layer check guards against is reading the wrong tensor, so there
+    the chosen tensor must be much closer to the true residual stream than every other tensor of
+    the same shape in the graph (the attention residual, the MLP output, the norms...).
+    """
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    candidates = [out for node in proto.graph.node for out in node.output if out]
+    del proto.graph.output[:]
+    proto.graph.output.extend(onnx.ValueInfoProto(name=out) for out in candidates)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    wanted = {spec.name for spec in session.get_inputs()}
+    feeds = {key: value for key, value in _feeds(model, truth).items() if key in wanted}
+    expected = truth["hidden"][layer].astype(np.float64)
+    values = dict(zip(candidates, session.run(None, feeds), strict=True))
+    chosen = np.asarray(values[name], np.float64)
+    rivals = [
+        _relative(np.asarray(value, np.float64), expected)
+        for value in values.values()
+        if np.shape(value) == expected.shape
+        and np.issubdtype(np.asarray(value).dtype, np.floating)
+        and not np.array_equal(np.asarray(value, np.float64), chosen)  # copies of the layer
+    ]
+    return _relative(chosen, expected) * RIVAL_MARGIN <= min(rivals, default=np.inf)
 
 
 def first_problem(entry: dict[str, Any]) -> str | None:
     """The first way the importer's answer on one fixture differs from its truth (None: none)."""
     truth = _truth(entry["truth"])
-    model = load_model(FIXTURES / entry["file"])
+    model = load_fixture(entry["file"])
     blocks = _blocks(model, truth["W_Q"].shape[0])
     if isinstance(blocks, str):
         return blocks
-    rtol = QUANTISED_LAYER_RTOL if entry["variant"] == "int8" else LAYER_RTOL
-    return _structure_problem(blocks, truth) or _layer_problem(model, blocks, truth, rtol)
+    return _structure_problem(blocks, truth, model, entry) or _layer_problem(
+        model, blocks, truth, entry["variant"]
+    )
 
 
 def _params() -> list[Any]:
@@ -175,19 +231,49 @@ def test_fixture_matches_its_truth(entry: dict[str, Any]) -> None:
     assert problem is None, problem
 
 
+def _features_found(entry: dict[str, Any]) -> set[tuple[str, bool, str]] | str:
+    """The (score_bias, causal, rotary) of every block found, or why blocks were not found."""
+    try:
+        report = find_attention_blocks(load_fixture(entry["file"]))
+    except NoAttentionBlocksError as err:
+        return one_line(err)
+    for block in report.blocks:
+        widths = {"none": (0, 0), "full": (block.d_head, block.d_head)}
+        low, high = widths.get(block.rotary, (1, block.d_head - 1))
+        if not low <= block.rotary_width <= high:
+            return f"block {block.index}: rotary {block.rotary} of width {block.rotary_width}"
+    return {(block.score_bias, block.causal, block.rotary) for block in report.blocks}
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param(entry, id=entry["id"])
+        for entry in MANIFEST["fixtures"]
+        if not KNOWN_FAILURES.get(entry["id"], "").startswith(("no attention", "1 of"))
+    ],
+)
+def test_blocks_report_the_manifest_features(entry: dict[str, Any]) -> None:
+    """Every block's score bias, causal mask and rotary form are the ones the model has."""
+    features = entry["features"]
+    expected = (features["score_bias"], features["causal"], features["rotary"])
+    assert _features_found(entry) == {expected}
+
+
 def test_known_failures_name_real_fixtures() -> None:
     ids = {entry["id"] for entry in MANIFEST["fixtures"]}
     assert set(KNOWN_FAILURES) <= ids, sorted(set(KNOWN_FAILURES) - ids)
 
 
-def test_manifest_lists_every_file_with_its_checksum() -> None:
-    listed = {entry["file"]: entry["sha256"] for entry in MANIFEST["fixtures"]}
-    on_disk = {path.relative_to(FIXTURES).as_posix() for path in FIXTURES.rglob("*.onnx")}
+def test_manifest_lists_every_file_with_its_checksums() -> None:
+    listed = {entry["file"]: entry for entry in MANIFEST["fixtures"]}
+    on_disk = {path.relative_to(FIXTURES).as_posix() for path in FIXTURES.rglob("*.onnx*")}
     assert set(listed) == on_disk
-    for name, digest in listed.items():
-        assert hashlib.sha256((FIXTURES / name).read_bytes()).hexdigest() == digest, name
+    for name, entry in listed.items():
+        assert hashlib.sha256((FIXTURES / name).read_bytes()).hexdigest() == entry["sha256"], name
+        assert hashlib.sha256(fixture_bytes(name)).hexdigest() == entry["onnx_sha256"], name
 
 
 def test_corpus_stays_small() -> None:
     total = sum(path.stat().st_size for path in FIXTURES.rglob("*") if path.is_file())
-    assert total <= 20 * 2**20, f"{total / 2**20:.1f} MiB"
+    assert total <= CORPUS_MIB * 2**20, f"{total / 2**20:.1f} MiB"

@@ -207,11 +207,18 @@ def test_fused_attention_ops_are_named_as_the_reason(tmp_path, capsys):
     graph = helper.make_graph(
         [
             helper.make_node(
-                "Attention", ["x", "qkv_w", "qkv_b"], ["y"], domain="com.microsoft", num_heads=2
+                "Attention",
+                ["x", "qkv_w", "qkv_b", "", "past"],
+                ["y"],
+                domain="com.microsoft",
+                num_heads=2,
             )
         ],
         "fused",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8])],
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8]),
+            helper.make_tensor_value_info("past", TensorProto.FLOAT, [2, "batch", 2, 3, 4]),
+        ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 8])],
         [
             helper.make_tensor("qkv_w", TensorProto.FLOAT, [8, 24], rng.standard_normal(192)),
@@ -226,7 +233,8 @@ def test_fused_attention_ops_are_named_as_the_reason(tmp_path, capsys):
     onnx.save(model, path)
     status, _, err = run_cli(capsys, "inspect", path)
     assert status == 1
-    assert_one_line_error(err, "no Softmax node", "fused Attention")
+    # A fused Attention is defused into standard ONNX; one with past state is declined, by name.
+    assert_one_line_error(err, "no Softmax node", "fused com.microsoft Attention", "past state")
 
 
 # -- external data ----------------------------------------------------------------------------

@@ -32,8 +32,19 @@ def _npz_declaring(path: Path, shape: tuple[int, ...]) -> Path:
 
 
 def test_an_npz_header_declaring_two_to_the_forty_elements_allocates_nothing(tmp_path):
+    # Members are read per batch, so the whole array's size is not limited; a header declaring
+    # more than the member holds is refused before anything is read.
     path = _npz_declaring(tmp_path / "bomb.npz", (2**20, 2**20))
-    with pytest.raises(ImporterInputError, match=r"at most .* OVERSMOOTH_MAX_ELEMENTS") as info:
+    with pytest.raises(ImporterInputError, match=r"declares shape .* but holds 8 bytes") as info:
+        sources.from_npz(path, TEXT_GRAPH)
+    assert "\n" not in str(info.value)
+
+
+def test_an_npz_item_beyond_the_element_limit_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "wide.npz"
+    np.savez(path, input_ids=np.zeros((2, 16), np.int64), attention_mask=np.ones((2, 16), np.int64))
+    monkeypatch.setenv("OVERSMOOTH_MAX_ELEMENTS", "10")
+    with pytest.raises(ImporterInputError, match=r"one item of array .* at most 10 ") as info:
         sources.from_npz(path, TEXT_GRAPH)
     assert "\n" not in str(info.value)
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
+from importers.graph import gather_nd
 from importers.graph.load import model_from_proto
 from importers.graph.shapes import ShapeContext, concrete_shapes
 
@@ -194,3 +197,31 @@ def test_concrete_shapes_pins_inputs_and_needs_opset_imports() -> None:
     assert "e" not in concrete_shapes(graph, opsets, {})  # symbolic: not concrete
     assert concrete_shapes(graph, (), {"x": (3, 5, 4)}) == {}
     onnx.checker.check_graph(graph)
+
+
+@pytest.mark.parametrize(
+    ("data_shape", "indices", "batch_dims"),
+    [
+        ((3, 2, 5, 4), [[1]], 0),  # Falcon's fused-QKV pick of one group: a Gather in disguise
+        ((3, 2, 5, 4), [[2, 1], [0, 0]], 0),
+        ((3, 2, 5, 4), [[[1, 4]], [[0, -1]], [[0, 0]]], 1),
+        ((2, 3, 4), [[[0, 1, 2], [1, 2, 3]]], 0),
+    ],
+)
+def test_gather_nd_agrees_with_the_onnx_reference(data_shape, indices, batch_dims) -> None:
+    data = np.arange(np.prod(data_shape), dtype=np.float32).reshape(data_shape)
+    index = np.asarray(indices, np.int64)
+    node = helper.make_node("GatherND", ["data", "index"], ["out"], batch_dims=batch_dims)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("data", F, data_shape)],
+        [helper.make_tensor_value_info("out", F, None)],
+        [numpy_helper.from_array(index, "index")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (expected,) = ReferenceEvaluator(model).run(None, {"data": data})
+    found = gather_nd(data, index, batch_dims)
+    np.testing.assert_array_equal(found, expected)
+    context = ShapeContext(model_from_proto(model).index, batch=2, sequence=3)
+    assert context.shape("out") == expected.shape

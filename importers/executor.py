@@ -1,0 +1,341 @@
+"""Where parallel work runs: in this process, or on the workers of a Dask cluster.
+
+The distributed audit (:mod:`importers.run.sharding`) and ``oversmooth sweep`` hand their work to
+an :class:`Executor` as independent tasks, ``fn(task, **shared)``, and merge the results in task
+order, so the answer does not depend on where a task ran. Three places (``--scheduler``):
+
+``None`` (no option)
+    :class:`LocalExecutor`: every task in this process, one after the other.
+``"local"``
+    A Dask ``LocalCluster`` on this machine (``workers`` processes, one thread each, no dashboard,
+    its files in a temporary folder), started here and shut down when the executor closes.
+``"tcp://host:port"`` (or ``tls://``)
+    The workers of an existing Dask cluster; tasks still running when the executor closes are
+    cancelled, the cluster itself is left running.
+
+Closing always happens (a ``with`` block, Ctrl-C included): a local cluster never leaves worker
+processes behind. Tasks reach the workers by value (pickled); ``shared`` values are sent to every
+worker once. Functions are pickled by reference, so every worker must have ``oversmooth`` (and its
+dependencies) installed, at the same version as this process.
+
+``distributed`` is imported only when a cluster is asked for.
+
+Public API
+----------
+Executor
+    ``map(fn, tasks, shared=...)`` yields ``(index, result)`` as tasks finish; ``on_workers``,
+    ``slots``, ``describe()``.
+LocalExecutor
+    Runs everything in this process.
+local_cluster
+    A Dask ``LocalCluster`` on this machine, shut down on exit.
+open_executor
+    The executor for a ``--scheduler`` value, as a context manager.
+progress_bar
+    A tqdm bar counting items (inputs, cells) with their rate and the time left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from importers.errors import ClusterError, ImporterInputError
+from importers.run.runner import default_threads
+from simulator.output import package_versions
+from simulator.validation import check_positive_int
+
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "Executor",
+    "LocalExecutor",
+    "local_cluster",
+    "open_executor",
+    "progress_bar",
+]
+
+#: Seconds to wait for an existing scheduler to answer, and for its first worker.
+CONNECT_TIMEOUT_S = 20
+#: Accepted scheduler addresses besides ``local``.
+_ADDRESS = re.compile(r"^(tcp|tls)://[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
+
+
+class Executor(Protocol):
+    """Runs independent tasks and yields their results as they finish."""
+
+    @property
+    def slots(self) -> int:
+        """How many tasks run at once (worker threads in all; 1 in this process)."""
+        ...
+
+    def map(
+        self,
+        fn: Callable[..., Any],
+        tasks: Sequence[Any],
+        *,
+        shared: Mapping[str, Any] | None = None,
+    ) -> Iterator[tuple[int, Any]]:
+        """Yield ``(i, fn(tasks[i], **shared))`` for every task, in the order they finish.
+
+        On a cluster the tasks are submitted at once (before the first result is asked for); in
+        this process each runs when its result is asked for.
+
+        An error of a task is raised here (the task's own exception type when it is importable,
+        e.g. an :class:`~simulator.errors.OversmoothError`); the remaining tasks are cancelled.
+        """
+        ...
+
+    def on_workers(self, fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+        """``fn(*args)`` once on every worker: ``{worker address: result}``."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Where the work ran, for provenance records."""
+        ...
+
+
+class LocalExecutor:
+    """Every task in this process, in order."""
+
+    @property
+    def slots(self) -> int:
+        return 1
+
+    def map(
+        self,
+        fn: Callable[..., Any],
+        tasks: Sequence[Any],
+        *,
+        shared: Mapping[str, Any] | None = None,
+    ) -> Iterator[tuple[int, Any]]:
+        for index, task in enumerate(tasks):
+            yield index, fn(task, **(shared or {}))
+
+    def on_workers(self, fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+        return {"local": fn(*args)}
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "local", "scheduler": None, "workers": 1, "slots": 1}
+
+
+class _DaskExecutor:
+    """Tasks on the workers of a Dask cluster through ``client``."""
+
+    def __init__(self, client: Any, scheduler: str) -> None:
+        self._client = client
+        self._scheduler = scheduler
+
+    def _workers(self) -> dict[str, Any]:
+        return dict(self._client.scheduler_info(n_workers=-1)["workers"])
+
+    @property
+    def slots(self) -> int:
+        return max(1, sum(int(info.get("nthreads", 1)) for info in self._workers().values()))
+
+    def map(
+        self,
+        fn: Callable[..., Any],
+        tasks: Sequence[Any],
+        *,
+        shared: Mapping[str, Any] | None = None,
+    ) -> Iterator[tuple[int, Any]]:
+        client = self._client
+        # unique keys (hash=False): a value scattered again must not share its key with the
+        # futures an earlier call is cancelling
+        common = {
+            key: client.scatter(value, broadcast=True, hash=False)
+            for key, value in (shared or {}).items()
+        }
+        data = client.scatter(list(tasks), hash=False)  # by value, each task to one worker
+        futures = [client.submit(fn, item, **common, pure=False) for item in data]
+        return self._collect(futures, [*data, *common.values()])
+
+    def _collect(self, futures: list[Any], inputs: list[Any]) -> Iterator[tuple[int, Any]]:
+        from distributed import as_completed
+
+        index = {future.key: i for i, future in enumerate(futures)}
+        try:
+            for future in as_completed(futures):
+                yield index[future.key], _result(future)
+        finally:  # an error, Ctrl-C or an abandoned generator: nothing keeps running
+            self._client.cancel([*futures, *inputs])
+
+    def on_workers(self, fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+        return dict(self._client.run(fn, *args))
+
+    def describe(self) -> dict[str, Any]:
+        workers = self._workers()
+        return {
+            "kind": "dask",
+            "scheduler": self._scheduler,
+            "workers": len(workers),
+            "slots": sum(int(info.get("nthreads", 1)) for info in workers.values()),
+            "versions": package_versions(("dask", "distributed")),
+        }
+
+
+def _result(future: Any) -> Any:
+    """The future's result; a worker that died is a :class:`ClusterError`, one line."""
+    from distributed import KilledWorker
+
+    try:
+        return future.result()
+    except KilledWorker as err:
+        raise ClusterError(
+            f"a Dask worker died running a task ({err}); see the worker logs"
+        ) from None
+
+
+def _check_scheduler(scheduler: str) -> str:
+    if scheduler != "local" and not _ADDRESS.match(scheduler):
+        raise ImporterInputError(
+            f"`--scheduler` must be `local` or a Dask scheduler address tcp://HOST:PORT; "
+            f"got {scheduler!r}"
+        )
+    return scheduler
+
+
+def _distributed() -> Any:
+    try:
+        import distributed
+    except ImportError as err:  # pragma: no cover - a declared dependency
+        raise ImporterInputError(
+            f"`--scheduler` needs the `distributed` package (pip install distributed); {err}"
+        ) from None
+    return distributed
+
+
+@contextlib.contextmanager
+def _children_ignore_ctrl_c() -> Iterator[None]:
+    """Processes started inside inherit an ignored SIGINT (this process's own handling returns after).
+
+    The terminal sends Ctrl-C to the whole process group: the workers of a local cluster would
+    each print a traceback. This process handles it instead, shutting them down. A Ctrl-C while
+    the workers start (a second or two) is lost. Outside the main thread nothing is changed.
+    """
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def local_cluster(workers: int, folder: str | None = None) -> Iterator[tuple[Any, str]]:
+    """Start a Dask ``LocalCluster`` here; yield a client and the scheduler's address.
+
+    ``workers`` processes of one thread each, no dashboard, the workers' files in ``folder``
+    (default: a temporary folder removed afterwards). Shut down on exit, Ctrl-C included.
+    """
+    distributed = _distributed()
+    import dask
+
+    scratch = folder or tempfile.mkdtemp(prefix="oversmooth-dask-")
+    cluster_options = {
+        "n_workers": workers,
+        "threads_per_worker": 1,
+        "processes": True,
+        "dashboard_address": None,
+        # its HTTP server (metrics, health) on a free port: 8787 may be taken
+        "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"},
+        "worker_dashboard_address": None,
+        # Dask's own log lines are not ours to print: even at CRITICAL it logs a traceback when a
+        # Ctrl-C closes the scheduler's connections mid-message. Failures reach the user as one
+        # line through the futures (ClusterError, the task's own error).
+        "silence_logs": logging.CRITICAL + 1,
+        "local_directory": scratch,
+    }
+    try:
+        # the scheduler keeps its folder under dask's temporary-directory: there too
+        with dask.config.set({"temporary-directory": scratch}):
+            with _children_ignore_ctrl_c():
+                cluster = distributed.LocalCluster(**cluster_options)
+            with cluster, distributed.Client(cluster) as client:
+                yield client, cluster.scheduler_address
+    finally:
+        if folder is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _remote_cluster(scheduler: str) -> Iterator[tuple[Any, str]]:
+    distributed = _distributed()
+    try:
+        client = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError) as err:
+        raise ImporterInputError(
+            f"`--scheduler` must be a reachable Dask scheduler; cannot connect to {scheduler!r}: "
+            f"{err}"
+        ) from None
+    try:
+        try:
+            client.wait_for_workers(1, timeout=CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            raise ImporterInputError(
+                f"`--scheduler` must have workers; the cluster at {scheduler!r} has none after "
+                f"{CONNECT_TIMEOUT_S} s"
+            ) from None
+        yield client, scheduler
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def open_executor(
+    scheduler: str | None = None, *, workers: int | None = None
+) -> Iterator[Executor]:
+    """The executor for a ``--scheduler`` value; closed (a local cluster shut down) on exit.
+
+    Parameters
+    ----------
+    scheduler : str, optional
+        None (this process), ``"local"`` (a new local cluster) or ``"tcp://host:port"``.
+    workers : int, optional
+        Worker processes of a local cluster (default: the cores this process may use); only with
+        ``scheduler="local"``.
+
+    Raises
+    ------
+    ImporterInputError
+        A malformed address, ``workers`` without ``"local"``, a scheduler that cannot be reached
+        or has no workers.
+    """
+    if workers is not None:
+        workers = check_positive_int(workers, "--workers", error=ImporterInputError)
+        if scheduler != "local":
+            raise ImporterInputError(
+                f"`--workers` needs `--scheduler local` (it sizes a local cluster); got "
+                f"--scheduler {scheduler!r}"
+            )
+    if scheduler is None:
+        yield LocalExecutor()
+        return
+    cluster = (
+        local_cluster(workers or default_threads())
+        if _check_scheduler(scheduler) == "local"
+        else _remote_cluster(scheduler)
+    )
+    with cluster as (client, address):
+        yield _DaskExecutor(client, address)
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, unit: str, *, enabled: bool) -> Iterator[Callable[[int], None]]:
+    """A callback ``advance(n)`` moving a tqdm bar on stderr (items per second, time left)."""
+    if not enabled:
+        yield lambda _n: None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit=unit, desc="oversmooth", smoothing=0.1) as bar:
+        yield bar.update
