@@ -8,10 +8,17 @@ files. With ``--blas-threads N`` both are repeated with ``OPENBLAS_NUM_THREADS=N
 small eigenvalue problems are sensitive to BLAS threading on a busy machine). Plain inference
 against the audit's session is :mod:`benchmarks.bench_runner`.
 
+Then, since the per-model cache (:mod:`importers.run.cache`): the same command with an empty cache
+(cold) and once more (warm); the dominance step on the default inputs' attention matrices, dense
+(every spectrum) against certified (:mod:`simulator.perron`), with the share of cases the bound
+decides; and the whole audit (dominance on, warm cache) of ``--ratio-inputs`` inputs (the bundled
+ones repeated) at batch ``--ratio-batch`` against plain onnxruntime inference of the same inputs
+(``session.run`` of the unmodified model, batch by batch), per model of ``--ratio-models``.
+
 The load average is printed beside the numbers: on a shared machine they are only as good as it.
 
 Run with ``python -m benchmarks.bench_audit [--audit-model NAME] [--audit-runs N]
-[--blas-threads N]``.
+[--blas-threads N] [--ratio-models NAME ...] [--ratio-inputs N] [--ratio-batch B]``.
 """
 
 from __future__ import annotations
@@ -32,7 +39,17 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["Breakdown", "audit_breakdown", "audit_command", "command_seconds", "main"]
+__all__ = [
+    "Breakdown",
+    "DominanceTiming",
+    "audit_against_inference",
+    "audit_breakdown",
+    "audit_command",
+    "cold_and_warm_seconds",
+    "command_seconds",
+    "dominance_timing",
+    "main",
+]
 
 DEFAULT_AUDIT_MODEL = "dinov2-vits14"
 
@@ -72,11 +89,10 @@ PHASES: dict[str, tuple[str, str]] = {
     "extract weights": ("importers/weights.py", "block_weights"),
     "runner setup + session": ("importers/run/runner.py", "__init__"),
     "inference (onnxruntime)": ("importers/run/runner.py", "_run_batch"),
-    "metrics (host: Gram eigenvalues)": ("importers/run/audit.py", "_measure_layers"),
-    # The eigenproblems run in worker threads, which cProfile does not see: time the wait.
-    "dominance (worker threads)": ("importers/run/audit.py", "_measure_dominance"),
-    "value spectra (W_V W_O)": ("importers/value_spectra.py", "model_spectra"),
-    "H spectra for dominance": ("importers/run/audit.py", "_value_spectra"),
+    # The eigenproblems run in worker threads, which cProfile does not see: time the wait. The
+    # batch's Gram eigenvalues (host metrics) run as one more job beside them, mostly inside it.
+    "dominance + metrics (worker threads)": ("importers/run/dominance.py", "measure_dominance"),
+    "value spectra (W_V W_O, cached)": ("importers/run/cache.py", "cached_value_spectra"),
     "figures + files": ("importers/run/report.py", "save_audit"),
 }
 
@@ -152,18 +168,150 @@ def _print_audit(model: str, runs: int, blas_threads: int | None) -> None:
     print(f"({load_average()})")
 
 
+def cold_and_warm_seconds(model: str) -> tuple[float, float]:
+    """Wall seconds of ``oversmooth audit MODEL`` with an empty cache, then with the one it left."""
+    from importers.zoo import lookup
+
+    path = str(lookup(model).path)  # the cache folder below is empty: it must not hold the model
+    with tempfile.TemporaryDirectory() as folder:
+        env = {"OVERSMOOTH_CACHE": folder}
+        return command_seconds(path, 1, env), command_seconds(path, 1, env)
+
+
+@dataclass(frozen=True)
+class DominanceTiming:
+    """The dominance step on one audit's attention matrices: dense against certified."""
+
+    model: str
+    cases: int
+    certified: int
+    dense_s: float
+    certified_s: float
+
+
+def dominance_timing(model: str) -> DominanceTiming:
+    """Time the dominance step of the default audit of ``model`` both ways, as the audit runs it.
+
+    One BLAS thread per problem, the problems spread over ``default_threads()`` worker threads;
+    the attention probabilities are computed first, outside the timing.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_limits
+
+    from importers.graph import load_model
+    from importers.match import find_attention_blocks
+    from importers.run.audit import audit_session
+    from importers.run.cache import cached_value_spectra
+    from importers.run.dominance import dominance_problems, dominance_spectra
+    from importers.run.runner import default_threads
+    from importers.run.sources import default_inputs
+    from importers.weights import block_weights
+    from importers.zoo import file_sha256, lookup
+    from simulator.perron import dominating_modes
+    from simulator.tolerances import TIE_RTOL
+
+    ref = lookup(model)
+    graph = load_model(ref.path)
+    blocks = [block_weights(graph, block) for block in find_attention_blocks(graph).blocks]
+    inputs = default_inputs(graph.inputs, ref.entry)
+    session = audit_session(graph, blocks, inputs, provider="cpu", spectral=False)
+    outputs = session.runner.collect(session.feeds, batch_size=4)
+    spectra = cached_value_spectra(blocks, file_sha256(ref.path))
+    eig_H = dominance_spectra(blocks, spectra, "head", False)
+    problems = dominance_problems(outputs, blocks, session.attention, inputs, 0, eig_H, TIE_RTOL)
+    seconds = {}
+    with (
+        threadpool_limits(limits=1, user_api="blas"),
+        ThreadPoolExecutor(max_workers=default_threads()) as pool,
+    ):
+        for certify in (False, True):
+            start = time.perf_counter()
+            list(pool.map(lambda p, c=certify: p.cases(TIE_RTOL, certify=c), problems))
+            seconds[certify] = time.perf_counter() - start
+        certified = sum(
+            int(dominating_modes(p.attention(), p.eig_H, targets=p.targets).certified.sum())
+            for p in problems
+        )
+    cases = sum(len(p.eig_H) for p in problems)
+    return DominanceTiming(model, cases, certified, seconds[False], seconds[True])
+
+
+def audit_against_inference(model: str, n_inputs: int, batch: int) -> tuple[float, float]:
+    """Seconds of the whole audit (dominance on) and of plain inference of the same inputs (CPU).
+
+    The inputs are the bundled ones repeated to ``n_inputs``; a one-input audit first fills the
+    value-spectra cache and loads the libraries, so that the timed audit is a warm one. Plain
+    inference is ``session.run`` of the unmodified model, ``batch`` inputs a call.
+    """
+    import numpy as np
+
+    from importers.graph import load_model
+    from importers.run.audit import audit
+    from importers.run.runner import plain_session
+    from importers.run.sources import default_inputs
+    from importers.zoo import lookup
+
+    ref = lookup(model)
+    graph = load_model(ref.path)
+    inputs = default_inputs(graph.inputs, ref.entry)
+    inputs = inputs.subset(list(np.resize(np.arange(inputs.batch_size), n_inputs)))
+    audit(graph, inputs.subset([0]), entry=ref.entry, provider="cpu")
+    start = time.perf_counter()
+    audit(graph, inputs, entry=ref.entry, provider="cpu", batch_size=batch)
+    audit_s = time.perf_counter() - start
+    session = plain_session(graph, provider="cpu")
+    session.run(None, inputs.subset(range(batch)).feeds)  # warm-up
+    start = time.perf_counter()
+    for first in range(0, n_inputs, batch):
+        session.run(None, inputs.subset(range(first, min(first + batch, n_inputs))).feeds)
+    return audit_s, time.perf_counter() - start
+
+
+def _print_cache_and_dominance(model: str) -> None:
+    cold, warm = cold_and_warm_seconds(model)
+    print(f"fresh interpreter, empty cache: {cold:.1f} s; warm cache: {warm:.1f} s")
+    timing = dominance_timing(model)
+    share = 100 * timing.certified / timing.cases
+    print(
+        f"dominance step, {timing.cases} cases: dense {timing.dense_s:.2f} s, certified "
+        f"{timing.certified_s:.2f} s ({timing.dense_s / timing.certified_s:.1f}x; "
+        f"{share:.0f}% decided by the bound)"
+    )
+    print(f"({load_average()})")
+
+
+def _print_ratios(models: Sequence[str], n_inputs: int, batch: int) -> None:
+    print(
+        f"\nwhole audit (dominance on) vs plain inference, {n_inputs} inputs, batch {batch}, CPU:"
+    )
+    for model in models:
+        audit_s, plain_s = audit_against_inference(model, n_inputs, batch)
+        print(
+            f"  {model:<16} audit {audit_s:6.1f} s  plain {plain_s:6.1f} s  "
+            f"ratio {audit_s / plain_s:.2f}  ({load_average()})"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Print the audit's wall time and its breakdown."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--audit-model", default=DEFAULT_AUDIT_MODEL)
     parser.add_argument("--audit-runs", type=int, default=1, help="fresh-interpreter runs")
     parser.add_argument("--blas-threads", type=int, default=None, metavar="N")
+    parser.add_argument(
+        "--ratio-models", nargs="*", default=[DEFAULT_AUDIT_MODEL, "minilm-l6-int8"]
+    )
+    parser.add_argument("--ratio-inputs", type=int, default=64)
+    parser.add_argument("--ratio-batch", type=int, default=8)
     parser.add_argument("--breakdown-json", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.breakdown_json:
         print(json.dumps(asdict(audit_breakdown(args.breakdown_json))))
         return
     _print_audit(args.audit_model, max(1, args.audit_runs), args.blas_threads)
+    _print_cache_and_dominance(args.audit_model)
+    _print_ratios(args.ratio_models, args.ratio_inputs, args.ratio_batch)
 
 
 if __name__ == "__main__":

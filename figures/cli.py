@@ -124,6 +124,11 @@ def _register_audit(subparsers: argparse._SubParsersAction) -> None:
     )
     add_scheduler_options(p, "the inputs are split into shards of whole batches, one per worker")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compute the value spectra afresh: neither read nor write the per-user cache",
+    )
     p.set_defaults(func=run)
 
 
@@ -216,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
         "spectral": not args.no_spectral,
         "partial": args.partial,
         "progress": not args.no_progress and sys.stderr.isatty(),
+        "cache": not args.no_cache,
     }
     if args.scheduler is None and args.workers is None:
         result = audit(model, inputs, **options)

@@ -8,6 +8,10 @@ SPECTRUM_KINDS
     ``"head"``, ``"layer"``, ``"head-gamma"``, ``"layer-gamma"``.
 head_eigenvalues, layer_eigenvalues
     The eigenvalues of one block's per-head or whole-layer product (optionally with γ folded in).
+BlockSpectra, block_spectra
+    Every kind of eigenvalue of one block, as arrays (what the audit caches and reuses).
+spectrum_rows
+    Tidy rows from those arrays.
 model_spectra
     Tidy rows for every block.
 summarize_spectra
@@ -42,11 +46,14 @@ __all__ = [
     "LAYER_HEAD",
     "SPECTRA_COLUMNS",
     "SPECTRUM_KINDS",
+    "BlockSpectra",
     "SpectrumRow",
     "SpectrumSummary",
+    "block_spectra",
     "head_eigenvalues",
     "layer_eigenvalues",
     "model_spectra",
+    "spectrum_rows",
     "summarize_spectra",
 ]
 
@@ -130,6 +137,47 @@ def _scale_rows(block: BlockWeights, W_V: np.ndarray) -> np.ndarray:
     return block.gamma[:, None] * W_V
 
 
+@dataclass(frozen=True)
+class BlockSpectra:
+    """Every eigenvalue kind of one block's value products (complex arrays).
+
+    Attributes
+    ----------
+    index : int
+        The block's index.
+    head : (n_heads, d_head) ndarray
+        Row h: :func:`head_eigenvalues` of head h.
+    layer : (d_model,) ndarray
+        :func:`layer_eigenvalues`.
+    head_gamma, layer_gamma : ndarray or None
+        The same with γ folded in; present for pre-LN blocks with a γ only.
+    """
+
+    index: int
+    head: np.ndarray
+    layer: np.ndarray
+    head_gamma: np.ndarray | None
+    layer_gamma: np.ndarray | None
+
+    def heads(self, *, gamma: bool) -> np.ndarray:
+        """The per-head eigenvalues, γ-folded when ``gamma`` and available."""
+        return self.head_gamma if gamma and self.head_gamma is not None else self.head
+
+    def whole_layer(self, *, gamma: bool) -> np.ndarray:
+        """The whole-layer eigenvalues, γ-folded when ``gamma`` and available."""
+        return self.layer_gamma if gamma and self.layer_gamma is not None else self.layer
+
+
+def block_spectra(block: BlockWeights) -> BlockSpectra:
+    """Every kind of :data:`SPECTRUM_KINDS` for one block (γ-folded kinds for pre-LN blocks)."""
+    kinds = []
+    for gamma in (False, True) if block.norm == "pre" and block.gamma is not None else (False,):
+        heads = np.stack([head_eigenvalues(block, h, gamma=gamma) for h in range(block.n_heads)])
+        kinds.append((heads, layer_eigenvalues(block, gamma=gamma)))
+    folded = kinds[1] if len(kinds) > 1 else (None, None)
+    return BlockSpectra(block.index, *kinds[0], *folded)
+
+
 def model_spectra(blocks: Sequence[BlockWeights]) -> list[SpectrumRow]:
     """Tidy eigenvalue rows for every block: per head, per layer, and γ-folded for pre-LN blocks.
 
@@ -138,20 +186,20 @@ def model_spectra(blocks: Sequence[BlockWeights]) -> list[SpectrumRow]:
     thread, 71 s with the default threads beside one busy process on 2 cores).
     """
     with threadpool_limits(limits=1, user_api="blas"):
-        return _model_spectra(blocks)
+        return spectrum_rows([block_spectra(block) for block in blocks])
 
 
-def _model_spectra(blocks: Sequence[BlockWeights]) -> list[SpectrumRow]:
+def spectrum_rows(spectra: Sequence[BlockSpectra]) -> list[SpectrumRow]:
+    """Tidy rows, per block: the heads then the layer, plain then γ-folded."""
     rows: list[SpectrumRow] = []
-    for block in blocks:
-        with_gamma = block.norm == "pre" and block.gamma is not None
-        for gamma in (False, True) if with_gamma else (False,):
-            suffix = "-gamma" if gamma else ""
-            for head in range(block.n_heads):
-                values = head_eigenvalues(block, head, gamma=gamma)
+    for block in spectra:
+        kinds = [("", block.head, block.layer)]
+        if block.head_gamma is not None and block.layer_gamma is not None:
+            kinds.append(("-gamma", block.head_gamma, block.layer_gamma))
+        for suffix, heads, layer in kinds:
+            for head, values in enumerate(heads):
                 rows.extend(_rows(block.index, head, "head" + suffix, values))
-            values = layer_eigenvalues(block, gamma=gamma)
-            rows.extend(_rows(block.index, LAYER_HEAD, "layer" + suffix, values))
+            rows.extend(_rows(block.index, LAYER_HEAD, "layer" + suffix, layer))
     return rows
 
 

@@ -23,6 +23,11 @@ EIG_TOL = 1e-9
 #: Relative modulus under which two eigenvalues |mu| count as tied (Definition 4 allows ties).
 TIE_RTOL = 1e-9
 
+#: A certified perron case (simulator.perron) keeps this relative distance from the tie threshold,
+#: so that the dense path, whose eigenvalues carry round-off (a few digits more for non-normal A),
+#: finds the same kind.
+PERRON_MARGIN = 1e-6
+
 #: A smoothing metric (HFC/LFC, 1 - cos, sigma_2/sigma_1) counts as converged to 0 below this.
 SMOOTH_THRESHOLD = 1e-6
 

@@ -52,6 +52,8 @@ from importers.graph import OnnxModel, load_model
 from importers.graph.shapes import inferred_types, static_dims
 from importers.match import check_complete, find_attention_blocks, missing_blocks_note
 from importers.run.batching import items_per_call, run_batches
+from importers.run.cache import cached_value_spectra
+from importers.run.dominance import dominance_spectra, measure_dominance
 from importers.run.feeds import Inputs
 from importers.run.records import (
     AuditConfig,
@@ -65,13 +67,12 @@ from importers.run.records import (
 from importers.run.reductions import Gram, ReductionPlan, plan_reductions
 from importers.run.runner import Runner, default_threads
 from importers.run.sources import default_inputs
-from importers.value_spectra import head_eigenvalues, layer_eigenvalues, model_spectra
+from importers.value_spectra import spectrum_rows
 from importers.weights import BlockWeights, block_weights
 from importers.zoo import ModelRef, ZooModel, file_sha256, lookup
 from simulator.metrics import METRICS
 from simulator.output import package_versions
 from simulator.statistics import SPECTRAL_METRICS, metrics_from_statistics
-from simulator.theory import KINDS, dominance_kinds, kron_eigenvalues
 from simulator.tolerances import TIE_RTOL
 from simulator.validation import check_choice, check_positive_int
 
@@ -142,75 +143,6 @@ def layer_tensors(
     return names
 
 
-def _token_masks(
-    inputs: Inputs, start: int, batch: int, n_tokens: int, exclude_prefix: int
-) -> np.ndarray:
-    # Images have no mask (every position is real); a text mask must match the token axis exactly.
-    mask = inputs.token_mask_for(n_tokens)[start : start + batch].copy()
-    mask[:, :exclude_prefix] = False
-    return mask
-
-
-def _value_spectra(
-    blocks: Sequence[BlockWeights], granularity: Granularity, fold_gamma: bool
-) -> list[np.ndarray]:
-    """Per block a (n_heads, k) array of H eigenvalues used for dominance."""
-    spectra = []
-    for block in blocks:
-        gamma = fold_gamma and block.norm == "pre" and block.gamma is not None
-        if granularity == "layer":
-            values = np.tile(layer_eigenvalues(block, gamma=gamma), (block.n_heads, 1))
-        else:
-            values = np.stack(
-                [head_eigenvalues(block, h, gamma=gamma) for h in range(block.n_heads)]
-            )
-            if block.d_model > block.d_head:  # the d×d product also has the eigenvalue 0
-                values = np.concatenate([values, np.zeros((block.n_heads, 1))], axis=1)
-        spectra.append(values)
-    return spectra
-
-
-def _dominance_cases(
-    probs: np.ndarray,
-    token_mask: np.ndarray,
-    eig_H: np.ndarray,
-    item: int,
-    layer: int,
-    tie_rtol: float,
-) -> list[DominanceCase]:
-    """Cases for every head of one input: probs (heads, T, T), token_mask (T,), eig_H (heads, k)."""
-    keep = np.flatnonzero(token_mask)
-    A = probs[:, keep][:, :, keep].astype(np.float64)
-    A = A / A.sum(axis=-1, keepdims=True)
-    eig_A = np.linalg.eigvals(A)
-    kinds = dominance_kinds(eig_A, eig_H, tie_rtol=tie_rtol)
-    mu = kron_eigenvalues(eig_A, eig_H)
-    cases = []
-    for head in range(A.shape[0]):
-        i, j = np.unravel_index(np.argmax(np.abs(mu[head])), mu[head].shape)
-        cases.append(
-            DominanceCase(
-                item,
-                layer,
-                head,
-                KINDS[int(kinds[head])],
-                complex(mu[head, i, j]),
-                complex(eig_A[head, i]),
-                complex(eig_H[head, j]),
-                int(keep.size),
-            )
-        )
-    return cases
-
-
-def _attention_probs(array: np.ndarray, name: str, n_heads: int) -> np.ndarray:
-    if array.ndim != 4 or array.shape[1] != n_heads or array.shape[2] != array.shape[3]:
-        raise ImporterInputError(
-            f"attention probabilities {name!r} must have shape (batch, {n_heads}, T, T); got {array.shape}"
-        )
-    return array
-
-
 def _gram_orientation(graph: OnnxModel, layer0: str, inputs: Inputs, d_model: int) -> Gram:
     """The smaller Gram matrix of a (T, D) hidden state: T×T when T <= D is known, else D×D."""
     tokens = inputs.token_mask.shape[1] if inputs.token_mask is not None else None
@@ -240,37 +172,6 @@ def _measure_layers(
             batch = len(value)
             per_input[metric][start : start + batch, layer] = value
     return batch
-
-
-def _measure_dominance(
-    outputs: dict[str, np.ndarray],
-    blocks: Sequence[BlockWeights],
-    attention: Sequence[str],
-    inputs: Inputs,
-    start: int,
-    eig_H: Sequence[np.ndarray],
-    tie_rtol: float,
-    pool: ThreadPoolExecutor,
-) -> list[DominanceCase]:
-    """Dominance cases of one batch (``inputs``, its first item numbered ``start``): every
-    (input, layer, head) with its attention matrix.
-
-    The (input, layer) problems are spread over ``pool``'s threads (LAPACK releases the GIL);
-    the cases come back in (layer, input, head) order whatever the thread count.
-    """
-    probs_per_item, real, eig, items, layers = [], [], [], [], []
-    for layer, (block, name) in enumerate(zip(blocks, attention, strict=False)):
-        probs = _attention_probs(outputs[name], name, block.n_heads)
-        masks = _token_masks(inputs, 0, probs.shape[0], probs.shape[-1], 0)
-        for b in range(len(probs)):
-            probs_per_item.append(probs[b])
-            real.append(masks[b])
-            eig.append(eig_H[layer])
-            items.append(start + b)
-            layers.append(layer)
-    ties = [tie_rtol] * len(items)
-    done = pool.map(_dominance_cases, probs_per_item, real, eig, items, layers, ties)
-    return [case for cases in done for case in cases]
 
 
 def _prefix_count(exclude_prefix: bool | int, entry: ZooModel | None) -> int:
@@ -390,6 +291,7 @@ def audit(
     partial: bool = False,
     tie_rtol: float = TIE_RTOL,
     progress: bool = False,
+    cache: bool = True,
 ) -> AuditResult:
     """Audit a model: per-layer smoothing of real inputs, dominating eigenvalues, value spectra.
 
@@ -427,6 +329,9 @@ def audit(
         Relative tolerance for ties of |μ|.
     progress : bool
         Show a progress bar (stderr).
+    cache : bool
+        Reuse (and store) the input-independent value spectra in the per-user cache, keyed by
+        the model file's sha256 (:mod:`importers.run.cache`); False computes them afresh.
 
     Returns
     -------
@@ -464,8 +369,9 @@ def audit(
     notes += session.notes
     items, batch_notes = items_per_call(graph, batch_size)
     notes += batch_notes
-    with threadpool_limits(limits=1, user_api="blas"):  # small eigenproblems: see model_spectra
-        eig_H = _value_spectra(blocks, dominance, fold_gamma) if dominance != "none" else []
+    sha256 = file_sha256(ref.path)
+    spectra = cached_value_spectra(blocks, sha256, use_cache=cache)
+    eig_H = dominance_spectra(blocks, spectra, dominance, fold_gamma) if dominance != "none" else []
     shape = (inputs.batch_size, len(session.layers))
     per_input = {name: np.full(shape, np.nan) for name in METRICS}
     cases: list[DominanceCase] = []
@@ -473,18 +379,20 @@ def audit(
     batches = session.batches(items, progress=progress)
     # Many small eigenvalue problems: one BLAS thread each, one worker thread per core; this also
     # avoids the collapse of multithreaded BLAS on a busy machine (5-20x measured on 2 cores).
+    # The batch's Gram eigenvalues run as one more job beside its dominance problems.
     with (
         threadpool_limits(limits=1, user_api="blas"),
         ThreadPoolExecutor(max_workers=default_threads()) as pool,
     ):
         for batch, outputs in batches:
-            _measure_layers(outputs, session.plan, start, per_input)
-            cases += _measure_dominance(
+            measured = pool.submit(_measure_layers, outputs, session.plan, start, per_input)
+            cases += measure_dominance(
                 outputs, blocks, session.attention, batch, start, eig_H, tie_rtol, pool
             )
+            measured.result()
             start += batch.batch_size
     return AuditResult(
-        model=ModelInfo(ref.name, str(ref.path), file_sha256(ref.path), len(blocks)),
+        model=ModelInfo(ref.name, str(ref.path), sha256, len(blocks)),
         inputs=InputsInfo(
             inputs.source, inputs.digest, inputs.batch_size, inputs.random, tuple(inputs.labels)
         ),
@@ -492,7 +400,7 @@ def audit(
         blocks=blocks,
         metrics=per_input,
         dominance=cases,
-        spectra=model_spectra(blocks),
+        spectra=spectrum_rows(spectra),
         config=AuditConfig(
             batch_size=batch_size,
             exclude_prefix=prefix,

@@ -142,6 +142,18 @@ def test_random_inputs_are_labelled_random(tmp_path: Path, capsys: pytest.Captur
     assert json.loads((out / "audit.json").read_text(encoding="utf-8"))["inputs"]["random"]
 
 
+def test_no_cache_leaves_the_value_spectra_cache_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = write_builder(tmp_path, "vit_prenorm_layerscale")
+    monkeypatch.setenv("OVERSMOOTH_CACHE", str(tmp_path / "cache"))
+    argv = [str(model), "--random", "2", "--out", str(tmp_path / "report")]
+    assert run_audit([*argv, "--no-cache"], capsys)[0] == 0
+    assert not (tmp_path / "cache").exists()
+    assert run_audit(argv, capsys)[0] == 0
+    assert len(list((tmp_path / "cache" / "audit").glob("value-spectra-*.npz"))) == 1
+
+
 def test_random_token_ids_stay_below_the_vocab_size(
     text_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

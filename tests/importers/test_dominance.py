@@ -1,0 +1,87 @@
+"""The audit's dominance step on real attention matrices: the certified path equals the dense one.
+
+The attention probabilities of zoo models on their bundled inputs (restricted to the real tokens,
+rows renormalised, as the audit does) with the heads' H spectra: every head must get the same kind
+from :func:`simulator.perron.dominating_modes` as from the full spectra, with μ, λ^A and λ^H equal
+to 1e-9, and most heads must be decided by the bound (else the fast path would not be used).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+from threadpoolctl import threadpool_limits
+
+from importers.graph import load_model
+from importers.match import find_attention_blocks
+from importers.run.audit import audit_session
+from importers.run.cache import cached_value_spectra
+from importers.run.dominance import DominanceProblem, dominance_problems, dominance_spectra
+from importers.run.sources import default_inputs
+from importers.weights import block_weights
+from importers.zoo import file_sha256, lookup
+from simulator.perron import dominating_modes, perron_targets
+from simulator.theory import KINDS
+from simulator.tolerances import EIG_TOL, TIE_RTOL
+from tests.realmodels import require_real_model
+
+#: Inputs per model: enough heads for a fraction, few enough for the dense path's time.
+ITEMS = {"dinov2-vits14": 2, "minilm-l6-int8": 8}
+#: The share of heads the bound decides on these inputs (measured: 77 % and 75 %).
+MIN_CERTIFIED = 0.5
+
+
+@functools.cache
+def attention_problems(name: str) -> list[DominanceProblem]:
+    """The audit's (input, layer) problems of zoo model ``name`` on its first bundled inputs."""
+    path = require_real_model(name)
+    graph = load_model(path)
+    blocks = [block_weights(graph, block) for block in find_attention_blocks(graph).blocks]
+    inputs = default_inputs(graph.inputs, lookup(name).entry)
+    inputs = inputs.subset(range(min(ITEMS[name], inputs.batch_size)))
+    session = audit_session(graph, blocks, inputs, provider="cpu", spectral=False)
+    outputs = session.runner.collect(session.feeds, batch_size=inputs.batch_size)
+    spectra = cached_value_spectra(blocks, file_sha256(path), use_cache=False)
+    eig_H = dominance_spectra(blocks, spectra, "head", False)
+    return dominance_problems(outputs, blocks, session.attention, inputs, 0, eig_H, TIE_RTOL)
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize("name", sorted(ITEMS))
+def test_real_attention_gets_the_dense_kinds_and_modes(name: str) -> None:
+    certified = total = 0
+    for problem in attention_problems(name):
+        with threadpool_limits(limits=1, user_api="blas"):  # as in the audit: see model_spectra
+            fast = dominating_modes(problem.attention(), problem.eig_H, targets=problem.targets)
+            dense = problem.cases(TIE_RTOL, certify=False)
+        assert [case.kind for case in dense] == [KINDS[kind] for kind in fast.kinds]
+        for field, values in (("mu", fast.mu), ("lambda_a", fast.eig_A), ("lambda_h", fast.eig_H)):
+            expected = [getattr(case, field) for case in dense]
+            assert_allclose(values, expected, rtol=0, atol=EIG_TOL, err_msg=field)
+        certified += int(fast.certified.sum())
+        total += len(dense)
+    assert certified >= MIN_CERTIFIED * total, f"{certified} of {total} certified"
+
+
+def test_the_audit_cases_are_those_of_the_problems() -> None:
+    """Certified or dense, a problem's cases carry its item, layer, heads and token count."""
+    real = (np.ones((4, 4)) - np.eye(4)) / 3  # eigenvalues 1 and -1/3 (three times)
+    probs = np.full((2, 5, 5), 0.5)
+    rows, columns = np.ix_([0, 1, 3, 4], [0, 1, 3, 4])  # token 2 is padding
+    probs[:, rows, columns] = 2 * real
+    mask = np.array([True, True, False, True, True])
+    # head 0: 1 + 0.5 on top; head 1: |1 - 1.5 (-1/3)| = 1.5 > |1 - 1.5| beats the Perron row.
+    eig_H = np.array([[0.5, 0.0], [-1.5, 0.0]], dtype=complex)
+    problem = DominanceProblem(3, 1, probs, mask, eig_H, perron_targets(eig_H))
+    assert_allclose(problem.attention(), np.stack([real, real]), atol=1e-15)
+    assert dominating_modes(problem.attention(), eig_H).certified.tolist() == [True, False]
+    for certify in (True, False):
+        cases = problem.cases(TIE_RTOL, certify=certify)
+        assert [(c.input, c.layer, c.head, c.n_tokens) for c in cases] == [
+            (3, 1, 0, 4),
+            (3, 1, 1, 4),
+        ]
+        assert [c.kind for c in cases] == ["perron", "non-perron"]

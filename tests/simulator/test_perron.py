@@ -1,0 +1,210 @@
+"""The certified dominance step (simulator.perron) against the dense path it replaces.
+
+The dense path computes every eigenvalue of A and applies Definition 4 (``certify=False``); the
+certified path must give the same kind for every head and the same μ, λ^A and λ^H to 1e-9, on
+random row-stochastic matrices of every generator (sharp ones close to reducible included), near
+ties, periodic and decomposable matrices, complex H spectra, and matrices it must refuse. The
+bound itself must never be below a non-Perron eigenvalue.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, example, given
+from hypothesis import strategies as st
+from numpy.testing import assert_allclose
+
+from simulator import spectra
+from simulator.perron import (
+    DominatingModes,
+    dominating_modes,
+    nonperron_radius,
+    perron_certified,
+    perron_targets,
+)
+from simulator.theory import perron_index
+from simulator.tolerances import EIG_TOL, PERRON_MARGIN, TIE_RTOL
+from tests.strategies import attention_params, build_attention, complex_spectra, real_spectra
+
+HEADS = 3
+
+
+def assert_same_as_dense(A: np.ndarray, eig_H: np.ndarray) -> DominatingModes:
+    """The certified path equals the dense one (kinds exactly, modes to EIG_TOL); returns it."""
+    fast = dominating_modes(A, eig_H)
+    dense = dominating_modes(A, eig_H, certify=False)
+    assert not dense.certified.any()
+    np.testing.assert_array_equal(fast.kinds, dense.kinds)
+    for name in ("mu", "eig_A", "eig_H"):
+        assert_allclose(getattr(fast, name), getattr(dense, name), rtol=0, atol=EIG_TOL)
+    assert (fast.kinds[fast.certified] == 0).all()
+    assert_allclose(fast.eig_A[fast.certified], 1.0, rtol=0, atol=0)
+    return fast
+
+
+def nonperron_moduli(A: np.ndarray, centre: float = 0.0) -> np.ndarray:
+    """Per matrix, the largest ``|λ − centre|`` of an eigenvalue other than the Perron root (dense)."""
+    eig = np.linalg.eigvals(A)
+    p = perron_index(eig)
+    others = np.abs(eig - centre)
+    np.put_along_axis(others, p[..., None], 0.0, axis=-1)
+    return others.max(axis=-1)
+
+
+def spectra_for_heads(values: list[complex], heads: int = HEADS) -> np.ndarray:
+    return np.tile(np.asarray(values, dtype=np.complex128), (heads, 1))
+
+
+def sharpened(A: np.ndarray, power: float) -> np.ndarray:
+    """Entrywise power, rows renormalised: near-reducible attention for large powers."""
+    B = A**power
+    return B / B.sum(axis=-1, keepdims=True)
+
+
+# -- random matrices -------------------------------------------------------------------------------
+
+
+@given(
+    attention_params(n=(2, 40), scale=(0.2, 6.0)),
+    st.one_of(real_spectra(max_size=6), complex_spectra()),
+    st.sampled_from([1.0, 3.0, 12.0]),
+)
+def test_certified_path_equals_the_dense_path(params, eig_H, power) -> None:
+    A = sharpened(build_attention(params, batch=(HEADS,)), power)
+    assert_same_as_dense(A, spectra_for_heads(eig_H))
+
+
+@given(
+    attention_params(n=(2, 30), scale=(0.2, 8.0)),
+    st.sampled_from([1.0, 4.0, 20.0]),
+    st.integers(0, 8),
+)
+@example(params={"kind": "symmetric", "n": 2, "scale": 0.2, "seed": 0}, power=1.0, squarings=8)
+def test_the_bound_is_never_below_a_nonperron_eigenvalue(params, power, squarings) -> None:
+    A = sharpened(build_attention(params, batch=(HEADS,)), power)
+    bound = nonperron_radius(A, squarings=squarings)
+    # The dense eigenvalues carry round-off; the bound must hold up to that.
+    assert (bound >= nonperron_moduli(A) - EIG_TOL).all()
+    for shift in (0.25, 0.5):
+        shifted = nonperron_radius(A, squarings=squarings, shift=shift)
+        assert (shifted >= nonperron_moduli(A, centre=shift) - EIG_TOL).all()
+
+
+@given(
+    attention_params(kinds=("symmetric", "doubly-stochastic"), n=(3, 24), scale=(0.5, 4.0)),
+    st.floats(0.05, 2.0),
+    st.sampled_from([0.0, 1e-12, 5e-10, 2e-9, 1e-7, 1e-6, 3e-6, 1e-4, 1e-2]),
+)
+def test_near_ties_between_the_perron_row_and_another_row(params, a, gap) -> None:
+    """H = {a, b < 0}: ``|1 + b λ_min|`` sits ``gap`` (relative) below the Perron ``1 + a``.
+
+    With a real spectrum and b < 0 the largest non-Perron ``|1 + b λ|`` is at the most negative
+    λ; ``|1 + b| < 1 + a`` keeps a's Perron mode on top. Gaps below the tie tolerance make the
+    case non-perron; those below the margin must never be certified.
+    """
+    A = build_attention(params, batch=(HEADS,))
+    lowest = np.linalg.eigvals(A).real.min(axis=-1)  # a real spectrum by construction
+    assume(np.all(lowest < -1e-2))
+    b = -((1.0 + a) * (1.0 - gap) - 1.0) / -lowest
+    assume(np.all(np.abs(1.0 + b) < (1.0 + a) * (1.0 - 1e-3)))
+    eig_H = np.stack([np.full(HEADS, a), b], axis=-1).astype(np.complex128)
+    fast = assert_same_as_dense(A, eig_H)
+    if gap < PERRON_MARGIN:
+        assert not fast.certified.any()
+
+
+# -- structured matrices ---------------------------------------------------------------------------
+
+
+def test_periodic_and_decomposable_attention_is_never_certified() -> None:
+    cyclic = np.roll(np.eye(5), 1, axis=1)  # eigenvalues: the fifth roots of unity
+    two_blocks = np.zeros((6, 6))
+    two_blocks[:3, :3] = 1 / 3
+    two_blocks[3:, 3:] = 1 / 3  # the eigenvalue 1 twice
+    for A in (cyclic, two_blocks):
+        stack = np.stack([A] * HEADS)
+        eig_H = spectra_for_heads([0.8, -0.3, 0.1 + 0.2j, 0.1 - 0.2j])
+        assert not assert_same_as_dense(stack, eig_H).certified.any()
+        assert (nonperron_radius(stack) >= 1.0).all()
+
+
+def test_diffuse_attention_is_certified_with_the_perron_mode() -> None:
+    A = spectra.attention_symmetric_scores(64, scale=0.3, batch=(HEADS,), rng=1)
+    eig_H = spectra_for_heads([0.9, -0.6, 0.2 + 0.5j, 0.2 - 0.5j, 0.0])
+    fast = assert_same_as_dense(A, eig_H)
+    assert fast.certified.all()
+    assert_allclose(fast.mu, 1.9, rtol=0, atol=0)
+
+
+def test_a_nearly_decomposable_psd_attention_is_certified_by_the_shifted_disk() -> None:
+    """λ_2 ≈ 0.99 defeats the disk about 0, but a PSD-score A has its spectrum in [0, 1]:
+    the disk about α = ρ/2 keeps ``|1 − 0.35 λ|`` below the Perron ``1.3``."""
+    A = spectra.attention_symmetric_scores(12, scale=2.0, scores="psd", batch=(HEADS,), rng=7)
+    eig_H = spectra_for_heads([0.3, -0.35])
+    assert (nonperron_radius(A) > perron_targets(eig_H).radius).all()
+    assert assert_same_as_dense(A, eig_H).certified.all()
+
+
+def test_a_complex_pair_on_top_reports_the_dense_path_member() -> None:
+    """Both members of a conjugate pair give the same |μ|: the first one in eig order wins."""
+    A = spectra.attention_symmetric_scores(32, scale=0.3, batch=(HEADS,), rng=2)
+    for pair in ([0.7 - 0.4j, 0.7 + 0.4j], [0.7 + 0.4j, 0.7 - 0.4j]):
+        eig_H = spectra_for_heads([-0.2, *pair, 0.1])
+        fast = assert_same_as_dense(A, eig_H)
+        assert fast.certified.all()
+        assert_allclose(fast.eig_H, pair[0], rtol=0, atol=0)
+
+
+def test_an_ambiguous_top_of_h_goes_to_the_dense_path() -> None:
+    """Two different λ^H with the same |1 + λ^H|: the dense argmax depends on round-off."""
+    angle = 0.3
+    other = -1.0 + 1.5 * np.exp(1j * angle)  # |1 + other| = 1.5 = |1 + 0.5|
+    eig_H = spectra_for_heads([0.5, other, np.conj(other)])
+    assert (perron_targets(eig_H).radius == 0).all()
+    A = spectra.attention_symmetric_scores(16, scale=0.3, batch=(HEADS,), rng=3)
+    assert not assert_same_as_dense(A, eig_H).certified.any()
+
+
+@pytest.mark.parametrize(
+    "eig_H",
+    [[-0.5, -0.2], [0.0, 0.0], [-2.5, 0.1]],
+    ids=["top-below-one", "zero-H", "negative-dominates"],
+)
+def test_h_without_a_certifiable_top_has_no_target(eig_H) -> None:
+    targets = perron_targets(spectra_for_heads(eig_H))
+    assert (targets.radius <= 1.0).all()
+    A = spectra.attention_symmetric_scores(8, scale=1.0, batch=(HEADS,), rng=4)
+    assert_same_as_dense(A, spectra_for_heads(eig_H))
+
+
+def test_matrices_that_are_not_stochastic_are_refused() -> None:
+    A = spectra.attention_symmetric_scores(6, scale=0.3, batch=(HEADS,), rng=5)
+    negative = A.copy()
+    negative[:, 0, :2] += [-0.01, 0.01]  # rows still sum to 1, one entry below 0
+    if (negative >= 0).all():
+        negative[:, 0, 0] = -1e-3
+        negative[:, 0, 1] += 1e-3
+    loose = A * 1.01  # rows sum to 1.01
+    targets = perron_targets(spectra_for_heads([0.9, 0.1]))
+    for bad in (negative, loose):
+        assert not perron_certified(bad, targets).any()
+        assert np.isinf(nonperron_radius(bad)).all()
+    assert perron_certified(A, targets).all()
+
+
+def test_a_single_token_has_no_other_eigenvalue_and_an_empty_stack_no_case() -> None:
+    one = np.ones((HEADS, 1, 1))
+    assert (nonperron_radius(one) < 1e-12).all()  # zero up to the counted round-off
+    assert assert_same_as_dense(one, spectra_for_heads([0.5, -0.1])).certified.all()
+    assert not assert_same_as_dense(one, spectra_for_heads([-0.5, -0.1])).certified.any()
+    empty = dominating_modes(np.zeros((0, 4, 4)), np.zeros((0, 2), dtype=complex))
+    assert empty.kinds.shape == (0,)
+
+
+def test_the_targets_radius_is_the_largest_that_keeps_other_rows_below_the_tie() -> None:
+    eig_H = np.array([[0.6, -0.8, 0.1j]])
+    targets = perron_targets(eig_H)
+    top = 1.6 * (1 - TIE_RTOL) * (1 - PERRON_MARGIN)
+    assert_allclose(targets.radius, (top - 1.0) / 0.8, rtol=1e-15)
+    assert targets.best.tolist() == [0]
