@@ -10,6 +10,7 @@ Per family it writes, under ``<out>/<family>/`` (each ONNX file finally compress
 
 * ``legacy_eager.onnx`` — ``torch.onnx.export(dynamo=False)``, opset 17, dynamic batch (and sequence
   for text) axes, eager attention;
+* ``legacy_opset14.onnx`` — the same at opset 14 for a few families (decomposed LayerNorm);
 * ``legacy_sdpa.onnx`` — the same with ``attn_implementation="sdpa"`` where the family has it;
 * ``dynamo_eager.onnx`` — ``torch.onnx.export(dynamo=True)``, opset 18 (dynamic axes where the
   exporter accepts them, else the fixed sizes of the sample input);
@@ -69,6 +70,10 @@ LEGACY_OPSET, DYNAMO_OPSET = 17, 18
 #: 4-bit ``MatMulNBits`` and float16 variants: an encoder, a fused-QKV decoder, a GQA rotary
 #: decoder, a ViT.
 NBITS_FAMILIES = frozenset({"bert", "gpt2", "llama", "vit"})
+#: Legacy exports at opset 14 as well (no LayerNormalization op: the norms are decomposed), for
+#: encoders whose legacy export works: text, vision, audio, and T5's RMSNorm.
+OPSET14_FAMILIES = frozenset({"bert", "vit", "whisper_encoder", "t5_encoder", "gpt_neo"})
+OLD_LEGACY_OPSET = 14
 #: Codes per block along the input axis (d_model 32: two blocks per weight column).
 NBITS_BLOCK = 16
 
@@ -818,9 +823,13 @@ def _dynamic_axes(family: Family, names: list[str]) -> dict[str, dict[int, str]]
 
 
 def export_legacy(
-    model: nn.Module, family: Family, feeds: dict[str, np.ndarray], path: Path
+    model: nn.Module,
+    family: Family,
+    feeds: dict[str, np.ndarray],
+    path: Path,
+    opset: int = LEGACY_OPSET,
 ) -> None:
-    """TorchScript exporter, opset 17, dynamic batch (and sequence) axes."""
+    """TorchScript exporter, opset 17 (or ``opset``), dynamic batch (and sequence) axes."""
     names = list(feeds)
     args = tuple(torch.from_numpy(feeds[name]) for name in names)
     torch.onnx.export(
@@ -828,7 +837,7 @@ def export_legacy(
         args,
         str(path),
         dynamo=False,
-        opset_version=LEGACY_OPSET,
+        opset_version=opset,
         input_names=names,
         output_names=["last_hidden_state"],
         dynamic_axes=_dynamic_axes(family, names),
@@ -1119,6 +1128,16 @@ def build_family(corpus: Corpus, family: Family) -> None:
         corpus, family, "legacy_eager", lambda: export_legacy(model, family, feeds, legacy)
     ):
         corpus.add(family, "legacy_eager", "torchscript", LEGACY_OPSET, legacy, truth=truth_file)
+    old_opset = folder / "legacy_opset14.onnx"
+    if family.name in OPSET14_FAMILIES and _attempt(
+        corpus,
+        family,
+        "legacy_opset14",
+        lambda: export_legacy(model, family, feeds, old_opset, OLD_LEGACY_OPSET),
+    ):
+        corpus.add(
+            family, "legacy_opset14", "torchscript", OLD_LEGACY_OPSET, old_opset, truth=truth_file
+        )
     if family.sdpa:
         _sdpa_variant(corpus, family, feeds, truth_file)
     _dynamo_variant(corpus, family, model, feeds, truth_file)
@@ -1228,8 +1247,9 @@ def write_manifest(corpus: Corpus) -> None:
     families = {e["family"] for e in corpus.entries} | {
         s["id"].split("-")[0] for s in corpus.skipped
     }
-    for entry in corpus.entries:
-        _compress(corpus.out, entry)
+    for entry in corpus.entries:  # the manifest is written after every family: new files only
+        if not entry["file"].endswith(".xz"):
+            _compress(corpus.out, entry)
     keep = [e for e in old["fixtures"] if e["family"] not in families]
     keep_failed = [s for s in old["export_failures"] if s["id"].split("-")[0] not in families]
     manifest = {
