@@ -54,7 +54,7 @@ _SAME_SHAPE = frozenset(
     "SimplifiedLayerNormalization RMSNormalization Dropout BatchNormalization HardSigmoid "
     "Elu Selu Sin Cos CumSum Sign Softsign HardSwish Mish Trilu QuantizeLinear DequantizeLinear "
     "DynamicQuantizeLinear FastGelu BiasGelu QuickGelu SkipLayerNormalization "
-    "SkipSimplifiedLayerNormalization".split()
+    "SkipSimplifiedLayerNormalization RotaryEmbedding".split()
 )
 #: Ops with more than one output whose other outputs keep the shape of input 0 (the skip norms'
 #: input+skip sum).

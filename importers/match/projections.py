@@ -98,6 +98,11 @@ class ProjectionFinder(GraphWalker):
                 steps.append(Step(node, match[0], name, skip=True))
                 name = match[0]
                 continue
+            if op == "RotaryEmbedding":  # ONNX opset 23 / com.microsoft: rotates x in place
+                rope, rotary, width = True, *self.rotary_op(node)
+                steps.append(Step(node, node.input(0), name, skip=True))
+                name = node.input(0)
+                continue
             partial = self.partial_rotary(node) if op == "Concat" else None
             if partial is not None:
                 rope, (source, rotary, width) = True, partial
@@ -308,6 +313,26 @@ class ProjectionFinder(GraphWalker):
             if part != x:
                 return ""
         return style if negated else ""
+
+    def rotary_op(self, node: Node) -> tuple[str, int | None]:
+        """(style, rotated width or None for all columns) of a ``RotaryEmbedding`` operator.
+
+        ONNX's (opset 23) and onnxruntime's operator rotate the first ``rotary_embedding_dim``
+        columns of each head (all when 0) by position, rotate-half or ``interleaved``; either way
+        a value-preserving step for the layout probe, so W_Q and W_K are read before it.
+        """
+        if float(node.attr("scale", 1.0)) != 1.0:
+            raise RejectError(
+                "rotary_scale",
+                f"RotaryEmbedding {node.label!r} also scales by {node.attr('scale')}; expected a "
+                f"plain rotation",
+                (node.label,),
+            )
+        style = "interleaved" if int(node.attr("interleaved", 0)) else "rotate-half"
+        width = int(node.attr("rotary_embedding_dim", 0))
+        if width:
+            return f"partial {style} on the first {width} columns of each head (operator)", width
+        return f"full {style} (operator)", None
 
     def partial_rotary(self, node: Node) -> tuple[str, str, int | None] | None:
         """(x, description, columns rotated per head) when the Concat ``node`` re-assembles ``x``

@@ -1,0 +1,97 @@
+"""The rotary-embedding operators (ONNX opset 23, onnxruntime's ``com.microsoft`` one) on Q and K.
+
+The operator rotates Q and K in place, by position; like the decomposed rotary forms it is a
+value-preserving step for the layout probe, so W_Q and W_K are read before it, and the block
+reports ``rotary`` full or partial with the rotated width.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from importers.graph import model_from_proto
+from importers.match import find_attention_blocks
+from importers.weights import block_weights
+from tests.importers.small_graph import SmallGraph
+
+D, HEADS, D_HEAD, POSITIONS = 8, 2, 4, 16
+
+
+def _model(width: int, interleaved: int, domain: str):
+    rng = np.random.default_rng(width + interleaved)
+    weights = {role: rng.normal(size=(D, D)).astype(np.float32) for role in "qkvo"}
+    g = SmallGraph()
+    half = (width or D_HEAD) // 2
+    angles = np.arange(POSITIONS)[:, None] * 0.3 ** np.arange(half)[None, :]
+    cos, sin = g.const(np.cos(angles)), g.const(np.sin(angles))
+    heads = g.const([0, 0, HEADS, D_HEAD], np.int64)
+
+    def rotated(role: str) -> str:
+        x = g.op("MatMul", "x", g.const(weights[role]))
+        inputs = [x, cos, sin, "position_ids"] if domain == "" else [x, "position_ids", cos, sin]
+        g.count += 1
+        out = f"rope{g.count}"
+        g.nodes.append(
+            helper.make_node(
+                "RotaryEmbedding",
+                inputs,
+                [out],
+                domain=domain,
+                num_heads=HEADS,
+                rotary_embedding_dim=width,
+                interleaved=interleaved,
+            )
+        )
+        return g.op("Reshape", out, heads)
+
+    q = g.op("Transpose", rotated("q"), perm=[0, 2, 1, 3])
+    k_t = g.op("Transpose", rotated("k"), perm=[0, 2, 3, 1])
+    v = g.op(
+        "Transpose",
+        g.op("Reshape", g.op("MatMul", "x", g.const(weights["v"])), heads),
+        perm=[0, 2, 1, 3],
+    )
+    scores = g.op("Mul", g.op("MatMul", q, k_t), g.const(D_HEAD**-0.5))
+    mixed = g.op(
+        "Transpose", g.op("MatMul", g.op("Softmax", scores, axis=-1), v), perm=[0, 2, 1, 3]
+    )
+    merged = g.op("Reshape", mixed, g.const([0, 0, D], np.int64))
+    out = g.op("Add", "x", g.op("MatMul", merged, g.const(weights["o"])))
+    graph = helper.make_graph(
+        g.nodes,
+        "rope",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", D]),
+            helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "sequence"]),
+        ],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+        g.inits,
+    )
+    opsets = [helper.make_opsetid("", 23 if domain == "" else 17)]
+    if domain:
+        opsets.append(helper.make_opsetid(domain, 1))
+    proto = helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    return proto, weights
+
+
+@pytest.mark.parametrize("domain", ["", "com.microsoft"])
+@pytest.mark.parametrize(("width", "interleaved"), [(0, 0), (0, 1), (2, 0)])
+def test_a_rotary_operator_is_walked_and_reported(domain, width, interleaved) -> None:
+    proto, weights = _model(width, interleaved, domain)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {
+        "x": np.random.default_rng(0).normal(size=(2, 5, D)).astype(np.float32),
+        "position_ids": np.tile(np.arange(5), (2, 1)).astype(np.int64),
+    }
+    assert np.all(np.isfinite(session.run(None, feeds)[0]))  # a graph onnxruntime runs
+    model = model_from_proto(proto)
+    report = find_attention_blocks(model)
+    assert not report.failures
+    (block,) = report.blocks
+    assert (block.rotary, block.rotary_width) == (("partial", width) if width else ("full", D_HEAD))
+    read = block_weights(model, block)
+    for role in "qkvo":  # W_Q and W_K as they were before the rotation
+        np.testing.assert_allclose(getattr(read, f"W_{role.upper()}"), weights[role], rtol=1e-6)
