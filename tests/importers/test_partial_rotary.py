@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 
 from importers.graph import model_from_proto
 from importers.match import NoAttentionBlocksError, find_attention_blocks
@@ -23,7 +22,6 @@ BIG = 2**62
 
 
 class _Graph(SmallGraph):
-
     def slice(self, x: str, start: int, end: int, step: int = 1) -> str:
         ints = [self.const([value], np.int64) for value in (start, end, 3, step)]
         return self.op("Slice", x, *ints)
@@ -72,19 +70,7 @@ def _model(style: str, swap: bool = False) -> tuple[object, dict[str, np.ndarray
     k_t = g.op("Transpose", g.rope(project("k"), style, swap), perm=[0, 1, 3, 2])
     v = project("v")
     scores = g.op("Mul", g.op("MatMul", q, k_t), g.const(D_HEAD**-0.5))
-    mixed = g.op(
-        "Transpose", g.op("MatMul", g.op("Softmax", scores, axis=-1), v), perm=[0, 2, 1, 3]
-    )
-    merged = g.op("Reshape", mixed, g.const([0, 0, D], np.int64))
-    out = g.op("Add", "x", g.op("MatMul", merged, g.const(weights["o"])))
-    graph = helper.make_graph(
-        g.nodes,
-        "rotary",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", D])],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
-        g.inits,
-    )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto = g.model(g.attend(scores, v, weights["o"], D), D)
     return model_from_proto(proto), weights
 
 

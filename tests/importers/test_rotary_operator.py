@@ -55,25 +55,13 @@ def _model(width: int, interleaved: int, domain: str):
         perm=[0, 2, 1, 3],
     )
     scores = g.op("Mul", g.op("MatMul", q, k_t), g.const(D_HEAD**-0.5))
-    mixed = g.op(
-        "Transpose", g.op("MatMul", g.op("Softmax", scores, axis=-1), v), perm=[0, 2, 1, 3]
+    opsets = [("", 23)] if domain == "" else [("", 17), (domain, 1)]
+    positions = helper.make_tensor_value_info(
+        "position_ids", TensorProto.INT64, ["batch", "sequence"]
     )
-    merged = g.op("Reshape", mixed, g.const([0, 0, D], np.int64))
-    out = g.op("Add", "x", g.op("MatMul", merged, g.const(weights["o"])))
-    graph = helper.make_graph(
-        g.nodes,
-        "rope",
-        [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", D]),
-            helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "sequence"]),
-        ],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
-        g.inits,
+    proto = g.model(
+        g.attend(scores, v, weights["o"], D), D, opsets=opsets, inputs=[positions], ir_version=10
     )
-    opsets = [helper.make_opsetid("", 23 if domain == "" else 17)]
-    if domain:
-        opsets.append(helper.make_opsetid(domain, 1))
-    proto = helper.make_model(graph, opset_imports=opsets, ir_version=10)
     return proto, weights
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from importers.graph import model_from_proto
 from importers.match import NoAttentionBlocksError, find_attention_blocks
@@ -22,7 +22,6 @@ D, HEADS, D_HEAD = 8, 2, 4
 
 
 class _Graph(SmallGraph):
-
     def last_dim(self, x: str) -> str:
         """``Cast(Shape(x)[-1])`` as a float scalar."""
         return self.op("Cast", self.op("Shape", x, start=-1), to=TensorProto.FLOAT)
@@ -65,19 +64,7 @@ def _model(kind: str, seed: int = 0) -> tuple[object, dict[str, np.ndarray], flo
         scores = g.op("MatMul", g.op("Mul", q, factor), k_t)
     else:
         raise ValueError(kind)
-    mixed = g.op(
-        "Transpose", g.op("MatMul", g.op("Softmax", scores, axis=-1), v), perm=[0, 2, 1, 3]
-    )
-    merged = g.op("Reshape", mixed, g.const([0, 0, D], np.int64))
-    out = g.op("Add", "x", g.op("MatMul", merged, g.const(weights["o"])))
-    graph = helper.make_graph(
-        g.nodes,
-        "scale",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", D])],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
-        g.inits,
-    )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto = g.model(g.attend(scores, v, weights["o"], D), D)
     return model_from_proto(proto), weights, expected
 
 
