@@ -11,7 +11,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from importers.graph import model_from_proto
+from importers.match import find_attention_blocks
 from importers.nbits import dequantize_nbits, unpack_codes
+from tests.importers.family_corpus import fixture_proto
 
 
 def _nbits_model(K: int, N: int, bits: int, block_size: int, inits: dict[str, np.ndarray]):
@@ -106,3 +109,17 @@ def test_sizes_that_disagree_with_the_attributes_are_refused() -> None:
     codes = np.zeros((8, 2, 8), np.uint8)
     with pytest.raises(ValueError, match="B has 128 bytes"):
         dequantize_nbits(codes, np.ones(16), None, bits=4, block_size=16, K=48, N=8)
+
+
+def test_an_nbits_projection_with_act_order_indices_is_declined_by_name() -> None:
+    """``g_idx`` (act-order quantisation) permutes the blocks: declined, never read as if absent."""
+    proto = fixture_proto("bert/nbits.onnx.xz")
+    node = next(n for n in proto.graph.node if n.op_type == "MatMulNBits" and "query" in n.name)
+    K = next(a.i for a in node.attribute if a.name == "K")
+    proto.graph.initializer.append(numpy_helper.from_array(np.zeros(K, np.int32), "g_idx_for_test"))
+    while len(node.input) < 4:
+        node.input.append("")
+    node.input.append("g_idx_for_test")
+    report = find_attention_blocks(model_from_proto(proto))
+    assert len(report.blocks) == 1
+    assert "has a g_idx input (act-order quantisation)" in report.failures[0].reason

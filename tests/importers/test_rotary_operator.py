@@ -13,14 +13,14 @@ import pytest
 from onnx import TensorProto, helper
 
 from importers.graph import model_from_proto
-from importers.match import find_attention_blocks
+from importers.match import NoAttentionBlocksError, find_attention_blocks
 from importers.weights import block_weights
 from tests.importers.small_graph import SmallGraph
 
 D, HEADS, D_HEAD, POSITIONS = 8, 2, 4, 16
 
 
-def _model(width: int, interleaved: int, domain: str):
+def _model(width: int, interleaved: int, domain: str, **extra: float):
     rng = np.random.default_rng(width + interleaved)
     weights = {role: rng.normal(size=(D, D)).astype(np.float32) for role in "qkvo"}
     g = SmallGraph()
@@ -43,6 +43,7 @@ def _model(width: int, interleaved: int, domain: str):
                 num_heads=HEADS,
                 rotary_embedding_dim=width,
                 interleaved=interleaved,
+                **extra,
             )
         )
         return g.op("Reshape", out, heads)
@@ -83,3 +84,11 @@ def test_a_rotary_operator_is_walked_and_reported(domain, width, interleaved) ->
     read = block_weights(model, block)
     for role in "qkvo":  # W_Q and W_K as they were before the rotation
         np.testing.assert_allclose(getattr(read, f"W_{role.upper()}"), weights[role], rtol=1e-6)
+
+
+def test_a_rotary_operator_that_also_scales_is_declined_by_name() -> None:
+    proto, _ = _model(0, 0, "com.microsoft", scale=0.5)
+    with pytest.raises(
+        NoAttentionBlocksError, match=r"also scales by 0\.5; expected a plain rotation"
+    ):
+        find_attention_blocks(model_from_proto(proto))
