@@ -91,7 +91,7 @@ PHASES: dict[str, tuple[str, str]] = {
     "inference (onnxruntime)": ("importers/run/runner.py", "_run_batch"),
     # The eigenproblems run in worker threads, which cProfile does not see: time the wait. The
     # batch's Gram eigenvalues (host metrics) run as one more job beside them, mostly inside it.
-    "dominance + metrics (worker threads)": ("importers/run/dominance.py", "measure_dominance"),
+    "dominance + metrics (worker threads)": ("importers/run/dominance.py", "result"),
     "value spectra (W_V W_O, cached)": ("importers/run/cache.py", "cached_value_spectra"),
     "figures + files": ("importers/run/report.py", "save_audit"),
 }
@@ -219,7 +219,7 @@ def dominance_timing(model: str) -> DominanceTiming:
     outputs = session.runner.collect(session.feeds, batch_size=4)
     spectra = cached_value_spectra(blocks, file_sha256(ref.path))
     eig_H = dominance_spectra(blocks, spectra, "head", False)
-    problems = dominance_problems(outputs, blocks, session.attention, inputs, 0, eig_H, TIE_RTOL)
+    problems = dominance_problems(outputs, blocks, session.attention, inputs, 0, eig_H)
     seconds = {}
     with (
         threadpool_limits(limits=1, user_api="blas"),
@@ -230,8 +230,7 @@ def dominance_timing(model: str) -> DominanceTiming:
             list(pool.map(lambda p, c=certify: p.cases(TIE_RTOL, certify=c), problems))
             seconds[certify] = time.perf_counter() - start
         certified = sum(
-            int(dominating_modes(p.attention(), p.eig_H, targets=p.targets).certified.sum())
-            for p in problems
+            int(dominating_modes(p.attention(), p.eig_H).certified.sum()) for p in problems
         )
     cases = sum(len(p.eig_H) for p in problems)
     return DominanceTiming(model, cases, certified, seconds[False], seconds[True])

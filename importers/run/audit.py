@@ -37,10 +37,12 @@ audit_session, AuditSession
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,7 +55,7 @@ from importers.graph.shapes import inferred_types, static_dims
 from importers.match import check_complete, find_attention_blocks, missing_blocks_note
 from importers.run.batching import items_per_call, run_batches
 from importers.run.cache import cached_value_spectra
-from importers.run.dominance import dominance_spectra, measure_dominance
+from importers.run.dominance import PendingCases, dominance_spectra, submit_dominance
 from importers.run.feeds import Inputs
 from importers.run.records import (
     AuditConfig,
@@ -236,8 +238,18 @@ class AuditSession:
     def batches(
         self, items: int, *, progress: bool = False
     ) -> Iterator[tuple[Inputs, dict[str, np.ndarray]]]:
-        """``(batch, outputs)`` for the inputs read ``items`` at a time (see :func:`run_batches`)."""
-        return run_batches(self.runner, self.inputs, self.batch_feeds, items, progress=progress)
+        """``(batch, outputs)`` for the inputs read ``items`` at a time (see :func:`run_batches`).
+
+        Each batch's outputs stay valid while :data:`LOOKAHEAD_BATCHES` more are run.
+        """
+        return run_batches(
+            self.runner,
+            self.inputs,
+            self.batch_feeds,
+            items,
+            progress=progress,
+            keep=LOOKAHEAD_BATCHES + 1,
+        )
 
 
 def audit_session(
@@ -275,6 +287,80 @@ def audit_session(
         graph, expose=probs, extension=plan.extension, provider=provider, threads=threads
     )
     return AuditSession(layers, probs, plan, runner, inputs, notes)
+
+
+#: Batches whose host work (metrics, dominance) may still run while the next batch is inferred.
+LOOKAHEAD_BATCHES = 1
+
+
+class _BatchWork:
+    """The host work of one batch running on a thread pool: its metrics and dominance cases."""
+
+    def __init__(self, metrics: Future[int], dominance: PendingCases | None) -> None:
+        self._metrics = metrics
+        self._dominance = dominance
+
+    def result(self) -> list[DominanceCase]:
+        self._metrics.result()
+        return self._dominance.result() if self._dominance is not None else []
+
+    def cancel(self) -> None:
+        self._metrics.cancel()
+        if self._dominance is not None:
+            self._dominance.cancel()
+
+
+def _measure_batch(
+    session: AuditSession,
+    blocks: Sequence[BlockWeights],
+    eig_H: Sequence[np.ndarray],
+    tie_rtol: float,
+    per_input: dict[str, np.ndarray],
+    pool: ThreadPoolExecutor,
+    batch: Inputs,
+    start: int,
+    outputs: dict[str, np.ndarray],
+) -> _BatchWork:
+    """Start a batch's host work: its layer metrics (into ``per_input``) and dominance cases."""
+    metrics = pool.submit(_measure_layers, outputs, session.plan, start, per_input)
+    if not session.attention:
+        return _BatchWork(metrics, None)
+    pending = submit_dominance(
+        outputs, blocks, session.attention, batch, start, eig_H, tie_rtol, pool
+    )
+    return _BatchWork(metrics, pending)
+
+
+def _pipelined(
+    batches: Iterator[tuple[Inputs, dict[str, np.ndarray]]],
+    measure: Callable[[ThreadPoolExecutor, Inputs, int, dict[str, np.ndarray]], _BatchWork],
+) -> list[DominanceCase]:
+    """Run every batch's host work on worker threads while onnxruntime runs the next batches.
+
+    At most :data:`LOOKAHEAD_BATCHES` batches' work is pending when the next one is started, so
+    memory stays bounded; the cases come back in batch order. Many small eigenvalue problems: one
+    BLAS thread each, one worker thread per core (this also avoids the collapse of multithreaded
+    BLAS on a busy machine, 5-20x measured on 2 cores). On an error or Ctrl-C the work not yet
+    started is cancelled.
+    """
+    cases: list[DominanceCase] = []
+    pending: deque[_BatchWork] = deque()
+    start = 0
+    with threadpool_limits(limits=1, user_api="blas"):
+        pool = ThreadPoolExecutor(max_workers=default_threads())
+        try:
+            for batch, outputs in batches:
+                pending.append(measure(pool, batch, start, outputs))
+                start += batch.batch_size
+                while len(pending) > LOOKAHEAD_BATCHES:
+                    cases += pending.popleft().result()
+            while pending:
+                cases += pending.popleft().result()
+        finally:
+            for work in pending:
+                work.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+    return cases
 
 
 def audit(
@@ -374,23 +460,9 @@ def audit(
     eig_H = dominance_spectra(blocks, spectra, dominance, fold_gamma) if dominance != "none" else []
     shape = (inputs.batch_size, len(session.layers))
     per_input = {name: np.full(shape, np.nan) for name in METRICS}
-    cases: list[DominanceCase] = []
-    start = 0
     batches = session.batches(items, progress=progress)
-    # Many small eigenvalue problems: one BLAS thread each, one worker thread per core; this also
-    # avoids the collapse of multithreaded BLAS on a busy machine (5-20x measured on 2 cores).
-    # The batch's Gram eigenvalues run as one more job beside its dominance problems.
-    with (
-        threadpool_limits(limits=1, user_api="blas"),
-        ThreadPoolExecutor(max_workers=default_threads()) as pool,
-    ):
-        for batch, outputs in batches:
-            measured = pool.submit(_measure_layers, outputs, session.plan, start, per_input)
-            cases += measure_dominance(
-                outputs, blocks, session.attention, batch, start, eig_H, tie_rtol, pool
-            )
-            measured.result()
-            start += batch.batch_size
+    measure = functools.partial(_measure_batch, session, blocks, eig_H, tie_rtol, per_input)
+    cases = _pipelined(batches, measure)
     return AuditResult(
         model=ModelInfo(ref.name, str(ref.path), sha256, len(blocks)),
         inputs=InputsInfo(

@@ -266,7 +266,7 @@ class _Runs(Protocol):
         feeds: Mapping[str, np.ndarray],
         *,
         batch_size: int | None = None,
-        reuse_outputs: bool = False,
+        reuse_outputs: int = 0,
         first_item: int = 0,
     ) -> Iterator[dict[str, np.ndarray]]: ...
 
@@ -278,12 +278,12 @@ def run_batches(
     items: int,
     *,
     progress: bool = False,
+    keep: int = 1,
 ) -> Iterator[tuple[Inputs, dict[str, np.ndarray]]]:
     """Read ``inputs`` ``items`` at a time and run each batch: yield ``(batch, outputs)``.
 
-    Only one batch of inputs and one of outputs is alive at a time (outputs are written into the
-    previous batch's arrays, see ``Runner.run(reuse_outputs=True)``): memory does not grow with the
-    number of inputs. ``extra_feeds(batch)`` adds feeds (the audit's token mask). ``items`` must
+    The outputs of the last ``keep`` batches stay valid; older batches' arrays are written over
+    (``Runner.run(reuse_outputs=keep)``), so memory does not grow with the number of inputs. ``extra_feeds(batch)`` adds feeds (the audit's token mask). ``items`` must
     not exceed a batch size the graph fixes (:func:`items_per_call`), so a batch is one call.
     """
     batches: Any = inputs.batches(items)
@@ -295,6 +295,6 @@ def run_batches(
     start = 0
     for batch in batches:
         feeds = {**batch.feeds, **extra_feeds(batch)}
-        for outputs in runner.run(feeds, batch_size=items, reuse_outputs=True, first_item=start):
+        for outputs in runner.run(feeds, batch_size=items, reuse_outputs=keep, first_item=start):
             yield batch, outputs
         start += batch.batch_size

@@ -23,7 +23,7 @@ from importers.run.dominance import DominanceProblem, dominance_problems, domina
 from importers.run.sources import default_inputs
 from importers.weights import block_weights
 from importers.zoo import file_sha256, lookup
-from simulator.perron import dominating_modes, perron_targets
+from simulator.perron import dominating_modes
 from simulator.theory import KINDS
 from simulator.tolerances import EIG_TOL, TIE_RTOL
 from tests.realmodels import require_real_model
@@ -46,7 +46,7 @@ def attention_problems(name: str) -> list[DominanceProblem]:
     outputs = session.runner.collect(session.feeds, batch_size=inputs.batch_size)
     spectra = cached_value_spectra(blocks, file_sha256(path), use_cache=False)
     eig_H = dominance_spectra(blocks, spectra, "head", False)
-    return dominance_problems(outputs, blocks, session.attention, inputs, 0, eig_H, TIE_RTOL)
+    return dominance_problems(outputs, blocks, session.attention, inputs, 0, eig_H)
 
 
 @pytest.mark.realmodel
@@ -55,7 +55,7 @@ def test_real_attention_gets_the_dense_kinds_and_modes(name: str) -> None:
     certified = total = 0
     for problem in attention_problems(name):
         with threadpool_limits(limits=1, user_api="blas"):  # as in the audit: see model_spectra
-            fast = dominating_modes(problem.attention(), problem.eig_H, targets=problem.targets)
+            fast = dominating_modes(problem.attention(), problem.eig_H)
             dense = problem.cases(TIE_RTOL, certify=False)
         assert [case.kind for case in dense] == [KINDS[kind] for kind in fast.kinds]
         for field, values in (("mu", fast.mu), ("lambda_a", fast.eig_A), ("lambda_h", fast.eig_H)):
@@ -75,7 +75,7 @@ def test_the_audit_cases_are_those_of_the_problems() -> None:
     mask = np.array([True, True, False, True, True])
     # head 0: 1 + 0.5 on top; head 1: |1 - 1.5 (-1/3)| = 1.5 > |1 - 1.5| beats the Perron row.
     eig_H = np.array([[0.5, 0.0], [-1.5, 0.0]], dtype=complex)
-    problem = DominanceProblem(3, 1, probs, mask, eig_H, perron_targets(eig_H))
+    problem = DominanceProblem(3, 1, probs, mask, eig_H)
     assert_allclose(problem.attention(), np.stack([real, real]), atol=1e-15)
     assert dominating_modes(problem.attention(), eig_H).certified.tolist() == [True, False]
     for certify in (True, False):
