@@ -33,8 +33,16 @@ other eigenvalues are ``λ − α``; ``X − 𝟙 cᵀ ≥ 0`` for c its column 
 holds unchanged) gives a second disk ``|λ − α| ≤ R``; with ``α = ρ/2`` it hugs a spectrum in the
 right half-plane. Each j then needs only the smaller of the two disks' maxima,
 ``min(1 + |λ^H_j| ρ, |1 + λ^H_j α| + |λ^H_j| R)``, below the threshold. On the default
-DINOv2 audit the first disk decides 78 % of the cases and the second most of the rest (94 % in
+DINOv2 audit the first disk decides 78 % of the cases and the second most of the rest (93 % in
 all); the others, and every non-perron case, take the dense path.
+
+Which disk a head tries is decided by an estimate, not a bound: a few power iterations
+(O(n²) each) estimate its largest non-Perron ``|λ|``. A head whose estimate already exceeds the
+first disk's target (``|λ_2|`` itself is too large: no power of A can certify it) squares only a
+few times, for a tighter ρ, and goes on to the second disk, centred on half the estimate; one whose
+estimated largest ``|λ − α|`` exceeds the second disk's target goes to the dense path at once. A
+wrong estimate costs time, never correctness. On DINOv2 this schedule takes 899 squarings of a
+257×257 head instead of 1191, for 402 instead of 407 certified heads of 432.
 
 Rounding
 --------
@@ -84,6 +92,13 @@ MAX_SQUARINGS = 8
 _STALL_AFTER = 5
 #: Give up when the bound, extrapolated this many of its last steps (in log), stays above target.
 _STALL_STEPS = 4.0
+#: Power iterations of the estimate that decides which disk a head tries
+#: (:func:`_nonperron_estimate`), and the last ones over which its growth is averaged.
+_ESTIMATE_ITERATIONS = 30
+_ESTIMATE_WINDOW = 8
+#: Squarings of the first disk for a head whose estimate says that disk cannot certify it: a
+#: tighter ρ for the second disk's target.
+_HOPELESS_SQUARINGS = 3
 #: Two top |1 + λ^H| of different eigenvalues closer than this (relative) make j* ambiguous: the
 #: dense path, whose Perron root is 1 only to round-off, could pick either.
 _TOP_AMBIGUITY_RTOL = 1e-10
@@ -345,8 +360,9 @@ def perron_certified(
     """Which heads are certified perron kind by bounds on their non-Perron eigenvalues.
 
     Two regions hold every non-Perron eigenvalue λ: the disk ``|λ| ≤ ρ`` (``nonperron_radius``)
-    and, for heads that disk does not decide, the disk ``|λ − α| ≤ R`` with ``α = min(ρ, 1)/2``
-    (the same bound for ``A − αI``). Per j, ``|1 + λ^H_j λ|`` is at most the smaller of
+    and, for heads that disk does not decide, the disk ``|λ − α| ≤ R`` with α half the estimated
+    largest non-Perron ``|λ|`` (the same bound for ``A − αI``; the module docstring says which
+    heads try which disk). Per j, ``|1 + λ^H_j λ|`` is at most the smaller of
     ``1 + |λ^H_j| ρ`` and ``|1 + λ^H_j α| + |λ^H_j| R``; a head is certified when that stays below
     ``targets.threshold`` for every j. The second disk decides most heads whose A is nearly
     decomposable (λ_2 close to 1) but whose spectrum stays in the right half-plane, against a
@@ -369,18 +385,85 @@ def perron_certified(
         non-perron.
     """
     A = np.asarray(A, dtype=np.float64)
-    candidates = np.where(targets.radius > 0, targets.radius, -1.0)  # -1: never a candidate
+    radius = targets.radius
+    candidates = np.where(radius > 0, radius, -1.0)  # -1: never a candidate
     no_shift = np.zeros(A.shape[0])
-    rho = _radius_bounds(A, candidates, no_shift, max_squarings, give_up=True)
-    certified = rho < targets.radius
-    heads = np.flatnonzero(~certified & (candidates > 0) & np.isfinite(rho))
+    rho = _radius_bounds(A, candidates, no_shift, 0, give_up=False)  # τ(A): no product yet
+    certified = rho < radius
+    undecided = ~certified & (candidates > 0) & np.isfinite(rho)
+    if not undecided.any():
+        return certified
+    estimate = np.full(A.shape[0], np.inf)
+    estimate[undecided] = _nonperron_estimate(A[undecided], no_shift[undecided])
+    hopeful = undecided & (estimate < radius)
+    for group, squarings in ((hopeful, max_squarings), (undecided & ~hopeful, _HOPELESS_SQUARINGS)):
+        if group.any():
+            disk = np.where(group, candidates, -1.0)
+            bound = _radius_bounds(A, disk, no_shift, min(squarings, max_squarings), give_up=True)
+            rho = np.minimum(rho, bound)
+    certified |= rho < radius
+    heads = np.flatnonzero(undecided & ~certified)
     if heads.size:
-        shift = np.zeros(A.shape[0])
-        shift[heads] = np.minimum(rho[heads], 1.0) / 2.0
-        radius = np.full(A.shape[0], -1.0)
-        radius[heads] = _shifted_target(targets, heads, shift[heads], rho[heads])
-        certified |= _radius_bounds(A, radius, shift, max_squarings, give_up=True) < radius
+        certified |= _shifted_disk_certified(A, targets, heads, rho, estimate, max_squarings)
     return certified
+
+
+def _shifted_disk_certified(
+    A: NDArray[np.float64],
+    targets: PerronTargets,
+    heads: NDArray[np.intp],
+    rho: NDArray[np.float64],
+    estimate: NDArray[np.float64],
+    max_squarings: int,
+) -> NDArray[np.bool_]:
+    """The second disk ``|λ − α| ≤ R``, ``α = min(estimate, 1)/2``, for ``heads`` (indices).
+
+    ``rho`` is the first disk's certified bound, ``estimate`` the estimated largest non-Perron
+    ``|λ|`` (:func:`_nonperron_estimate`). A head whose estimated largest ``|λ − α|`` already
+    exceeds its target R skips the squarings (it goes to the dense path).
+    """
+    shift = np.zeros(A.shape[0])
+    shift[heads] = np.minimum(estimate[heads], 1.0) / 2.0
+    radius = np.full(A.shape[0], -1.0)
+    radius[heads] = _shifted_target(targets, heads, shift[heads], rho[heads])
+    hopeful = heads[radius[heads] > 0]
+    if hopeful.size:
+        hopeless = _nonperron_estimate(A[hopeful], shift[hopeful]) >= radius[hopeful]
+        radius[hopeful[hopeless]] = -1.0
+    return _radius_bounds(A, radius, shift, max_squarings, give_up=True) < radius
+
+
+def _nonperron_estimate(A: NDArray[np.float64], shift: NDArray[np.float64]) -> NDArray[np.float64]:
+    """An estimate, not a bound, of the largest ``|λ − α|`` over the non-Perron eigenvalues λ of A.
+
+    Power iteration on the quotient by the Perron vector 𝟙 (``x ← (A − αI)x``, then its mean
+    removed: since ``(A − αI)𝟙 = (1 − α)𝟙`` the iterates' classes modulo 𝟙 only see the other
+    eigenvalues), :data:`_ESTIMATE_ITERATIONS` steps from a fixed start, the growth averaged over
+    the last :data:`_ESTIMATE_WINDOW`. It only orders the certificates' work (a head whose
+    estimate exceeds its target radius skips the squarings that could not succeed); every answer
+    is still certified or dense. O(n²) per step against the n³ of a squaring.
+
+    Parameters
+    ----------
+    A : (heads, n, n) float ndarray
+    shift : (heads,) float ndarray
+        α per head.
+
+    Returns
+    -------
+    (heads,) float ndarray
+    """
+    n = A.shape[-1]
+    x = np.broadcast_to(np.random.default_rng(n).standard_normal((n, 1)), (A.shape[0], n, 1))
+    logs = np.zeros((_ESTIMATE_ITERATIONS + 1, A.shape[0]))
+    for step in range(1, _ESTIMATE_ITERATIONS + 1):
+        y = A @ x - shift[:, None, None] * x
+        y -= y.mean(axis=1, keepdims=True)
+        norm = np.linalg.norm(y, axis=(1, 2))
+        norm = np.where(norm > 0, norm, _TINY)  # an exhausted iterate: the estimate tends to 0
+        logs[step] = logs[step - 1] + np.log(norm)
+        x = y / norm[:, None, None]
+    return np.exp((logs[-1] - logs[-1 - _ESTIMATE_WINDOW]) / _ESTIMATE_WINDOW)
 
 
 @dataclass(frozen=True)

@@ -434,7 +434,7 @@ class Runner:
         self.provider_used: list[str] = list(self.session.get_providers())
         self._on_cuda = self.provider_used[0] == _CUDA
         self._ortvalue = ort.OrtValue
-        self._host_buffers: dict[tuple[Any, ...], list[np.ndarray]] = {}
+        self._host_buffers: dict[tuple[Any, ...], list[list[np.ndarray]]] = {}
 
     def provenance(self) -> dict[str, Any]:
         """Every choice that affects the numbers: model, outputs, provider and session options."""

@@ -208,3 +208,23 @@ def test_the_targets_radius_is_the_largest_that_keeps_other_rows_below_the_tie()
     top = 1.6 * (1 - TIE_RTOL) * (1 - PERRON_MARGIN)
     assert_allclose(targets.radius, (top - 1.0) / 0.8, rtol=1e-15)
     assert targets.best.tolist() == [0]
+
+
+def test_the_schedule_estimate_finds_the_largest_nonperron_modulus() -> None:
+    """The estimate that picks a head's disk (a heuristic, not a bound) is close to the largest
+    non-Perron ``|λ − α|`` when that eigenvalue is well separated, with and without a shift."""
+    from simulator.perron import _nonperron_estimate
+
+    rng = np.random.default_rng(7)
+    n = 40
+    # Two clusters barely connected: λ_2 close to 1, far from the rest (as in early layers).
+    blocks = np.zeros((n, n))
+    half = n // 2
+    blocks[:half, :half] = rng.random((half, half))
+    blocks[half:, half:] = rng.random((n - half, n - half))
+    A = 0.95 * blocks / blocks.sum(axis=1, keepdims=True) + 0.05 / n
+    stack = np.stack([A, sharpened(rng.random((n, n)), 1.0)])
+    for shift in (0.0, 0.4):
+        shifts = np.full(2, shift)
+        expected = nonperron_moduli(stack, centre=shift)
+        assert_allclose(_nonperron_estimate(stack, shifts), expected, rtol=0.1)
