@@ -192,8 +192,9 @@ class DominanceTiming:
 def dominance_timing(model: str) -> DominanceTiming:
     """Time the dominance step of the default audit of ``model`` both ways, as the audit runs it.
 
-    One BLAS thread per problem, the problems spread over ``default_threads()`` worker threads;
-    the attention probabilities are computed first, outside the timing.
+    One BLAS thread per stack of problems (:func:`importers.run.dominance.stacks`), the stacks
+    spread over ``default_threads()`` worker threads; the attention probabilities are computed
+    first, outside the timing.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -203,7 +204,12 @@ def dominance_timing(model: str) -> DominanceTiming:
     from importers.match import find_attention_blocks
     from importers.run.audit import audit_session
     from importers.run.cache import cached_value_spectra
-    from importers.run.dominance import dominance_problems, dominance_spectra
+    from importers.run.dominance import (
+        dominance_problems,
+        dominance_spectra,
+        stacked_cases,
+        stacks,
+    )
     from importers.run.runner import default_threads
     from importers.run.sources import default_inputs
     from importers.weights import block_weights
@@ -225,9 +231,10 @@ def dominance_timing(model: str) -> DominanceTiming:
         threadpool_limits(limits=1, user_api="blas"),
         ThreadPoolExecutor(max_workers=default_threads()) as pool,
     ):
+        groups = [[problems[i] for i in stack] for stack in stacks(problems)]
         for certify in (False, True):
             start = time.perf_counter()
-            list(pool.map(lambda p, c=certify: p.cases(TIE_RTOL, certify=c), problems))
+            list(pool.map(lambda g, c=certify: stacked_cases(g, TIE_RTOL, certify=c), groups))
             seconds[certify] = time.perf_counter() - start
         certified = sum(
             int(dominating_modes(p.attention(), p.eig_H).certified.sum()) for p in problems
