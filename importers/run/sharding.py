@@ -90,8 +90,9 @@ __all__ = [
 #: its own onnxruntime session (about 1 s for MiniLM-L3, as long as ~90 of its inputs), so shards
 #: are large; the cap keeps a shard's inputs and results bounded.
 SHARD_INPUTS = 512
-#: Most bytes of feeds in one shard (the same rounding): 106 images of 224 x 224, for instance.
-SHARD_BYTES = 64 * 2**20
+#: Most bytes of feeds in one shard (the same rounding): 53 images of 224 x 224, for instance. This
+#: process holds one shard's inputs while it sends them, a worker about two (the window).
+SHARD_BYTES = 32 * 2**20
 #: Shards submitted and not yet merged, per worker thread: one running, one waiting on its worker.
 IN_FLIGHT_PER_SLOT = 2
 
@@ -270,12 +271,44 @@ def _merged_result(
     )
 
 
+def _read_shard(inputs: Inputs, part: slice, batch_size: int) -> Inputs:
+    """Items ``part`` held in memory, read a batch at a time into arrays of the whole shard.
+
+    So reading holds the shard plus one batch (a reader asked for the whole range may hold its
+    pieces and their concatenation, twice the shard).
+    """
+    if inputs.in_memory:
+        return inputs.read(part.start, part.stop)
+    first = inputs.read(part.start, part.start + batch_size)
+    size, mask = part.stop - part.start, first.token_mask
+    feeds = {
+        name: np.empty((size, *array.shape[1:]), array.dtype) if array.ndim else array
+        for name, array in first.feeds.items()
+    }
+    whole_mask = None if mask is None else np.empty((size, mask.shape[1]), bool)
+    for start in range(part.start, part.stop, batch_size):
+        batch = first if start == part.start else inputs.read(start, start + batch_size)
+        rows = slice(start - part.start, start - part.start + batch.batch_size)
+        for name, array in batch.feeds.items():
+            if array.ndim:
+                feeds[name][rows] = array
+        if whole_mask is not None and batch.token_mask is not None:
+            whole_mask[rows] = batch.token_mask
+    return Inputs(
+        feeds=feeds,
+        token_mask=whole_mask,
+        labels=inputs.labels[part],
+        source=inputs.source,
+        random=inputs.random,
+    )
+
+
 def _shards(
     inputs: Inputs, parts: Sequence[slice], entry: ZooModel | None, options: dict[str, Any]
 ) -> Iterator[_Shard]:
     """The shards in order, each one's inputs read (into memory) only when it is taken."""
     for part in parts:
-        yield _Shard(part.start, inputs.read(part.start, part.stop), entry, options)
+        yield _Shard(part.start, _read_shard(inputs, part, options["batch_size"]), entry, options)
 
 
 def sharded_audit(

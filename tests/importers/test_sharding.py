@@ -359,22 +359,24 @@ class _Windowed(LocalExecutor):
 def test_shards_are_read_when_taken_at_most_a_window_at_once(
     builder_model: Path, monkeypatch
 ) -> None:
-    monkeypatch.setattr("importers.run.sharding.SHARD_INPUTS", 2)
+    """26 inputs, batch 2, at most 2 batches a shard: 7 shards, a window of 4 (2 slots)."""
+    monkeypatch.setattr("importers.run.sharding.SHARD_INPUTS", 4)
     graph = load_model(builder_model)
     log: list[tuple] = []
-    lazy = random_inputs(graph.inputs, seed=4, batch=14, seq=6, vocab_size=50)
+    lazy = random_inputs(graph.inputs, seed=4, batch=26, seq=6, vocab_size=50)
     executor = _Windowed(2, log)
     merged = sharded_audit(
-        graph, lazy.with_feeds(_LoggedReader(lazy, log)), executor=executor, batch_size=1
+        graph, lazy.with_feeds(_LoggedReader(lazy, log)), executor=executor, batch_size=2
     )
-    parts = {("read", part.start, part.stop) for part in plan_shards(14, 1, 2, 2)}
-    assert len(parts) == 7
+    starts = {part.start for part in plan_shards(26, 2, 2, 2)}
+    assert len(starts) == 7
     assert executor.max_in_flight == IN_FLIGHT_PER_SLOT * 2
-    events = [entry for entry in log if entry in parts or entry[0] == "done"]
-    assert sorted(entry for entry in events if entry in parts) == sorted(parts)  # each once, whole
-    alive = list(itertools.accumulate(1 if entry in parts else -1 for entry in events))
+    reads = [entry[1:] for entry in log if entry[0] == "read" and entry[1:] != (0, 1)]
+    assert reads == [(start, start + 2) for start in range(0, 26, 2)]  # each batch once, in order
+    shard_events = [e for e in log if e[0] == "done" or (e[1] in starts and e[1:] != (0, 1))]
+    alive = list(itertools.accumulate(-1 if e[0] == "done" else 1 for e in shard_events))
     assert max(alive) == IN_FLIGHT_PER_SLOT * 2
-    assert_same_report(audit(graph, lazy, batch_size=1), merged)
+    assert_same_report(audit(graph, lazy, batch_size=2), merged)
 
 
 def test_the_value_spectra_are_computed_once_here_never_per_shard(
