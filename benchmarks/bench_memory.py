@@ -9,9 +9,10 @@ interpreter; its peak RSS is the child's ``ru_maxrss`` from ``os.wait4``.
 The same holds on a local Dask cluster (``--scheduler local --workers 2``, default for MiniLM-L3):
 shards are capped in size and read only a window at a time (:mod:`importers.run.sharding`). There
 every process of the tree is sampled every :data:`SAMPLE_S` seconds (psutil; ``ru_maxrss`` would
-be the largest of the client and the workers it reaped): printed are the peaks of the client, of
-the largest worker and of the tree's summed RSS (shared pages counted once per process), whose
-growth is checked.
+be the largest of the client and the workers it reaped): printed are the peaks of the client and of
+the largest worker, and the sum of every process's peak (shared pages counted once per process; an
+upper bound of the tree's peak that does not depend on whether the workers peak at the same moment),
+whose growth is checked.
 
 Run with ``python -m benchmarks.bench_memory [--models NAME ...] [--counts N ...]
 [--dominance head|layer|none] [--scheduler local --workers N]``. Without ``--models`` and
@@ -57,7 +58,7 @@ class Peak:
 
     ``peak_mib`` is the audit process's own (exact in one process, sampled on a cluster); on a
     cluster ``worker_mib`` is the largest peak of one of its child processes and ``tree_mib`` the
-    peak of the summed RSS of it and all its children (sampled), else None.
+    sum of its and all its children's peaks (sampled), else None.
     """
 
     model: str
@@ -70,37 +71,35 @@ class Peak:
 
     @property
     def total_mib(self) -> float:
-        """What the growth is checked on: the tree's peak on a cluster, else the process's."""
+        """What the growth is checked on: the tree's summed peaks on a cluster, else the process's."""
         return self.tree_mib if self.tree_mib is not None else self.peak_mib
 
 
 class _TreeSampler:
-    """Samples the resident sets of a process and its descendants until stopped."""
+    """Samples the resident sets of a process and its descendants until stopped.
+
+    ``peaks`` holds every process's largest sample, by pid (the audit's own first).
+    """
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.root_bytes = 0
-        self.tree_bytes = 0
-        self.child_bytes = 0
+        self.peaks: dict[int, int] = {pid: 0}
         self.stopped = threading.Event()
 
     def _sample(self) -> None:
         import psutil
 
         try:
-            root = psutil.Process(self.pid)
-            children = root.children(recursive=True)
-            sizes = [root.memory_info().rss]
+            processes = [psutil.Process(self.pid)]
+            processes += processes[0].children(recursive=True)
         except psutil.Error:
             return
-        for child in children:
+        for process in processes:
             try:
-                sizes.append(child.memory_info().rss)
+                rss = process.memory_info().rss
             except psutil.Error:  # ended between the listing and the reading
                 continue
-        self.root_bytes = max(self.root_bytes, sizes[0])
-        self.tree_bytes = max(self.tree_bytes, sum(sizes))
-        self.child_bytes = max(self.child_bytes, *sizes[1:], 0)
+            self.peaks[process.pid] = max(self.peaks.get(process.pid, 0), rss)
 
     def run(self) -> None:
         while not self.stopped.wait(SAMPLE_S):
@@ -154,11 +153,12 @@ def audit_peak(
     peak = Peak(model, n_inputs, dominance, usage.ru_maxrss / 1024, wall)
     if sampler is None:
         return peak
+    own, *others = sampler.peaks.values()
     return dataclasses.replace(
         peak,
-        peak_mib=sampler.root_bytes / MIB,
-        worker_mib=sampler.child_bytes / MIB,
-        tree_mib=sampler.tree_bytes / MIB,
+        peak_mib=own / MIB,
+        worker_mib=max(others, default=0) / MIB,
+        tree_mib=(own + sum(others)) / MIB,
     )
 
 
@@ -212,10 +212,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.scheduler is not None or both:
         print(
             f"peak RSS of `oversmooth audit MODEL --random N --scheduler local --workers "
-            f"{args.workers}` (growth of the tree against N = {counts[0]})"
+            f"{args.workers}` (growth of the summed peaks against N = {counts[0]})"
         )
         print(
-            f"{'model':<16}{'inputs':>7}  {'dom.':<6}{'client':>13}{'worker':>13}{'tree':>13}"
+            f"{'model':<16}{'inputs':>7}  {'dom.':<6}{'client':>13}{'worker':>13}{'sum':>13}"
             f"{'growth':>8}{'wall':>11}"
         )
         for model in args.models or CLUSTER_MODELS:
