@@ -14,6 +14,7 @@ import contextlib
 import importlib
 import itertools
 import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -57,6 +58,8 @@ from tests.realmodels import require_real_model
 audit_module = importlib.import_module("importers.run.audit")
 #: The issue's bound for the distributed report against the single-process one.
 MERGE_RTOL = 1e-9
+#: Seconds the scheduler may take to forget cancelled tasks.
+CANCEL_WAIT_S = 10
 SEED = 5
 
 
@@ -377,6 +380,43 @@ def test_shards_are_read_when_taken_at_most_a_window_at_once(
     alive = list(itertools.accumulate(-1 if e[0] == "done" else 1 for e in shard_events))
     assert max(alive) == IN_FLIGHT_PER_SLOT * 2
     assert_same_report(audit(graph, lazy, batch_size=2), merged)
+
+
+class _InterruptedReader(_LoggedReader):
+    """Ctrl-C while reading the item ``at``."""
+
+    def __init__(self, inputs: Inputs, at: int) -> None:
+        super().__init__(inputs, [])
+        self.at = at
+
+    def read(self, start: int, stop: int):
+        if start <= self.at < stop:
+            raise KeyboardInterrupt
+        return super().read(start, stop)
+
+
+def _scheduler_tasks(dask_scheduler) -> int:
+    return len(dask_scheduler.tasks)
+
+
+def test_ctrl_c_while_a_shard_is_read_leaves_no_task_on_the_cluster(
+    cluster: str, builder_model: Path, monkeypatch
+) -> None:
+    """7 shards of 2 inputs, 4 sent at once: item 9 is read while the workers run shards 0-3."""
+    import distributed
+
+    monkeypatch.setattr("importers.run.sharding.SHARD_INPUTS", 2)
+    graph = load_model(builder_model)
+    lazy = random_inputs(graph.inputs, seed=7, batch=14, seq=6, vocab_size=50)
+    inputs = lazy.with_feeds(_InterruptedReader(lazy, at=9))
+    with open_executor(cluster) as executor, distributed.Client(cluster) as watcher:
+        with pytest.raises(KeyboardInterrupt):
+            sharded_audit(graph, inputs, executor=executor, batch_size=1, provider="cpu")
+        # the executor's client is still open: its tasks must be gone all the same
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while watcher.run_on_scheduler(_scheduler_tasks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert watcher.run_on_scheduler(_scheduler_tasks) == 0
 
 
 def test_the_value_spectra_are_computed_once_here_never_per_shard(
