@@ -202,8 +202,8 @@ class _DaskExecutor:
 class _Window:
     """The tasks of one :meth:`_DaskExecutor.map` on the cluster: submitted, running, released.
 
-    Each task is scattered on its own (its data goes straight to one worker, never through the
-    scheduler) and released as soon as its result is taken.
+    Each task is scattered on its own (its data is stored on one worker, not in the task graph)
+    and released as soon as its result is taken.
     """
 
     def __init__(
