@@ -15,7 +15,9 @@ order, so the answer does not depend on where a task ran. Three places (``--sche
 
 Closing always happens (a ``with`` block, Ctrl-C included): a local cluster never leaves worker
 processes behind. Tasks reach the workers by value (pickled); ``shared`` values are sent to every
-worker once. Functions are pickled by reference, so every worker must have ``oversmooth`` (and its
+worker once. Tasks may come from a lazy iterable: with ``max_in_flight`` at most that many are
+taken from it and submitted before one finishes (a sliding window), so tasks that carry data (the
+audit's shards) are built, and held in memory, only a few at a time. Functions are pickled by reference, so every worker must have ``oversmooth`` (and its
 dependencies) installed, at the same version as this process.
 
 ``distributed`` is imported only when a cluster is asked for.
@@ -23,7 +25,8 @@ dependencies) installed, at the same version as this process.
 Public API
 ----------
 Executor
-    ``map(fn, tasks, shared=...)`` yields ``(index, result)`` as tasks finish; ``on_workers``,
+    ``map(fn, tasks, shared=..., max_in_flight=...)`` yields ``(index, result)`` as tasks finish;
+    ``on_workers``,
     ``slots``, ``describe()``.
 LocalExecutor
     Runs everything in this process.
@@ -43,7 +46,7 @@ import re
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from importers.errors import ClusterError, ImporterInputError
@@ -64,6 +67,8 @@ __all__ = [
 CONNECT_TIMEOUT_S = 20
 #: Accepted scheduler addresses besides ``local``.
 _ADDRESS = re.compile(r"^(tcp|tls)://[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
+#: What :meth:`Executor.map` returns: ``(task index, result)`` as tasks finish; closing it cancels.
+Results = Generator[tuple[int, Any], None, None]
 
 
 class Executor(Protocol):
@@ -77,17 +82,21 @@ class Executor(Protocol):
     def map(
         self,
         fn: Callable[..., Any],
-        tasks: Sequence[Any],
+        tasks: Iterable[Any],
         *,
         shared: Mapping[str, Any] | None = None,
-    ) -> Iterator[tuple[int, Any]]:
-        """Yield ``(i, fn(tasks[i], **shared))`` for every task, in the order they finish.
+        max_in_flight: int | None = None,
+    ) -> Results:
+        """Yield ``(i, fn(task_i, **shared))`` for every task, in the order they finish.
 
-        On a cluster the tasks are submitted at once (before the first result is asked for); in
-        this process each runs when its result is asked for.
+        ``tasks`` is consumed lazily. On a cluster the first ``max_in_flight`` tasks (default: all)
+        are taken and submitted at the call, before the first result is asked for, and the next
+        one each time a result is taken, so at most ``max_in_flight`` are submitted and not yet
+        taken; in this process each task is taken and run when its result is asked for.
 
         An error of a task is raised here (the task's own exception type when it is importable,
-        e.g. an :class:`~simulator.errors.OversmoothError`); the remaining tasks are cancelled.
+        e.g. an :class:`~simulator.errors.OversmoothError`); the remaining tasks are cancelled and
+        no further task is taken. So are they when the returned generator is closed.
         """
         ...
 
@@ -110,10 +119,11 @@ class LocalExecutor:
     def map(
         self,
         fn: Callable[..., Any],
-        tasks: Sequence[Any],
+        tasks: Iterable[Any],
         *,
         shared: Mapping[str, Any] | None = None,
-    ) -> Iterator[tuple[int, Any]]:
+        max_in_flight: int | None = None,
+    ) -> Results:
         for index, task in enumerate(tasks):
             yield index, fn(task, **(shared or {}))
 
@@ -141,30 +151,39 @@ class _DaskExecutor:
     def map(
         self,
         fn: Callable[..., Any],
-        tasks: Sequence[Any],
+        tasks: Iterable[Any],
         *,
         shared: Mapping[str, Any] | None = None,
-    ) -> Iterator[tuple[int, Any]]:
-        client = self._client
+        max_in_flight: int | None = None,
+    ) -> Results:
+        if max_in_flight is not None:
+            max_in_flight = check_positive_int(
+                max_in_flight, "max_in_flight", error=ImporterInputError
+            )
         # unique keys (hash=False): a value scattered again must not share its key with the
         # futures an earlier call is cancelling
         common = {
-            key: client.scatter(value, broadcast=True, hash=False)
+            key: self._client.scatter(value, broadcast=True, hash=False)
             for key, value in (shared or {}).items()
         }
-        data = client.scatter(list(tasks), hash=False)  # by value, each task to one worker
-        futures = [client.submit(fn, item, **common, pure=False) for item in data]
-        return self._collect(futures, [*data, *common.values()])
+        window = _Window(self._client, fn, common, iter(tasks))
+        try:  # the first tasks start now, before the first result is asked for
+            while max_in_flight is None or len(window.running) < max_in_flight:
+                if not window.submit_next():
+                    break
+        except BaseException:
+            window.cancel()
+            raise
+        return self._collect(window)
 
-    def _collect(self, futures: list[Any], inputs: list[Any]) -> Iterator[tuple[int, Any]]:
-        from distributed import as_completed
-
-        index = {future.key: i for i, future in enumerate(futures)}
+    def _collect(self, window: _Window) -> Results:
         try:
-            for future in as_completed(futures):
-                yield index[future.key], _result(future)
-        finally:  # an error, Ctrl-C or an abandoned generator: nothing keeps running
-            self._client.cancel([*futures, *inputs])
+            for future in window.finished:
+                result = _result(future)
+                yield window.done(future), result
+                window.submit_next()
+        finally:  # an error, Ctrl-C or a closed generator: nothing keeps running
+            window.cancel()
 
     def on_workers(self, fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
         return dict(self._client.run(fn, *args))
@@ -178,6 +197,50 @@ class _DaskExecutor:
             "slots": sum(int(info.get("nthreads", 1)) for info in workers.values()),
             "versions": package_versions(("dask", "distributed")),
         }
+
+
+class _Window:
+    """The tasks of one :meth:`_DaskExecutor.map` on the cluster: submitted, running, released.
+
+    Each task is scattered on its own (its data is stored on one worker, not in the task graph)
+    and released as soon as its result is taken.
+    """
+
+    def __init__(
+        self, client: Any, fn: Callable[..., Any], common: dict[str, Any], tasks: Iterator[Any]
+    ) -> None:
+        from distributed import as_completed
+
+        self._client = client
+        self._fn = fn
+        self._common = common
+        self._tasks = enumerate(tasks)
+        self.finished = as_completed()
+        #: future key -> (task index, the future, its scattered task)
+        self.running: dict[str, tuple[int, Any, Any]] = {}
+
+    def submit_next(self) -> bool:
+        """Take the next task and submit it; False when there is none left."""
+        taken = next(self._tasks, None)
+        if taken is None:
+            return False
+        index, task = taken
+        (data,) = self._client.scatter([task], hash=False)  # a list: any task is one value
+        future = self._client.submit(self._fn, data, **self._common, pure=False)
+        self.running[future.key] = (index, future, data)
+        self.finished.add(future)
+        return True
+
+    def done(self, future: Any) -> int:
+        """Forget a finished task (its scattered data is released); return its index."""
+        index, _, _ = self.running.pop(future.key)
+        return index
+
+    def cancel(self) -> None:
+        """Cancel every task still running, their data and the shared values."""
+        left = [item for _, future, data in self.running.values() for item in (future, data)]
+        self.running.clear()
+        self._client.cancel([*left, *self._common.values()])
 
 
 def _result(future: Any) -> Any:

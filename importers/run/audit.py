@@ -54,7 +54,7 @@ from importers.graph import OnnxModel, load_model
 from importers.graph.shapes import inferred_types, static_dims
 from importers.match import check_complete, find_attention_blocks, missing_blocks_note
 from importers.run.batching import items_per_call, run_batches
-from importers.run.cache import cached_value_spectra
+from importers.run.cache import cached_value_spectra, checked_spectra
 from importers.run.dominance import PendingCases, dominance_spectra, submit_dominance
 from importers.run.feeds import Inputs
 from importers.run.records import (
@@ -69,7 +69,7 @@ from importers.run.records import (
 from importers.run.reductions import Gram, ReductionPlan, plan_reductions
 from importers.run.runner import Runner, default_threads
 from importers.run.sources import default_inputs
-from importers.value_spectra import spectrum_rows
+from importers.value_spectra import BlockSpectra, spectrum_rows
 from importers.weights import BlockWeights, block_weights
 from importers.zoo import ModelRef, ZooModel, file_sha256, lookup
 from simulator.metrics import METRICS
@@ -378,6 +378,7 @@ def audit(
     tie_rtol: float = TIE_RTOL,
     progress: bool = False,
     cache: bool = True,
+    value_spectra: Sequence[BlockSpectra] | None = None,
 ) -> AuditResult:
     """Audit a model: per-layer smoothing of real inputs, dominating eigenvalues, value spectra.
 
@@ -418,6 +419,9 @@ def audit(
     cache : bool
         Reuse (and store) the input-independent value spectra in the per-user cache, keyed by
         the model file's sha256 (:mod:`importers.run.cache`); False computes them afresh.
+    value_spectra : sequence of BlockSpectra, optional
+        Those value spectra already computed for this model, one per matched block (the sharded
+        audit computes them once and sends them to its workers); then ``cache`` is not used.
 
     Returns
     -------
@@ -456,7 +460,11 @@ def audit(
     items, batch_notes = items_per_call(graph, batch_size)
     notes += batch_notes
     sha256 = file_sha256(ref.path)
-    spectra = cached_value_spectra(blocks, sha256, use_cache=cache)
+    spectra = (
+        cached_value_spectra(blocks, sha256, use_cache=cache)
+        if value_spectra is None
+        else checked_spectra(value_spectra, blocks)
+    )
     eig_H = dominance_spectra(blocks, spectra, dominance, fold_gamma) if dominance != "none" else []
     shape = (inputs.batch_size, len(session.layers))
     per_input = {name: np.full(shape, np.nan) for name in METRICS}

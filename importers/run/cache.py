@@ -27,6 +27,8 @@ weights_digest
     The sha256 of the arrays the value spectra depend on.
 cached_value_spectra
     :func:`importers.value_spectra.block_spectra` of every block, from the cache when it holds them.
+checked_spectra
+    Value spectra computed elsewhere, checked to fit the blocks as a cache entry is.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from importers.errors import ImporterInputError
 from importers.value_spectra import BlockSpectra, block_spectra
 from importers.weights import BlockWeights
 from importers.zoo import cache_dir
@@ -52,6 +55,7 @@ __all__ = [
     "CACHE_FORMAT",
     "cache_folder",
     "cached_value_spectra",
+    "checked_spectra",
     "entry_path",
     "load_entry",
     "save_entry",
@@ -200,3 +204,24 @@ def cached_value_spectra(
     if use_cache:
         save_entry(model_sha256, _VALUE_SPECTRA, options, _spectra_arrays(spectra))
     return spectra
+
+
+def checked_spectra(
+    spectra: Sequence[BlockSpectra], blocks: Sequence[BlockWeights]
+) -> list[BlockSpectra]:
+    """``spectra`` computed elsewhere (the sharded audit's client), if they fit ``blocks``.
+
+    The check of a cache entry: one per block, each kind present exactly when the block has it,
+    complex128 of the block's shapes, finite.
+
+    Raises
+    ------
+    ImporterInputError
+        They do not fit (another model's spectra, or a block missing).
+    """
+    if not _valid_spectra(_spectra_arrays(spectra), blocks):
+        raise ImporterInputError(
+            f"`value_spectra` must be the value spectra of this model's {len(blocks)} matched "
+            f"blocks; got {len(spectra)} that do not fit them"
+        )
+    return list(spectra)

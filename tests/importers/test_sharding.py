@@ -9,9 +9,13 @@ its tcp:// address like an existing cluster.
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import importlib
 import itertools
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +27,19 @@ from hypothesis import strategies as st
 from importers.errors import ImporterInputError
 from importers.executor import LocalExecutor, open_executor, progress_bar
 from importers.graph import load_model
+from importers.match import find_attention_blocks
+from importers.run import cache as audit_cache
 from importers.run.audit import audit
+from importers.run.cache import cached_value_spectra
+from importers.run.feeds import Inputs
 from importers.run.records import AuditResult
 from importers.run.sharding import (
+    IN_FLIGHT_PER_SLOT,
+    SHARD_BYTES,
+    SHARD_INPUTS,
     ModelFile,
     _audit_shard,
+    _batches_per_shard,
     _model_file,
     _sees_file,
     _Shard,
@@ -35,13 +47,19 @@ from importers.run.sharding import (
     sharded_audit,
 )
 from importers.run.sources import random_inputs
+from importers.value_spectra import BlockSpectra, block_spectra
+from importers.weights import block_weights
 from importers.zoo import file_sha256, lookup
 from tests.cluster import WORKERS, started_cluster
 from tests.importers.builders import assemble
 from tests.realmodels import require_real_model
 
+#: The audit module itself (the package attribute ``importers.run.audit`` is the function).
+audit_module = importlib.import_module("importers.run.audit")
 #: The issue's bound for the distributed report against the single-process one.
 MERGE_RTOL = 1e-9
+#: Seconds the scheduler may take to forget cancelled tasks.
+CANCEL_WAIT_S = 10
 SEED = 5
 
 
@@ -57,6 +75,37 @@ def test_shards_are_contiguous_runs_of_whole_batches(n_items, batch_size, shards
         assert (before.stop - before.start) % batch_size == 0
     sizes = [-(-(part.stop - part.start) // batch_size) for part in parts]
     assert max(sizes) - min(sizes) <= 1
+
+
+@given(
+    n_items=st.integers(1, 200),
+    batch_size=st.integers(1, 16),
+    shards=st.integers(1, 12),
+    max_batches=st.integers(1, 20),
+)
+def test_capped_shards_hold_at_most_the_cap_and_grow_with_the_inputs(
+    n_items, batch_size, shards, max_batches
+) -> None:
+    parts = plan_shards(n_items, batch_size, shards, max_batches)
+    n_batches = -(-n_items // batch_size)
+    assert len(parts) == max(min(shards, n_batches), -(-n_batches // max_batches))
+    assert [part.start for part in parts[1:]] == [part.stop for part in parts[:-1]]
+    assert (parts[0].start, parts[-1].stop) == (0, n_items)
+    assert all(part.stop - part.start <= max_batches * batch_size for part in parts)
+    assert all((part.stop - part.start) % batch_size == 0 for part in parts[:-1])
+
+
+def _image_inputs(n_items: int) -> Inputs:
+    pixels = np.zeros((n_items, 3, 224, 224), np.float32)
+    return Inputs(feeds={"pixels": pixels}, labels=[str(i) for i in range(n_items)], source="t")
+
+
+def test_a_shard_is_capped_by_inputs_and_by_bytes(builder_model: Path) -> None:
+    texts = random_inputs(load_model(builder_model).inputs, seed=0, batch=3, seq=6)
+    assert _batches_per_shard(texts, 4) == SHARD_INPUTS // 4
+    image_bytes = 3 * 224 * 224 * 4
+    assert _batches_per_shard(_image_inputs(2), 4) == SHARD_BYTES // image_bytes // 4
+    assert _batches_per_shard(_image_inputs(2), 1000) == 1  # at least one batch
 
 
 def assert_same_report(one: AuditResult, other: AuditResult) -> None:
@@ -186,6 +235,226 @@ def _raise(error: Exception) -> None:
     raise error
 
 
+def _counted(values: Iterable[int], taken: list[int]) -> Iterator[int]:
+    """``values``, each noted in ``taken`` when the executor takes it."""
+    for value in values:
+        taken.append(value)
+        yield value
+
+
+def test_the_cluster_takes_tasks_only_as_the_window_slides(cluster: str) -> None:
+    window = 3
+    taken: list[int] = []
+    results: dict[int, int] = {}
+    with open_executor(cluster) as executor:
+        running = executor.map(pow, _counted(range(8), taken), shared={"exp": 2}, max_in_flight=3)
+        assert len(taken) == window  # submitted at the call, the rest left in the iterator
+        for index, result in running:
+            results[index] = result
+            assert len(taken) - len(results) < window
+    assert results == {i: i**2 for i in range(8)}
+
+
+def test_an_error_of_a_task_stops_taking_tasks(cluster: str) -> None:
+    error = ImporterInputError("`batch_size` must be positive")
+    taken: list[int] = []
+    with open_executor(cluster) as executor:
+        tasks = (error if value == 0 else value for value in _counted(range(5), taken))
+        with pytest.raises(ImporterInputError, match="batch_size"):
+            dict(executor.map(_raise, tasks, max_in_flight=1))
+    assert taken == [0]
+
+
+def _value_spectra(graph) -> list[BlockSpectra]:
+    return [block_spectra(block_weights(graph, b)) for b in find_attention_blocks(graph).blocks]
+
+
+def _no_value_spectra(blocks, *args, **kwargs) -> None:
+    raise AssertionError("a worker looked up or computed the value spectra")
+
+
+def _forbid_value_spectra(forbid: bool) -> None:
+    """On a worker: the audit's look-up of value spectra (cache or computation) fails, or works."""
+    audit_module.cached_value_spectra = _no_value_spectra if forbid else cached_value_spectra
+
+
+@contextlib.contextmanager
+def _forbidden_on_workers(executor) -> Iterator[None]:
+    executor.on_workers(_forbid_value_spectra, True)
+    try:
+        yield
+    finally:
+        executor.on_workers(_forbid_value_spectra, False)
+
+
+def assert_same_per_input(one: AuditResult, other: AuditResult) -> None:
+    assert other.metrics.keys() == one.metrics.keys()
+    for name, values in one.metrics.items():
+        np.testing.assert_allclose(other.metrics[name], values, rtol=MERGE_RTOL, equal_nan=True)
+    assert set(other.dominance) == set(one.dominance)
+
+
+@pytest.mark.parametrize("where", ["local", "cluster"])
+def test_more_shards_than_slots_merge_to_the_single_process_audit(
+    where: str, builder_model: Path, request: pytest.FixtureRequest, monkeypatch
+) -> None:
+    """One input per shard (the cap at 1): 7 shards through a window of 2 x slots; on the
+    cluster the workers may not compute the value spectra (the client sends them)."""
+    monkeypatch.setattr("importers.run.sharding.SHARD_INPUTS", 1)
+    graph = load_model(builder_model)
+    inputs = random_inputs(graph.inputs, seed=6, batch=7, seq=6, vocab_size=50)
+    one = audit(graph, inputs, batch_size=1, provider="cpu")
+    options = {"batch_size": 1, "provider": "cpu", "cache": False}
+    with contextlib.ExitStack() as stack:
+        executor = LocalExecutor()
+        if where == "cluster":
+            executor = stack.enter_context(open_executor(request.getfixturevalue("cluster")))
+            stack.enter_context(_forbidden_on_workers(executor))
+        merged = sharded_audit(graph, inputs, executor=executor, **options)
+    assert merged.provenance.runner["shards"] == 7
+    assert_same_per_input(one, merged)
+    assert_same_report(one, merged)
+
+
+class _LoggedReader:
+    """Reads items of ``inputs``, logging ``("read", start, stop)``."""
+
+    def __init__(self, inputs: Inputs, log: list[tuple]) -> None:
+        self.inputs, self.log, self.n_items = inputs, log, inputs.batch_size
+
+    def read(self, start: int, stop: int):
+        self.log.append(("read", start, stop))
+        batch = self.inputs.read(start, stop)
+        return batch.feeds, batch.token_mask
+
+    def digest(self) -> str:
+        return self.inputs.digest
+
+
+class _Windowed(LocalExecutor):
+    """In this process but like a cluster of ``slots`` threads: it takes ``max_in_flight`` tasks
+    before running the first, one more after each; logs ``("done", index)``."""
+
+    def __init__(self, slots: int, log: list[tuple]) -> None:
+        self._slots, self.log = slots, log
+
+    @property
+    def slots(self) -> int:
+        return self._slots
+
+    def map(self, fn, tasks, *, shared=None, max_in_flight=None):
+        self.max_in_flight = max_in_flight
+        taken, waiting = enumerate(tasks), collections.deque()
+        while True:
+            while max_in_flight is None or len(waiting) < max_in_flight:
+                task = next(taken, None)
+                if task is None:
+                    break
+                waiting.append(task)
+            if not waiting:
+                return
+            index, task = waiting.popleft()
+            result = fn(task, **(shared or {}))
+            self.log.append(("done", index))
+            yield index, result
+
+
+def test_shards_are_read_when_taken_at_most_a_window_at_once(
+    builder_model: Path, monkeypatch
+) -> None:
+    """26 inputs, batch 2, at most 2 batches a shard: 7 shards, a window of 4 (2 slots)."""
+    monkeypatch.setattr("importers.run.sharding.SHARD_INPUTS", 4)
+    graph = load_model(builder_model)
+    log: list[tuple] = []
+    lazy = random_inputs(graph.inputs, seed=4, batch=26, seq=6, vocab_size=50)
+    executor = _Windowed(2, log)
+    merged = sharded_audit(
+        graph, lazy.with_feeds(_LoggedReader(lazy, log)), executor=executor, batch_size=2
+    )
+    starts = {part.start for part in plan_shards(26, 2, 2, 2)}
+    assert len(starts) == 7
+    assert executor.max_in_flight == IN_FLIGHT_PER_SLOT * 2
+    reads = [entry[1:] for entry in log if entry[0] == "read" and entry[1:] != (0, 1)]
+    assert reads == [(start, start + 2) for start in range(0, 26, 2)]  # each batch once, in order
+    shard_events = [e for e in log if e[0] == "done" or (e[1] in starts and e[1:] != (0, 1))]
+    alive = list(itertools.accumulate(-1 if e[0] == "done" else 1 for e in shard_events))
+    assert max(alive) == IN_FLIGHT_PER_SLOT * 2
+    assert_same_report(audit(graph, lazy, batch_size=2), merged)
+
+
+class _InterruptedReader(_LoggedReader):
+    """Ctrl-C while reading the item ``at``."""
+
+    def __init__(self, inputs: Inputs, at: int) -> None:
+        super().__init__(inputs, [])
+        self.at = at
+
+    def read(self, start: int, stop: int):
+        if start <= self.at < stop:
+            raise KeyboardInterrupt
+        return super().read(start, stop)
+
+
+def _scheduler_tasks(dask_scheduler) -> int:
+    return len(dask_scheduler.tasks)
+
+
+def test_ctrl_c_while_a_shard_is_read_leaves_no_task_on_the_cluster(
+    cluster: str, builder_model: Path, monkeypatch
+) -> None:
+    """7 shards of 2 inputs, 4 sent at once: item 9 is read while the workers run shards 0-3."""
+    import distributed
+
+    monkeypatch.setattr("importers.run.sharding.SHARD_INPUTS", 2)
+    graph = load_model(builder_model)
+    lazy = random_inputs(graph.inputs, seed=7, batch=14, seq=6, vocab_size=50)
+    inputs = lazy.with_feeds(_InterruptedReader(lazy, at=9))
+    with open_executor(cluster) as executor, distributed.Client(cluster) as watcher:
+        with pytest.raises(KeyboardInterrupt):
+            sharded_audit(graph, inputs, executor=executor, batch_size=1, provider="cpu")
+        # the executor's client is still open: its tasks must be gone all the same
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while watcher.run_on_scheduler(_scheduler_tasks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert watcher.run_on_scheduler(_scheduler_tasks) == 0
+
+
+def test_the_value_spectra_are_computed_once_here_never_per_shard(
+    builder_model: Path, monkeypatch, tmp_path: Path
+) -> None:
+    """Without the cache once per audit (not per shard); with it once per model."""
+    monkeypatch.setenv("OVERSMOOTH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("importers.run.sharding.SHARD_INPUTS", 2)
+    computed: list[int] = []
+
+    def counted(block):
+        computed.append(block.index)
+        return block_spectra(block)
+
+    monkeypatch.setattr(audit_cache, "block_spectra", counted)
+    monkeypatch.setattr(audit_module, "cached_value_spectra", _no_value_spectra)  # in a shard
+    graph = load_model(builder_model)
+    inputs = random_inputs(graph.inputs, seed=1, batch=6, seq=6, vocab_size=50)
+    n_blocks = len(find_attention_blocks(graph).blocks)
+    counts = []
+    for cache in (False, True, True):
+        computed.clear()
+        result = sharded_audit(
+            graph, inputs, executor=LocalExecutor(), batch_size=1, provider="cpu", cache=cache
+        )
+        assert result.provenance.runner["shards"] == 3
+        counts.append(len(computed))
+    assert counts == [n_blocks, n_blocks, 0]
+
+
+def test_a_shard_refuses_value_spectra_of_another_model(builder_model: Path) -> None:
+    graph = load_model(builder_model)
+    inputs = random_inputs(graph.inputs, seed=1, batch=2, seq=6, vocab_size=50)
+    spectra = _value_spectra(graph)
+    with pytest.raises(ImporterInputError, match="value_spectra"):
+        audit(graph, inputs, value_spectra=spectra[:-1])
+
+
 def test_a_model_sent_by_value_is_audited_on_a_worker_like_one_read_by_path(
     cluster: str, builder_model: Path
 ) -> None:
@@ -196,8 +465,9 @@ def test_a_model_sent_by_value_is_audited_on_a_worker_like_one_read_by_path(
         "/elsewhere/m.onnx", file_sha256(builder_model), builder_model.read_bytes()
     )
     shard = _Shard(0, inputs, None, {"batch_size": 2, "provider": "cpu"})
+    shared = {"model": elsewhere, "spectra": _value_spectra(graph)}
     with open_executor(cluster) as executor:
-        ((_, result),) = executor.map(_audit_shard, [shard], shared={"model": elsewhere})
+        ((_, result),) = executor.map(_audit_shard, [shard], shared=shared)
     for name, values in one.metrics.items():
         np.testing.assert_array_equal(result.metrics[name], values)
     assert result.dominance == one.dominance
@@ -240,7 +510,8 @@ def test_the_distributed_audit_of_minilm_l3_equals_the_local_one(cluster: str) -
                 shared={
                     "model": ModelFile(
                         "/elsewhere/model.onnx", file_sha256(path), path.read_bytes()
-                    )
+                    ),
+                    "spectra": _value_spectra(graph),
                 },
             )
         ]
