@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -304,3 +306,29 @@ def test_dominance_cases_do_not_depend_on_the_worker_threads(
         results.append(audit(path, inputs, provider="cpu", batch_size=1).dominance)
     assert results[0] == results[1]
     assert len(results[0]) > 0
+
+
+def test_the_pipelined_audit_equals_the_sequential_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reducing batch k while batch k+1 runs changes nothing: metrics and cases as one at a time
+    (a batch's arrays must not be written over by the next run while they are being reduced)."""
+    audit_module = importlib.import_module("importers.run.audit")
+    measure_layers = audit_module._measure_layers
+
+    def late_measure(*args: Any) -> int:  # the next batch runs before this batch is read
+        time.sleep(0.05)
+        return measure_layers(*args)
+
+    monkeypatch.setattr(audit_module, "_measure_layers", late_measure)
+    path = tmp_path / "bert.onnx"
+    model, inputs = _builder("bert_legacy")
+    onnx.save(model.proto, path)
+    results = []
+    for lookahead in (0, 1, 3):
+        monkeypatch.setattr(audit_module, "LOOKAHEAD_BATCHES", lookahead)
+        results.append(audit(path, inputs, provider="cpu", batch_size=1))
+    for result in results[1:]:
+        assert result.dominance == results[0].dominance
+        for metric in METRICS:
+            np.testing.assert_array_equal(result.metrics[metric], results[0].metrics[metric])
