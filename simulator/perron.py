@@ -454,18 +454,16 @@ def _nonperron_estimate(A: NDArray[np.float64], shift: NDArray[np.float64]) -> N
     (heads,) float ndarray
     """
     n = A.shape[-1]
-    single = A.astype(np.float32)  # an estimate: half the memory traffic of every step
-    alpha = shift.astype(np.float32)[:, None, None]
+    alpha = shift[:, None, None]
     x = np.broadcast_to(np.random.default_rng(n).standard_normal((n, 1)), (A.shape[0], n, 1))
-    x = x.astype(np.float32)
     logs = np.zeros((_ESTIMATE_ITERATIONS + 1, A.shape[0]))
     for step in range(1, _ESTIMATE_ITERATIONS + 1):
-        y = single @ x - alpha * x
+        y = A @ x - alpha * x
         y -= y.mean(axis=1, keepdims=True)
         norm = np.linalg.norm(y, axis=(1, 2))
         exhausted = norm == 0  # the estimate then tends to 0
-        logs[step] = logs[step - 1] + np.log(np.where(exhausted, _TINY, norm.astype(np.float64)))
-        x = y / np.where(exhausted, 1, norm)[:, None, None]
+        logs[step] = logs[step - 1] + np.log(np.where(exhausted, _TINY, norm))
+        x = y / np.where(exhausted, 1.0, norm)[:, None, None]
     return np.exp((logs[-1] - logs[-1 - _ESTIMATE_WINDOW]) / _ESTIMATE_WINDOW)
 
 
