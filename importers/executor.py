@@ -17,8 +17,9 @@ Closing always happens (a ``with`` block, Ctrl-C included): a local cluster neve
 processes behind. Tasks reach the workers by value (pickled); ``shared`` values are sent to every
 worker once. Tasks may come from a lazy iterable: with ``max_in_flight`` at most that many are
 taken from it and submitted before one finishes (a sliding window), so tasks that carry data (the
-audit's shards) are built, and held in memory, only a few at a time. Functions are pickled by reference, so every worker must have ``oversmooth`` (and its
-dependencies) installed, at the same version as this process.
+audit's shards) are built, and held in memory, only a few at a time. Functions are pickled by
+reference, so every worker must have ``oversmooth`` (and its dependencies) installed, at the same
+version as this process.
 
 ``distributed`` is imported only when a cluster is asked for.
 
@@ -26,8 +27,7 @@ Public API
 ----------
 Executor
     ``map(fn, tasks, shared=..., max_in_flight=...)`` yields ``(index, result)`` as tasks finish;
-    ``on_workers``,
-    ``slots``, ``describe()``.
+    ``on_workers``, ``slots``, ``describe()``.
 LocalExecutor
     Runs everything in this process.
 local_cluster
