@@ -283,8 +283,9 @@ def run_batches(
     """Read ``inputs`` ``items`` at a time and run each batch: yield ``(batch, outputs)``.
 
     The outputs of the last ``keep`` batches stay valid; older batches' arrays are written over
-    (``Runner.run(reuse_outputs=keep)``), so memory does not grow with the number of inputs. ``extra_feeds(batch)`` adds feeds (the audit's token mask). ``items`` must
-    not exceed a batch size the graph fixes (:func:`items_per_call`), so a batch is one call.
+    (``Runner.run(reuse_outputs=keep)``), so memory does not grow with the number of inputs.
+    ``extra_feeds(batch)`` adds feeds (the audit's token mask). ``items`` must not exceed a batch
+    size the graph fixes (:func:`items_per_call`), so a batch is one call.
     """
     batches: Any = inputs.batches(items)
     if progress:

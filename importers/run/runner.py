@@ -517,10 +517,11 @@ class Runner:
         """Yield, per batch of items, ``{name: array}`` for every name in :attr:`output_names`.
 
         Feeds are checked against the graph inputs (the model's and the extension's) first.
-        Memory stays bounded by one batch of outputs. On CUDA, inputs and outputs are bound on the
-        device with IOBinding and only the outputs are copied back. A graph that fixes its batch
-        size runs at that size: a short batch is filled with copies of its last item and the
-        filler's rows are dropped from the (batch-first) outputs (:mod:`importers.run.batching`).
+        Memory stays bounded by one batch of outputs (``reuse_outputs`` batches when reusing). On
+        CUDA, inputs and outputs are bound on the device with IOBinding and only the outputs are
+        copied back. A graph that fixes its batch size runs at that size: a short batch is filled
+        with copies of its last item and the filler's rows are dropped from the (batch-first)
+        outputs (:mod:`importers.run.batching`).
 
         Parameters
         ----------

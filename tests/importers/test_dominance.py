@@ -85,3 +85,32 @@ def test_the_audit_cases_are_those_of_the_problems() -> None:
             (3, 1, 1, 4),
         ]
         assert [c.kind for c in cases] == ["perron", "non-perron"]
+
+
+def test_stacked_problems_come_back_per_problem_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Problems of two layers and two token counts, stacks capped at two problems: every stack is
+    of one layer and one token count, and the batch's cases equal each problem's own, in problem
+    order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from importers.run import dominance
+
+    rng = np.random.default_rng(5)
+    n_tokens, heads = 6, 2
+    problems = []
+    for layer in range(2):
+        for item in range(5):
+            mask = np.ones(n_tokens, dtype=bool)
+            mask[n_tokens - item % 2 :] = False  # odd items: one padding token
+            probs = rng.random((heads, n_tokens, n_tokens))
+            eig_H = rng.normal(size=(heads, 3)) + 0j
+            problems.append(DominanceProblem(item, layer, probs, mask, eig_H))
+    monkeypatch.setattr(dominance, "MAX_STACK_ELEMENTS", 2 * heads * n_tokens**2)
+    groups = dominance.stacks(problems)
+    for group in groups:
+        assert len({(problems[i].layer, problems[i].n_tokens) for i in group}) == 1
+        assert 1 <= len(group) <= 2
+    assert sorted(i for group in groups for i in group) == list(range(len(problems)))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        cases = dominance.PendingCases(problems, TIE_RTOL, pool).result()
+    assert cases == [case for problem in problems for case in problem.cases(TIE_RTOL)]
