@@ -193,6 +193,30 @@ def test_matrices_that_are_not_stochastic_are_refused() -> None:
     assert perron_certified(A, targets).all()
 
 
+def test_a_head_gets_the_same_bound_in_any_stack() -> None:
+    """Heads are squared in chunks and unqualified ones dropped on the way: a stack of 11 mixed
+    heads (diffuse, nearly reducible, not stochastic) gives each head exactly its bound alone."""
+    rng = np.random.default_rng(11)
+    n = 20
+    heads = [sharpened(rng.random((n, n)), power) for power in (1.0, 6.0, 20.0) for _ in range(3)]
+    negative = heads[0].copy()
+    negative[0, :2] += [-0.5, 0.5]
+    minus_inf = np.full((n, n), np.nan)
+    minus_inf[:, 0] = -np.inf  # no warning either
+    stack = np.stack([*heads[:4], negative, *heads[4:], minus_inf])
+    shifts = rng.uniform(0.0, 0.5, len(stack))
+    for squarings in (0, 1, 3):
+        for shift in (np.zeros(len(stack)), shifts):
+            together = nonperron_radius(stack, squarings=squarings, shift=shift)
+            alone = [
+                nonperron_radius(stack[i : i + 1], squarings=squarings, shift=shift[i : i + 1])[0]
+                for i in range(len(stack))
+            ]
+            np.testing.assert_array_equal(together, alone)
+            assert np.isinf(together[[4, 10]]).all()
+            assert np.isfinite(np.delete(together, [4, 10])).all()
+
+
 def test_a_single_token_has_no_other_eigenvalue_and_an_empty_stack_no_case() -> None:
     one = np.ones((HEADS, 1, 1))
     assert (nonperron_radius(one) < 1e-12).all()  # zero up to the counted round-off
