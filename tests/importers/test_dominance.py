@@ -55,7 +55,7 @@ def test_real_attention_gets_the_dense_kinds_and_modes(name: str) -> None:
     certified = total = 0
     for problem in attention_problems(name):
         with threadpool_limits(limits=1, user_api="blas"):  # as in the audit: see model_spectra
-            fast = dominating_modes(problem.attention(), problem.eig_H)
+            fast = dominating_modes(problem.attention(), problem.eig_H, min_order=1)
             dense = problem.cases(TIE_RTOL, certify=False)
         assert [case.kind for case in dense] == [KINDS[kind] for kind in fast.kinds]
         for field, values in (("mu", fast.mu), ("lambda_a", fast.eig_A), ("lambda_h", fast.eig_H)):
@@ -77,7 +77,10 @@ def test_the_audit_cases_are_those_of_the_problems() -> None:
     eig_H = np.array([[0.5, 0.0], [-1.5, 0.0]], dtype=complex)
     problem = DominanceProblem(3, 1, probs, mask, eig_H)
     assert_allclose(problem.attention(), np.stack([real, real]), atol=1e-15)
-    assert dominating_modes(problem.attention(), eig_H).certified.tolist() == [True, False]
+    assert dominating_modes(problem.attention(), eig_H, min_order=1).certified.tolist() == [
+        True,
+        False,
+    ]
     for certify in (True, False):
         cases = problem.cases(TIE_RTOL, certify=certify)
         assert [(c.input, c.layer, c.head, c.n_tokens) for c in cases] == [

@@ -17,6 +17,7 @@ from numpy.testing import assert_allclose
 
 from simulator import spectra
 from simulator.perron import (
+    CERTIFY_MIN_ORDER,
     DominatingModes,
     dominating_modes,
     nonperron_radius,
@@ -31,8 +32,10 @@ HEADS = 3
 
 
 def assert_same_as_dense(A: np.ndarray, eig_H: np.ndarray) -> DominatingModes:
-    """The certified path equals the dense one (kinds exactly, modes to EIG_TOL); returns it."""
-    fast = dominating_modes(A, eig_H)
+    """The certified path equals the dense one (kinds exactly, modes to EIG_TOL); returns it.
+
+    Matrices of every order try the certificate (``min_order=1``), small ones included."""
+    fast = dominating_modes(A, eig_H, min_order=1)
     dense = dominating_modes(A, eig_H, certify=False)
     assert not dense.certified.any()
     np.testing.assert_array_equal(fast.kinds, dense.kinds)
@@ -135,6 +138,19 @@ def test_diffuse_attention_is_certified_with_the_perron_mode() -> None:
     fast = assert_same_as_dense(A, eig_H)
     assert fast.certified.all()
     assert_allclose(fast.mu, 1.9, rtol=0, atol=0)
+
+
+def test_small_matrices_go_dense_by_default_with_the_same_answer() -> None:
+    """Below CERTIFY_MIN_ORDER the default skips the certificate (cheaper dense); at it, it tries."""
+    eig_H = spectra_for_heads([0.9, -0.6, 0.2 + 0.5j, 0.2 - 0.5j, 0.0])
+    for n, tries in ((CERTIFY_MIN_ORDER - 1, False), (CERTIFY_MIN_ORDER, True)):
+        A = spectra.attention_symmetric_scores(n, scale=0.3, batch=(HEADS,), rng=1)
+        default = dominating_modes(A, eig_H)
+        assert default.certified.tolist() == [tries] * HEADS
+        certified = assert_same_as_dense(A, eig_H)
+        assert certified.certified.all()
+        np.testing.assert_array_equal(default.kinds, certified.kinds)
+        assert_allclose(default.mu, certified.mu, rtol=0, atol=EIG_TOL)
 
 
 def test_a_nearly_decomposable_psd_attention_is_certified_by_the_shifted_disk() -> None:
