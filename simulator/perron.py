@@ -7,7 +7,8 @@ Perron root is exactly 1, so the Perron row of ``μ_ij = 1 + λ^H_j λ^A_i`` is 
 no eigensolver; what is left is to show that no other eigenvalue of A comes close. This module bounds
 the modulus of every non-Perron eigenvalue from above with a few matrix products and returns kind
 perron when the bound already rules out every other row. The other heads take the dense path, which
-is the audit's original computation.
+is the audit's original computation, and so do matrices of order below :data:`CERTIFY_MIN_ORDER`,
+whose spectra cost less than the certificate's bookkeeping.
 
 Certificate
 -----------
