@@ -257,7 +257,7 @@ def _squared(state: _Residual) -> _Residual:
     Y = np.empty_like(state.B)
     norm = np.empty_like(b)
     error = np.empty_like(b)
-    exponent = np.empty(b.shape, dtype=np.intp)
+    exponent = np.empty(b.shape, dtype=np.intc)  # as np.frexp gives it
     for start in range(0, b.size, _CHUNK_HEADS):
         part = slice(start, start + _CHUNK_HEADS)
         np.matmul(state.B[part], state.B[part], out=Y[part])
