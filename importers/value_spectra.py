@@ -8,8 +8,8 @@ SPECTRUM_KINDS
     ``"head"``, ``"layer"``, ``"head-gamma"``, ``"layer-gamma"``.
 head_eigenvalues, layer_eigenvalues
     The eigenvalues of one block's per-head or whole-layer product (optionally with γ folded in).
-BlockSpectra, block_spectra
-    Every kind of eigenvalue of one block, as arrays (what the audit caches and reuses).
+BlockSpectra, block_spectra, blocks_spectra
+    Every kind of eigenvalue of one block (of every block), as arrays (what the audit caches).
 spectrum_rows
     Tidy rows from those arrays.
 model_spectra
@@ -50,6 +50,7 @@ __all__ = [
     "SpectrumRow",
     "SpectrumSummary",
     "block_spectra",
+    "blocks_spectra",
     "head_eigenvalues",
     "layer_eigenvalues",
     "model_spectra",
@@ -178,15 +179,20 @@ def block_spectra(block: BlockWeights) -> BlockSpectra:
     return BlockSpectra(block.index, *kinds[0], *folded)
 
 
-def model_spectra(blocks: Sequence[BlockWeights]) -> list[SpectrumRow]:
-    """Tidy eigenvalue rows for every block: per head, per layer, and γ-folded for pre-LN blocks.
+def blocks_spectra(blocks: Sequence[BlockWeights]) -> list[BlockSpectra]:
+    """:func:`block_spectra` of every block, with one BLAS thread.
 
-    Runs with one BLAS thread: many small dense eigenproblems gain nothing from more, and
-    multithreaded BLAS collapses when the cores are busy (DINOv2's 168 problems: 1.75 s with one
-    thread, 71 s with the default threads beside one busy process on 2 cores).
+    Many small dense eigenproblems gain nothing from more threads, and multithreaded BLAS
+    collapses when the cores are busy (DINOv2's 168 problems: 1.75 s with one thread, 71 s with
+    the default threads beside one busy process on 2 cores).
     """
     with threadpool_limits(limits=1, user_api="blas"):
-        return spectrum_rows([block_spectra(block) for block in blocks])
+        return [block_spectra(block) for block in blocks]
+
+
+def model_spectra(blocks: Sequence[BlockWeights]) -> list[SpectrumRow]:
+    """Tidy eigenvalue rows for every block: per head, per layer, and γ-folded for pre-LN blocks."""
+    return spectrum_rows(blocks_spectra(blocks))
 
 
 def spectrum_rows(spectra: Sequence[BlockSpectra]) -> list[SpectrumRow]:

@@ -55,7 +55,7 @@ from importers.graph.shapes import inferred_types, static_dims
 from importers.match import check_complete, find_attention_blocks, missing_blocks_note
 from importers.run.batching import items_per_call, run_batches
 from importers.run.cache import cached_value_spectra, checked_spectra
-from importers.run.dominance import PendingCases, dominance_spectra, submit_dominance
+from importers.run.dominance import PendingCases, dominance_problems, dominance_spectra
 from importers.run.feeds import Inputs
 from importers.run.records import (
     AuditConfig,
@@ -325,10 +325,8 @@ def _measure_batch(
     metrics = pool.submit(_measure_layers, outputs, session.plan, start, per_input)
     if not session.attention:
         return _BatchWork(metrics, None)
-    pending = submit_dominance(
-        outputs, blocks, session.attention, batch, start, eig_H, tie_rtol, pool
-    )
-    return _BatchWork(metrics, pending)
+    problems = dominance_problems(outputs, blocks, session.attention, batch, start, eig_H)
+    return _BatchWork(metrics, PendingCases(problems, tie_rtol, pool))
 
 
 def _pipelined(

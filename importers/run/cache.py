@@ -26,7 +26,7 @@ load_entry, save_entry
 weights_digest
     The sha256 of the arrays the value spectra depend on.
 cached_value_spectra
-    :func:`importers.value_spectra.block_spectra` of every block, from the cache when it holds them.
+    :func:`importers.value_spectra.blocks_spectra`, from the cache when it holds them.
 checked_spectra
     Value spectra computed elsewhere, checked to fit the blocks as a cache entry is.
 """
@@ -44,10 +44,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from importers.errors import ImporterInputError
-from importers.value_spectra import BlockSpectra, block_spectra
+from importers.value_spectra import BlockSpectra, blocks_spectra
 from importers.weights import BlockWeights
 from importers.zoo import cache_dir
 
@@ -189,7 +188,7 @@ def cached_value_spectra(
 ) -> list[BlockSpectra]:
     """Every block's value spectra, from the cache when it holds them for these weights.
 
-    Computed with one BLAS thread (see :func:`importers.value_spectra.model_spectra`) and stored
+    Computed with one BLAS thread (:func:`importers.value_spectra.blocks_spectra`) and stored
     when missing; ``use_cache=False`` neither reads nor writes the cache.
     """
     options = {"weights": weights_digest(blocks)} if use_cache else {}
@@ -199,8 +198,7 @@ def cached_value_spectra(
         )
         if arrays is not None:
             return _spectra_from_arrays(arrays, blocks)
-    with threadpool_limits(limits=1, user_api="blas"):
-        spectra = [block_spectra(block) for block in blocks]
+    spectra = blocks_spectra(blocks)
     if use_cache:
         save_entry(model_sha256, _VALUE_SPECTRA, options, _spectra_arrays(spectra))
     return spectra

@@ -14,8 +14,8 @@ DominanceProblem, dominance_problems
     The heads of one (input, layer), and all of one batch of onnxruntime outputs.
 stacks, stacked_cases
     Problems of one layer and token count, solved in one stacked call.
-submit_dominance, PendingCases
-    Start the cases of one batch of onnxruntime outputs on a thread pool; collect them later.
+PendingCases
+    The cases of one batch's problems, started on a thread pool and collected later.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ __all__ = [
     "dominance_spectra",
     "stacked_cases",
     "stacks",
-    "submit_dominance",
 ]
 
 #: Attention entries (float64) of one stack at most: 2^22 (32 MiB), e.g. 63 heads of 257 tokens.
@@ -57,9 +56,10 @@ def dominance_spectra(
 ) -> list[np.ndarray]:
     """Per block a (n_heads, k) array of H eigenvalues used for dominance.
 
-    ``granularity`` is ``"layer"`` or ``"head"``. ``"head"``: the d_head eigenvalues of ``W_O^h W_V^h`` plus the zero eigenvalue of the
-    rank-deficient d×d product (when ``d_model > d_head``); ``"layer"``: the d eigenvalues of the
-    whole-layer product for every head. ``fold_gamma`` uses the γ-folded kinds of pre-LN blocks.
+    ``granularity`` is ``"layer"`` or ``"head"``. ``"head"``: the d_head eigenvalues of
+    ``W_O^h W_V^h`` plus the zero eigenvalue of the rank-deficient d×d product (when
+    ``d_model > d_head``); ``"layer"``: the d eigenvalues of the whole-layer product for every
+    head. ``fold_gamma`` uses the γ-folded kinds of pre-LN blocks.
     """
     values = []
     for block, spectrum in zip(blocks, spectra, strict=True):
@@ -222,8 +222,10 @@ def stacks(problems: Sequence[DominanceProblem]) -> list[list[int]]:
 class PendingCases:
     """The dominance cases of one batch, being computed by a thread pool.
 
-    :meth:`result` waits for them and returns them in (layer, input, head) order, whatever the
-    stacking and the thread count.
+    The batch's (input, layer) problems (:func:`dominance_problems`) are stacked
+    (:func:`stacks`) and the stacks spread over ``pool``'s threads (matrix products and LAPACK
+    release the GIL); the caller goes on (runs the next batch). :meth:`result` waits for them
+    and returns them in (layer, input, head) order, whatever the stacking and the thread count.
     """
 
     def __init__(
@@ -248,24 +250,3 @@ class PendingCases:
         """Cancel the stacks not yet started."""
         for future in self._futures:
             future.cancel()
-
-
-def submit_dominance(
-    outputs: dict[str, np.ndarray],
-    blocks: Sequence[BlockWeights],
-    attention: Sequence[str],
-    inputs: Inputs,
-    start: int,
-    eig_H: Sequence[np.ndarray],
-    tie_rtol: float,
-    pool: Executor,
-) -> PendingCases:
-    """Start the dominance cases of one batch: every (input, layer, head) with its attention matrix.
-
-    The batch's (input, layer) problems (:func:`dominance_problems`) are stacked (:func:`stacks`)
-    and the stacks spread over ``pool``'s threads (matrix products and LAPACK release the GIL);
-    the caller goes on (runs the next batch) and collects the cases with
-    :meth:`PendingCases.result`.
-    """
-    problems = dominance_problems(outputs, blocks, attention, inputs, start, eig_H)
-    return PendingCases(problems, tie_rtol, pool)

@@ -27,7 +27,7 @@ from importers.run.cache import (
     save_entry,
     weights_digest,
 )
-from importers.value_spectra import BlockSpectra, block_spectra, model_spectra, spectrum_rows
+from importers.value_spectra import BlockSpectra, blocks_spectra, model_spectra, spectrum_rows
 from importers.weights import BlockWeights, extract
 from importers.zoo import file_sha256
 from tests.importers.builders import assemble
@@ -77,10 +77,10 @@ def test_value_spectra_are_computed_once_then_read_back(
     assert entry.suffix == ".npz"
     assert not entry.name.startswith(".")
 
-    def fail(block: BlockWeights) -> BlockSpectra:
+    def fail(blocks: list[BlockWeights]) -> list[BlockSpectra]:
         raise AssertionError("recomputed although cached")
 
-    monkeypatch.setattr(cache, "block_spectra", fail)
+    monkeypatch.setattr(cache, "blocks_spectra", fail)
     again = cached_value_spectra(blocks, file_sha256(model))
     assert_same_spectra(again, first)
     assert spectrum_rows(first) == model_spectra(blocks)
@@ -189,7 +189,7 @@ def test_the_weights_digest_follows_every_weight_the_spectra_read(model: Path) -
 
 def test_no_cache_neither_reads_nor_writes(model: Path) -> None:
     blocks = blocks_of(model)
-    expected = [block_spectra(block) for block in blocks]
+    expected = blocks_spectra(blocks)
     assert_same_spectra(cached_value_spectra(blocks, file_sha256(model), use_cache=False), expected)
     assert not cache_folder().exists()
     # A valid-looking entry with other numbers: read with the cache, ignored without it.
@@ -209,7 +209,7 @@ def test_an_unwritable_cache_costs_only_time(
     blocks = blocks_of(model)
     assert not save_entry(file_sha256(model), "value-spectra", {}, {"x": np.zeros(1)})
     spectra = cached_value_spectra(blocks, file_sha256(model))
-    assert_same_spectra(spectra, [block_spectra(block) for block in blocks])
+    assert_same_spectra(spectra, blocks_spectra(blocks))
     assert blocker.read_text() == "a file where the cache folder should be"
 
 

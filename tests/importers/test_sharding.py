@@ -47,7 +47,7 @@ from importers.run.sharding import (
     sharded_audit,
 )
 from importers.run.sources import random_inputs
-from importers.value_spectra import BlockSpectra, block_spectra
+from importers.value_spectra import BlockSpectra, blocks_spectra
 from importers.weights import block_weights
 from importers.zoo import file_sha256, lookup
 from tests.cluster import WORKERS, started_cluster
@@ -266,7 +266,7 @@ def test_an_error_of_a_task_stops_taking_tasks(cluster: str) -> None:
 
 
 def _value_spectra(graph) -> list[BlockSpectra]:
-    return [block_spectra(block_weights(graph, b)) for b in find_attention_blocks(graph).blocks]
+    return blocks_spectra([block_weights(graph, b) for b in find_attention_blocks(graph).blocks])
 
 
 def _no_value_spectra(blocks, *args, **kwargs) -> None:
@@ -427,11 +427,11 @@ def test_the_value_spectra_are_computed_once_here_never_per_shard(
     monkeypatch.setattr("importers.run.sharding.SHARD_INPUTS", 2)
     computed: list[int] = []
 
-    def counted(block):
-        computed.append(block.index)
-        return block_spectra(block)
+    def counted(blocks):
+        computed.extend(block.index for block in blocks)
+        return blocks_spectra(blocks)
 
-    monkeypatch.setattr(audit_cache, "block_spectra", counted)
+    monkeypatch.setattr(audit_cache, "blocks_spectra", counted)
     monkeypatch.setattr(audit_module, "cached_value_spectra", _no_value_spectra)  # in a shard
     graph = load_model(builder_model)
     inputs = random_inputs(graph.inputs, seed=1, batch=6, seq=6, vocab_size=50)
