@@ -13,7 +13,7 @@ dominance_spectra
 DominanceProblem, dominance_problems
     The heads of one (input, layer), and all of one batch of onnxruntime outputs.
 stacks, stacked_cases
-    Problems of one layer and token count, solved in one stacked call.
+    Problems of one token count and H width, solved in one stacked call.
 PendingCases
     The cases of one batch's problems, started on a thread pool and collected later.
 """
@@ -206,17 +206,29 @@ def dominance_problems(
 def stacks(problems: Sequence[DominanceProblem]) -> list[list[int]]:
     """Indices of ``problems`` grouped for :func:`stacked_cases`, in order.
 
-    A stack holds problems of one layer (one H width) with the same number of real tokens, at
-    most :data:`MAX_STACK_ELEMENTS` attention entries (bounding a task's memory).
+    A stack holds problems with the same number of real tokens and the same H width, of any
+    layers, at most :data:`MAX_STACK_ELEMENTS` attention entries (bounding a task's memory). Text
+    inputs give one token count per sentence, so stacking across layers makes the stacks of a
+    batch as many as its distinct lengths instead of lengths × layers: the per-call overhead of
+    the small dense problems counts there (MiniLM-L6: 6× fewer calls).
     """
-    groups: dict[tuple[int, int], list[list[int]]] = {}
+    groups: dict[tuple[int, int], list[int]] = {}
     for index, problem in enumerate(problems):
-        n = problem.n_tokens
-        runs = groups.setdefault((problem.layer, n), [[]])
-        if runs[-1] and (len(runs[-1]) + 1) * problem.eig_H.shape[0] * n * n > MAX_STACK_ELEMENTS:
-            runs.append([])
-        runs[-1].append(index)
-    return [run for runs in groups.values() for run in runs]
+        groups.setdefault((problem.n_tokens, problem.eig_H.shape[1]), []).append(index)
+    return [run for group in groups.values() for run in _even_runs(problems, group)]
+
+
+def _even_runs(problems: Sequence[DominanceProblem], group: list[int]) -> list[list[int]]:
+    """``group`` cut into the fewest runs within :data:`MAX_STACK_ELEMENTS`, of near-equal length.
+
+    Equal runs keep the worker threads equally busy (a greedy fill left one short run: 11 % more
+    wall time on DINOv2's 72 problems over two threads).
+    """
+    n = problems[group[0]].n_tokens
+    largest = max(problems[i].eig_H.shape[0] for i in group) * n * n
+    per_run = max(1, MAX_STACK_ELEMENTS // max(largest, 1))
+    count = -(-len(group) // per_run)
+    return [run.tolist() for run in np.array_split(np.asarray(group), count)]
 
 
 class PendingCases:

@@ -91,9 +91,9 @@ def test_the_audit_cases_are_those_of_the_problems() -> None:
 
 
 def test_stacked_problems_come_back_per_problem_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Problems of two layers and two token counts, stacks capped at two problems: every stack is
-    of one layer and one token count, and the batch's cases equal each problem's own, in problem
-    order."""
+    """Problems of three layers, two token counts and two H widths, stacks capped at 216
+    attention entries: every stack is of one token count and one width, layers mix, runs are
+    even, and the batch's cases equal each problem's own, in problem order."""
     from concurrent.futures import ThreadPoolExecutor
 
     from importers.run import dominance
@@ -101,18 +101,27 @@ def test_stacked_problems_come_back_per_problem_in_order(monkeypatch: pytest.Mon
     rng = np.random.default_rng(5)
     n_tokens, heads = 6, 2
     problems = []
-    for layer in range(2):
+    for layer in range(3):
+        width = 3 if layer < 2 else 4
         for item in range(5):
             mask = np.ones(n_tokens, dtype=bool)
             mask[n_tokens - item % 2 :] = False  # odd items: one padding token
             probs = rng.random((heads, n_tokens, n_tokens))
-            eig_H = rng.normal(size=(heads, 3)) + 0j
+            eig_H = rng.normal(size=(heads, width)) + 0j
             problems.append(DominanceProblem(item, layer, probs, mask, eig_H))
-    monkeypatch.setattr(dominance, "MAX_STACK_ELEMENTS", 2 * heads * n_tokens**2)
+    monkeypatch.setattr(dominance, "MAX_STACK_ELEMENTS", 3 * heads * n_tokens**2)
     groups = dominance.stacks(problems)
     for group in groups:
-        assert len({(problems[i].layer, problems[i].n_tokens) for i in group}) == 1
-        assert 1 <= len(group) <= 2
+        assert len({(problems[i].n_tokens, problems[i].eig_H.shape) for i in group}) == 1
+        n = problems[group[0]].n_tokens
+        assert len(group) >= 1
+        assert len(group) * heads * n * n <= dominance.MAX_STACK_ELEMENTS
+    assert any(len({problems[i].layer for i in group}) > 1 for group in groups)
+    lengths: dict[tuple[int, int], list[int]] = {}
+    for group in groups:
+        key = (problems[group[0]].n_tokens, problems[group[0]].eig_H.shape[1])
+        lengths.setdefault(key, []).append(len(group))
+    assert lengths == {(6, 3): [3, 3], (5, 3): [4], (6, 4): [3], (5, 4): [2]}  # even runs
     assert sorted(i for group in groups for i in group) == list(range(len(problems)))
     with ThreadPoolExecutor(max_workers=2) as pool:
         cases = dominance.PendingCases(problems, TIE_RTOL, pool).result()
