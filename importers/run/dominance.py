@@ -44,8 +44,9 @@ __all__ = [
     "stacks",
 ]
 
-#: Attention entries (float64) of one stack at most: 2^22 (32 MiB), e.g. 63 heads of 257 tokens.
-MAX_STACK_ELEMENTS = 2**22
+#: Attention entries (float64) of one stack at most: 2^21 (16 MiB), e.g. 31 heads of 257 tokens.
+#: The certificate holds about three such arrays per stack, one stack per worker thread.
+MAX_STACK_ELEMENTS = 2**21
 
 
 def dominance_spectra(
