@@ -268,3 +268,32 @@ def test_the_schedule_estimate_finds_the_largest_nonperron_modulus() -> None:
         shifts = np.full(2, shift)
         expected = nonperron_moduli(stack, centre=shift)
         assert_allclose(_nonperron_estimate(stack, shifts), expected, rtol=0.1)
+
+
+def test_only_heads_left_undecided_by_the_first_squarings_are_estimated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The estimate costs about two squarings a head: a head that the first disk certifies within
+    ``_HOPELESS_SQUARINGS`` squarings is never estimated, and the answer is still the dense one."""
+    from simulator import perron
+
+    estimated: list[np.ndarray] = []
+    estimate = perron._nonperron_estimate
+
+    def recording(A: np.ndarray, shift: np.ndarray) -> np.ndarray:
+        estimated.extend(A)
+        return estimate(A, shift)
+
+    monkeypatch.setattr(perron, "_nonperron_estimate", recording)
+    moderate = [spectra.attention_symmetric_scores(40, scale=s, rng=1) for s in (1.0, 1.5)]
+    sharp = spectra.attention_symmetric_scores(40, scale=2.0, scores="psd", batch=(2,), rng=7)
+    stack = np.concatenate([np.stack(moderate), sharp])
+    eig_H = spectra_for_heads([0.3, -0.35], heads=4)
+    radius = perron_targets(eig_H).radius
+    within = nonperron_radius(stack, squarings=perron._HOPELESS_SQUARINGS) < radius
+    assert within.tolist() == [True, True, False, False]
+    assert (nonperron_radius(stack, squarings=0) >= radius).all()  # A itself certifies none
+    assert_same_as_dense(stack, eig_H)
+    assert estimated, "the undecided heads were estimated"
+    for A in estimated:
+        assert not any(np.array_equal(A, stack[h]) for h in np.flatnonzero(within))
