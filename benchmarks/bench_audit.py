@@ -14,7 +14,9 @@ Then, since the per-model cache (:mod:`importers.run.cache`): the same command w
 decides; and the whole audit (dominance on, warm cache) of ``--ratio-inputs`` inputs (the bundled
 ones repeated) at batch ``--ratio-batch`` against plain onnxruntime inference of the same inputs
 (``session.run`` of the unmodified model, batch by batch), per model of ``--ratio-models``,
-with the cost of one more input (the runs on the first batch alone subtracted).
+with the cost of one more input (the runs on the first batch alone subtracted), in wall and in
+CPU seconds, and where the audit's CPU time goes per input (dominance threads, layer metrics, the
+rest: onnxruntime, the main thread, reading inputs) against plain inference's.
 
 The load average is printed beside the numbers: on a shared machine they are only as good as it.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import importlib
 import io
 import json
 import os
@@ -36,17 +39,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 __all__ = [
     "AuditRatio",
     "Breakdown",
+    "CpuSplit",
     "DominanceTiming",
     "audit_against_inference",
     "audit_breakdown",
     "audit_command",
+    "audit_cpu_split",
     "cold_and_warm_seconds",
     "command_seconds",
     "dominance_timing",
@@ -324,6 +329,101 @@ def audit_against_inference(model: str, n_inputs: int, batch: int) -> AuditRatio
     return AuditRatio(model, n_inputs, batch, *seconds, *cpu_seconds)
 
 
+@dataclass(frozen=True)
+class CpuSplit:
+    """CPU milliseconds per input of one audit, by part, and of plain inference of its inputs."""
+
+    model: str
+    n_inputs: int
+    dominance_ms: float
+    metrics_ms: float
+    total_ms: float
+    plain_ms: float
+
+    @property
+    def rest_ms(self) -> float:
+        """onnxruntime, the main thread and the inputs' reading: what the two parts leave."""
+        return self.total_ms - self.dominance_ms - self.metrics_ms
+
+
+@contextlib.contextmanager
+def _thread_cpu(module: object, name: str, totals: dict[str, float]) -> Iterator[None]:
+    """Add the CPU seconds of every call of ``module.name``, on whatever thread, to ``totals``."""
+    import threading
+
+    original = getattr(module, name)
+    lock = threading.Lock()
+
+    def timed(*args: object, **kwargs: object) -> object:
+        start = time.thread_time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            with lock:
+                totals[name] = totals.get(name, 0.0) + time.thread_time() - start
+
+    setattr(module, name, timed)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def audit_cpu_split(model: str, n_inputs: int, batch: int) -> CpuSplit:
+    """Where a warm audit's CPU time goes (dominance on), per input, against plain inference.
+
+    The dominance stacks (``stacked_cases``) and the layer metrics (``_measure_layers``, the Gram
+    spectra) are timed on the worker threads that run them; the rest of the process's CPU time is
+    onnxruntime's threads, the main thread and the inputs' reading. Each figure is the cost of one
+    more input, ``(C(n_inputs) − C(batch)) / (n_inputs − batch)``, so set-up cancels.
+    """
+    import numpy as np
+
+    from importers.graph import load_model
+    from importers.run import dominance
+    from importers.run.runner import plain_session
+    from importers.run.sources import default_inputs
+    from importers.zoo import lookup
+
+    # The module, not the function `audit` that the package exports under the same name.
+    audit_module = importlib.import_module("importers.run.audit")
+    ref = lookup(model)
+    graph = load_model(ref.path)
+    inputs = default_inputs(graph.inputs, ref.entry)
+    inputs = inputs.subset(list(np.resize(np.arange(inputs.batch_size), n_inputs)))
+    audit_module.audit(graph, inputs.subset([0]), entry=ref.entry, provider="cpu")
+    session = plain_session(graph, provider="cpu")
+    session.run(None, inputs.subset(range(batch)).feeds)  # warm-up
+    runs = []  # per count: dominance, metrics, whole audit, plain inference (CPU seconds)
+    for count in (n_inputs, batch):
+        totals: dict[str, float] = {}
+        with (
+            _thread_cpu(dominance, "stacked_cases", totals),
+            _thread_cpu(audit_module, "_measure_layers", totals),
+        ):
+            cpu = time.process_time()
+            audit_module.audit(
+                graph,
+                inputs.subset(range(count)),
+                entry=ref.entry,
+                provider="cpu",
+                batch_size=batch,
+            )
+            total = time.process_time() - cpu
+        cpu = time.process_time()
+        for first in range(0, count, batch):
+            session.run(None, inputs.subset(range(first, min(first + batch, count))).feeds)
+        plain = time.process_time() - cpu
+        runs.append(
+            [totals.get("stacked_cases", 0.0), totals.get("_measure_layers", 0.0), total, plain]
+        )
+    dominance_ms, metrics_ms, total_ms, plain_ms = (
+        (more - first_batch) * 1000.0 / (n_inputs - batch)
+        for more, first_batch in zip(runs[0], runs[1], strict=True)
+    )
+    return CpuSplit(model, n_inputs, dominance_ms, metrics_ms, total_ms, plain_ms)
+
+
 def _print_cache_and_dominance(model: str) -> None:
     cold, warm = cold_and_warm_seconds(model)
     print(f"fresh interpreter, empty cache: {cold:.1f} s; warm cache: {warm:.1f} s")
@@ -348,6 +448,12 @@ def _print_ratios(models: Sequence[str], n_inputs: int, batch: int) -> None:
             f"ratio {timing.ratio:.2f}; per input beyond the first batch "
             f"{timing.per_input_ratio:.2f} (CPU time {timing.per_input_cpu_ratio:.2f})  "
             f"({load_average()})"
+        )
+        split = audit_cpu_split(model, n_inputs, batch)
+        print(
+            f"  {'':<16} CPU ms per input: dominance {split.dominance_ms:.0f}, layer metrics "
+            f"{split.metrics_ms:.0f}, onnxruntime and the rest {split.rest_ms:.0f}; "
+            f"plain inference {split.plain_ms:.0f}"
         )
 
 
