@@ -51,7 +51,6 @@ __all__ = [
     "audit_against_inference",
     "audit_breakdown",
     "audit_command",
-    "audit_cpu_split",
     "cold_and_warm_seconds",
     "command_seconds",
     "dominance_timing",
@@ -251,6 +250,23 @@ def dominance_timing(model: str) -> DominanceTiming:
 
 
 @dataclass(frozen=True)
+class CpuSplit:
+    """CPU milliseconds per input of one audit, by part, and of plain inference of its inputs."""
+
+    model: str
+    n_inputs: int
+    dominance_ms: float
+    metrics_ms: float
+    total_ms: float
+    plain_ms: float
+
+    @property
+    def rest_ms(self) -> float:
+        """onnxruntime, the main thread and the inputs' reading: what the two parts leave."""
+        return self.total_ms - self.dominance_ms - self.metrics_ms
+
+
+@dataclass(frozen=True)
 class AuditRatio:
     """Seconds of the whole audit and of plain inference, on all inputs and on the first batch.
 
@@ -269,6 +285,10 @@ class AuditRatio:
     plain_cpu_s: float
     audit_batch_cpu_s: float
     plain_batch_cpu_s: float
+    dominance_cpu_s: float
+    metrics_cpu_s: float
+    dominance_batch_cpu_s: float
+    metrics_batch_cpu_s: float
 
     @property
     def ratio(self) -> float:
@@ -290,6 +310,22 @@ class AuditRatio:
         audit = self.audit_cpu_s - self.audit_batch_cpu_s
         return audit / (self.plain_cpu_s - self.plain_batch_cpu_s)
 
+    def cpu_split(self) -> CpuSplit:
+        """The audit's CPU time per input beyond the first batch, by part, and plain's."""
+        more = self.n_inputs - self.batch
+
+        def per_input(total: float, first_batch: float) -> float:
+            return (total - first_batch) * 1000.0 / more
+
+        return CpuSplit(
+            self.model,
+            self.n_inputs,
+            per_input(self.dominance_cpu_s, self.dominance_batch_cpu_s),
+            per_input(self.metrics_cpu_s, self.metrics_batch_cpu_s),
+            per_input(self.audit_cpu_s, self.audit_batch_cpu_s),
+            per_input(self.plain_cpu_s, self.plain_batch_cpu_s),
+        )
+
 
 def audit_against_inference(model: str, n_inputs: int, batch: int) -> AuditRatio:
     """Seconds of the whole audit (dominance on) and of plain inference of the same inputs (CPU).
@@ -297,53 +333,53 @@ def audit_against_inference(model: str, n_inputs: int, batch: int) -> AuditRatio
     The inputs are the bundled ones repeated to ``n_inputs``; a one-input audit first fills the
     value-spectra cache and loads the libraries, so that the timed audits are warm ones. Plain
     inference is ``session.run`` of the unmodified model, ``batch`` inputs a call (its session
-    created outside the timing). Both are timed on all inputs and on the first batch alone.
+    created outside the timing). Both are timed on all inputs and on the first batch alone, in
+    wall and CPU seconds; inside the audit the dominance stacks (``stacked_cases``) and the layer
+    metrics (``_measure_layers``, the Gram spectra) are timed on the worker threads that run them.
     """
     import numpy as np
 
     from importers.graph import load_model
-    from importers.run.audit import audit
+    from importers.run import dominance
     from importers.run.runner import plain_session
     from importers.run.sources import default_inputs
     from importers.zoo import lookup
 
+    # The module, not the function `audit` that the package exports under the same name.
+    audit_module = importlib.import_module("importers.run.audit")
     ref = lookup(model)
     graph = load_model(ref.path)
     inputs = default_inputs(graph.inputs, ref.entry)
     inputs = inputs.subset(list(np.resize(np.arange(inputs.batch_size), n_inputs)))
-    audit(graph, inputs.subset([0]), entry=ref.entry, provider="cpu")
+    audit_module.audit(graph, inputs.subset([0]), entry=ref.entry, provider="cpu")
     session = plain_session(graph, provider="cpu")
     session.run(None, inputs.subset(range(batch)).feeds)  # warm-up
     seconds: list[float] = []
     cpu_seconds: list[float] = []
+    parts: list[float] = []
     for count in (n_inputs, batch):
+        totals: dict[str, float] = {}
         start, cpu = time.perf_counter(), time.process_time()
-        audit(graph, inputs.subset(range(count)), entry=ref.entry, provider="cpu", batch_size=batch)
+        with (
+            _thread_cpu(dominance, "stacked_cases", totals),
+            _thread_cpu(audit_module, "_measure_layers", totals),
+        ):
+            audit_module.audit(
+                graph,
+                inputs.subset(range(count)),
+                entry=ref.entry,
+                provider="cpu",
+                batch_size=batch,
+            )
         seconds.append(time.perf_counter() - start)
         cpu_seconds.append(time.process_time() - cpu)
+        parts += [totals.get("stacked_cases", 0.0), totals.get("_measure_layers", 0.0)]
         start, cpu = time.perf_counter(), time.process_time()
         for first in range(0, count, batch):
             session.run(None, inputs.subset(range(first, min(first + batch, count))).feeds)
         seconds.append(time.perf_counter() - start)
         cpu_seconds.append(time.process_time() - cpu)
-    return AuditRatio(model, n_inputs, batch, *seconds, *cpu_seconds)
-
-
-@dataclass(frozen=True)
-class CpuSplit:
-    """CPU milliseconds per input of one audit, by part, and of plain inference of its inputs."""
-
-    model: str
-    n_inputs: int
-    dominance_ms: float
-    metrics_ms: float
-    total_ms: float
-    plain_ms: float
-
-    @property
-    def rest_ms(self) -> float:
-        """onnxruntime, the main thread and the inputs' reading: what the two parts leave."""
-        return self.total_ms - self.dominance_ms - self.metrics_ms
+    return AuditRatio(model, n_inputs, batch, *seconds, *cpu_seconds, *parts)
 
 
 @contextlib.contextmanager
@@ -367,61 +403,6 @@ def _thread_cpu(module: object, name: str, totals: dict[str, float]) -> Iterator
         yield
     finally:
         setattr(module, name, original)
-
-
-def audit_cpu_split(model: str, n_inputs: int, batch: int) -> CpuSplit:
-    """Where a warm audit's CPU time goes (dominance on), per input, against plain inference.
-
-    The dominance stacks (``stacked_cases``) and the layer metrics (``_measure_layers``, the Gram
-    spectra) are timed on the worker threads that run them; the rest of the process's CPU time is
-    onnxruntime's threads, the main thread and the inputs' reading. Each figure is the cost of one
-    more input, ``(C(n_inputs) − C(batch)) / (n_inputs − batch)``, so set-up cancels.
-    """
-    import numpy as np
-
-    from importers.graph import load_model
-    from importers.run import dominance
-    from importers.run.runner import plain_session
-    from importers.run.sources import default_inputs
-    from importers.zoo import lookup
-
-    # The module, not the function `audit` that the package exports under the same name.
-    audit_module = importlib.import_module("importers.run.audit")
-    ref = lookup(model)
-    graph = load_model(ref.path)
-    inputs = default_inputs(graph.inputs, ref.entry)
-    inputs = inputs.subset(list(np.resize(np.arange(inputs.batch_size), n_inputs)))
-    audit_module.audit(graph, inputs.subset([0]), entry=ref.entry, provider="cpu")
-    session = plain_session(graph, provider="cpu")
-    session.run(None, inputs.subset(range(batch)).feeds)  # warm-up
-    runs = []  # per count: dominance, metrics, whole audit, plain inference (CPU seconds)
-    for count in (n_inputs, batch):
-        totals: dict[str, float] = {}
-        with (
-            _thread_cpu(dominance, "stacked_cases", totals),
-            _thread_cpu(audit_module, "_measure_layers", totals),
-        ):
-            cpu = time.process_time()
-            audit_module.audit(
-                graph,
-                inputs.subset(range(count)),
-                entry=ref.entry,
-                provider="cpu",
-                batch_size=batch,
-            )
-            total = time.process_time() - cpu
-        cpu = time.process_time()
-        for first in range(0, count, batch):
-            session.run(None, inputs.subset(range(first, min(first + batch, count))).feeds)
-        plain = time.process_time() - cpu
-        runs.append(
-            [totals.get("stacked_cases", 0.0), totals.get("_measure_layers", 0.0), total, plain]
-        )
-    dominance_ms, metrics_ms, total_ms, plain_ms = (
-        (more - first_batch) * 1000.0 / (n_inputs - batch)
-        for more, first_batch in zip(runs[0], runs[1], strict=True)
-    )
-    return CpuSplit(model, n_inputs, dominance_ms, metrics_ms, total_ms, plain_ms)
 
 
 def _print_cache_and_dominance(model: str) -> None:
@@ -449,7 +430,7 @@ def _print_ratios(models: Sequence[str], n_inputs: int, batch: int) -> None:
             f"{timing.per_input_ratio:.2f} (CPU time {timing.per_input_cpu_ratio:.2f})  "
             f"({load_average()})"
         )
-        split = audit_cpu_split(model, n_inputs, batch)
+        split = timing.cpu_split()
         print(
             f"  {'':<16} CPU ms per input: dominance {split.dominance_ms:.0f}, layer metrics "
             f"{split.metrics_ms:.0f}, onnxruntime and the rest {split.rest_ms:.0f}; "
