@@ -442,7 +442,7 @@ def perron_certified(
     rho = _radius_bounds(A, candidates, no_shift, max_squarings, give_up=True, triage=hopeful)
     certified = rho < radius
     heads = np.flatnonzero((candidates > 0) & np.isfinite(rho) & ~certified)
-    unestimated = heads[np.isinf(estimate[heads])]  # stopped before the triage (max_squarings < 3)
+    unestimated = heads[np.isinf(estimate[heads])]  # stopped before the triage squaring
     if unestimated.size:
         estimate[unestimated] = _nonperron_estimate(A[unestimated], no_shift[unestimated])
     if heads.size:

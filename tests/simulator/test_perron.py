@@ -297,3 +297,26 @@ def test_only_heads_left_undecided_by_the_first_squarings_are_estimated(
     assert estimated, "the undecided heads were estimated"
     for A in estimated:
         assert not any(np.array_equal(A, stack[h]) for h in np.flatnonzero(within))
+
+
+@pytest.mark.parametrize("max_squarings", [0, 1, 2, 3])
+def test_the_second_disk_is_centred_on_an_estimate_however_few_squarings(
+    monkeypatch: pytest.MonkeyPatch, max_squarings: int
+) -> None:
+    """Heads that stop before the estimate (fewer squarings than ``_HOPELESS_SQUARINGS``) are
+    estimated before the second disk: its centre is half the estimate, never a default."""
+    from simulator import perron
+
+    centred: list[np.ndarray] = []
+    second_disk = perron._shifted_disk_certified
+
+    def recording(A, targets, heads, rho, estimate, squarings):  # type: ignore[no-untyped-def]
+        centred.append(estimate[heads])
+        return second_disk(A, targets, heads, rho, estimate, squarings)
+
+    monkeypatch.setattr(perron, "_shifted_disk_certified", recording)
+    A = spectra.attention_symmetric_scores(12, scale=2.0, scores="psd", batch=(HEADS,), rng=7)
+    eig_H = spectra_for_heads([0.3, -0.35])
+    assert perron_certified(A, perron_targets(eig_H), max_squarings=max_squarings).all()
+    assert centred, "the first disk left heads to the second"
+    assert all(np.isfinite(values).all() for values in centred)
