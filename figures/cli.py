@@ -122,6 +122,13 @@ def _register_audit(subparsers: argparse._SubParsersAction) -> None:
         help="audit a model whose attention is only partly matched (the output says first what "
         "is missing)",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="cores to use: onnxruntime's threads and the host work's (default: every usable core; "
+        "on a cluster, each worker's share of its host's cores)",
+    )
     add_scheduler_options(p, "the inputs are split into shards of whole batches, one per worker")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
@@ -222,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
         "partial": args.partial,
         "progress": not args.no_progress and sys.stderr.isatty(),
         "cache": not args.no_cache,
+        "threads": args.threads,
     }
     if args.scheduler is None and args.workers is None:
         result = audit(model, inputs, **options)

@@ -332,20 +332,21 @@ def _measure_batch(
 def _pipelined(
     batches: Iterator[tuple[Inputs, dict[str, np.ndarray]]],
     measure: Callable[[ThreadPoolExecutor, Inputs, int, dict[str, np.ndarray]], _BatchWork],
+    threads: int,
 ) -> list[DominanceCase]:
     """Run every batch's host work on worker threads while onnxruntime runs the next batches.
 
     At most :data:`LOOKAHEAD_BATCHES` batches' work is pending when the next one is started, so
     memory stays bounded; the cases come back in batch order. Many small eigenvalue problems: one
-    BLAS thread each, one worker thread per core (this also avoids the collapse of multithreaded
-    BLAS on a busy machine, 5-20x measured on 2 cores). On an error or Ctrl-C the work not yet
-    started is cancelled.
+    BLAS thread each, ``threads`` worker threads, one per core (this also avoids the collapse of
+    multithreaded BLAS on a busy machine, 5-20x measured on 2 cores). On an error or Ctrl-C the
+    work not yet started is cancelled.
     """
     cases: list[DominanceCase] = []
     pending: deque[_BatchWork] = deque()
     start = 0
     with threadpool_limits(limits=1, user_api="blas"):
-        pool = ThreadPoolExecutor(max_workers=default_threads())
+        pool = ThreadPoolExecutor(max_workers=threads)
         try:
             for batch, outputs in batches:
                 pending.append(measure(pool, batch, start, outputs))
@@ -377,6 +378,7 @@ def audit(
     progress: bool = False,
     cache: bool = True,
     value_spectra: Sequence[BlockSpectra] | None = None,
+    threads: int | None = None,
 ) -> AuditResult:
     """Audit a model: per-layer smoothing of real inputs, dominating eigenvalues, value spectra.
 
@@ -420,6 +422,10 @@ def audit(
     value_spectra : sequence of BlockSpectra, optional
         Those value spectra already computed for this model, one per matched block (the sharded
         audit computes them once and sends them to its workers); then ``cache`` is not used.
+    threads : int, optional
+        The cores the audit may use: onnxruntime's intra-op threads and the threads of the host
+        work (metrics, dominance). Default: every core this process may use
+        (:func:`~importers.run.runner.default_threads`).
 
     Returns
     -------
@@ -427,6 +433,8 @@ def audit(
     """
     check_choice(dominance, "dominance", ("head", "layer", "none"), error=ImporterInputError)
     batch_size = check_positive_int(batch_size, "batch_size", error=ImporterInputError)
+    threads = default_threads() if threads is None else threads
+    threads = check_positive_int(threads, "threads", error=ImporterInputError)
     ref = _open(model, entry)
     prefix = _prefix_count(exclude_prefix, ref.entry)
     graph = model if isinstance(model, OnnxModel) else load_model(ref.path)
@@ -449,6 +457,7 @@ def audit(
         attention=dominance != "none",
         spectral=spectral,
         provider=provider,
+        threads=threads,
         partial=bool(report.unmatched),
     )
     if not spectral:
@@ -468,7 +477,7 @@ def audit(
     per_input = {name: np.full(shape, np.nan) for name in METRICS}
     batches = session.batches(items, progress=progress)
     measure = functools.partial(_measure_batch, session, blocks, eig_H, tie_rtol, per_input)
-    cases = _pipelined(batches, measure)
+    cases = _pipelined(batches, measure, threads)
     return AuditResult(
         model=ModelInfo(ref.name, str(ref.path), sha256, len(blocks)),
         inputs=InputsInfo(

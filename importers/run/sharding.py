@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from importers.errors import ImporterInputError
-from importers.executor import Executor, progress_bar
+from importers.executor import Executor, own_threads, progress_bar
 from importers.graph import OnnxModel, load_model
 from importers.graph.index import uses_external_data
 from importers.match import check_complete, find_attention_blocks
@@ -202,10 +202,19 @@ def _local_copy(model: ModelFile) -> str:
     return str(target)
 
 
-def _audit_shard(shard: _Shard, model: ModelFile, spectra: list[BlockSpectra]) -> _ShardResult:
-    """On a worker: :func:`~importers.run.audit.audit` of one shard, with the client's spectra."""
+def _audit_shard(
+    shard: _Shard, model: ModelFile, spectra: list[BlockSpectra], threads: dict[str, int]
+) -> _ShardResult:
+    """On a worker: :func:`~importers.run.audit.audit` of one shard, with the client's spectra.
+
+    Unless the options fix ``threads``, the shard uses its worker's share of the host's cores
+    (:meth:`~importers.executor.Executor.task_threads`).
+    """
     graph = load_model(_local_copy(model))
-    result = audit(graph, shard.inputs, entry=shard.entry, value_spectra=spectra, **shard.options)
+    options = dict(shard.options)
+    if options.get("threads") is None:
+        options["threads"] = own_threads(threads)
+    result = audit(graph, shard.inputs, entry=shard.entry, value_spectra=spectra, **options)
     cases = [dataclasses.replace(case, input=case.input + shard.start) for case in result.dominance]
     return _ShardResult(
         shard.start,
@@ -351,7 +360,9 @@ def sharded_audit(
         computes them afresh. The workers never compute them.
     **options
         The other keyword arguments of :func:`~importers.run.audit.audit` (``provider``,
-        ``exclude_prefix``, ``dominance``, ``fold_gamma``, ``spectral``, ``tie_rtol``).
+        ``exclude_prefix``, ``dominance``, ``fold_gamma``, ``spectral``, ``tie_rtol``,
+        ``threads``: the cores of each shard; default its worker's share of its host's cores,
+        :meth:`~importers.executor.Executor.task_threads`).
 
     Returns
     -------
@@ -368,12 +379,18 @@ def sharded_audit(
         raise ImporterInputError("`inputs` must hold at least one item; got none")
     blocks = [block_weights(graph, block) for block in report.blocks]
     spectra = cached_value_spectra(blocks, file_sha256(ref.path), use_cache=cache)
+    if options.get("threads") is not None:  # refused here, not on every worker
+        check_positive_int(options["threads"], "threads", error=ImporterInputError)
     options = {**options, "batch_size": batch_size, "partial": partial}
     slots = executor.slots
     parts = plan_shards(
         inputs.batch_size, batch_size, shards or slots, _batches_per_shard(inputs, batch_size)
     )
-    shared = {"model": _model_file(graph, executor), "spectra": spectra}
+    shared = {
+        "model": _model_file(graph, executor),
+        "spectra": spectra,
+        "threads": executor.task_threads(),
+    }
     finished: dict[int, _ShardResult] = {}
     with (
         progress_bar(inputs.batch_size, "input", enabled=progress) as advance,

@@ -302,6 +302,8 @@ def test_provider_cuda_without_a_usable_gpu_is_bad_input(
     [
         (["--exclude-prefix", "-3"], "`exclude_prefix`"),
         (["--batch-size", "0"], "`batch_size`"),
+        (["--threads", "0"], "`threads`"),
+        (["--threads", "0", "--scheduler", "local"], "`threads`"),
         (["--text", "sentences.txt"], "--tokenizer"),
     ],
 )

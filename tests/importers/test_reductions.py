@@ -293,17 +293,14 @@ def test_two_reused_output_sets_keep_the_previous_batch_valid() -> None:
     assert pointers[2:4] == pointers[0:2]
 
 
-def test_dominance_cases_do_not_depend_on_the_worker_threads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    audit_module = importlib.import_module("importers.run.audit")  # the package exports audit()
+def test_dominance_cases_do_not_depend_on_the_worker_threads(tmp_path: Path) -> None:
     path = tmp_path / "bert.onnx"
     model, inputs = _builder("bert_legacy")
     onnx.save(model.proto, path)
-    results = []
-    for threads in (1, 3):
-        monkeypatch.setattr(audit_module, "default_threads", lambda n=threads: n)
-        results.append(audit(path, inputs, provider="cpu", batch_size=1).dominance)
+    results = [
+        audit(path, inputs, provider="cpu", batch_size=1, threads=threads).dominance
+        for threads in (1, 3)
+    ]
     assert results[0] == results[1]
     assert len(results[0]) > 0
 

@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from importers.errors import ImporterInputError
-from importers.executor import LocalExecutor, open_executor, progress_bar
+from importers.executor import LocalExecutor, open_executor, own_threads, progress_bar
 from importers.graph import load_model
 from importers.match import find_attention_blocks
 from importers.run import cache as audit_cache
@@ -33,6 +33,7 @@ from importers.run.audit import audit
 from importers.run.cache import cached_value_spectra
 from importers.run.feeds import Inputs
 from importers.run.records import AuditResult
+from importers.run.runner import default_threads
 from importers.run.sharding import (
     IN_FLIGHT_PER_SLOT,
     SHARD_BYTES,
@@ -210,6 +211,49 @@ def test_a_local_cluster_leaves_no_worker_behind_even_on_ctrl_c() -> None:
     assert len(pids) == WORKERS
     assert os.getpid() not in pids
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_a_task_gets_its_share_of_its_hosts_cores(cluster: str) -> None:
+    """Both workers of the test cluster are on this host, one thread each: half the cores each
+    (at least one); in this process a task may use them all."""
+    assert LocalExecutor().task_threads() == {"local": default_threads()}
+    assert own_threads({"local": 3}) == 3
+    share = max(1, default_threads() // WORKERS)
+    with open_executor(cluster) as executor:
+        threads = executor.task_threads()
+        assert threads == dict.fromkeys(executor.on_workers(os.getpid), share)
+        seen = executor.map(own_threads, [threads, threads])
+        assert [value for _, value in seen] == [share, share]
+
+
+def test_a_shard_runs_with_its_workers_share_unless_told(cluster: str, builder_model: Path) -> None:
+    graph = load_model(builder_model)
+    inputs = random_inputs(graph.inputs, seed=4, batch=4, seq=6, vocab_size=50)
+    share = max(1, default_threads() // WORKERS)
+    options = {"batch_size": 2, "provider": "cpu", "cache": False}
+    with open_executor(cluster) as executor:
+        for threads, used in ((None, share), (3, 3)):
+            merged = sharded_audit(graph, inputs, executor=executor, threads=threads, **options)
+            assert merged.provenance.runner["session_options"]["intra_op_num_threads"] == used
+    one = audit(graph, inputs, threads=1, batch_size=2, provider="cpu")
+    assert one.provenance.runner["session_options"]["intra_op_num_threads"] == 1
+    assert_same_report(one, merged)
+    with pytest.raises(ImporterInputError, match="`threads`"):
+        audit(graph, inputs, threads=0)
+
+
+#: This process's allocator setting, read when the tests are collected, before any cluster
+#: starts (Dask's nanny writes its worker settings into the environment of the process it runs in).
+_TRIM_THRESHOLD = os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+
+def test_local_cluster_workers_keep_this_processs_allocator_settings(cluster: str) -> None:
+    """Dask would start them with MALLOC_TRIM_THRESHOLD_=65536: an mmap per large array, so
+    every batch's arrays page-faulted anew (about a fifth more CPU for a DINOv2 audit)."""
+    with open_executor(cluster) as executor:
+        seen = executor.on_workers(os.environ.get, "MALLOC_TRIM_THRESHOLD_")
+    assert set(seen.values()) == {_TRIM_THRESHOLD}
+    assert os.environ.get("MALLOC_TRIM_THRESHOLD_") == _TRIM_THRESHOLD
 
 
 def test_the_cluster_executor_yields_every_task_once(cluster: str) -> None:
@@ -465,8 +509,12 @@ def test_a_model_sent_by_value_is_audited_on_a_worker_like_one_read_by_path(
         "/elsewhere/m.onnx", file_sha256(builder_model), builder_model.read_bytes()
     )
     shard = _Shard(0, inputs, None, {"batch_size": 2, "provider": "cpu"})
-    shared = {"model": elsewhere, "spectra": _value_spectra(graph)}
     with open_executor(cluster) as executor:
+        shared = {
+            "model": elsewhere,
+            "spectra": _value_spectra(graph),
+            "threads": executor.task_threads(),
+        }
         ((_, result),) = executor.map(_audit_shard, [shard], shared=shared)
     for name, values in one.metrics.items():
         np.testing.assert_array_equal(result.metrics[name], values)
@@ -512,6 +560,7 @@ def test_the_distributed_audit_of_minilm_l3_equals_the_local_one(cluster: str) -
                         "/elsewhere/model.onnx", file_sha256(path), path.read_bytes()
                     ),
                     "spectra": _value_spectra(graph),
+                    "threads": executor.task_threads(),
                 },
             )
         ]
