@@ -24,11 +24,11 @@ from numpy.testing import assert_allclose
 from importers.errors import ImporterInputError, ProviderError
 from importers.graph import OnnxModel, load_model, model_from_proto
 from importers.match import find_attention_blocks
-from importers.run.audit import audit, layer_tensors
+from importers.run.audit import audit, audit_session, layer_tensors
 from importers.run.feeds import Inputs
 from importers.run.reductions import MASK_INPUT, plan_reductions
 from importers.run.runner import Runner, open_session
-from importers.run.sources import default_inputs
+from importers.run.sources import default_inputs, random_inputs
 from importers.weights import block_weights
 from importers.zoo import get_model, models
 from simulator.metrics import METRICS, all_metrics
@@ -329,3 +329,51 @@ def test_the_pipelined_audit_equals_the_sequential_one(
         assert result.dominance == results[0].dominance
         for metric in METRICS:
             np.testing.assert_array_equal(result.metrics[metric], results[0].metrics[metric])
+
+
+def _planned_gram(model: OnnxModel, inputs: Inputs) -> str:
+    blocks = [block_weights(model, block) for block in find_attention_blocks(model).blocks]
+    return audit_session(model, blocks, inputs, attention=False, provider="cpu").plan.gram
+
+
+def _free_sequence(model: OnnxModel) -> OnnxModel:
+    """The model with a symbolic sequence axis (the builders fix it) on its 2-d inputs."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    for value in proto.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) == 2:
+            dims[1].dim_param = "sequence"
+    return model_from_proto(proto)
+
+
+@pytest.mark.parametrize(
+    ("name", "tokens", "gram"),
+    [
+        ("gpt2_fused_qkv", 6, "tokens"),  # no mask: T from the graph's shape arithmetic
+        ("gpt2_fused_qkv", 40, "features"),  # T = 40 > D = 32
+        ("bert_legacy", 6, "tokens"),  # T from the mask
+        ("bert_legacy", 30, "features"),  # T = 30 > D = 24
+        ("vit_prenorm_layerscale", None, "tokens"),  # the builder's (2, 5, 24) embeddings
+    ],
+)
+def test_the_audit_reduces_the_smaller_gram_matrix(
+    name: str, tokens: int | None, gram: str
+) -> None:
+    """T×T or D×D give the same singular values; the smaller one costs less everywhere."""
+    model, inputs = _builder(name)
+    if tokens is not None:
+        model = _free_sequence(model)
+        inputs = random_inputs(model.inputs, seed=0, batch=2, seq=tokens, vocab_size=20)
+        assert next(iter(inputs.feeds.values())).shape == (2, tokens)
+    assert _planned_gram(model, inputs) == gram
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_audits_reduce_the_token_gram_matrix(name: str) -> None:
+    """DINOv2: 257 tokens against 384 features, known only through the graph's own shape
+    arithmetic (ONNX shape inference loses the token count in its position-embedding
+    interpolation); MiniLM: the bundled sentences' mask."""
+    model, inputs, _ = _zoo(name)
+    assert _planned_gram(model, inputs) == "tokens"
