@@ -149,7 +149,7 @@ def _gram_orientation(graph: OnnxModel, layer0: str, first: Inputs, d_model: int
     """The smaller Gram matrix of a (T, D) hidden state: T×T when T <= D is known, else D×D.
 
     Either gives the same singular values; the smaller costs less to build, to copy back and to
-    diagonalise (DINOv2: T = 257 against D = 384, 2.2x fewer entries, 2.3x less host time). T is
+    diagonalise (DINOv2: T = 257 against D = 384, 2.2x fewer entries and host time). T is
     the token axis of the inputs' mask, else that of layer 0's shape with the graph inputs pinned
     to the first input's shapes, by the graph's own shape arithmetic (:class:`ShapeContext`: ONNX
     shape inference cannot follow DINOv2's position-embedding interpolation to its 257 tokens).
