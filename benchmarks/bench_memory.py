@@ -2,9 +2,10 @@
 
 Inputs are read batch by batch (:class:`~importers.run.feeds.Inputs` with a reader) and at most
 two batches of outputs are alive at a time (one reduced while the next runs), so the peak resident
-set of an audit of 1024 random inputs should be within 10 % of one of 64 (what remains per input: the metric arrays, O(inputs x layers),
-and the dominance cases, about 280 bytes per (input, layer, head)). Each audit runs in a fresh
-interpreter; its peak RSS is the child's ``ru_maxrss`` from ``os.wait4``.
+set of an audit of 1024 random inputs should be within 10 % of one of 64 (what remains per
+input: the metric arrays, O(inputs x layers), and the dominance cases, about 280 bytes per
+(input, layer, head)). Each audit runs in a fresh interpreter; its peak RSS is the child's
+``ru_maxrss`` from ``os.wait4``.
 
 The same holds on a local Dask cluster (``--scheduler local --workers 2``, default for MiniLM-L3):
 shards are capped in size and read only a window at a time (:mod:`importers.run.sharding`). There

@@ -162,7 +162,7 @@ def _gram_orientation(graph: OnnxModel, layer0: str, first: Inputs, d_model: int
             shapes.set_shape(name, np.shape(array))
         try:
             dims = shapes.shape(layer0)
-        except (ImporterError, ValueError):  # no rule reaches it: the D×D Gram is always right
+        except ImporterError:  # no rule reaches it: the D×D Gram is always right
             dims = None
         tokens = dims[1] if dims is not None and len(dims) == 3 else None
     return "tokens" if tokens is not None and tokens <= d_model else "features"
