@@ -18,6 +18,7 @@ from figures import sweep
 from importers.commands.common import add_scheduler_options
 from importers.errors import ImporterInputError
 from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, ZooModel, lookup
+from simulator.cli import positive_int
 
 if TYPE_CHECKING:  # types only: the audit's modules (onnx, the matcher) load when the command runs
     from importers.graph import GraphInput
@@ -66,12 +67,17 @@ def _register_audit(subparsers: argparse._SubParsersAction) -> None:
         "--text", type=Path, metavar="FILE", help="one sentence per line (needs --tokenizer)"
     )
     source.add_argument(
-        "--random", type=int, metavar="N", help="N random inputs (labelled random in the report)"
+        "--random",
+        type=positive_int,
+        metavar="N",
+        help="N random inputs (labelled random in the report)",
     )
     p.add_argument(
         "--tokenizer", type=Path, metavar="tokenizer.json", help="Hugging Face tokenizer for --text"
     )
-    p.add_argument("--image-size", type=int, help="image side in pixels (default: the model's)")
+    p.add_argument(
+        "--image-size", type=positive_int, help="image side in pixels (default: the model's)"
+    )
     p.add_argument(
         "--mean",
         type=float,
@@ -81,17 +87,17 @@ def _register_audit(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--std", type=float, nargs=3, default=IMAGENET_STD, help="RGB std for --images")
     p.add_argument(
-        "--seq-len", type=int, default=32, help="tokens per random text input (default 32)"
+        "--seq-len", type=positive_int, default=32, help="tokens per random text input (default 32)"
     )
     p.add_argument(
         "--vocab-size",
-        type=int,
+        type=positive_int,
         default=1000,
         help="random token ids are drawn below this (default 1000; keep it within the model's vocabulary)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of --random inputs")
     p.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--batch-size", type=positive_int, default=4)
     p.add_argument(
         "--exclude-prefix",
         nargs="?",
@@ -124,7 +130,7 @@ def _register_audit(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="cores to use: onnxruntime's threads and the host work's (default: every usable core; "
         "on a cluster, each worker's share of its host's cores)",

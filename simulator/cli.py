@@ -25,6 +25,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def positive_int(text: str) -> int:
+    """argparse ``type`` of a count (``--threads``, ``--batch-size``, ...): refused at parse time,
+    with the option named, before any work starts."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer; got {text!r}")
+    return value
+
+
 def _register_builtin(subparsers: argparse._SubParsersAction) -> None:
     from simulator import commands
 

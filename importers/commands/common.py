@@ -9,6 +9,8 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
+from simulator.cli import positive_int
+
 if TYPE_CHECKING:  # a type only; importing onnx here would slow every `oversmooth` call
     from importers.graph import OnnxModel
 
@@ -40,7 +42,7 @@ def add_scheduler_options(parser: argparse.ArgumentParser, what: str) -> None:
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="worker processes of `--scheduler local` (default: the usable cores)",
     )

@@ -301,9 +301,6 @@ def test_provider_cuda_without_a_usable_gpu_is_bad_input(
     ("argv", "fragment"),
     [
         (["--exclude-prefix", "-3"], "`exclude_prefix`"),
-        (["--batch-size", "0"], "`batch_size`"),
-        (["--threads", "0"], "`threads`"),
-        (["--threads", "0", "--scheduler", "local"], "`threads`"),
         (["--text", "sentences.txt"], "--tokenizer"),
     ],
 )
@@ -322,6 +319,43 @@ def test_bad_options_are_named(
     assert code == 2
     assert_one_line_error(err, fragment)
     assert_no_output(tmp_path, {text_model.name, feeds_npz.name})
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--batch-size", "0"], "argument --batch-size: must be a positive integer; got '0'"),
+        (["--threads", "0"], "argument --threads"),
+        (["--threads", "-2", "--scheduler", "local"], "argument --threads"),
+        (["--batch-size", "0", "--scheduler", "local"], "argument --batch-size"),
+        (["--workers", "0", "--scheduler", "local"], "argument --workers"),
+        (["--random", "0"], "argument --random"),
+        (["--random", "2", "--seq-len", "0"], "argument --seq-len"),
+        (["--random", "2", "--vocab-size", "-1"], "argument --vocab-size"),
+        (["--image-size", "0"], "argument --image-size"),
+        (["--image-size", "x"], "argument --image-size: must be a positive integer; got 'x'"),
+    ],
+)
+def test_counts_below_one_are_refused_before_any_work(
+    tmp_path: Path,
+    text_model: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    fragment: str,
+) -> None:
+    """Refused while parsing, naming the option: no model read, no cluster started."""
+
+    def no_work(*_: object, **__: object) -> None:
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr("importers.graph.load_model", no_work)
+    monkeypatch.setattr("importers.executor.open_executor", no_work)
+    with pytest.raises(SystemExit) as exit_:
+        main(["audit", str(text_model), *argv, "--out", str(tmp_path / "report")])
+    assert exit_.value.code == 2
+    assert_one_line_error(capsys.readouterr().err, fragment)
+    assert_no_output(tmp_path, {text_model.name})
 
 
 def test_audit_refuses_a_foreign_folder_unless_forced(text_model, tmp_path, capsys):
