@@ -82,20 +82,21 @@ def _register_audit(subparsers: argparse._SubParsersAction) -> None:
         "--mean",
         type=float,
         nargs=3,
-        default=IMAGENET_MEAN,
-        help="RGB mean for --images",
+        help="RGB mean for --images (default: the model's, else ImageNet's)",
     )
-    p.add_argument("--std", type=float, nargs=3, default=IMAGENET_STD, help="RGB std for --images")
     p.add_argument(
-        "--seq-len", type=positive_int, default=32, help="tokens per random text input (default 32)"
+        "--std",
+        type=float,
+        nargs=3,
+        help="RGB std for --images (default: the model's, else ImageNet's)",
     )
+    p.add_argument("--seq-len", type=positive_int, help="tokens per random text input (default 32)")
     p.add_argument(
         "--vocab-size",
         type=positive_int,
-        default=1000,
         help="random token ids are drawn below this (default 1000; keep it within the model's vocabulary)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of --random inputs")
+    p.add_argument("--seed", type=int, help="seed of --random inputs (default 0)")
     p.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--batch-size", type=positive_int, default=4)
     p.add_argument(
@@ -155,6 +156,27 @@ def _image_size(entry: ZooModel | None, graph: Sequence[GraphInput], requested: 
     return side if isinstance(side, int) else 224
 
 
+#: Options that shape one input source, and the source they need (given without it, they would
+#: be ignored: an audit of other inputs than the user asked for).
+SOURCE_OPTIONS = {
+    "image_size": "images",
+    "mean": "images",
+    "std": "images",
+    "tokenizer": "text",
+    "seq_len": "random",
+    "vocab_size": "random",
+    "seed": "random",
+}
+
+
+def check_source_options(args: argparse.Namespace) -> None:
+    """Refuse an option of one input source given without that source (:data:`SOURCE_OPTIONS`)."""
+    for option, source in SOURCE_OPTIONS.items():
+        if getattr(args, option) is not None and getattr(args, source) is None:
+            flag, needed = (f"--{name.replace('_', '-')}" for name in (option, source))
+            raise ImporterInputError(f"`{flag}` applies to `{needed}` inputs; got no `{needed}`")
+
+
 def _inputs(
     args: argparse.Namespace, graph: Sequence[GraphInput], entry: ZooModel | None
 ) -> Inputs | None:
@@ -164,9 +186,9 @@ def _inputs(
         return sources.from_npz(args.inputs, graph)
     if args.images:
         size = _image_size(entry, graph, args.image_size)
-        return sources.from_images(
-            args.images, size=size, mean=args.mean, std=args.std, graph=graph
-        )
+        mean = args.mean or (entry and entry.mean) or IMAGENET_MEAN
+        std = args.std or (entry and entry.std) or IMAGENET_STD
+        return sources.from_images(args.images, size=size, mean=mean, std=std, graph=graph)
     if args.text:
         if not args.tokenizer:
             raise ImporterInputError(
@@ -175,7 +197,11 @@ def _inputs(
         return sources.from_text(args.text, args.tokenizer, graph=graph)
     if args.random is not None:
         return sources.random_inputs(
-            graph, seed=args.seed, batch=args.random, seq=args.seq_len, vocab_size=args.vocab_size
+            graph,
+            seed=0 if args.seed is None else args.seed,
+            batch=args.random,
+            seq=args.seq_len or 32,
+            vocab_size=args.vocab_size or 1000,
         )
     return None
 
@@ -217,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
     from importers.run.sharding import sharded_audit
     from simulator.output import check_output_folder
 
+    check_source_options(args)
     ref = lookup(args.model)
     out = args.out or Path(f"audit-{ref.name}")
     # refused before any work, by the same rule save_audit applies at the end

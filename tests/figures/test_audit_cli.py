@@ -358,6 +358,38 @@ def test_counts_below_one_are_refused_before_any_work(
     assert_no_output(tmp_path, {text_model.name})
 
 
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--image-size", "64"], "`--image-size` applies to `--images` inputs; got no `--images`"),
+        (["--mean", "0.5", "0.5", "0.5"], "`--mean` applies to `--images`"),
+        (["--random", "2", "--std", "1", "1", "1"], "`--std` applies to `--images`"),
+        (["--seq-len", "8"], "`--seq-len` applies to `--random`"),
+        (["--vocab-size", "40"], "`--vocab-size` applies to `--random`"),
+        (["--seed", "3"], "`--seed` applies to `--random`"),
+        (["--random", "2", "--tokenizer", "tok.json"], "`--tokenizer` applies to `--text`"),
+    ],
+)
+def test_an_option_of_another_input_source_is_refused(
+    tmp_path: Path,
+    text_model: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    fragment: str,
+) -> None:
+    """Ignoring it would audit other inputs than the ones asked for."""
+
+    def no_work(*_: object, **__: object) -> None:
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr("importers.graph.load_model", no_work)
+    code, _, err = run_audit([str(text_model), *argv, "--out", str(tmp_path / "report")], capsys)
+    assert code == 2
+    assert_one_line_error(err, fragment)
+    assert_no_output(tmp_path, {text_model.name})
+
+
 def test_audit_refuses_a_foreign_folder_unless_forced(text_model, tmp_path, capsys):
     folder = tmp_path / "thesis"
     folder.mkdir()
