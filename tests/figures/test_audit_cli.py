@@ -321,6 +321,17 @@ def test_bad_options_are_named(
     assert_no_output(tmp_path, {text_model.name, feeds_npz.name})
 
 
+@pytest.fixture
+def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a model or starting a cluster fails the test: options are checked before both."""
+
+    def started(*_: object, **__: object) -> None:
+        raise AssertionError("work started before the options were checked")
+
+    monkeypatch.setattr("importers.graph.load_model", started)
+    monkeypatch.setattr("importers.executor.open_executor", started)
+
+
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
@@ -340,17 +351,11 @@ def test_counts_below_one_are_refused_before_any_work(
     tmp_path: Path,
     text_model: Path,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    no_work: None,
     argv: list[str],
     fragment: str,
 ) -> None:
     """Refused while parsing, naming the option: no model read, no cluster started."""
-
-    def no_work(*_: object, **__: object) -> None:
-        raise AssertionError("work started before the options were checked")
-
-    monkeypatch.setattr("importers.graph.load_model", no_work)
-    monkeypatch.setattr("importers.executor.open_executor", no_work)
     with pytest.raises(SystemExit) as exit_:
         main(["audit", str(text_model), *argv, "--out", str(tmp_path / "report")])
     assert exit_.value.code == 2
@@ -374,16 +379,11 @@ def test_an_option_of_another_input_source_is_refused(
     tmp_path: Path,
     text_model: Path,
     capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    no_work: None,
     argv: list[str],
     fragment: str,
 ) -> None:
     """Ignoring it would audit other inputs than the ones asked for."""
-
-    def no_work(*_: object, **__: object) -> None:
-        raise AssertionError("work started before the options were checked")
-
-    monkeypatch.setattr("importers.graph.load_model", no_work)
     code, _, err = run_audit([str(text_model), *argv, "--out", str(tmp_path / "report")], capsys)
     assert code == 2
     assert_one_line_error(err, fragment)
