@@ -55,7 +55,12 @@ from importers.graph.shapes import ShapeContext
 from importers.match import check_complete, find_attention_blocks, missing_blocks_note
 from importers.run.batching import items_per_call, run_batches
 from importers.run.cache import cached_value_spectra, checked_spectra
-from importers.run.dominance import PendingCases, dominance_problems, dominance_spectra
+from importers.run.dominance import (
+    PendingCases,
+    dominance_problems,
+    dominance_spectra,
+    unfolded_blocks_note,
+)
 from importers.run.feeds import Inputs
 from importers.run.records import (
     AuditConfig,
@@ -486,6 +491,8 @@ def audit(
         else checked_spectra(value_spectra, blocks)
     )
     eig_H = dominance_spectra(blocks, spectra, dominance, fold_gamma) if dominance != "none" else []
+    if fold_gamma and dominance != "none":
+        notes += unfolded_blocks_note(spectra)
     shape = (inputs.batch_size, len(session.layers))
     per_input = {name: np.full(shape, np.nan) for name in METRICS}
     batches = session.batches(items, progress=progress)

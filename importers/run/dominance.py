@@ -74,6 +74,21 @@ def dominance_spectra(
     return values
 
 
+def unfolded_blocks_note(spectra: Sequence[BlockSpectra]) -> list[str]:
+    """The note that ``fold_gamma`` left some blocks' H unfolded (no pre-LN γ to fold), if any.
+
+    :func:`dominance_spectra` then uses their plain ``W_V W_O`` spectra; without the note a
+    post-LN model audited with ``fold_gamma`` would look folded.
+    """
+    unfolded = [str(spectrum.index) for spectrum in spectra if spectrum.head_gamma is None]
+    if not unfolded:
+        return []
+    return [
+        f"fold_gamma: block(s) {', '.join(unfolded)} have no pre-LayerNorm γ to fold; their "
+        "dominance uses the unfolded W_V W_O"
+    ]
+
+
 def _token_masks(inputs: Inputs, batch: int, n_tokens: int) -> np.ndarray:
     # Images have no mask (every position is real); a text mask must match the token axis exactly.
     return inputs.token_mask_for(n_tokens)[:batch]

@@ -249,6 +249,20 @@ def test_fold_gamma_takes_the_gamma_scaled_head_spectrum(model_dir: Path) -> Non
         assert gap <= tol.HEAD_SPECTRUM_RTOL * np.max(np.abs(spectrum))
 
 
+def test_fold_gamma_says_which_blocks_it_could_not_fold(model_dir: Path) -> None:
+    folded = audited(model_dir, "vit_prenorm_layerscale", fold_gamma=True)
+    assert not [note for note in folded.notes if "fold_gamma" in note]
+    post_ln = audited(model_dir, "bert_legacy", fold_gamma=True)
+    plain = audited(model_dir, "bert_legacy")
+    blocks = ", ".join(str(block.index) for block in post_ln.blocks)
+    assert [note for note in post_ln.notes if note.startswith("fold_gamma")] == [
+        f"fold_gamma: block(s) {blocks} have no pre-LayerNorm γ to fold; their dominance uses "
+        "the unfolded W_V W_O"
+    ]
+    assert post_ln.dominance == plain.dominance
+    assert not [note for note in plain.notes if "fold_gamma" in note]
+
+
 def test_batch_size_does_not_change_the_numbers(model_dir: Path) -> None:
     one = audited(model_dir, PADDED, batch_size=1)
     two = audited(model_dir, PADDED, batch_size=2)
