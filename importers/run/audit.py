@@ -173,11 +173,24 @@ def _gram_orientation(graph: OnnxModel, layer0: str, first: Inputs, d_model: int
     return "tokens" if tokens is not None and tokens <= d_model else "features"
 
 
+def _check_counted_tokens(n_tokens: np.ndarray, labels: Sequence[str]) -> None:
+    """Every item of a batch (``labels``, one each) keeps at least 2 tokens for the metrics."""
+    short = np.flatnonzero(np.asarray(n_tokens) < 2)
+    if short.size:
+        item = int(short[0])
+        label = labels[item] if len(labels[item]) <= 40 else labels[item][:37] + "..."
+        raise ImporterInputError(
+            f"input {label!r} keeps {int(n_tokens[item])} token(s) for the metrics once padding "
+            "and the `exclude_prefix` tokens are left out; a smoothing metric needs at least 2"
+        )
+
+
 def _measure_layers(
     outputs: dict[str, np.ndarray],
     plan: ReductionPlan,
     start: int,
     per_input: dict[str, np.ndarray],
+    labels: Sequence[str],
 ) -> int:
     """Fill ``per_input[metric][item, layer]`` for one batch from its in-graph statistics.
 
@@ -187,7 +200,9 @@ def _measure_layers(
     names = [name for name in METRICS if plan.gram != "none" or name not in SPECTRAL_METRICS]
     batch = 0
     for layer in range(len(plan.layers)):
-        values = metrics_from_statistics(plan.statistics(outputs, layer), names)
+        statistics = plan.statistics(outputs, layer)
+        _check_counted_tokens(statistics.n_tokens, labels)
+        values = metrics_from_statistics(statistics, names)
         for metric, value in values.items():
             batch = len(value)
             per_input[metric][start : start + batch, layer] = value
@@ -340,7 +355,7 @@ def _measure_batch(
     outputs: dict[str, np.ndarray],
 ) -> _BatchWork:
     """Start a batch's host work: its layer metrics (into ``per_input``) and dominance cases."""
-    metrics = pool.submit(_measure_layers, outputs, session.plan, start, per_input)
+    metrics = pool.submit(_measure_layers, outputs, session.plan, start, per_input, batch.labels)
     if not session.attention:
         return _BatchWork(metrics, None)
     problems = dominance_problems(outputs, blocks, session.attention, batch, start, eig_H)

@@ -301,6 +301,10 @@ def test_provider_cuda_without_a_usable_gpu_is_bad_input(
     ("argv", "fragment"),
     [
         (["--exclude-prefix", "-3"], "`exclude_prefix`"),
+        (
+            ["--exclude-prefix", "1000"],
+            "input 'item-0' keeps 0 token(s) for the metrics once padding and the `exclude_prefix`",
+        ),
         (["--text", "sentences.txt"], "--tokenizer"),
     ],
 )
