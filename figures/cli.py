@@ -26,6 +26,10 @@ if TYPE_CHECKING:  # types only: the audit's modules (onnx, the matcher) load wh
 
 DEFAULT_MODEL = "dinov2-vits14"
 
+#: Defaults of ``--random`` text inputs: tokens per input, and the bound of the token ids.
+RANDOM_SEQ_LEN = 32
+RANDOM_VOCAB_SIZE = 1000
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``audit`` and ``sweep`` subcommands."""
@@ -90,11 +94,16 @@ def _register_audit(subparsers: argparse._SubParsersAction) -> None:
         nargs=3,
         help="RGB std for --images (default: the model's, else ImageNet's)",
     )
-    p.add_argument("--seq-len", type=positive_int, help="tokens per random text input (default 32)")
+    p.add_argument(
+        "--seq-len",
+        type=positive_int,
+        help=f"tokens per random text input (default {RANDOM_SEQ_LEN})",
+    )
     p.add_argument(
         "--vocab-size",
         type=positive_int,
-        help="random token ids are drawn below this (default 1000; keep it within the model's vocabulary)",
+        help=f"random token ids are drawn below this (default {RANDOM_VOCAB_SIZE}; keep it within the "
+        "model's vocabulary)",
     )
     p.add_argument("--seed", type=int, help="seed of --random inputs (default 0)")
     p.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto")
@@ -200,8 +209,8 @@ def _inputs(
             graph,
             seed=0 if args.seed is None else args.seed,
             batch=args.random,
-            seq=args.seq_len or 32,
-            vocab_size=args.vocab_size or 1000,
+            seq=args.seq_len or RANDOM_SEQ_LEN,
+            vocab_size=args.vocab_size or RANDOM_VOCAB_SIZE,
         )
     return None
 
