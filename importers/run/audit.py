@@ -173,6 +173,15 @@ def _gram_orientation(graph: OnnxModel, layer0: str, first: Inputs, d_model: int
     return "tokens" if tokens is not None and tokens <= d_model else "features"
 
 
+def check_dominance_options(dominance: str, fold_gamma: bool) -> None:
+    """``dominance`` is head, layer or none; ``fold_gamma`` only with a dominance step."""
+    check_choice(dominance, "dominance", ("head", "layer", "none"), error=ImporterInputError)
+    if fold_gamma and dominance == "none":
+        raise ImporterInputError(
+            "`fold_gamma` folds γ into H for the dominance step; got dominance 'none'"
+        )
+
+
 def _check_counted_tokens(n_tokens: np.ndarray, labels: Sequence[str]) -> None:
     """Every item of a batch (``labels``, one each) keeps at least 2 tokens for the metrics."""
     short = np.flatnonzero(np.asarray(n_tokens) < 2)
@@ -464,7 +473,7 @@ def audit(
     -------
     AuditResult
     """
-    check_choice(dominance, "dominance", ("head", "layer", "none"), error=ImporterInputError)
+    check_dominance_options(dominance, fold_gamma)
     batch_size = check_positive_int(batch_size, "batch_size", error=ImporterInputError)
     threads = default_threads() if threads is None else threads
     threads = check_positive_int(threads, "threads", error=ImporterInputError)

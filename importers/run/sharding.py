@@ -60,7 +60,7 @@ from importers.executor import Executor, own_threads, progress_bar
 from importers.graph import OnnxModel, load_model
 from importers.graph.index import uses_external_data
 from importers.match import check_complete, find_attention_blocks
-from importers.run.audit import audit
+from importers.run.audit import audit, check_dominance_options
 from importers.run.cache import cached_value_spectra
 from importers.run.feeds import Inputs
 from importers.run.records import (
@@ -381,6 +381,7 @@ def sharded_audit(
     spectra = cached_value_spectra(blocks, file_sha256(ref.path), use_cache=cache)
     if options.get("threads") is not None:  # refused here, not on every worker
         check_positive_int(options["threads"], "threads", error=ImporterInputError)
+    check_dominance_options(options.get("dominance", "head"), options.get("fold_gamma", False))
     options = {**options, "batch_size": batch_size, "partial": partial}
     slots = executor.slots
     parts = plan_shards(

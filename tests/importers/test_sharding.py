@@ -153,6 +153,27 @@ def test_shards_in_this_process_merge_to_the_single_process_audit(builder_model:
     assert merged.provenance.runner["executor"]["kind"] == "local"
 
 
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"threads": 0}, "`threads`"),
+        ({"dominance": "both"}, "`dominance`"),
+        ({"dominance": "none", "fold_gamma": True}, "`fold_gamma`"),
+    ],
+)
+def test_bad_options_are_refused_before_any_shard_is_sent(
+    builder_model: Path, options: dict[str, object], fragment: str
+) -> None:
+    class NoShards(LocalExecutor):
+        def map(self, *args, **kwargs):
+            raise AssertionError("a shard was sent before the options were checked")
+
+    graph = load_model(builder_model)
+    inputs = random_inputs(graph.inputs, seed=1, batch=2, seq=6, vocab_size=50)
+    with pytest.raises(ImporterInputError, match=fragment):
+        sharded_audit(graph, inputs, executor=NoShards(), provider="cpu", **options)
+
+
 class _Workers(LocalExecutor):
     """An executor whose workers answer ``sees`` to the question "do you see the model file?"."""
 
