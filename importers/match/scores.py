@@ -440,6 +440,13 @@ class ScoreMatcher(ProjectionFinder):
         )
         if values.is_zero(bias) and (not table or masked.any()):
             return "none", masked, None
+        if not np.all(np.isfinite(np.ma.compressed(bias))):  # +inf or NaN: no shape to test
+            return (
+                "other",
+                masked,
+                f"score term {label} holds +inf or NaN outside its masked entries; A is the "
+                "Softmax of QK^T plus it",
+            )
         if values.is_linear_in_key(bias):
             return "alibi", masked, None
         if values.is_relative(bias) or values.gathered_from_table(self, term.tensor):

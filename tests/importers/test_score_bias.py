@@ -87,6 +87,10 @@ def _term(g: _Graph, kind: str, q: str, rng: np.random.Generator) -> tuple[str, 
         return "add", g.const(np.where(upper, 0.0, -1e9)[None, None]), scale
     if kind == "other":  # a constant bias of no known form
         return "add", g.const(rng.uniform(-2.0, 2.0, size=(1, HEADS, T, T))), scale
+    if kind == "non_finite":  # a broken export: +inf and NaN where a bias should be finite
+        bias = rng.uniform(-2.0, 2.0, size=(1, HEADS, T, T))
+        bias[0, 0, :, 1], bias[0, 1, 0, 0] = np.inf, np.nan
+        return "add", g.const(bias), scale
     if kind == "mask_input":  # an additive mask the caller feeds
         return "add", "additive_mask", scale
     if kind == "hidden":  # a per-key bias computed from the hidden states
@@ -148,6 +152,7 @@ EXPECTED = {  # kind: (score_bias, causal)
     "causal_where": ("none", True),
     "anticausal": ("none", False),
     "other": ("other", False),
+    "non_finite": ("other", False),
     "mask_input": ("none", False),
 }
 
@@ -179,7 +184,11 @@ def test_disentangled_scale_is_named_in_a_note() -> None:
 
 @pytest.mark.parametrize(
     ("kind", "says"),
-    [("other", "neither a mask, ALiBi"), ("mask_input", "fed by graph input 'additive_mask'")],
+    [
+        ("other", "neither a mask, ALiBi"),
+        ("non_finite", "holds +inf or NaN outside its masked entries"),
+        ("mask_input", "fed by graph input 'additive_mask'"),
+    ],
 )
 def test_unrecognised_or_fed_terms_get_a_note(kind: str, says: str) -> None:
     (block,) = find_attention_blocks(model_from_proto(_model(kind)[0])).blocks
