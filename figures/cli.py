@@ -97,7 +97,8 @@ def _register_audit(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seq-len",
         type=positive_int,
-        help=f"tokens per random text input (default {RANDOM_SEQ_LEN})",
+        help="size of every open axis after the first in random inputs: the tokens of a text "
+        f"input, the side of an image whose size the graph leaves open (default {RANDOM_SEQ_LEN})",
     )
     p.add_argument(
         "--vocab-size",
