@@ -206,6 +206,7 @@ def _inputs(
             )
         return sources.from_text(args.text, args.tokenizer, graph=graph)
     if args.random is not None:
+        _check_random_options(args, graph)
         return sources.random_inputs(
             graph,
             seed=0 if args.seed is None else args.seed,
@@ -214,6 +215,23 @@ def _inputs(
             vocab_size=args.vocab_size or RANDOM_VOCAB_SIZE,
         )
     return None
+
+
+def _check_random_options(args: argparse.Namespace, graph: Sequence[GraphInput]) -> None:
+    """Refuse ``--seq-len`` or ``--vocab-size`` where the model's inputs leave them nothing to set."""
+    from importers.run import sources
+
+    inputs = "; ".join(spec.describe() for spec in graph)
+    if args.seq_len is not None and not sources.random_sizes_open_axes(graph):
+        raise ImporterInputError(
+            f"`--seq-len` sizes the open axes after the first of random inputs; this model fixes "
+            f"them all ({inputs})"
+        )
+    if args.vocab_size is not None and not sources.random_draws_token_ids(graph):
+        raise ImporterInputError(
+            f"`--vocab-size` bounds random token ids; no input of this model takes token ids "
+            f"({inputs})"
+        )
 
 
 def _summary(result: AuditResult, out: Path) -> str:

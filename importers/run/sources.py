@@ -48,7 +48,9 @@ __all__ = [
     "from_npz",
     "from_text",
     "load_image",
+    "random_draws_token_ids",
     "random_inputs",
+    "random_sizes_open_axes",
 ]
 
 #: Folder of the bundled inputs (images/, sentences.txt, sentences.npz, LICENSE.md).
@@ -389,6 +391,24 @@ def bundled_inputs(
     return _maybe_for_graph(inputs, graph)
 
 
+def random_sizes_open_axes(graph: Sequence[GraphInput]) -> bool:
+    """Whether :func:`random_inputs`' ``seq`` sizes anything: an axis after the first left open."""
+    return any(not isinstance(dim, int) for spec in graph for dim in spec.shape[1:])
+
+
+def random_draws_token_ids(graph: Sequence[GraphInput]) -> bool:
+    """Whether :func:`random_inputs`' ``vocab_size`` bounds anything: an input of token ids."""
+    return any(_takes_token_ids(spec) for spec in graph)
+
+
+def _takes_token_ids(spec: GraphInput) -> bool:
+    """Integer inputs other than masks, token types and positions get random token ids."""
+    lowered = spec.name.lower()
+    return spec.dtype.kind in "iu" and not any(
+        word in lowered for word in ("mask", "type", "position")
+    )
+
+
 def _random_row(spec: GraphInput, seq: int) -> tuple[int, ...]:
     """One item's shape: fixed axes their size, symbolic ones ``seq`` (axis 0 is the item axis)."""
     return tuple(dim if isinstance(dim, int) else seq for dim in spec.shape[1:])
@@ -397,13 +417,10 @@ def _random_row(spec: GraphInput, seq: int) -> tuple[int, ...]:
 def _random_feed(
     spec: GraphInput, shape: tuple[int, ...], rng: np.random.Generator, vocab_size: int
 ) -> np.ndarray:
-    lowered = spec.name.lower()
-    if spec.dtype.kind in "iu":
-        if "mask" in lowered:
-            return np.ones(shape, dtype=spec.dtype)
-        if "type" in lowered or "position" in lowered:
-            return np.zeros(shape, dtype=spec.dtype)
+    if _takes_token_ids(spec):
         return rng.integers(0, vocab_size, size=shape).astype(spec.dtype)
+    if spec.dtype.kind in "iu":  # a mask is ones, token types and positions zeros
+        return (np.ones if "mask" in spec.name.lower() else np.zeros)(shape, dtype=spec.dtype)
     if spec.dtype.kind == "f":
         return rng.standard_normal(shape).astype(spec.dtype)
     if spec.dtype.kind == "b":

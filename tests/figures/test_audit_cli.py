@@ -168,8 +168,6 @@ def test_random_token_ids_stay_below_the_vocab_size(
             str(text_model),
             "--random",
             "2",
-            "--seq-len",
-            "6",
             "--vocab-size",
             "10",
             "--out",
@@ -179,6 +177,25 @@ def test_random_token_ids_stay_below_the_vocab_size(
     )
     assert code == 0, err
     assert json.loads((out / "audit.json").read_text(encoding="utf-8"))["n_inputs"] == 2
+
+
+@pytest.mark.parametrize(
+    ("option", "fragment"),
+    [
+        (["--seq-len", "8"], "`--seq-len` sizes the open axes after the first of random inputs"),
+        (["--vocab-size", "10"], "`--vocab-size` bounds random token ids; no input"),
+    ],
+)
+def test_a_random_option_the_model_leaves_nothing_to_set_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: list[str], fragment: str
+) -> None:
+    """The ViT builder reads float embeddings [batch, 5, 24]: no open axis, no token ids."""
+    model = write_builder(tmp_path, "vit_prenorm_layerscale")
+    argv = [str(model), "--random", "2", *option, "--out", str(tmp_path / "report")]
+    code, _, err = run_audit(argv, capsys)
+    assert code == 2
+    assert_one_line_error(err, fragment, "embeddings: float32 [batch, 5, 24]")
+    assert_no_output(tmp_path, {model.name})
 
 
 def test_npz_inputs_and_cpu_provider_are_recorded(
