@@ -102,8 +102,8 @@ class LayerStreamError(ImporterError):
 
     Raised by :func:`importers.run.audit.layer_tensors` when a block's residual stream could not be
     established from the graph's structure, or when block i-1's output is not the stream block i
-    reads: an internal error, never a number (exit status 1: the model is well-formed, the
-    importer cannot audit it).
+    reads and the importer cannot follow what lies between them: never a number (exit status 1:
+    the model is well-formed, the importer cannot audit it).
     """
 
     exit_code = 1

@@ -218,6 +218,23 @@ _VIT_PROJ = (
 _SELF_ATTN = ("separate", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
 _POST, _PRE = _features("post"), _features("pre")
 _ROPE_GQA = _features("pre", rotary="full", causal=True, gqa=True)
+
+
+def _llama_like(name: str, model: str, config: dict[str, Any]) -> Family:
+    """A decoder laid out as Llama is (``layers[i].self_attn.{q,k,v,o}_proj``, rotary, GQA 4 → 2),
+    built from transformers' ``<model>Model`` and ``<model>Config``."""
+    return Family(
+        name,
+        _hf(f"{model}Model", f"{model}Config", config),
+        "layers",
+        (*_SELF_ATTN, "self_attn.o_proj"),
+        "text",
+        _ROPE_GQA,
+        n_kv=N_KV,
+        optimizer="gpt2",
+    )
+
+
 _BART = {
     "vocab_size": VOCAB,
     "d_model": D_MODEL,
@@ -259,16 +276,7 @@ FAMILIES: tuple[Family, ...] = (
         _features("pre", causal=True),
         optimizer="gpt2",
     ),
-    Family(
-        "llama",
-        _hf("LlamaModel", "LlamaConfig", _decoder()),
-        "layers",
-        (*_SELF_ATTN, "self_attn.o_proj"),
-        "text",
-        _ROPE_GQA,
-        n_kv=N_KV,
-        optimizer="gpt2",
-    ),
+    _llama_like("llama", "Llama", _decoder()),
     Family(
         "vit",
         _hf("ViTModel", "ViTConfig", _vision(), add_pooling_layer=False),
@@ -319,26 +327,8 @@ FAMILIES: tuple[Family, ...] = (
         _features("pre", causal=True),
         optimizer="gpt2",
     ),
-    Family(
-        "qwen2",
-        _hf("Qwen2Model", "Qwen2Config", _decoder()),
-        "layers",
-        (*_SELF_ATTN, "self_attn.o_proj"),
-        "text",
-        _ROPE_GQA,
-        n_kv=N_KV,
-        optimizer="gpt2",
-    ),
-    Family(
-        "gemma",
-        _hf("GemmaModel", "GemmaConfig", _decoder(head_dim=D_MODEL // N_HEADS)),
-        "layers",
-        (*_SELF_ATTN, "self_attn.o_proj"),
-        "text",
-        _ROPE_GQA,
-        n_kv=N_KV,
-        optimizer="gpt2",
-    ),
+    _llama_like("qwen2", "Qwen2", _decoder()),
+    _llama_like("gemma", "Gemma", _decoder(head_dim=D_MODEL // N_HEADS)),
     Family(
         "phi3",
         _hf(
@@ -608,16 +598,7 @@ FAMILIES: tuple[Family, ...] = (
         n_kv=1,
         optimizer="gpt2",
     ),
-    Family(
-        "mistral",
-        _hf("MistralModel", "MistralConfig", _decoder(sliding_window=None)),
-        "layers",
-        (*_SELF_ATTN, "self_attn.o_proj"),
-        "text",
-        _ROPE_GQA,
-        n_kv=N_KV,
-        optimizer="gpt2",
-    ),
+    _llama_like("mistral", "Mistral", _decoder(sliding_window=None)),
     Family(
         "phi",
         _hf("PhiModel", "PhiConfig", _text(partial_rotary_factor=0.5)),
@@ -679,6 +660,64 @@ FAMILIES: tuple[Family, ...] = (
         "image",
         _PRE,
         optimizer="clip",
+    ),
+    # Held out while the importer was written, added once it read them (docs/fixtures.md).
+    # ModernBERT: fused [q | k | v], rotary, local (sliding-window) attention in every other layer,
+    # and a first layer whose attention reads the stream unnormalised (its attention norm is an
+    # Identity) while its MLP is pre-LN: not a post-LN block.
+    Family(
+        "modernbert",
+        _hf(
+            "ModernBertModel",
+            "ModernBertConfig",
+            _text(
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=2,
+                cls_token_id=1,
+                sep_token_id=2,
+                local_attention=4,
+                global_attn_every_n_layers=2,
+            ),
+        ),
+        "layers",
+        ("concat", "attn.Wqkv", "attn.Wo"),
+        "text",
+        _features("pre", rotary="full"),
+    ),
+    # RoFormer: interleaved rotary in a post-LN BERT encoder.
+    Family(
+        "roformer",
+        _hf("RoFormerModel", "RoFormerConfig", _text()),
+        "encoder.layer",
+        _BERT_PROJ,
+        "text",
+        _features("post", rotary="full"),
+        sdpa=False,
+    ),
+    # Qwen3: a per-head RMSNorm on Q and K before the rotary embedding (QK-norm).
+    _llama_like("qwen3", "Qwen3", _decoder(head_dim=D_MODEL // N_HEADS)),
+    # OLMo-2: RMSNorm over the whole Q and K projections, and norms on the branch outputs before
+    # the residual sums instead of before the branches.
+    Family(
+        "olmo2",
+        _hf("Olmo2Model", "Olmo2Config", _decoder()),
+        "layers",
+        (*_SELF_ATTN, "self_attn.o_proj"),
+        "text",
+        _features("post", rotary="full", causal=True, gqa=True),
+        n_kv=N_KV,
+        optimizer="gpt2",
+    ),
+    # Gemma-2: scores soft-capped by a Tanh, sliding-window attention in every other layer, and
+    # norms both before and after each branch.
+    _llama_like("gemma2", "Gemma2", _decoder(head_dim=D_MODEL // N_HEADS, sliding_window=4)),
+    # Granite: Llama with an attention multiplier (the score scale), a residual multiplier and an
+    # embedding multiplier.
+    _llama_like(
+        "granite",
+        "Granite",
+        _decoder(attention_multiplier=0.2, residual_multiplier=0.5, embedding_multiplier=2.0),
     ),
 )
 

@@ -55,9 +55,16 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
             )
         bias = self.score_bias(softmax, scores, score_sum, q, k, v)
         scale = score_scale * q.scale * k.scale
-        notes = self.scale_notes(scale, d_head, bias) + self.rotary_notes(q, k) + bias.notes
+        notes = (
+            self.scale_notes(scale, d_head, bias)
+            + self.rotary_notes(q, k)
+            + self.qk_norm_notes(q, k)
+            + self.soft_cap_notes(score_sum.capped)
+            + bias.notes
+        )
         rotary, rotary_width = self.rotary_form(q, k, d_head)
         stream = self.block_stream(q.linear.x, o)
+        notes += stream.pop("notes")
         roles = {
             "scores": f"MatMul {scores.label!r}"
             + (f" via {', '.join(score_nodes)}" if score_nodes else ""),
@@ -153,6 +160,27 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         if not unusual:
             return ()
         return (f"rotary embedding on Q/K: {'; '.join(styles)}; W_Q and W_K are read before it",)
+
+    @staticmethod
+    def soft_cap_notes(capped: list[str]) -> tuple[str, ...]:
+        """A note for scores passed through a Tanh soft-cap before the Softmax."""
+        if not capped:
+            return ()
+        return (
+            f"scores soft-capped by {', '.join(map(repr, capped))} (cap · tanh(s / cap)): not "
+            f"bilinear in the stream; the score scale is their slope at 0",
+        )
+
+    @staticmethod
+    def qk_norm_notes(q: Trace, k: Trace) -> tuple[str, ...]:
+        """A note for Q or K normalised before the scores (W_Q, W_K are the weights before it)."""
+        normed = [f"{trace.role}: {trace.norm}" for trace in (q, k) if trace.norm]
+        if not normed:
+            return ()
+        return (
+            f"Q/K normalised before the scores ({'; '.join(normed)}): the scores are not "
+            f"bilinear in the stream, and W_Q^h W_K^hᵀ is read before the norm",
+        )
 
     @staticmethod
     def rotary_form(q: Trace, k: Trace, d_head: int) -> tuple[str, int]:

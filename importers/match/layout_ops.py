@@ -15,16 +15,25 @@ from importers.graph import (
     unsqueeze,
 )
 
+#: Layout ops whose second operand must be evaluated to apply them, and what it is.
+_EVALUATED_OPERAND = {
+    "Reshape": "Reshape target shape",
+    "Expand": "Expand target shape",
+    "Tile": "Tile repeats",
+    "Gather": "Gather indices",
+    "GatherND": "GatherND indices",
+}
+
 
 def apply_layout(node: Node, value: np.ndarray, values: list, output: int) -> np.ndarray:
     """Apply one layout op to the probe (shape-like inputs already evaluated in ``values``)."""
     op = node.op_type
+    if op in _EVALUATED_OPERAND and values[0] is None:
+        raise ValueError(f"the {_EVALUATED_OPERAND[op]} could not be evaluated")
     if op == "Transpose":
         perm = node.attr("perm")
         return np.transpose(value, perm if perm is not None else None)
     if op == "Reshape":
-        if values[0] is None:
-            raise ValueError("the target shape could not be evaluated")
         return value.reshape(
             reshape_target(value.shape, values[0], allowzero=bool(node.attr("allowzero", 0)))
         )
@@ -47,11 +56,7 @@ def apply_layout(node: Node, value: np.ndarray, values: list, output: int) -> np
     if op == "Slice":
         return apply_slice(value, *(values + [None] * (4 - len(values)))[:4])
     if op == "Gather":
-        if values[0] is None:
-            raise ValueError("the Gather indices are not constant")
         return np.take(value, values[0], axis=int(node.attr("axis", 0)))
     if op == "GatherND":
-        if values[0] is None:
-            raise ValueError("the GatherND indices are not constant")
         return gather_nd(value, values[0], int(node.attr("batch_dims", 0)))
     raise ValueError(f"{op} is not a layout op")

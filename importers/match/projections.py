@@ -14,6 +14,11 @@ Unsqueeze(x[::2]))`` flattened by a ``Reshape``) is a step from ``x``. A partial
 step from that tensor when re-assembling a probe of it through the Concat's pieces (the rotary
 ``Add`` taken as identity) gives the tensor back unchanged. Both steps are value-preserving for the
 probe: W_Q and W_K are the weights before the rotary embedding.
+
+Q/K normalisation (Qwen3's and Gemma-3's per-head RMSNorm, OLMo-2's over the whole projection): a
+norm (:mod:`importers.match.norms`) between the projection and the scores of Q or K is a step from
+its input. It moves no entry, so the layout probe passes it unchanged; but the scores are then no
+longer bilinear in the stream, which the block's notes say (W_Q and W_K are read before it).
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ import numpy as np
 
 from importers.graph import Node
 from importers.match.layout_ops import apply_layout
+from importers.match.norms import NormMatcher
 from importers.match.results import LinearMatch
-from importers.match.walker import MAX_WALK, VALUE_PRESERVING, GraphWalker, RejectError
+from importers.match.walker import MAX_WALK, VALUE_PRESERVING, RejectError
 from importers.nbits import NBITS
 
 _LAYOUT_OPS = frozenset(
@@ -59,21 +65,25 @@ class Trace:
     rope: bool
     rotary: str = ""  # how the rotary embedding was applied (for notes), "" when there is none
     rotary_width: int | None = None  # columns rotated per head by a partial one; None: all
+    norm: str = (
+        ""  # the Q/K normalisation passed (kind and nodes, for notes), "" when there is none
+    )
 
 
-class ProjectionFinder(GraphWalker):
+class ProjectionFinder(NormMatcher):
     """Find the Q/K/V projections behind the attention operands and W_O after the head merge."""
 
     # -- Q, K, V: back from the attention operands ------------------------------------------------
     def trace(self, name: str, role: str) -> Trace:
         """Walk back from an attention operand to its projection."""
         steps: list[Step] = []
-        scale, rope, start, rotary = 1.0, False, name, ""
+        scale, rope, start, rotary, norm_text = 1.0, False, name, "", ""
         width: int | None = None
         for _ in range(MAX_WALK):
             linear = self.linear_ending_at(name, role)
             if linear is not None:
-                return Trace(role, linear, tuple(reversed(steps)), scale, rope, rotary, width)
+                steps_back = tuple(reversed(steps))
+                return Trace(role, linear, steps_back, scale, rope, rotary, width, norm_text)
             node = self.producer(name)
             if node is None:
                 raise RejectError(
@@ -108,6 +118,12 @@ class ProjectionFinder(GraphWalker):
                 rope, (source, rotary, width) = True, partial
                 steps.append(Step(node, source, name, skip=True))
                 name = source
+                continue
+            norm = self.norm_ending_at(name) if role in ("Q", "K") and not norm_text else None
+            if norm is not None:
+                norm_text = f"{norm.kind} {', '.join(map(repr, norm.nodes))}"
+                steps.append(Step(node, norm.input, name, skip=True))
+                name = norm.input
                 continue
             raise RejectError(
                 f"{role.lower()}_projection_missing",

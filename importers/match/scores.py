@@ -3,7 +3,9 @@
 Walking back from the Softmax, the scores are a sum. ``Add``, ``Sub`` and ``Neg``, scalar factors
 (a constant, or shape arithmetic: :meth:`~importers.match.walker.GraphWalker.scalar_factor`), views
 that keep the (query, key) axes (Cast, Identity, Reshape, Squeeze, Unsqueeze, Flatten) and mask
-fills (``Where`` replacing scores by a constant at or below ``MASK_FLOOR``) are passed; every other
+fills (``Where`` replacing scores by a constant at or below ``MASK_FLOOR``) are passed, and so is a
+``Tanh`` soft-cap (Gemma-2's ``cap · tanh(s / cap)``: noted, as the scores are then not bilinear and
+the scale on the path is their slope at 0); every other
 tensor reached, and every subtree with no product of two non-constant tensors in it (BERT's
 ``(1 - mask) * finfo.min`` is one term, not two), is one *term*. The *content* term is the
 query-key product QKᵀ: a ``MatMul`` of two non-constant tensors; where several terms are such
@@ -37,7 +39,7 @@ matched (see there).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -53,7 +55,7 @@ MAX_ANCESTRY = 4000
 _VIEWS = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 _KEEPS_VALUES = frozenset({"Cast", "Identity"})
 #: Ops the score walk may pass on its way to a query-key product.
-_SUM_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Neg"} | _VIEWS)
+_SUM_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Neg", "Tanh"} | _VIEWS)
 #: Ops between a disentangled position term and its query-key-position product.
 _POSITION_PATH = frozenset(
     "Gather GatherElements Transpose Reshape Squeeze Unsqueeze Expand Tile Slice Cast Identity "
@@ -91,6 +93,7 @@ class ScoreSum:
     products: list[tuple[Node, float, tuple[Node, ...]]]
     terms: list[ScoreTerm]
     fills: list[MaskFill]
+    capped: list[str] = field(default_factory=list)  # Tanh soft-caps passed (their labels)
 
 
 #: The query-key product: (MatMul, score scale, the nodes passed from the Softmax).
@@ -154,6 +157,10 @@ class ScoreMatcher(ProjectionFinder):
                 continue
             if node.op_type == "MatMul" and all(self.const(x) is None for x in node.inputs):
                 found.products.append((node, factor, path))
+                continue
+            if node.op_type == "Tanh":  # soft-capping (Gemma-2): cap · tanh(scores / cap)
+                found.capped.append(node.label)
+                stack.append((node.input(0), factor, (*path, node)))
                 continue
             fill = self.mask_fill(node) if node.op_type == "Where" else None
             if fill is not None:

@@ -198,6 +198,24 @@ class StreamMatcher(NormMatcher):
             )
         return None
 
+    def continues_on_sum(self, total: ResidualSum, norm: NormMatch, streams: set[str]) -> bool:
+        """Whether the MLP residual adds its branch to the attention sum, not to the norm after it.
+
+        Then that norm opens the MLP branch (a pre-LN MLP after an attention that reads the stream
+        unnormalised, as in ModernBERT's first layer) and the block is not post-LN, whose MLP
+        residual closes on the norm's output. Where neither closes an MLP (an attention-only
+        post-LN model) or the sums cannot be traced, the norm stays post-LN.
+        """
+        on_sum = self.requested(total.output)
+        try:
+            if self.mlp_residual(norm.output, streams | {norm.output}) is not None:
+                return False
+            return (
+                self.mlp_residual(on_sum, streams | {on_sum, self.view_source(on_sum)}) is not None
+            )
+        except StreamError:
+            return False
+
     def post_norm(self, total: ResidualSum) -> NormMatch:
         """The norm of a post-LN sum (a skip norm's own, or the norm reading the sum)."""
         if total.normed is not None:
@@ -219,13 +237,24 @@ class StreamMatcher(NormMatcher):
 
     def block_stream(self, x: str, o: LinearMatch) -> dict:
         """Norm position and kind, LayerScale, and the block's stream tensors (see the module
-        docstring); ``stream_error`` says what was not found, if anything."""
+        docstring); ``stream_error`` says what was not found, if anything. A norm reading the
+        attention output itself (a branch norm before the residual sum) is passed, with a note."""
         attention_input = self.stream_tensor(x)
         branch = self.strip_reshapes_forward(o.output)
         layer_scale, branch = self.layer_scale_after(branch, o.d_out)
         roles: dict[str, str] = {}
+        notes: tuple[str, ...] = ()
         if layer_scale is not None:
             roles["layer scale"] = f"Mul by constant {layer_scale!r}"
+        branch_norm = self.norm_starting_at(branch)
+        if branch_norm is not None:  # Gemma-2/3, OLMo-2: h + norm(attention(h))
+            nodes = ", ".join(branch_norm.nodes)
+            roles["branch norm"] = f"{branch_norm.kind}: {nodes}"
+            notes = (
+                f"the attention output is normalised before the residual sum ({branch_norm.kind} "
+                f"{nodes}): the update is X + norm(A X W_V W_O), not linear in X",
+            )
+            branch = self.strip_reshapes_forward(branch_norm.output)
         pre = self.norm_ending_at(attention_input)
         candidates = ([self.strip_casts(pre.input)] if pre is not None else []) + [attention_input]
         result = {
@@ -249,7 +278,7 @@ class StreamMatcher(NormMatcher):
         if isinstance(norm_match, NormMatch):
             result["norm_kind"] = norm_match.kind
             roles["norm"] = f"{result['norm']}-LN {norm_match.kind}: {', '.join(norm_match.nodes)}"
-        return {**result, "roles": roles}
+        return {**result, "roles": roles, "notes": notes}
 
     def trace_stream(
         self, branch: str, candidates: list[str], pre: NormMatch | None, roles: dict[str, str]
@@ -271,7 +300,7 @@ class StreamMatcher(NormMatcher):
         if "norm" not in found and (residual.normed is not None or not extra):
             post = self.post_norm(residual) if residual.normed is not None else None
             post = post or self.norm_starting_at(residual.output)
-            if post is not None:
+            if post is not None and not self.continues_on_sum(residual, post, streams):
                 found.update(norm="post", norm_match=post, norm_output_name=post.output)
         post_ln = found.get("norm") == "post"
         after = found.get("norm_output_name") or self.requested(residual.output)

@@ -138,8 +138,9 @@ def layer_tensors(
         )
         if not partial:
             raise LayerStreamError(
-                f"layer {i} would not be the residual stream: {mismatch} (internal error: the "
-                f"block structure found is inconsistent)"
+                f"layer {i} would not be the residual stream: {mismatch}, and the importer "
+                f"does not follow what changes the stream between them (for example a term "
+                f"added between blocks, as YOLOS adds position embeddings)"
             )
         if notes is not None:
             notes.append(f"{mismatch}; layer {i} uses the latter")

@@ -24,6 +24,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 
+from importers.errors import LayerStreamError
 from importers.graph import OnnxModel
 from importers.match import NoAttentionBlocksError, find_attention_blocks
 from importers.run.audit import layer_tensors
@@ -51,7 +52,15 @@ RIVAL_MARGIN = 2.0
 CORPUS_MIB = 20
 
 #: Fixtures that fail today, with the first line of the failure (see docs/fixtures.md).
-KNOWN_FAILURES: dict[str, str] = {}
+KNOWN_FAILURES: dict[str, str] = {
+    # docs/fixtures.md, cause K: the first block's Q/K/V read the quantised embedding table's rows
+    # directly (no DynamicQuantizeLinear: no float stream tensor to read as layer 0).
+    "olmo2-int8": (
+        "1 of 2 Softmax rejected: Q projection not found: walking back from "
+        "'/layers.0/self_attn/Mul_8_output_0' reached MatMulInteger "
+        "'/layers.0/self_attn/q_proj/MatMul_quant' (expected a MatMul/Gemm with a constant weight)"
+    ),
+}
 
 
 def _relative(found: np.ndarray, truth: np.ndarray) -> float:
@@ -156,7 +165,10 @@ def _layer_problem(
     model: OnnxModel, blocks: list[BlockWeights], truth: dict[str, np.ndarray], variant: str
 ) -> str | None:
     """The first audit layer whose tensor differs from the true residual stream."""
-    names = layer_tensors(blocks)
+    try:
+        names = layer_tensors(blocks)
+    except LayerStreamError as err:
+        return one_line(err)
     try:
         outputs = Runner(model, expose=names, provider="cpu", threads=1).collect(
             _feeds(model, truth)

@@ -225,3 +225,15 @@ def test_gather_nd_agrees_with_the_onnx_reference(data_shape, indices, batch_dim
     np.testing.assert_array_equal(found, expected)
     context = ShapeContext(model_from_proto(model).index, batch=2, sequence=3)
     assert context.shape("out") == expected.shape
+
+
+@pytest.mark.parametrize("op", ["Reshape", "Expand", "Tile", "Gather", "GatherND"])
+def test_a_layout_op_whose_shape_operand_is_unknown_is_named(op: str) -> None:
+    """The head-layout probe names the operand it could not evaluate (Cohere's optimised GQA
+    ``Expand`` read a run-time shape: an internal TypeError had leaked into the reason)."""
+    from importers.graph import Node
+    from importers.match.layout_ops import apply_layout
+
+    node = Node(0, helper.make_node(op, ["x", "operand"], ["y"]))
+    with pytest.raises(ValueError, match=rf"^the {op} .* could not be evaluated$"):
+        apply_layout(node, np.zeros((2, 3)), [None], 0)
