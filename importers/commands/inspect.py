@@ -16,6 +16,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from importers.commands.common import add_model_argument, open_model
+from importers.match import departures_note
 from simulator.output import to_json
 
 if TYPE_CHECKING:
@@ -82,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
         for note in block.notes:
             if note.startswith("defused from"):
                 print(f"block {block.index}: {note}")
+    departed = departures_note(report.blocks)
+    if departed:
+        print(departed)
     if report.failures and not args.explain:
         print(f"{len(report.failures)} other Softmax node(s) rejected (see --explain)")
     if args.explain:

@@ -78,6 +78,7 @@ from importers.match.results import (
     MatchReport,
     NoAttentionBlocksError,
     NormMatch,
+    departures_note,
 )
 from importers.match.walker import RejectError
 from simulator.errors import one_line
@@ -91,6 +92,7 @@ __all__ = [
     "NoAttentionBlocksError",
     "NormMatch",
     "check_complete",
+    "departures_note",
     "find_attention_blocks",
     "missing_blocks_note",
 ]

@@ -65,6 +65,7 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         rotary, rotary_width = self.rotary_form(q, k, d_head)
         stream = self.block_stream(q.linear.x, o)
         notes += stream.pop("notes")
+        departures = stream.pop("departures")
         roles = {
             "scores": f"MatMul {scores.label!r}"
             + (f" via {', '.join(score_nodes)}" if score_nodes else ""),
@@ -100,6 +101,7 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
             causal=bias.causal,
             rotary=rotary,
             rotary_width=rotary_width,
+            departures=departures,
             **stream,
         )
 
@@ -167,8 +169,9 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         if not capped:
             return ()
         return (
-            f"scores soft-capped by {', '.join(map(repr, capped))} (cap · tanh(s / cap)): not "
-            f"bilinear in the stream; the score scale is their slope at 0",
+            f"scores soft-capped by {', '.join(map(repr, capped))} (cap · tanh(s / cap)): A is "
+            f"measured as the graph computes it, but the scores are not bilinear in the stream "
+            f"and the score scale is their slope at 0",
         )
 
     @staticmethod
@@ -178,8 +181,9 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         if not normed:
             return ()
         return (
-            f"Q/K normalised before the scores ({'; '.join(normed)}): the scores are not "
-            f"bilinear in the stream, and W_Q^h W_K^hᵀ is read before the norm",
+            f"Q/K normalised before the scores ({'; '.join(normed)}): A is measured as the graph "
+            f"computes it, but the scores are not bilinear in the stream and W_Q^h W_K^hᵀ is "
+            f"read before the norm",
         )
 
     @staticmethod

@@ -17,6 +17,13 @@ import numpy as np
 
 from importers.errors import ImporterError
 
+#: How a block may depart from the update ``X + A X W_V W_O``, linear in X for the A the graph
+#: computes, and still be read (short names in :attr:`AttentionBlock.departures`, with what each
+#: means). How A itself is computed (Q/K norms, soft-capped scores) is no departure: A is measured.
+DEPARTURES = {
+    "branch-norm": "attention output normalised before the residual sum",
+}
+
 
 @dataclass(frozen=True)
 class MatchFailure:
@@ -156,6 +163,10 @@ class AttentionBlock:
         The rotary embedding on Q and K (W_Q and W_K are read before it).
     rotary_width : int
         Columns rotated per head (d_head for full, 0 for none).
+    departures : tuple of str
+        How the block departs from the linear update ``X + A X W_V W_O`` the theory is about, in
+        short (:data:`DEPARTURES`); each has a note. A is still the Softmax output the graph
+        computes, and W_V W_O the value path.
     """
 
     index: int
@@ -191,6 +202,7 @@ class AttentionBlock:
     causal: bool = False
     rotary: str = "none"
     rotary_width: int = 0
+    departures: tuple[str, ...] = ()
 
     @property
     def sources(self) -> dict[str, str]:
@@ -225,6 +237,7 @@ class AttentionBlock:
             "score_bias": self.score_bias,
             "rotary": self.rotary,
             "rotary_width": self.rotary_width,
+            "departures": list(self.departures),
             "scale": self.scale,
             "sources": self.sources,
             "tensors": {
@@ -358,3 +371,31 @@ class NoAttentionBlocksError(ImporterError):
             f"most common reasons: {'; '.join(parts)}",
             failures,
         )
+
+
+def departures_note(blocks: Sequence[AttentionBlock]) -> str | None:
+    """One line naming, per departure (:data:`DEPARTURES`), the blocks that depart from the linear
+    update the dominance theory is about; None when none does."""
+    parts = []
+    for name, meaning in DEPARTURES.items():
+        indices = [block.index for block in blocks if name in block.departures]
+        if indices:
+            parts.append(f"{meaning} in block(s) {_index_ranges(indices)}")
+    if not parts:
+        return None
+    return (
+        "not the linear update X + A X W_V W_O the dominance theory is about: "
+        + "; ".join(parts)
+        + " (A is still the graph's Softmax output; the blocks' notes say more)"
+    )
+
+
+def _index_ranges(indices: Sequence[int]) -> str:
+    """``0-3, 7, 9-10`` for [0, 1, 2, 3, 7, 9, 10] (sorted, distinct)."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)

@@ -278,7 +278,8 @@ class StreamMatcher(NormMatcher):
         if isinstance(norm_match, NormMatch):
             result["norm_kind"] = norm_match.kind
             roles["norm"] = f"{result['norm']}-LN {norm_match.kind}: {', '.join(norm_match.nodes)}"
-        return {**result, "roles": roles, "notes": notes}
+        departures = ("branch-norm",) if branch_norm is not None else ()
+        return {**result, "roles": roles, "notes": notes, "departures": departures}
 
     def trace_stream(
         self, branch: str, candidates: list[str], pre: NormMatch | None, roles: dict[str, str]

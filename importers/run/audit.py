@@ -52,7 +52,12 @@ from threadpoolctl import threadpool_limits
 from importers.errors import ImporterError, ImporterInputError, LayerStreamError
 from importers.graph import OnnxModel, load_model
 from importers.graph.shapes import ShapeContext
-from importers.match import check_complete, find_attention_blocks, missing_blocks_note
+from importers.match import (
+    check_complete,
+    departures_note,
+    find_attention_blocks,
+    missing_blocks_note,
+)
 from importers.run.batching import items_per_call, run_batches
 from importers.run.cache import cached_value_spectra, checked_spectra
 from importers.run.dominance import (
@@ -485,6 +490,8 @@ def audit(
     check_complete(report, partial=partial)
     blocks = [block_weights(graph, block) for block in report.blocks]
     notes = [missing_blocks_note(report)] if report.unmatched else []
+    departed = departures_note(report.blocks)
+    notes += [departed] if departed else []
     inputs = default_inputs(graph.inputs, ref.entry) if inputs is None else inputs
     if inputs.batch_size == 0:
         raise ImporterInputError("`inputs` must hold at least one item; got none")

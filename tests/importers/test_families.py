@@ -243,8 +243,17 @@ def test_fixture_matches_its_truth(entry: dict[str, Any]) -> None:
     assert problem is None, problem
 
 
-def _features_found(entry: dict[str, Any]) -> set[tuple[str, bool, str]] | str:
-    """The (score_bias, causal, rotary) of every block found, or why blocks were not found."""
+#: Families whose blocks depart from the linear update (AttentionBlock.departures), and those whose
+#: Q and K are normalised before the scores (a block note); the manifest predates both.
+DEPARTURES = {"gemma2": ("branch-norm",), "olmo2": ("branch-norm",)}
+QK_NORMED = frozenset({"qwen3", "olmo2"})
+
+
+def _features_found(
+    entry: dict[str, Any],
+) -> set[tuple[str, bool, str, tuple[str, ...], bool]] | str:
+    """The (score_bias, causal, rotary, departures, Q/K normalised) of every block found, or why
+    blocks were not found."""
     try:
         report = find_attention_blocks(load_fixture(entry["file"]))
     except NoAttentionBlocksError as err:
@@ -254,7 +263,16 @@ def _features_found(entry: dict[str, Any]) -> set[tuple[str, bool, str]] | str:
         low, high = widths.get(block.rotary, (1, block.d_head - 1))
         if not low <= block.rotary_width <= high:
             return f"block {block.index}: rotary {block.rotary} of width {block.rotary_width}"
-    return {(block.score_bias, block.causal, block.rotary) for block in report.blocks}
+    return {
+        (
+            block.score_bias,
+            block.causal,
+            block.rotary,
+            block.departures,
+            any(note.startswith("Q/K normalised") for note in block.notes),
+        )
+        for block in report.blocks
+    }
 
 
 @pytest.mark.parametrize(
@@ -266,9 +284,16 @@ def _features_found(entry: dict[str, Any]) -> set[tuple[str, bool, str]] | str:
     ],
 )
 def test_blocks_report_the_manifest_features(entry: dict[str, Any]) -> None:
-    """Every block's score bias, causal mask and rotary form are the ones the model has."""
-    features = entry["features"]
-    expected = (features["score_bias"], features["causal"], features["rotary"])
+    """Every block's score bias, causal mask and rotary form are the ones the model has, and it
+    names the departures from the linear update and the Q/K norms the family has."""
+    features, family = entry["features"], entry["family"]
+    expected = (
+        features["score_bias"],
+        features["causal"],
+        features["rotary"],
+        DEPARTURES.get(family, ()),
+        family in QK_NORMED,
+    )
     assert _features_found(entry) == {expected}
 
 
@@ -289,3 +314,14 @@ def test_manifest_lists_every_file_with_its_checksums() -> None:
 def test_corpus_stays_small() -> None:
     total = sum(path.stat().st_size for path in FIXTURES.rglob("*") if path.is_file())
     assert total <= CORPUS_MIB * 2**20, f"{total / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize(("variant", "capped"), [("dynamo_eager", True), ("optimum", False)])
+def test_soft_capped_scores_are_walked_and_noted(variant: str, capped: bool) -> None:
+    """Gemma-2 caps its scores with ``cap · tanh(s / cap)``; optimum's export (and the optimized
+    and int8 files made from it) leaves the cap out."""
+    report = find_attention_blocks(load_fixture(f"gemma2/{variant}.onnx.xz"))
+    assert len(report.blocks) == 2
+    for block in report.blocks:
+        noted = any(note.startswith("scores soft-capped by") for note in block.notes)
+        assert noted == capped, block.notes
