@@ -712,6 +712,22 @@ FAMILIES: tuple[Family, ...] = (
     # Gemma-2: scores soft-capped by a Tanh, sliding-window attention in every other layer, and
     # norms both before and after each branch.
     _llama_like("gemma2", "Gemma2", _decoder(head_dim=D_MODEL // N_HEADS, sliding_window=4)),
+    # YOLOS: a ViT that adds position embeddings to the stream between blocks, and 4 detection
+    # tokens after the patches.
+    Family(
+        "yolos",
+        _hf(
+            "YolosModel",
+            "YolosConfig",
+            _vision(image_size=[IMAGE, IMAGE], num_detection_tokens=4),
+            add_pooling_layer=False,
+        ),
+        "encoder.layer",
+        _VIT_PROJ,
+        "image",
+        _PRE,
+        optimizer="vit",
+    ),
     # Granite: Llama with an attention multiplier (the score scale), a residual multiplier and an
     # embedding multiplier.
     _llama_like(

@@ -163,6 +163,10 @@ class AttentionBlock:
         The rotary embedding on Q and K (W_Q and W_K are read before it).
     rotary_width : int
         Columns rotated per head (d_head for full, 0 for none).
+    input_base : str or None
+        The stream that ``input_name`` adds terms to that do not depend on the inputs' values
+        (YOLOS adds position embeddings between blocks), where it adds any: the previous block's
+        output may be this tensor rather than ``input_name``.
     departures : tuple of str
         How the block departs from the linear update ``X + A X W_V W_O`` the theory is about, in
         short (:data:`DEPARTURES`); each has a note. A is still the Softmax output the graph
@@ -203,6 +207,7 @@ class AttentionBlock:
     rotary: str = "none"
     rotary_width: int = 0
     departures: tuple[str, ...] = ()
+    input_base: str | None = None
 
     @property
     def sources(self) -> dict[str, str]:

@@ -50,8 +50,6 @@ from importers.match.walker import RejectError
 
 #: Nodes the walk back from a Softmax passes before it gives up.
 MAX_SCORE_NODES = 64
-#: Nodes the hidden-state dependence test visits before it calls a term dependent.
-MAX_ANCESTRY = 4000
 _VIEWS = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 _KEEPS_VALUES = frozenset({"Cast", "Identity"})
 #: Ops the score walk may pass on its way to a query-key product.
@@ -467,24 +465,6 @@ class ScoreMatcher(ProjectionFinder):
                 "of QK^T plus it"
             ),
         )
-
-    def depends_on(self, name: str, hidden: set[str]) -> bool:
-        """Whether the value of ``name`` is computed from a ``hidden`` tensor or a Softmax output
-        (reads of a tensor's shape do not count)."""
-        frontier, seen = [name], set()
-        while frontier:
-            tensor = frontier.pop()
-            if tensor in hidden:
-                return True
-            node = self.producer(tensor)
-            if node is None or tensor in seen or self.const(tensor) is not None:
-                continue
-            seen.add(tensor)
-            if len(seen) > MAX_ANCESTRY or node.op_type == "Softmax":
-                return True
-            if node.op_type not in ("Shape", "Size"):
-                frontier.extend(operand for operand in node.inputs if operand)
-        return False
 
     def position_term(self, term: ScoreTerm, hidden: set[str]) -> str:
         """``"disentangled"`` for a product of a Q or K projection of the block's stream with a

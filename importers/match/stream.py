@@ -216,6 +216,23 @@ class StreamMatcher(NormMatcher):
         except StreamError:
             return False
 
+    def before_constant_terms(self, name: str) -> str:
+        """The stream ``name`` adds terms to that do not depend on the graph inputs' values.
+
+        YOLOS adds position embeddings between blocks: block i reads block i-1's output plus a
+        term computed from constants (and shapes) only. ``name`` itself when it adds none.
+        """
+        data = {name for name in self.index.graph_inputs if name not in self.index.initializers}
+        for _ in range(MAX_SUM_CHAIN):
+            node = self.producer(name)
+            if node is None or node.op_type != "Add" or len(node.inputs) != 2:
+                break
+            varying = [operand for operand in node.inputs if self.depends_on(operand, data)]
+            if len(varying) != 1:
+                break
+            name = varying[0]
+        return name
+
     def post_norm(self, total: ResidualSum) -> NormMatch:
         """The norm of a post-LN sum (a skip norm's own, or the norm reading the sum)."""
         if total.normed is not None:
@@ -264,6 +281,7 @@ class StreamMatcher(NormMatcher):
             "has_layer_scale": layer_scale is not None,
             "layer_scale_name": layer_scale,
             "input_name": candidates[0],
+            "input_base": None,
             "residual_name": None,
             "norm_output_name": None,
             "output_name": o.output,
@@ -287,7 +305,8 @@ class StreamMatcher(NormMatcher):
         """The stream tensors of one block, or :class:`StreamError`."""
         residual, stream_in, extra = self.attention_residual(branch, candidates)
         stream_in = self.requested(stream_in)
-        found: dict = {"input_name": stream_in}
+        base = self.before_constant_terms(stream_in)
+        found: dict = {"input_name": stream_in, "input_base": base if base != stream_in else None}
         streams = {stream_in, self.view_source(stream_in)}
         for term in extra:
             if self.branch_kind(term, streams) != "branch":

@@ -17,6 +17,8 @@ import numpy as np
 from importers.graph import GraphIndex, Node, ShapeContext
 
 MAX_WALK = 64
+#: Tensors :meth:`GraphWalker.depends_on` visits before it answers "depends" (bounds the walk).
+MAX_ANCESTRY = 4000
 VALUE_PRESERVING = frozenset({"Identity", "Cast", "Dropout"})
 
 
@@ -102,6 +104,24 @@ class GraphWalker:
             if value is not None and value != 0.0 and self.scalar(node.input(0)) is None:
                 return 1.0 / value, node.input(0)
         return None, ""
+
+    def depends_on(self, name: str, hidden: set[str]) -> bool:
+        """Whether the value of ``name`` is computed from a ``hidden`` tensor or a Softmax output
+        (reads of a tensor's shape do not count; past :data:`MAX_ANCESTRY` tensors, it does)."""
+        frontier, seen = [name], set()
+        while frontier:
+            tensor = frontier.pop()
+            if tensor in hidden:
+                return True
+            node = self.producer(tensor)
+            if node is None or tensor in seen or self.const(tensor) is not None:
+                continue
+            seen.add(tensor)
+            if len(seen) > MAX_ANCESTRY or node.op_type == "Softmax":
+                return True
+            if node.op_type not in ("Shape", "Size"):
+                frontier.extend(operand for operand in node.inputs if operand)
+        return False
 
     def origin(self, name: str) -> str:
         """Where a tensor comes from, for messages (graph inputs it is computed from, if few)."""

@@ -104,7 +104,8 @@ def layer_tensors(
     (:mod:`importers.match.stream`). Every layer is checked against the block structure: block
     i-1's output, found walking forward from its MLP residual, must be the stream block i reads,
     found walking back from its attention (its norm's input, or the attention input, that its
-    attention residual adds).
+    attention residual adds), or the stream that one adds input-independent terms to
+    (``input_base``: YOLOS' position embeddings between blocks; noted).
 
     Parameters
     ----------
@@ -136,6 +137,13 @@ def layer_tensors(
     names = [blocks[0].input_name] + [block.output_name for block in blocks]
     for i in range(1, len(blocks)):
         if blocks[i].input_name == blocks[i - 1].output_name:
+            continue
+        if blocks[i].input_base == blocks[i - 1].output_name:
+            if notes is not None:
+                notes.append(
+                    f"block {i} reads block {i - 1}'s output plus a term that does not depend on "
+                    f"the inputs ({blocks[i].input_name!r}); layer {i} is block {i - 1}'s output"
+                )
             continue
         mismatch = (
             f"block {i} reads {blocks[i].input_name!r} but block {i - 1} ends at "

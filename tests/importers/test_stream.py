@@ -171,12 +171,22 @@ def _block(
     return n2, "", skip_post
 
 
-def build(layout: str, seed: int = 0) -> tuple[OnnxModel, np.ndarray, list[np.ndarray]]:
-    """A two-block model of ``layout``, a batch of inputs and the true stream at every layer."""
+def build(
+    layout: str, seed: int = 0, *, between: str = ""
+) -> tuple[OnnxModel, np.ndarray, list[np.ndarray]]:
+    """A two-block model of ``layout``, a batch of inputs and the true stream at every layer.
+
+    ``between``: ``"constant"`` adds a constant to the stream between the blocks (YOLOS' position
+    embeddings), ``"input"`` adds the graph input itself; the layers stay the blocks' outputs.
+    """
     g = _Graph(np.random.default_rng(seed))
     position = g.rng.normal(size=(5, D)).astype(np.float32)
     stream, normed, forwards = g.op("Add", ["x", g.const(position, "pos")])[0], None, []
+    added = g.rng.normal(size=(5, D)).astype(np.float32)
     for i in range(2):
+        if i and between:
+            term = g.const(added, "mid") if between == "constant" else "x"
+            stream = g.op("Add", [stream, term])[0]
         stream, n_out, forward = _block(g, layout, stream, normed, last=i == 1)
         normed = n_out or None
         forwards.append(forward)
@@ -193,8 +203,9 @@ def build(layout: str, seed: int = 0) -> tuple[OnnxModel, np.ndarray, list[np.nd
     proto.ir_version = 8
     x = np.random.default_rng(seed + 1).normal(size=(2, 5, D)).astype(np.float32)
     hidden = [(x + position).astype(np.float64)]
-    for forward in forwards:
-        hidden.append(forward(hidden[-1]))  # type: ignore[operator]
+    for i, forward in enumerate(forwards):
+        extra = {"constant": added, "input": x}.get(between, 0.0) if i else 0.0
+        hidden.append(forward(hidden[-1] + extra))  # type: ignore[operator]
     return model_from_proto(proto), x, hidden
 
 
@@ -255,3 +266,25 @@ def test_a_layer_that_is_not_the_next_blocks_input_is_refused() -> None:
     assert layer_tensors(wrong, notes, partial=True)[1] == blocks[0].residual_name
     assert "block 1 reads" in notes[0]
     assert LayerStreamError.exit_code == 1
+
+
+def test_a_constant_added_between_blocks_keeps_the_blocks_outputs_as_layers() -> None:
+    """YOLOS adds position embeddings between blocks: layer 1 is block 0's output, noted."""
+    model, x, hidden = build("pre", between="constant")
+    blocks = _blocks(model)
+    notes: list[str] = []
+    names = layer_tensors(blocks, notes)
+    assert blocks[1].input_base == blocks[0].output_name != blocks[1].input_name
+    assert names[1] == blocks[0].output_name
+    assert "plus a term that does not depend on the inputs" in notes[0]
+    outputs = Runner(model, expose=names, provider="cpu", threads=1).collect({"x": x})
+    for layer, name in enumerate(names):
+        np.testing.assert_allclose(outputs[name], hidden[layer], rtol=1e-4, atol=1e-4)
+
+
+def test_an_input_dependent_term_added_between_blocks_is_refused() -> None:
+    model, _, _ = build("pre", between="input")
+    blocks = _blocks(model)
+    assert blocks[1].input_base is None
+    with pytest.raises(LayerStreamError, match="layer 1 would not be the residual stream"):
+        layer_tensors(blocks)
