@@ -106,12 +106,19 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         )
 
     def check_self_attention(self, q: Trace, k: Trace, v: Trace) -> None:
-        sources = {self.stream_tensor(trace.linear.x) for trace in (q, k, v)}
-        if len(sources) != 1:
+        readers: dict[str, list[str]] = {}
+        for trace in (q, k, v):
+            readers.setdefault(self.stream_tensor(trace.linear.x), []).append(trace.role)
+        if len(readers) != 1:
+            described = "; ".join(
+                f"{' and '.join(roles)} {'reads' if len(roles) == 1 else 'read'} {source!r}"
+                for source, roles in readers.items()
+            )
             raise RejectError(
                 "not_self_attention",
-                f"Q, K and V project different tensors ({', '.join(sorted(sources))}); "
-                f"only self-attention is supported",
+                f"Q, K and V project different tensors ({described}): cross-attention, or keys "
+                f"and values from another sequence (SegFormer's spatially reduced one); only "
+                f"self-attention, one square A over one stream, is supported",
             )
 
     def check_whole_sequence(self, softmax: Node, x: str) -> None:

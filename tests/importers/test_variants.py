@@ -39,7 +39,7 @@ EXPECTED_REASON = {
     "not_qk_product": "not a query-key product",
     "k_not_transposed": "K is not transposed",
     "qkv_split_axis": "-> Split",
-    "kv_from_other_input": "only self-attention is supported",
+    "kv_from_other_input": "Q reads 'layernormalization_42'; K and V read 'encoder_hidden_states'",
     "value_not_projected": "V projection not found",
     "score_scale_not_constant": "scaled by a non-constant factor",
     "int8_scale_not_constant": "Q projection weight is not a constant",
