@@ -728,6 +728,21 @@ FAMILIES: tuple[Family, ...] = (
         _PRE,
         optimizer="vit",
     ),
+    # ESM: a pre-LN rotary encoder; onnxruntime's optimizer moves its head Transpose past the
+    # rotate-half Concat.
+    Family(
+        "esm",
+        _hf(
+            "EsmModel",
+            "EsmConfig",
+            _text(pad_token_id=1, mask_token_id=2, position_embedding_type="rotary"),
+            add_pooling_layer=False,
+        ),
+        "encoder.layer",
+        _BERT_PROJ,
+        "text",
+        _features("pre", rotary="full"),
+    ),
     # Granite: Llama with an attention multiplier (the score scale), a residual multiplier and an
     # embedding multiplier.
     _llama_like(

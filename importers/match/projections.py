@@ -300,8 +300,25 @@ class ProjectionFinder(NormMatcher):
 
     def rotation_style(self, name: str, x: str) -> str:
         """How ``name`` rotates ``x``: ``"rotate-half"`` (``Concat(-x2, x1)``), ``"interleaved"``
-        (``Reshape(Concat(Unsqueeze(-x[1::2]), Unsqueeze(x[::2])))``), or "" for neither."""
+        (``Reshape(Concat(Unsqueeze(-x[1::2]), Unsqueeze(x[::2])))``), or "" for neither.
+
+        Where ``x = Transpose(y)`` and the rotation is ``Transpose(rotate(y))`` with the same
+        permutation, keeping the last axis (onnxruntime's transpose optimizer moves the head
+        transpose past the rotation: ESM), it rotates ``x`` too.
+        """
         node = self.producer(self.strip_casts(name))
+        if node is not None and node.op_type == "Transpose":
+            perm = node.attr("perm")
+            before = self.producer(x)
+            if (
+                perm is None
+                or list(perm)[-1] != len(perm) - 1
+                or before is None
+                or before.op_type != "Transpose"
+                or list(before.attr("perm") or []) != list(perm)
+            ):
+                return ""
+            node, x = self.producer(self.strip_casts(node.input(0))), before.input(0)
         style = "rotate-half"
         if node is not None and node.op_type in ("Reshape", "Flatten"):
             node, style = self.producer(self.strip_casts(node.input(0))), "interleaved"
