@@ -66,6 +66,9 @@ SEED = 0
 D_MODEL, N_HEADS, N_KV, D_FF, VOCAB, N_LAYERS = 32, 4, 2, 64, 128, 2
 BATCH, TOKENS = 2, 8
 IMAGE, PATCH, MELS, AUDIO_POSITIONS = 32, 8, 8, 16
+#: Samples of a raw waveform: HuBERT's convolutions (kernel 10 stride 5, kernel 3 stride 2) leave
+#: 15 frames.
+WAVE = 160
 LEGACY_OPSET, DYNAMO_OPSET = 17, 18
 #: 4-bit ``MatMulNBits`` and float16 variants: an encoder, a fused-QKV decoder, a GQA rotary
 #: decoder, a ViT.
@@ -97,7 +100,7 @@ class Family:
         ``("headwise", qkv, o)`` (per head [q k v]) or ``("concat", qkv, o)`` ([q | k | v] with
         the family's kv head count).
     inputs : str
-        ``"text"``, ``"image"`` or ``"audio"``.
+        ``"text"``, ``"image"``, ``"audio"`` (mel features) or ``"waveform"`` (raw samples).
     features : dict
         Written to the manifest: norm, rotary, parallel, causal, score_bias, gqa.
     n_kv : int
@@ -743,6 +746,35 @@ FAMILIES: tuple[Family, ...] = (
         "text",
         _features("pre", rotary="full"),
     ),
+    # HuBERT: a convolutional front end on the raw waveform, then a post-LN encoder.
+    Family(
+        "hubert",
+        _hf(
+            "HubertModel",
+            "HubertConfig",
+            {
+                "hidden_size": D_MODEL,
+                "num_hidden_layers": N_LAYERS,
+                "num_attention_heads": N_HEADS,
+                "intermediate_size": D_FF,
+                "conv_dim": (32, 32),
+                "conv_stride": (5, 2),
+                "conv_kernel": (10, 3),
+                "num_conv_pos_embeddings": 16,
+                "num_conv_pos_embedding_groups": 4,
+            },
+        ),
+        "encoder.layers",
+        (
+            "separate",
+            "attention.q_proj",
+            "attention.k_proj",
+            "attention.v_proj",
+            "attention.out_proj",
+        ),
+        "waveform",
+        _POST,
+    ),
     # Granite: Llama with an attention multiplier (the score scale), a residual multiplier and an
     # embedding multiplier.
     _llama_like(
@@ -855,6 +887,8 @@ def sample_feeds(family: Family) -> dict[str, np.ndarray]:
     if family.inputs == "audio":
         frames = 2 * AUDIO_POSITIONS
         return {"input_features": rng.standard_normal((BATCH, MELS, frames)).astype(np.float32)}
+    if family.inputs == "waveform":
+        return {"input_values": rng.standard_normal((BATCH, WAVE)).astype(np.float32)}
     ids = rng.integers(3, VOCAB, size=(BATCH, TOKENS), dtype=np.int64)
     return {"input_ids": ids, "attention_mask": np.ones((BATCH, TOKENS), dtype=np.int64)}
 

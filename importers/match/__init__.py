@@ -97,6 +97,11 @@ __all__ = [
     "missing_blocks_note",
 ]
 
+#: The size of every open axis in the second probe, after a head split failed at
+#: PROBE_SEQUENCE: long enough for an audio front end's convolutions to leave frames (HuBERT and
+#: wav2vec2 need 400 samples for one) and for an image whose size is left open to hold patches.
+LONG_PROBE_SEQUENCE = 400
+
 
 def find_attention_blocks(model: OnnxModel) -> MatchReport:
     """Match every Softmax of ``model`` as a self-attention block.
@@ -160,13 +165,28 @@ def _match_with_retry(
     matchers: dict[tuple[int, int], Matcher], index: GraphIndex, softmax: Node, position: int
 ) -> AttentionBlock:
     """Match with the default probe sizes; if a static head-split Reshape needs other batch and
-    sequence sizes (an export with fixed shapes), match once more with those."""
+    sequence sizes (an export with fixed shapes), match once more with those. If the head split
+    fails otherwise, match once more with every open axis :data:`LONG_PROBE_SEQUENCE` long, and
+    report the first failure if that fails too."""
     try:
         return matchers[(PROBE_BATCH, PROBE_SEQUENCE)].match(softmax, position)
     except RejectError as reject:
         sizes = reject.probe_sizes
-        if sizes is None or sizes == (PROBE_BATCH, PROBE_SEQUENCE):
+        if sizes is not None and sizes != (PROBE_BATCH, PROBE_SEQUENCE):
+            return _matcher(matchers, index, sizes).match(softmax, position)
+        if reject.code != "head_reshape":
             raise
+        try:
+            longer = _matcher(matchers, index, (PROBE_BATCH, LONG_PROBE_SEQUENCE))
+            return longer.match(softmax, position)
+        except RejectError:
+            raise reject from None
+
+
+def _matcher(
+    matchers: dict[tuple[int, int], Matcher], index: GraphIndex, sizes: tuple[int, int]
+) -> Matcher:
+    """The matcher probing at ``sizes`` (batch, open axes), made once per model."""
     if sizes not in matchers:
         matchers[sizes] = Matcher(index, *sizes)
-    return matchers[sizes].match(softmax, position)
+    return matchers[sizes]

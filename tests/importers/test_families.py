@@ -60,13 +60,6 @@ KNOWN_FAILURES: dict[str, str] = {
         "'/layers.0/self_attn/Mul_8_output_0' reached MatMulInteger "
         "'/layers.0/self_attn/q_proj/MatMul_quant' (expected a MatMul/Gemm with a constant weight)"
     ),
-    # Cause A's caveat: optimum leaves the image size symbolic, and block 1's head split reads
-    # the position embeddings interpolated to it, which the probe's sizes cannot give.
-    "yolos-optimum": (
-        "1 of 2 Softmax rejected: Q head-split Reshape "
-        "'/encoder/layer.1/attention/attention/Reshape_2' cannot reshape Q of shape (2, 3, 32) "
-        "(projection width 32) into an unknown shape"
-    ),
 }
 
 
