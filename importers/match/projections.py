@@ -15,7 +15,7 @@ step from that tensor when re-assembling a probe of it through the Concat's piec
 ``Add`` taken as identity) gives the tensor back unchanged. Both steps are value-preserving for the
 probe: W_Q and W_K are the weights before the rotary embedding.
 
-Q/K normalisation (Qwen3's and Gemma-3's per-head RMSNorm, OLMo-2's over the whole projection): a
+Q/K normalisation (Qwen3's per-head RMSNorm, OLMo-2's over the whole projection): a
 norm (:mod:`importers.match.norms`) between the projection and the scores of Q or K is a step from
 its input. It moves no entry, so the layout probe passes it unchanged; but the scores are then no
 longer bilinear in the stream, which the block's notes say (W_Q and W_K are read before it).
@@ -65,9 +65,7 @@ class Trace:
     rope: bool
     rotary: str = ""  # how the rotary embedding was applied (for notes), "" when there is none
     rotary_width: int | None = None  # columns rotated per head by a partial one; None: all
-    norm: str = (
-        ""  # the Q/K normalisation passed (kind and nodes, for notes), "" when there is none
-    )
+    norm: str = ""  # the Q/K norm passed (kind and nodes, for notes); "" when there is none
 
 
 class ProjectionFinder(NormMatcher):

@@ -18,6 +18,12 @@ sum (pre-LN) or its norm (post-LN), in the layout of the block input. A branch i
 next block's attention by walking back from it: a branch reaches the stream without meeting a
 Softmax. What cannot be established is recorded in ``stream_error``, one line naming what was not
 found; the audit refuses such a block instead of reading a guess.
+
+Two variations are followed. A norm reading the attention output itself (Gemma-2, OLMo-2:
+``h + norm(attention(h))``) is passed before the residual sum is sought, and the block lists it in
+``departures``: the update is then not linear in the stream. A block whose input adds terms that do
+not depend on the graph inputs to a stream (YOLOS adds position embeddings between blocks) records
+that stream as ``input_base``, which the layer check accepts as the previous block's output.
 """
 
 from __future__ import annotations
@@ -264,7 +270,7 @@ class StreamMatcher(NormMatcher):
         if layer_scale is not None:
             roles["layer scale"] = f"Mul by constant {layer_scale!r}"
         branch_norm = self.norm_starting_at(branch)
-        if branch_norm is not None:  # Gemma-2/3, OLMo-2: h + norm(attention(h))
+        if branch_norm is not None:  # Gemma-2, OLMo-2: h + norm(attention(h))
             nodes = ", ".join(branch_norm.nodes)
             roles["branch norm"] = f"{branch_norm.kind}: {nodes}"
             notes = (
