@@ -250,25 +250,20 @@ class ProjectionFinder(NormMatcher):
             )
             if cast is None or integer is None or integer.op_type != "MatMulInteger":
                 continue
-            quantize = self.producer(integer.input(0))
+            source = self.quantized_source(integer)
             weight = self.const(integer.input(1))
             scales = self.producer(node.input(1 - product_pos))
-            if quantize is None or quantize.op_type != "DynamicQuantizeLinear" or weight is None:
+            if source is None or weight is None:
                 continue
-            if (
-                scales is None
-                or scales.op_type != "Mul"
-                or quantize.outputs[1] not in scales.inputs
-            ):
+            x, x_scale, quantize = source
+            if scales is None or scales.op_type != "Mul" or x_scale not in scales.inputs:
                 continue
-            weight_scale = next(
-                operand for operand in scales.inputs if operand != quantize.outputs[1]
-            )
+            weight_scale = next(operand for operand in scales.inputs if operand != x_scale)
             if self.const(weight_scale) is None or weight.ndim != 2:
                 continue
             return LinearMatch(
                 kind="matmul_integer",
-                x=quantize.input(0),
+                x=x,
                 weight=integer.input(1),
                 output=name,
                 d_in=int(weight.shape[0]),
@@ -277,6 +272,28 @@ class ProjectionFinder(NormMatcher):
                 weight_zero_point=integer.input(3) or None,
                 nodes=(quantize.label, integer.label, cast.label, scales.label, node.label),
             )
+        return None
+
+    def quantized_source(self, integer: Node) -> tuple[str, str, Node] | None:
+        """(float x, its scale, the node relating them) for the quantised activation of a
+        ``MatMulInteger``, else None.
+
+        Usually ``DynamicQuantizeLinear(x)`` quantises it; where the quantiser also quantised
+        the embedding table (OLMo-2's first block reads the embeddings without a norm), the
+        gathered codes feed the ``MatMulInteger`` directly and the float stream is their
+        ``DequantizeLinear`` with the same zero point and a one-element scale.
+        """
+        codes = integer.input(0)
+        quantize = self.producer(codes)
+        if quantize is not None and quantize.op_type == "DynamicQuantizeLinear":
+            return quantize.input(0), quantize.outputs[1], quantize
+        zero_point = integer.input(2)
+        for user in self.consumers(codes):
+            if user.op_type != "DequantizeLinear" or user.input(0) != codes:
+                continue
+            scale = self.const(user.input(1))
+            if user.input(2) == zero_point and scale is not None and scale.size == 1:
+                return user.outputs[0], user.input(1), user
         return None
 
     def rope_match(self, node: Node) -> tuple[str, str] | None:

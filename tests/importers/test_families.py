@@ -52,15 +52,7 @@ RIVAL_MARGIN = 2.0
 CORPUS_MIB = 20
 
 #: Fixtures that fail today, with the first line of the failure (see docs/fixtures.md).
-KNOWN_FAILURES: dict[str, str] = {
-    # docs/fixtures.md, cause K: the first block's Q/K/V read the quantised embedding table's rows
-    # directly (no DynamicQuantizeLinear: no float stream tensor to read as layer 0).
-    "olmo2-int8": (
-        "1 of 2 Softmax rejected: Q projection not found: walking back from "
-        "'/layers.0/self_attn/Mul_8_output_0' reached MatMulInteger "
-        "'/layers.0/self_attn/q_proj/MatMul_quant' (expected a MatMul/Gemm with a constant weight)"
-    ),
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def _relative(found: np.ndarray, truth: np.ndarray) -> float:
