@@ -407,6 +407,7 @@ class Runner:
                 "`expose` must name at least one tensor when include_outputs=False"
             )
         self.inputs: tuple[GraphInput, ...] = model.inputs + extension.graph_inputs
+        self._model_inputs = frozenset(spec.name for spec in model.inputs)
         self.exposed = exposed
         self.include_outputs = include_outputs
         ort = _ort()
@@ -554,7 +555,14 @@ class Runner:
                 outputs = self._run_batch(batch, reuse_outputs)
             except Exception as err:  # onnxruntime's run-time errors derive from Exception only
                 first, last = first_item + start, first_item + stop - 1
-                raise RunnerError(f"onnxruntime failed on items {first}-{last}: {err}") from err
+                fed = ", ".join(  # the model's own inputs, not the extension's
+                    f"{name} {list(np.shape(array))}"
+                    for name, array in batch.items()
+                    if name in self._model_inputs
+                )
+                raise RunnerError(
+                    f"onnxruntime failed on items {first}-{last} (fed {fed}): {err}"
+                ) from err
             yield outputs if fixed is None else drop_filler(outputs, stop - start, fixed)
 
     def collect(

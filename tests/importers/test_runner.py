@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from importers.errors import FeedError, ProviderError
+from importers.errors import FeedError, ProviderError, RunnerError
 from importers.graph import load_model, model_from_proto
 from importers.run.runner import Runner, cuda_failure_reason, plain_session
 from importers.run.sources import bundled_inputs
@@ -314,3 +314,22 @@ def test_real_minilm_l3_layernorm_output_is_layernorm_of_its_input() -> None:
     np.testing.assert_allclose(
         outputs[node.output[0]], expected, rtol=tol.ORT_RTOL, atol=tol.ORT_ATOL
     )
+
+
+def test_a_failed_run_names_the_items_and_the_shapes_fed() -> None:
+    """A graph that fixes a length its inputs do not have (ESM's legacy export fixes its rotary
+    table at the traced length) fails in onnxruntime; the error says what was fed."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "table"], ["y"])],
+        "fixed_length",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "tokens"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "tokens"])],
+        [numpy_helper.from_array(np.zeros(8, dtype=np.float32), "table")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    runner = Runner(model_from_proto(proto), expose=["y"], provider="cpu", threads=1)
+    assert runner.collect({"x": np.zeros((2, 8), np.float32)})["y"].shape == (2, 8)
+    with pytest.raises(
+        RunnerError, match=r"^onnxruntime failed on items 0-1 \(fed x \[2, 16\]\): "
+    ):
+        runner.collect({"x": np.zeros((2, 16), np.float32)})
