@@ -238,6 +238,20 @@ def _llama_like(name: str, model: str, config: dict[str, Any]) -> Family:
     )
 
 
+def _vit_like(name: str, model: str, config: dict[str, Any], **kwargs: Any) -> Family:
+    """A pre-LN vision encoder laid out as ViT is (``encoder.layer[i].attention.attention.query``
+    ...), built from transformers' ``<model>Model`` and ``<model>Config``."""
+    return Family(
+        name,
+        _hf(f"{model}Model", f"{model}Config", config, **kwargs),
+        "encoder.layer",
+        _VIT_PROJ,
+        "image",
+        _PRE,
+        optimizer="vit",
+    )
+
+
 _BART = {
     "vocab_size": VOCAB,
     "d_model": D_MODEL,
@@ -280,15 +294,7 @@ FAMILIES: tuple[Family, ...] = (
         optimizer="gpt2",
     ),
     _llama_like("llama", "Llama", _decoder()),
-    Family(
-        "vit",
-        _hf("ViTModel", "ViTConfig", _vision(), add_pooling_layer=False),
-        "encoder.layer",
-        _VIT_PROJ,
-        "image",
-        _PRE,
-        optimizer="vit",
-    ),
+    _vit_like("vit", "ViT", _vision(), add_pooling_layer=False),
     Family(
         "distilbert",
         _hf(
@@ -346,15 +352,7 @@ FAMILIES: tuple[Family, ...] = (
         n_kv=N_KV,
         optimizer="gpt2",
     ),
-    Family(
-        "dinov2",
-        _hf("Dinov2Model", "Dinov2Config", _vision(mlp_ratio=2, layerscale_value=0.5)),
-        "encoder.layer",
-        _VIT_PROJ,
-        "image",
-        _PRE,
-        optimizer="vit",
-    ),
+    _vit_like("dinov2", "Dinov2", _vision(mlp_ratio=2, layerscale_value=0.5)),
     Family(
         "clip_vision",
         _hf("CLIPVisionModel", "CLIPVisionConfig", _vision()),
@@ -611,15 +609,7 @@ FAMILIES: tuple[Family, ...] = (
         _features("pre", rotary="partial", parallel=True, causal=True),
         optimizer="gpt2",
     ),
-    Family(
-        "deit",
-        _hf("DeiTModel", "DeiTConfig", _vision(), add_pooling_layer=False),
-        "encoder.layer",
-        _VIT_PROJ,
-        "image",
-        _PRE,
-        optimizer="vit",
-    ),
+    _vit_like("deit", "DeiT", _vision(), add_pooling_layer=False),
     Family(
         "beit",
         _hf(
@@ -717,19 +707,11 @@ FAMILIES: tuple[Family, ...] = (
     _llama_like("gemma2", "Gemma2", _decoder(head_dim=D_MODEL // N_HEADS, sliding_window=4)),
     # YOLOS: a ViT that adds position embeddings to the stream between blocks, and 4 detection
     # tokens after the patches.
-    Family(
+    _vit_like(
         "yolos",
-        _hf(
-            "YolosModel",
-            "YolosConfig",
-            _vision(image_size=[IMAGE, IMAGE], num_detection_tokens=4),
-            add_pooling_layer=False,
-        ),
-        "encoder.layer",
-        _VIT_PROJ,
-        "image",
-        _PRE,
-        optimizer="vit",
+        "Yolos",
+        _vision(image_size=[IMAGE, IMAGE], num_detection_tokens=4),
+        add_pooling_layer=False,
     ),
     # ESM: a pre-LN rotary encoder; onnxruntime's optimizer moves its head Transpose past the
     # rotate-half Concat.
