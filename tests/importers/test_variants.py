@@ -391,3 +391,45 @@ def test_near_miss_is_rejected_with_a_reason_naming_the_broken_part(tag):
     assert any(EXPECTED_REASON[tag] in reason for reason in reasons), (tag, reasons)
     intact = 2 if tag == "not_qk_product" else 1
     assert n_blocks <= intact, f"{tag}: the broken candidate was matched"
+
+
+class _Probe:
+    """A stand-in matcher: returns ``answer`` or raises it."""
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    def match(self, softmax: object, position: int) -> object:
+        if isinstance(answer := self.answer, Exception):
+            raise answer
+        return answer
+
+
+@pytest.mark.parametrize("long_probe_finds_it", [True, False])
+def test_a_failed_head_split_is_probed_once_more_with_long_open_axes(
+    long_probe_finds_it: bool,
+) -> None:
+    """At 3 samples a HuBERT front end leaves no frame; at LONG_PROBE_SEQUENCE it does. When the
+    long probe fails too, the default probe's reason is the one reported."""
+    from importers.match import LONG_PROBE_SEQUENCE, _match_with_retry
+    from importers.match.layout import PROBE_BATCH, PROBE_SEQUENCE
+    from importers.match.walker import RejectError
+
+    first = RejectError("head_reshape", "cannot reshape Q of shape (2, 0, 32)")
+    found = object()
+    later = found if long_probe_finds_it else RejectError("head_reshape", "at the long probe")
+    matchers = {
+        (PROBE_BATCH, PROBE_SEQUENCE): _Probe(first),
+        (PROBE_BATCH, LONG_PROBE_SEQUENCE): _Probe(later),
+    }
+    if long_probe_finds_it:
+        assert _match_with_retry(matchers, None, None, 0) is found  # type: ignore[arg-type]
+    else:
+        with pytest.raises(RejectError) as raised:
+            _match_with_retry(matchers, None, None, 0)  # type: ignore[arg-type]
+        assert raised.value is first
+    other = RejectError("softmax_axis", "not a head split")  # other reasons are not retried
+    matchers[(PROBE_BATCH, PROBE_SEQUENCE)] = _Probe(other)
+    with pytest.raises(RejectError) as raised:
+        _match_with_retry(matchers, None, None, 0)  # type: ignore[arg-type]
+    assert raised.value is other
