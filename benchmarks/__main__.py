@@ -15,6 +15,7 @@ from collections.abc import Sequence
 #: Benchmark name -> module with a ``main(argv=None)``.
 BENCHMARKS: dict[str, str] = {
     "simulator": "benchmarks.bench_simulator",
+    "importer": "benchmarks.bench_importer",
     "runner": "benchmarks.bench_runner",
     "audit": "benchmarks.bench_audit",
     "scheduler": "benchmarks.bench_scheduler",

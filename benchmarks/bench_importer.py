@@ -5,7 +5,7 @@ several runs in this process) and the whole command in a fresh interpreter (star
 resolution with its sha256 check, parsing, matching, printing; median of a few runs). The target
 is under 2 s for the 97 MB DINOv2 ViT-S/14 on 2 cores.
 
-Run with ``python -m benchmarks.bench_importer [--repeats N]``.
+Run with ``python -m benchmarks importer [--repeats N]``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def command_seconds(argument: str, repeats: int) -> float:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Print the inspect timings of every installed zoo model."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_importer")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks importer")
     parser.add_argument("--repeats", type=int, default=5, help="runs per measurement (default 5)")
     args = parser.parse_args(argv)
     print("inspect timings (median seconds)")
