@@ -764,6 +764,32 @@ FAMILIES: tuple[Family, ...] = (
         "Granite",
         _decoder(attention_multiplier=0.2, residual_multiplier=0.5, embedding_multiplier=2.0),
     ),
+    # OLMo (v1): non-parametric LayerNorm, and Q, K and V clipped to ±clip_qkv (the values'
+    # clip is a departure from the linear update).
+    _llama_like("olmo", "Olmo", _decoder(clip_qkv=4.0)),
+    # XGLM: scores as batched (B·H, T, T) products, viewed as (B, H, T, T) for the mask and a
+    # floor at finfo.min, then back for the Softmax; sinusoidal positions.
+    Family(
+        "xglm",
+        _hf(
+            "XGLMModel",
+            "XGLMConfig",
+            {
+                "vocab_size": VOCAB,
+                "d_model": D_MODEL,
+                "num_layers": N_LAYERS,
+                "attention_heads": N_HEADS,
+                "ffn_dim": D_FF,
+                "max_position_embeddings": 64,
+            },
+        ),
+        "layers",
+        (*_SELF_ATTN, "self_attn.out_proj"),
+        "text",
+        _features("pre", causal=True),
+        sdpa=False,
+        optimizer="gpt2",
+    ),
 )
 
 

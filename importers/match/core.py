@@ -59,13 +59,14 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
             self.scale_notes(scale, d_head, bias)
             + self.rotary_notes(q, k)
             + self.qk_norm_notes(q, k)
+            + self.clip_notes(q, k, v)
             + self.soft_cap_notes(score_sum.capped)
             + bias.notes
         )
         rotary, rotary_width = self.rotary_form(q, k, d_head)
         stream = self.block_stream(q.linear.x, o)
         notes += stream.pop("notes")
-        departures = stream.pop("departures")
+        departures = stream.pop("departures") + (("value-clip",) if v.clipped else ())
         roles = {
             "scores": f"MatMul {scores.label!r}"
             + (f" via {', '.join(score_nodes)}" if score_nodes else ""),
@@ -191,6 +192,18 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
             f"Q/K normalised before the scores ({'; '.join(normed)}): A is measured as the graph "
             f"computes it, but the scores are not bilinear in the stream and W_Q^h W_K^hᵀ is "
             f"read before the norm",
+        )
+
+    @staticmethod
+    def clip_notes(q: Trace, k: Trace, v: Trace) -> tuple[str, ...]:
+        """A note for projections clipped before the attention (OLMo's ``clip_qkv``)."""
+        clipped = [f"{trace.role}: {trace.clipped}" for trace in (q, k, v) if trace.clipped]
+        if not clipped:
+            return ()
+        return (
+            f"projections clipped before the attention ({'; '.join(clipped)}): a clipped Q or K "
+            f"changes only how A is computed (A is measured); clipped values make the update "
+            f"X + A clip(X W_V) W_O, the linear one only while no value reaches a bound",
         )
 
     @staticmethod

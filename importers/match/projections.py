@@ -19,6 +19,11 @@ Q/K normalisation (Qwen3's per-head RMSNorm, OLMo-2's over the whole projection)
 norm (:mod:`importers.match.norms`) between the projection and the scores of Q or K is a step from
 its input. It moves no entry, so the layout probe passes it unchanged; but the scores are then no
 longer bilinear in the stream, which the block's notes say (W_Q and W_K are read before it).
+
+Clipping (OLMo's ``clip_qkv``: ``Clip`` of the Q, K and V projections to constant bounds) is a step
+from its input too, recorded on the trace: on Q or K it changes only how A is computed (a note);
+on V it makes the update ``X + A clip(X W_V) W_O``, equal to the linear one only while no value
+reaches a bound (a departure of the block, :data:`~importers.match.results.DEPARTURES`).
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class Trace:
     rotary: str = ""  # how the rotary embedding was applied (for notes), "" when there is none
     rotary_width: int | None = None  # columns rotated per head by a partial one; None: all
     norm: str = ""  # the Q/K norm passed (kind and nodes, for notes); "" when there is none
+    clipped: str = ""  # the Clip passed (node and bounds, for notes); "" when there is none
 
 
 class ProjectionFinder(NormMatcher):
@@ -75,13 +81,15 @@ class ProjectionFinder(NormMatcher):
     def trace(self, name: str, role: str) -> Trace:
         """Walk back from an attention operand to its projection."""
         steps: list[Step] = []
-        scale, rope, start, rotary, norm_text = 1.0, False, name, "", ""
+        scale, rope, start, rotary, norm_text, clipped = 1.0, False, name, "", "", ""
         width: int | None = None
         for _ in range(MAX_WALK):
             linear = self.linear_ending_at(name, role)
             if linear is not None:
                 steps_back = tuple(reversed(steps))
-                return Trace(role, linear, steps_back, scale, rope, rotary, width, norm_text)
+                return Trace(
+                    role, linear, steps_back, scale, rope, rotary, width, norm_text, clipped
+                )
             node = self.producer(name)
             if node is None:
                 raise RejectError(
@@ -117,6 +125,12 @@ class ProjectionFinder(NormMatcher):
                 steps.append(Step(node, source, name, skip=True))
                 name = source
                 continue
+            bounds = self.clip_bounds(node) if op == "Clip" and not clipped else None
+            if bounds is not None:
+                clipped = f"Clip {node.label!r} to [{bounds[0]:.6g}, {bounds[1]:.6g}]"
+                steps.append(Step(node, node.input(0), name, skip=True))
+                name = node.input(0)
+                continue
             norm = self.norm_ending_at(name) if role in ("Q", "K") and not norm_text else None
             if norm is not None:
                 norm_text = f"{norm.kind} {', '.join(map(repr, norm.nodes))}"
@@ -132,6 +146,23 @@ class ProjectionFinder(NormMatcher):
         raise RejectError(
             f"{role.lower()}_projection_missing", f"{role} projection not found: path too long"
         )
+
+    def clip_bounds(self, node: Node) -> tuple[float, float] | None:
+        """``(low, high)`` of a ``Clip`` whose bounds are constants (an absent one is infinite;
+        attributes before opset 11), else None."""
+        if len(node.inputs) < 2 and node.attr("min") is None and node.attr("max") is None:
+            return None
+        bounds = []
+        for position, attribute, default in ((1, "min", -np.inf), (2, "max", np.inf)):
+            name = node.input(position) if len(node.inputs) > position else ""
+            if not name:
+                bounds.append(float(node.attr(attribute, default)))
+                continue
+            value = self.const(name)
+            if value is None or value.size != 1:
+                return None
+            bounds.append(float(value.reshape(())))
+        return bounds[0], bounds[1]
 
     def linear_ending_at(self, name: str, role: str) -> LinearMatch | None:
         """The projection (with its bias Add) whose output is ``name``, if any."""

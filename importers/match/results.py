@@ -22,6 +22,7 @@ from importers.errors import ImporterError
 #: means). How A itself is computed (Q/K norms, soft-capped scores) is no departure: A is measured.
 DEPARTURES = {
     "branch-norm": "attention output normalised before the residual sum",
+    "value-clip": "values clipped to constant bounds before the attention",
 }
 
 
@@ -130,7 +131,9 @@ class AttentionBlock:
         MLP branch (pre-LN, no norm), its norm (post-LN), the sum after both branches (parallel),
         or the attention sub-block's stream where no MLP branch follows.
     attention_name : str
-        The Softmax output (attention probabilities, shape (..., n_heads, T, T)).
+        The Softmax output (attention probabilities, shape (batch, n_heads, T, T), or
+        (batch · n_heads, T, T) where the scores are batched 3-D products: see
+        :func:`importers.run.dominance.attention_by_head`).
     q, k, v, o : LinearMatch
         The projections (Q, K, V may be one fused projection).
     q_columns, k_columns, v_columns : ndarray of int

@@ -3,7 +3,9 @@
 Walking back from the Softmax, the scores are a sum. ``Add``, ``Sub`` and ``Neg``, scalar factors
 (a constant, or shape arithmetic: :meth:`~importers.match.walker.GraphWalker.scalar_factor`), views
 that keep the (query, key) axes (Cast, Identity, Reshape, Squeeze, Unsqueeze, Flatten) and mask
-fills (``Where`` replacing scores by a constant at or below ``MASK_FLOOR``) are passed, and so is a
+fills (``Where`` replacing scores by a constant at or below ``MASK_FLOOR``) and floors (``Max`` with
+such a constant, or a ``Clip`` with only such a minimum: XGLM's ``max(scores, finfo.min)``, which
+changes no unmasked score) are passed, and so is a
 ``Tanh`` soft-cap (Gemma-2's ``cap · tanh(s / cap)``: noted, as the scores are then not bilinear and
 the scale on the path is their slope at 0); every other
 tensor reached, and every subtree with no product of two non-constant tensors in it (BERT's
@@ -53,7 +55,7 @@ MAX_SCORE_NODES = 64
 _VIEWS = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 _KEEPS_VALUES = frozenset({"Cast", "Identity"})
 #: Ops the score walk may pass on its way to a query-key product.
-_SUM_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Neg", "Tanh"} | _VIEWS)
+_SUM_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Neg", "Tanh", "Max", "Clip"} | _VIEWS)
 #: Ops between a disentangled position term and its query-key-position product.
 _POSITION_PATH = frozenset(
     "Gather GatherElements Transpose Reshape Squeeze Unsqueeze Expand Tile Slice Cast Identity "
@@ -184,6 +186,26 @@ class ScoreMatcher(ProjectionFinder):
             return [(node.input(0), -factor)]
         if op in _VIEWS:
             return [(node.input(0), factor)]
+        if op in ("Max", "Clip"):
+            scores = self.floored_scores(node)
+            return None if scores is None else [(scores, factor)]
+        return None
+
+    def floored_scores(self, node: Node) -> str | None:
+        """The scores under a floor at a masking level, else None: ``Max(scores, c)`` (either
+        order) or ``Clip(scores, c)`` without a maximum, with a constant ``c ≤ MASK_FLOOR``. Such a
+        floor changes no score above the masking level, so A is that of the scores below it."""
+        inputs = node.inputs
+        if node.op_type == "Clip":
+            unbounded = len(inputs) == 2 or (len(inputs) == 3 and not inputs[2])
+            floors = [1] if unbounded and inputs[1] else []
+        else:
+            floors = [0, 1] if len(inputs) == 2 else []
+        for position in floors:
+            value = self.const(self.strip_casts(node.input(position)))
+            if value is not None and value.size > 0 and float(np.max(value)) <= values.MASK_FLOOR:
+                other = node.input(1 - position)
+                return None if self.const(other) is not None else other
         return None
 
     def mask_fill(self, node: Node) -> MaskFill | None:

@@ -38,6 +38,7 @@ __all__ = [
     "MAX_STACK_ELEMENTS",
     "DominanceProblem",
     "PendingCases",
+    "attention_by_head",
     "dominance_problems",
     "dominance_spectra",
     "stacked_cases",
@@ -94,7 +95,17 @@ def _token_masks(inputs: Inputs, batch: int, n_tokens: int) -> np.ndarray:
     return inputs.token_mask_for(n_tokens)[:batch]
 
 
-def _attention_probs(array: np.ndarray, name: str, n_heads: int) -> np.ndarray:
+def attention_by_head(array: np.ndarray, name: str, n_heads: int) -> np.ndarray:
+    """A block's Softmax output ``name`` as (batch, n_heads, T, T) probabilities.
+
+    (batch · n_heads, T, T) probabilities are split batch-major; any other shape is refused.
+
+    Exports that compute the scores as a batched product of 3-D tensors (XGLM's) merge batch
+    and heads as a row-major reshape of (batch, heads) does: row ``b · n_heads + h`` is head h of
+    input b (checked against transformers' own attention weights for XGLM).
+    """
+    if array.ndim == 3 and array.shape[0] % n_heads == 0:
+        array = array.reshape(-1, n_heads, *array.shape[1:])
     if array.ndim != 4 or array.shape[1] != n_heads or array.shape[2] != array.shape[3]:
         raise ImporterInputError(
             f"attention probabilities {name!r} must have shape (batch, {n_heads}, T, T); got {array.shape}"
@@ -210,7 +221,7 @@ def dominance_problems(
     """
     problems = []
     for layer, (block, name) in enumerate(zip(blocks, attention, strict=False)):
-        probs = _attention_probs(outputs[name], name, block.n_heads)
+        probs = attention_by_head(outputs[name], name, block.n_heads)
         masks = _token_masks(inputs, probs.shape[0], probs.shape[-1])
         problems += [
             DominanceProblem(start + b, layer, probs[b], masks[b], eig_H[layer])

@@ -400,6 +400,17 @@ def apply_mask(g: Graph, scores: str, mask: Mask | None) -> str:
     return g.op("Where", mask.tensor, scores, g.const(FLOAT32_MIN))
 
 
+def merged_batch_heads(g: Graph, x: str) -> str:
+    """``(B, H, T, n) -> (B·H, T, n)`` (row-major: row ``b·H + h``)."""
+    return g.op("Reshape", x, g.op("Concat", g.ints(-1), g.op("Shape", x, start=2), axis=0))
+
+
+def split_batch_heads(g: Graph, x: str, like: str) -> str:
+    """``(B·H, T, n) -> (B, H, T, n)``, B and H read from the 4-D tensor ``like``."""
+    heads = g.op("Shape", like, start=0, end=2)
+    return g.op("Reshape", x, g.op("Concat", heads, g.op("Shape", x, start=1), axis=0))
+
+
 def attention_probs(g: Graph, scores: str, *, axis: int = -1, nan_guard: bool = False) -> str:
     """``Softmax`` over keys, optionally followed by ``IsNaN -> Where`` zeroing NaN rows."""
     probs = g.op("Softmax", scores, axis=axis)
@@ -560,6 +571,10 @@ class Recipe:
       scores), ``causal_where``, ``causal_add`` or ``none``.
     - ``tokens``: ``ids`` (input_ids through an embedding table) or ``embeddings`` (a float
       ``(B, T, d)`` input, as a ViT after its patch embedding).
+    - ``batched_3d``: the scores and the attended values are batched products of
+      ``(B·H, T, ·)`` tensors; the scores are viewed as ``(B, H, T, T)`` for the mask and a floor
+      at ``finfo.min`` (``Max``), then as ``(B·H, T, T)`` again for the Softmax (XGLM's and
+      fairseq-style exports).
     """
 
     family: str
@@ -585,6 +600,7 @@ class Recipe:
     biases: bool = True
     activation: str = "gelu"
     tokens: str = "ids"
+    batched_3d: bool = False
     n_layers: int = 2
     d_ff: int = 48
     eps: float = 1e-5

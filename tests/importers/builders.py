@@ -35,6 +35,7 @@ from onnx import numpy_helper
 
 from tests.importers._builder_parts import (
     DYNAMO,
+    FLOAT32_MIN,
     LEGACY,
     N_CLASSES,
     BlockParams,
@@ -55,6 +56,7 @@ from tests.importers._builder_parts import (
     layer_norm,
     linear,
     merge_heads,
+    merged_batch_heads,
     padding_bias_legacy,
     padding_bias_where,
     padding_bool,
@@ -63,6 +65,7 @@ from tests.importers._builder_parts import (
     rope_angles,
     scaled_scores,
     silu,
+    split_batch_heads,
     split_fused,
     split_heads,
 )
@@ -219,6 +222,7 @@ RECIPES: dict[str, Recipe] = {
     "where_mask": replace(
         _BERT_LEGACY, mask="padding_where_scores", d_model=16, n_heads=2, n_tokens=5
     ),
+    "batched_3d_scores": replace(_BERT_LEGACY, batched_3d=True, n_tokens=7),
 }
 
 
@@ -374,16 +378,28 @@ class _Assembler:
             q = self._heads(q, r.n_heads, (0, 2, 1, 3))
             if shared.rope:
                 q = rope(g, q, *shared.rope, r.d_head)
-            scores = apply_mask(g, self._scores(q, self._keys(k)), shared.mask)
-            axis = 1 if self.broken == "softmax_axis" else -1
-            probs = attention_probs(g, scores, axis=axis, nan_guard=r.nan_guard)
-            context = self._attend(probs, self._values(v))
+            if r.batched_3d:
+                context = self._attend_batched_3d(q, self._keys(k), self._values(v))
+            else:
+                scores = apply_mask(g, self._scores(q, self._keys(k)), shared.mask)
+                axis = 1 if self.broken == "softmax_axis" else -1
+                probs = attention_probs(g, scores, axis=axis, nan_guard=r.nan_guard)
+                context = self._attend(probs, self._values(v))
             shape_form = "infer" if self.broken == "head_reshape_mismatch" else r.shape_form
             merged = merge_heads(g, context, r.n_heads * r.d_head, shape_form)
         if self.broken == "no_output_projection":
             return merged
         with g.at(r.path("o", i)):
             return linear(g, merged, p.W_O, p.b_O, self.form, weight=self._stored(p.W_O, "o"))
+
+    def _attend_batched_3d(self, q: str, k_t: str, v: str) -> str:
+        """``(B, H, T, dh)`` context from products of ``(B·H, T, ·)`` tensors (``batched_3d``)."""
+        g, r = self.g, self.r
+        scores = self._scores(merged_batch_heads(g, q), merged_batch_heads(g, k_t))
+        scores = apply_mask(g, split_batch_heads(g, scores, q), self.shared.mask)
+        floored = g.op("Max", scores, g.const(FLOAT32_MIN))
+        probs = attention_probs(g, merged_batch_heads(g, floored), nan_guard=r.nan_guard)
+        return split_batch_heads(g, self._attend(probs, merged_batch_heads(g, v)), q)
 
     def _stored(self, W: np.ndarray, role: str) -> str | None:
         """Store projection ``role``'s weight and record its name (None: Gemm stores its own)."""

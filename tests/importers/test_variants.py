@@ -19,6 +19,7 @@ from numpy.testing import assert_allclose, assert_array_equal
 
 from importers.graph import model_from_proto
 from importers.match import MatchFailure, NoAttentionBlocksError, find_attention_blocks
+from importers.run.dominance import attention_by_head
 from importers.value_spectra import head_eigenvalues, layer_eigenvalues
 from importers.weights import BlockWeights, extract
 from simulator import tolerances as tol
@@ -220,8 +221,8 @@ def test_variant_runs_and_its_residual_is_recomputed_from_the_weights(name):
     if name in RUNTIME_QUANTISED:
         return
     for block in blocks:
-        x, A = values[block.input_name], values[block.attention_name]
-        assert A.shape[1] == block.n_heads
+        x = values[block.input_name]
+        A = attention_by_head(values[block.attention_name], block.attention_name, block.n_heads)
         scale = float(np.max(np.abs(values[block.residual_name])))
         assert_allclose(
             attention_branch(block, x, A),
@@ -366,6 +367,72 @@ def test_weight_stored_as_a_constant_chain_is_folded(how):
     block = extract(model_from_proto(model))[0]
     assert_array_equal(block.W_Q, W_q, err_msg=f"W_Q stored as {how}")
     assert_array_equal(block.W_K, assembly.built.blocks[0].W_K)
+
+
+@pytest.mark.parametrize(
+    ("floor", "found"), [(float(np.finfo(np.float32).min), True), (0.0, False)]
+)
+def test_a_floor_on_the_scores_is_passed_only_at_a_masking_level(floor, found):
+    """XGLM floors its scores at finfo.min (a no-op on every unmasked score); a floor at 0 is a
+    nonlinearity on the scores and must not be walked past as if it were one."""
+    model = onnx.ModelProto()
+    model.CopyFrom(built("batched_3d_scores", 0).model)
+    for node in model.graph.node:
+        if node.op_type == "Max":
+            floor_name = node.input[1]
+            for constant in model.graph.node:
+                if constant.output[0] == floor_name:
+                    constant.attribute[0].t.CopyFrom(
+                        onnx.numpy_helper.from_array(np.array(floor, np.float32))
+                    )
+    if found:
+        assert len(find_attention_blocks(model_from_proto(model)).blocks) == 2
+    else:
+        with pytest.raises(NoAttentionBlocksError, match="QK\\^T MatMul not found"):
+            find_attention_blocks(model_from_proto(model))
+
+
+def _clipped_projections(roles: str) -> onnx.ModelProto:
+    """bert_legacy with block 0's projections ``roles`` (of "qkv") clipped to ±0.5, as OLMo's
+    ``clip_qkv`` does: a Clip between each projection (bias included) and its head split."""
+    assembly = assemble("bert_legacy", 0)
+    model = onnx.ModelProto()
+    model.CopyFrom(assembly.built.model)
+    nodes = list(model.graph.node)
+    for name, value in (("clip.low", -0.5), ("clip.high", 0.5)):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(np.float32(value), name))
+    for role in roles:
+        weight = assembly.weight_names[0][role]
+        end = next(n for n in nodes if n.op_type == "MatMul" and weight in n.input).output[0]
+        end = next((n.output[0] for n in nodes if n.op_type == "Add" and end in n.input), end)
+        clipped = f"{end}.clipped"
+        for node in nodes:
+            node.input[:] = [clipped if x == end else x for x in node.input]
+        position = next(i for i, n in enumerate(nodes) if end in n.output)
+        nodes.insert(
+            position + 1,
+            onnx.helper.make_node("Clip", [end, "clip.low", "clip.high"], [clipped], name=role),
+        )
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize(("roles", "departs"), [("qk", False), ("v", True), ("qkv", True)])
+def test_clipped_projections_are_walked_and_clipped_values_are_a_departure(roles, departs):
+    """OLMo's clip_qkv: a clipped Q or K changes only how A is computed (a note); clipped values
+    make the update X + A clip(X W_V) W_O (a departure). Weights are those before the Clip."""
+    report = find_attention_blocks(model_from_proto(_clipped_projections(roles)))
+    first, second = report.blocks
+    assert first.departures == (("value-clip",) if departs else ())
+    assert second.departures == ()
+    assert not any("clipped" in n for n in second.notes)
+    note = next(n for n in first.notes if n.startswith("projections clipped"))
+    assert all(f"{role.upper()}: Clip" in note for role in roles)
+    weights = extract(model_from_proto(_clipped_projections(roles)))[0]
+    for key in ("W_Q", "W_K", "W_V", "W_O"):
+        assert_array_equal(getattr(weights, key), getattr(built("bert_legacy", 0).blocks[0], key))
 
 
 # -- near misses ------------------------------------------------------------------------------
