@@ -96,7 +96,8 @@ class Family:
     blocks : str
         Dotted path of the ``nn.ModuleList`` of blocks.
     proj : tuple of str
-        ``(kind, *paths)``: ``("separate", q, k, v, o)``, ``("gpt2", qkv, o)`` (Conv1D [q|k|v]),
+        ``(kind, *paths)``: ``("separate", q, k, v, o)``, ``("mha", attention)`` (PyTorch's
+        ``nn.MultiheadAttention``: ``in_proj_weight`` and ``out_proj``), ``("gpt2", qkv, o)`` (Conv1D [q|k|v]),
         ``("headwise", qkv, o)`` (per head [q k v]) or ``("concat", qkv, o)`` ([q | k | v] with
         the family's kv head count).
     inputs : str
@@ -263,6 +264,34 @@ _BART = {
     "decoder_ffn_dim": D_FF,
     "max_position_embeddings": 64,
 }
+
+
+class TorchEncoder(nn.Module):
+    """PyTorch's own ``nn.TransformerEncoder`` (``batch_first``, no Hugging Face code) on a token
+    embedding: ``nn.MultiheadAttention`` projects a (tokens, batch) view of the stream with one
+    fused ``in_proj_weight``. Every parameter is drawn anew (the encoder deep-copies one layer)."""
+
+    def __init__(self, norm_first: bool) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D_MODEL)
+        layer = nn.TransformerEncoderLayer(
+            D_MODEL, N_HEADS, D_FF, dropout=0.0, batch_first=True, norm_first=norm_first
+        )
+        self.encoder = nn.TransformerEncoder(layer, N_LAYERS, enable_nested_tensor=False)
+        torch.manual_seed(SEED)
+        with torch.no_grad():
+            for parameter in self.parameters():
+                parameter.normal_(0.0, 0.3)
+        self.eval()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor]:
+        padding = attention_mask == 0
+        return (self.encoder(self.embed(input_ids), src_key_padding_mask=padding),)
+
+
+def _torch_encoder(norm_first: bool) -> Callable[[str], nn.Module]:
+    return lambda _attn: TorchEncoder(norm_first)
+
 
 FAMILIES: tuple[Family, ...] = (
     Family(
@@ -764,6 +793,21 @@ FAMILIES: tuple[Family, ...] = (
         "Granite",
         _decoder(attention_multiplier=0.2, residual_multiplier=0.5, embedding_multiplier=2.0),
     ),
+    # PyTorch's own nn.TransformerEncoder (batch_first), post- and pre-LN: not a Hugging Face
+    # model, so no optimum export.
+    *(
+        Family(
+            name,
+            _torch_encoder(norm == "pre"),
+            "encoder.layers",
+            ("mha", "self_attn"),
+            "text",
+            _features(norm),
+            sdpa=False,
+            optimum=False,
+        )
+        for name, norm in (("torch_encoder", "post"), ("torch_encoder_prenorm", "pre"))
+    ),
     # OLMo (v1): non-parametric LayerNorm, and Q, K and V clipped to ±clip_qkv (the values'
     # clip is a departure from the linear update).
     _llama_like("olmo", "Olmo", _decoder(clip_qkv=4.0)),
@@ -821,7 +865,12 @@ def _split_fused(kind: str, fused: np.ndarray, n_heads: int, n_kv: int) -> list[
 def block_weights(family: Family, block: nn.Module) -> Weights:
     """``(W_Q, W_K, W_V, W_O)`` of one block in the project's convention."""
     kind, *paths = family.proj
-    mats = [_row_weight(_module(block, path)) for path in paths]
+    mats = [] if kind == "mha" else [_row_weight(_module(block, path)) for path in paths]
+    if kind == "mha":  # nn.MultiheadAttention: in_proj_weight is [W_q; W_k; W_v], each (out, in)
+        attention = _module(block, paths[0])
+        fused = attention.in_proj_weight.detach().double().numpy()
+        q, k, v = (w.T for w in fused.reshape(3, D_MODEL, D_MODEL))
+        return q, k, v, _row_weight(attention.out_proj)
     if kind == "separate":
         return mats[0], mats[1], mats[2], mats[3]
     q, k, v = _split_fused(kind, mats[0], N_HEADS, family.n_kv)
@@ -1087,7 +1136,10 @@ def int8_weights(int8_path: Path) -> dict[str, np.ndarray]:
         base = name.removesuffix("_quantized")
         zero = ints.get(f"{base}_zero_point", np.zeros(()))
         dq = (q.astype(np.float64) - zero.astype(np.float64)) * ints[f"{base}_scale"]
-        values[base] = dq.astype(np.float32)
+        if base.endswith("_Transposed"):  # a Gemm(transB=1) weight quantize_dynamic transposed
+            values[base.removesuffix("_Transposed")] = dq.T.astype(np.float32)
+        else:
+            values[base] = dq.astype(np.float32)
     return values
 
 

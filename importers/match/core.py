@@ -39,7 +39,7 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         k = self.trace(scores.input(1), "K")
         v = self.trace(value_matmul.input(1), "V")
         self.check_self_attention(q, k, v)
-        self.check_whole_sequence(softmax, q.linear.x)
+        self.check_whole_sequence(softmax, self.stream_tensor(q.linear.x))
         layout = self.probe_heads(q, k, v)
         self.check_softmax_axis(softmax, len(layout.lead) + 2)
         columns = self.head_columns(layout.q, layout.k, layout.v)

@@ -9,14 +9,16 @@ encoding, run forward through the head merge, gives the row order of W_O.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from importers.match.layout_ops import apply_layout as _apply_layout
+from importers.match.norms import NormMatcher
 from importers.match.projections import Step, Trace, path_text
 from importers.match.results import LinearMatch
-from importers.match.walker import GraphWalker, RejectError
+from importers.match.walker import RejectError
 
 #: Sizes assumed for symbolic batch and sequence dimensions while probing layouts.
 PROBE_BATCH = 2
@@ -43,7 +45,7 @@ class Layout:
     tokens: int
 
 
-class LayoutProbe(GraphWalker):
+class LayoutProbe(NormMatcher):
     """Probe the head split at the attention MatMuls and the head merge before W_O."""
 
     def probe_heads(self, q: Trace, k: Trace, v: Trace) -> Layout:
@@ -73,18 +75,38 @@ class LayoutProbe(GraphWalker):
         return shape[:-1]
 
     def run_path(self, trace: Trace) -> np.ndarray:
-        lead = self.lead_shape(trace.linear)
+        """The encoded projection output (entry ``position · width + column``, positions
+        numbered in the stream's own layout) carried through the trace's steps."""
         width = trace.linear.d_out
-        positions = math.prod(lead)
-        value = (
-            np.arange(positions, dtype=np.float64)[:, None] * width + np.arange(width)
-        ).reshape(*lead, width)
+        perm = self.stream_permutation(trace.linear.x)
+        stream = self.context.shape(self.stream_tensor(trace.linear.x)) if perm else None
+        if perm is None or stream is None or len(stream) != len(perm):
+            lead = self.lead_shape(trace.linear)
+            value = self.encoded(lead, width)
+        else:  # a (tokens, batch) view of the stream: number the stream's positions, then permute
+            value = np.transpose(self.encoded(stream[:-1], width), perm)
+            lead = self.lead_shape(trace.linear)
+            if math.prod(lead) == math.prod(value.shape[:-1]):
+                value = value.reshape(*lead, width)
         self.context.set_shape(trace.linear.output, value.shape)
         for step in trace.steps:
             if not step.skip:
-                value = self.apply(step, value, trace.role)
+                try:
+                    value = self.apply(step, value, trace.role)
+                except RejectError as error:
+                    if error.probe_sizes is not None and perm is not None and perm[:2] == (1, 0):
+                        error.probe_sizes = error.probe_sizes[::-1]  # asked in (tokens, batch)
+                    raise
             self.context.set_shape(step.output, value.shape)
         return value
+
+    @staticmethod
+    def encoded(lead: Sequence[int], width: int) -> np.ndarray:
+        """``(*lead, width)`` with entry ``position · width + column``, positions row-major."""
+        positions = math.prod(lead)
+        return (np.arange(positions, dtype=np.float64)[:, None] * width + np.arange(width)).reshape(
+            *lead, width
+        )
 
     def apply(self, step: Step, value: np.ndarray, role: str) -> np.ndarray:
         node, op = step.node, step.node.op_type
@@ -249,10 +271,15 @@ def _static_sizes(target: np.ndarray | None, value: np.ndarray) -> tuple[int, in
         return None
     features = dims[2:]
     known = math.prod(d for d in features if d > 0)
-    fits = (
-        known == value.shape[-1] if all(d > 0 for d in features) else value.shape[-1] % known == 0
-    )
-    return (dims[0], dims[1]) if fits else None
+    width = value.shape[-1]
+    fits = known == width if all(d > 0 for d in features) else width % known == 0
+    if fits:
+        return (dims[0], dims[1])
+    # nn.MultiheadAttention's (T, B·H, d_head): the heads folded into the second leading axis.
+    folded = dims[1] * dims[2]
+    if len(dims) == 3 and dims[2] > 0 and width % dims[2] == 0 and folded % width == 0:
+        return (dims[0], folded // width)
+    return None
 
 
 def _broadcast_lead(*values: np.ndarray) -> tuple[int, ...]:
@@ -271,6 +298,12 @@ def _group_heads(columns: np.ndarray, token: np.ndarray, tokens: int, role: str)
     batch = token[:, 0] // tokens
     expected = batch[:, None] * tokens + np.arange(tokens)[None, :]
     if not np.array_equal(token, expected):
+        if _time_major(token, tokens):
+            raise RejectError(
+                "time_major",
+                f"{role} reads a time-major stream (tokens before batch: PyTorch's "
+                f"nn.MultiheadAttention without batch_first); only batch-first streams are read",
+            )
         raise RejectError("head_layout", f"{role} reorders or mixes tokens between sequences")
     head = np.zeros(len(batch), dtype=np.int64)
     per_batch = None
@@ -284,6 +317,18 @@ def _group_heads(columns: np.ndarray, token: np.ndarray, tokens: int, role: str)
     if per_batch is None:
         raise RejectError("head_layout", f"{role} heads: the probe reached no batch item")
     return _Heads(columns=per_batch, head_of=head, batch_of=batch)
+
+
+def _time_major(token: np.ndarray, tokens: int) -> bool:
+    """Whether each row's positions are ``t · B + b`` (a (tokens, batch) stream), B the rows'
+    batch count."""
+    rows = token.shape[0]
+    items = (token.max() + 1) // tokens if token.size else 0
+    if items == 0 or rows % items:
+        return False
+    batch = token[:, 0]
+    expected = np.arange(tokens)[None, :] * items + batch[:, None]
+    return bool(np.array_equal(token, expected) and np.all(batch < items))
 
 
 def _kv_blocks(columns: np.ndarray, role: str) -> list[np.ndarray]:

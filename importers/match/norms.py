@@ -17,16 +17,82 @@ from importers.match.walker import GraphWalker
 
 #: onnxruntime's fused ``norm(input + skip (+ bias))`` ops and the norm each applies.
 SKIP_NORMS = {"SkipLayerNormalization": "layernorm", "SkipSimplifiedLayerNormalization": "rmsnorm"}
+#: Ops that may read a (tokens, batch) view of the stream made for the projections alone.
+_PROJECTION_READERS = frozenset(
+    "MatMul Gemm FusedMatMul MatMulNBits MatMulInteger DynamicQuantizeLinear DequantizeLinear "
+    "Reshape Flatten Cast".split()
+)
 #: The position of the optional ``input + skip (+ bias)`` output of a fused skip norm.
 SKIP_SUM_OUTPUT = 3
+
+
+def leading_permutation(node: Node) -> tuple[int, ...] | None:
+    """The perm of a Transpose that moves leading axes only (the last stays), else None."""
+    if node.op_type != "Transpose":
+        return None
+    perm = tuple(int(axis) for axis in node.attr("perm") or ())
+    if len(perm) < 3 or perm[-1] != len(perm) - 1 or perm == tuple(range(len(perm))):
+        return None
+    return perm
 
 
 class NormMatcher(GraphWalker):
     """Recognise norms by structure, and the stream tensor behind a projection input."""
 
     def stream_tensor(self, name: str) -> str:
-        """The residual-stream tensor behind a projection input: undo Casts and, for 2-D (Gemm)
-        projections, the Reshape/Flatten that flattened the tokens."""
+        """The residual-stream tensor behind a projection input: undo Casts, for 2-D (Gemm)
+        projections the Reshape/Flatten that flattened the tokens, and a Transpose of the leading
+        axes (PyTorch's ``nn.MultiheadAttention`` projects a (tokens, batch, features) view of a
+        batch-first stream: a projection acts on the last axis alone, so it commutes with that
+        Transpose; :meth:`stream_permutation` gives the layout probe the permutation)."""
+        name = self.strip_token_reshape(name)
+        permuted = self.leading_transpose(name)
+        return self.strip_casts(permuted[0]) if permuted is not None else name
+
+    def stream_permutation(self, name: str) -> tuple[int, ...] | None:
+        """The permutation of the stream's leading axes a projection input ``name`` carries (see
+        :meth:`stream_tensor`), None when it carries none."""
+        permuted = self.leading_transpose(self.strip_token_reshape(name))
+        return permuted[1] if permuted is not None else None
+
+    def leading_transpose(self, name: str) -> tuple[str, tuple[int, ...]] | None:
+        """(input, perm) of a Transpose producing ``name`` that moves leading axes only and whose
+        output only projections read (a stream kept in that layout, residual sums and norms
+        included, is a time-major stream, not a view of a batch-first one)."""
+        node = self.producer(name)
+        if node is not None and node.op_type == "DequantizeLinear":
+            return self.dequantized_transpose(node)
+        perm = leading_permutation(node) if node is not None else None
+        if perm is None or node is None:
+            return None
+        if not all(user.op_type in _PROJECTION_READERS for user in self.consumers(name)):
+            return None
+        return node.input(0), perm
+
+    def dequantized_transpose(self, node: Node) -> tuple[str, tuple[int, ...]] | None:
+        """(stream, perm) for ``DequantizeLinear(Transpose(codes))`` with a one-element scale and
+        zero point, when the codes' own ``DequantizeLinear`` with the same ones is the stream: the
+        two then commute (``quantize_dynamic`` of an embedding table that block 0 reads through
+        ``nn.MultiheadAttention``'s (tokens, batch) view)."""
+        permuted = self.leading_transpose(node.input(0))
+        scales = [name for name in node.inputs[1:] if name]
+        if permuted is None or any(
+            (value := self.const(name)) is None or value.size != 1 for name in scales
+        ):
+            return None
+        codes, perm = permuted
+        twin = next(
+            (
+                user
+                for user in self.consumers(codes)
+                if user.op_type == "DequantizeLinear" and user.inputs[1:] == node.inputs[1:]
+            ),
+            None,
+        )
+        return (twin.outputs[0], perm) if twin is not None else None
+
+    def strip_token_reshape(self, name: str) -> str:
+        """Undo Casts and the Reshape/Flatten to 2-D that flattened the tokens for a Gemm."""
         name = self.strip_casts(name)
         node = self.producer(name)
         if node is not None and node.op_type in ("Reshape", "Flatten"):
@@ -43,7 +109,10 @@ class NormMatcher(GraphWalker):
     def strip_reshapes_forward(self, name: str) -> str:
         for _ in range(4):
             users = self.consumers(name)
-            if len(users) == 1 and users[0].op_type in ("Reshape", "Cast", "Identity", "Dropout"):
+            if len(users) == 1 and (
+                users[0].op_type in ("Reshape", "Cast", "Identity", "Dropout")
+                or leading_permutation(users[0]) is not None
+            ):
                 name = users[0].outputs[0]
             else:
                 break

@@ -292,7 +292,7 @@ class ScoreMatcher(ProjectionFinder):
             q, k = self.trace(node.input(0), "Q"), self.trace(node.input(1), "K")
         except RejectError:
             return False
-        return self.strip_casts(q.linear.x) == self.strip_casts(k.linear.x)
+        return self.stream_tensor(q.linear.x) == self.stream_tensor(k.linear.x)
 
     def no_product(self, softmax: Node, found: ScoreSum) -> RejectError:
         """Why no term is a query-key product (the first telling term)."""
@@ -381,6 +381,7 @@ class ScoreMatcher(ProjectionFinder):
         """Classify every term besides QKᵀ (module docstring); raise for a declined one."""
         hidden = {self.strip_casts(trace.linear.x) for trace in (q, k, v)}
         hidden |= {trace.linear.x for trace in (q, k, v)}
+        hidden |= {self.stream_tensor(trace.linear.x) for trace in (q, k, v)}
         masks = [self.fill_mask(fill) for fill in found.fills]
         kinds: list[str] = []
         described: list[str] = []
@@ -524,7 +525,8 @@ class ScoreMatcher(ProjectionFinder):
             trace = self.trace(name, "Q")
         except RejectError:
             return False
-        return trace.linear.x in hidden or self.strip_casts(trace.linear.x) in hidden
+        x = trace.linear.x
+        return x in hidden or self.strip_casts(x) in hidden or self.stream_tensor(x) in hidden
 
 
 def _same_score_axes(before: tuple[int, ...] | None, after: tuple[int, ...] | None) -> bool:

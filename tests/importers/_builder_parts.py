@@ -571,6 +571,9 @@ class Recipe:
       scores), ``causal_where``, ``causal_add`` or ``none``.
     - ``tokens``: ``ids`` (input_ids through an embedding table) or ``embeddings`` (a float
       ``(B, T, d)`` input, as a ViT after its patch embedding).
+    - ``tokens_first_view``: the projections read a ``(T, B, d)`` Transpose of the stream and the
+      heads merge back to ``(T, B, d)``, transposed to ``(B, T, d)`` after W_O (PyTorch's
+      ``nn.MultiheadAttention`` with ``batch_first=True``); separate projections only.
     - ``batched_3d``: the scores and the attended values are batched products of
       ``(B·H, T, ·)`` tensors; the scores are viewed as ``(B, H, T, T)`` for the mask and a floor
       at ``finfo.min`` (``Max``), then as ``(B·H, T, T)`` again for the Softmax (XGLM's and
@@ -601,6 +604,7 @@ class Recipe:
     activation: str = "gelu"
     tokens: str = "ids"
     batched_3d: bool = False
+    tokens_first_view: bool = False
     n_layers: int = 2
     d_ff: int = 48
     eps: float = 1e-5

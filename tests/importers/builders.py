@@ -223,6 +223,7 @@ RECIPES: dict[str, Recipe] = {
         _BERT_LEGACY, mask="padding_where_scores", d_model=16, n_heads=2, n_tokens=5
     ),
     "batched_3d_scores": replace(_BERT_LEGACY, batched_3d=True, n_tokens=7),
+    "tokens_first_view": replace(_BERT_DYNAMO, tokens_first_view=True, n_tokens=5),
 }
 
 
@@ -386,11 +387,16 @@ class _Assembler:
                 probs = attention_probs(g, scores, axis=axis, nan_guard=r.nan_guard)
                 context = self._attend(probs, self._values(v))
             shape_form = "infer" if self.broken == "head_reshape_mismatch" else r.shape_form
-            merged = merge_heads(g, context, r.n_heads * r.d_head, shape_form)
+            if r.tokens_first_view:  # (B, H, T, dh) -> (T, B, H·dh)
+                tokens_first = g.op("Transpose", context, perm=[2, 0, 1, 3])
+                merged = g.op("Reshape", tokens_first, g.ints(0, 0, r.n_heads * r.d_head))
+            else:
+                merged = merge_heads(g, context, r.n_heads * r.d_head, shape_form)
         if self.broken == "no_output_projection":
             return merged
         with g.at(r.path("o", i)):
-            return linear(g, merged, p.W_O, p.b_O, self.form, weight=self._stored(p.W_O, "o"))
+            out = linear(g, merged, p.W_O, p.b_O, self.form, weight=self._stored(p.W_O, "o"))
+        return g.op("Transpose", out, perm=[1, 0, 2]) if r.tokens_first_view else out
 
     def _attend_batched_3d(self, q: str, k_t: str, v: str) -> str:
         """``(B, H, T, dh)`` context from products of ``(B·H, T, ·)`` tensors (``batched_3d``)."""
@@ -418,6 +424,8 @@ class _Assembler:
         """Q, K, V ``(B, T, width)``; V is None when the near miss replaces it by a constant."""
         if self.r.qkv != "separate":
             return self._project_fused(x, i, p)
+        if self.r.tokens_first_view:  # nn.MultiheadAttention's (T, B, d) view of the stream
+            x = self.g.op("Transpose", x, perm=[1, 0, 2])
         kv_input = self.shared.memory or x
         outputs: list[str | None] = []
         for role, W, b, source in (
@@ -450,6 +458,8 @@ class _Assembler:
         r = self.r
         if r.qkv == "gather":
             return self.g.op("Transpose", t, perm=list(perm))
+        if r.tokens_first_view:  # the split is (T, B, H, dh): swap the roles of axes 0 and 1
+            perm = tuple((1, 0, 2, 3)[axis] for axis in perm)
         if self.broken == "head_reshape_mismatch":
             return split_heads(self.g, t, n_heads, r.d_head // 2, "infer", perm)
         return split_heads(self.g, t, n_heads, r.d_head, r.shape_form, perm)

@@ -237,7 +237,7 @@ def test_fixture_matches_its_truth(entry: dict[str, Any]) -> None:
 
 #: Families whose blocks depart from the linear update (AttentionBlock.departures), and those whose
 #: Q and K are normalised before the scores (a block note); the manifest predates both.
-DEPARTURES = {"gemma2": ("branch-norm",), "olmo2": ("branch-norm",)}
+DEPARTURES = {"gemma2": ("branch-norm",), "olmo2": ("branch-norm",), "olmo": ("value-clip",)}
 QK_NORMED = frozenset({"qwen3", "olmo2"})
 
 

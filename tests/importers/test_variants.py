@@ -19,6 +19,8 @@ from numpy.testing import assert_allclose, assert_array_equal
 
 from importers.graph import model_from_proto
 from importers.match import MatchFailure, NoAttentionBlocksError, find_attention_blocks
+from importers.match.layout import _group_heads, _static_sizes
+from importers.match.walker import RejectError
 from importers.run.dominance import attention_by_head
 from importers.value_spectra import head_eigenvalues, layer_eigenvalues
 from importers.weights import BlockWeights, extract
@@ -433,6 +435,34 @@ def test_clipped_projections_are_walked_and_clipped_values_are_a_departure(roles
     weights = extract(model_from_proto(_clipped_projections(roles)))[0]
     for key in ("W_Q", "W_K", "W_V", "W_O"):
         assert_array_equal(getattr(weights, key), getattr(built("bert_legacy", 0).blocks[0], key))
+
+
+@pytest.mark.parametrize(("layout", "reason"), [("time", "time-major"), ("mixed", "mixes tokens")])
+def test_a_stream_in_tokens_batch_layout_is_refused_by_name(layout, reason):
+    """A stream kept as (tokens, batch, features) (nn.MultiheadAttention without batch_first):
+    the probe's positions t·B + b are not one sequence's run b·T + t. The refusal says so, and
+    a stream that is neither is still refused as mixing tokens."""
+    batch, heads, tokens = 2, 2, 3
+    item = np.repeat(np.arange(batch), heads)
+    if layout == "time":
+        positions = np.arange(tokens)[None, :] * batch + item[:, None]
+    else:
+        positions = (item[:, None] * tokens + np.arange(tokens)[None, :])[:, ::-1]
+    columns = np.tile(np.arange(heads * 4).reshape(heads, 4), (batch, 1))
+    with pytest.raises(RejectError, match=reason):
+        _group_heads(columns, positions, tokens, "Q")
+
+
+@pytest.mark.parametrize(
+    ("target", "width", "sizes"),
+    [([1, 197, 12, 64], 768, (1, 197)), ([8, 8, 8], 32, (8, 2)), ([8, 8, 8], 24, None)],
+)
+def test_static_head_split_targets_spell_out_the_probe_sizes(target, width, sizes):
+    """(batch, sequence) read off a head split baked at the traced sizes: (B, T, H, dh), or
+    nn.MultiheadAttention's (T, B·H, dh) with the heads folded into the second axis (in the
+    projection's layout; the probe swaps them back for a (tokens, batch) view)."""
+    value = np.zeros((2, 3, width))
+    assert _static_sizes(np.array(target), value) == sizes
 
 
 # -- near misses ------------------------------------------------------------------------------
