@@ -23,13 +23,16 @@ How a block is matched (names are never used, only op types, constants and shape
 2. Forward from the Softmax (through an ``IsNaN``→``Where`` guard, ``Cast``, ``Dropout``, views
    that keep the (query, key) axes) to the ·V ``MatMul``.
 3. Back from Q, K and V through head-split layout ops (Reshape, Transpose, Squeeze, Unsqueeze, Expand,
-   Tile, and Split/Slice/Gather of a fused QKV), scalar scaling and rotary embeddings to a projection:
+   Tile, and Split/Slice/Gather of a fused QKV), scalar scaling, rotary embeddings
+   (:mod:`importers.match.rotary`), Q/K norms and constant clips to a projection:
    ``MatMul`` with a constant weight (+ bias ``Add``), ``Gemm``, ``FusedMatMul``, or
    ``DynamicQuantizeLinear``→``MatMulInteger``. Weight constants may be folded chains (see
    :meth:`importers.graph.GraphIndex.constant_value`).
 4. A numeric *probe* runs those layout ops on a tensor whose entries encode (token, column): what
    reaches the QKᵀ and ·V MatMuls tells the number of heads, the head size, the key/value head
    grouping (GQA) and exactly which weight column feeds which head, whatever the export's layout.
+   Positions are numbered in the stream's layout, also where the projections read a (tokens, batch)
+   view of it (``nn.MultiheadAttention``: a projection commutes with that Transpose).
    The head count therefore comes from the graph's Reshape shape constants; the score scale is only
    a cross-check (a mismatch is recorded in ``notes``). Symbolic batch and sequence sizes are
    probed as 2 and 3 (or as the sizes a static export's head-split Reshape spells out); the probe's
