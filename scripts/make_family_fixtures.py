@@ -267,15 +267,18 @@ _BART = {
 
 
 class TorchEncoder(nn.Module):
-    """PyTorch's own ``nn.TransformerEncoder`` (``batch_first``, no Hugging Face code) on a token
-    embedding: ``nn.MultiheadAttention`` projects a (tokens, batch) view of the stream with one
-    fused ``in_proj_weight``. Every parameter is drawn anew (the encoder deep-copies one layer)."""
+    """PyTorch's own ``nn.TransformerEncoder`` (no Hugging Face code) on a token embedding:
+    ``nn.MultiheadAttention`` projects a (tokens, batch) view of the stream with one fused
+    ``in_proj_weight``. Without ``batch_first`` the whole stream is (tokens, batch, features): the
+    embedding is transposed into it and the output out of it. Every parameter is drawn anew (the
+    encoder deep-copies one layer)."""
 
-    def __init__(self, norm_first: bool) -> None:
+    def __init__(self, norm_first: bool, batch_first: bool = True) -> None:
         super().__init__()
+        self.batch_first = batch_first
         self.embed = nn.Embedding(VOCAB, D_MODEL)
         layer = nn.TransformerEncoderLayer(
-            D_MODEL, N_HEADS, D_FF, dropout=0.0, batch_first=True, norm_first=norm_first
+            D_MODEL, N_HEADS, D_FF, dropout=0.0, batch_first=batch_first, norm_first=norm_first
         )
         self.encoder = nn.TransformerEncoder(layer, N_LAYERS, enable_nested_tensor=False)
         torch.manual_seed(SEED)
@@ -286,11 +289,15 @@ class TorchEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor]:
         padding = attention_mask == 0
-        return (self.encoder(self.embed(input_ids), src_key_padding_mask=padding),)
+        stream = self.embed(input_ids)
+        if self.batch_first:
+            return (self.encoder(stream, src_key_padding_mask=padding),)
+        hidden = self.encoder(stream.transpose(0, 1), src_key_padding_mask=padding)
+        return (hidden.transpose(0, 1),)
 
 
-def _torch_encoder(norm_first: bool) -> Callable[[str], nn.Module]:
-    return lambda _attn: TorchEncoder(norm_first)
+def _torch_encoder(norm_first: bool, batch_first: bool = True) -> Callable[[str], nn.Module]:
+    return lambda _attn: TorchEncoder(norm_first, batch_first)
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -793,12 +800,12 @@ FAMILIES: tuple[Family, ...] = (
         "Granite",
         _decoder(attention_multiplier=0.2, residual_multiplier=0.5, embedding_multiplier=2.0),
     ),
-    # PyTorch's own nn.TransformerEncoder (batch_first), post- and pre-LN: not a Hugging Face
-    # model, so no optimum export.
+    # PyTorch's own nn.TransformerEncoder, post- and pre-LN with batch_first, and post-LN with
+    # its default time-major stream: not a Hugging Face model, so no optimum export.
     *(
         Family(
             name,
-            _torch_encoder(norm == "pre"),
+            _torch_encoder(norm == "pre", batch_first),
             "encoder.layers",
             ("mha", "self_attn"),
             "text",
@@ -806,7 +813,11 @@ FAMILIES: tuple[Family, ...] = (
             sdpa=False,
             optimum=False,
         )
-        for name, norm in (("torch_encoder", "post"), ("torch_encoder_prenorm", "pre"))
+        for name, norm, batch_first in (
+            ("torch_encoder", "post", True),
+            ("torch_encoder_prenorm", "pre", True),
+            ("torch_encoder_time_major", "post", False),
+        )
     ),
     # OLMo (v1): non-parametric LayerNorm, and Q, K and V clipped to ±clip_qkv (the values'
     # clip is a departure from the linear update).

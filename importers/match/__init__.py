@@ -168,15 +168,25 @@ def _match_with_retry(
     matchers: dict[tuple[int, int], Matcher], index: GraphIndex, softmax: Node, position: int
 ) -> AttentionBlock:
     """Match with the default probe sizes; if a static head-split Reshape needs other batch and
-    sequence sizes (an export with fixed shapes), match once more with those. If the head split
-    fails otherwise, match once more with every open axis :data:`LONG_PROBE_SEQUENCE` long, and
-    report the first failure if that fails too."""
+    sequence sizes (an export with fixed shapes), match once more with those, and once more with
+    them swapped if that fails (a time-major stream spells them (tokens, batch)). If the head
+    split fails otherwise, match once more with every open axis :data:`LONG_PROBE_SEQUENCE` long,
+    and report the first failure if that fails too."""
     try:
         return matchers[(PROBE_BATCH, PROBE_SEQUENCE)].match(softmax, position)
     except RejectError as reject:
         sizes = reject.probe_sizes
         if sizes is not None and sizes != (PROBE_BATCH, PROBE_SEQUENCE):
-            return _matcher(matchers, index, sizes).match(softmax, position)
+            try:
+                return _matcher(matchers, index, sizes).match(softmax, position)
+            except RejectError as again:
+                swapped = (sizes[1], sizes[0])
+                if swapped in (sizes, (PROBE_BATCH, PROBE_SEQUENCE)):
+                    raise
+                try:
+                    return _matcher(matchers, index, swapped).match(softmax, position)
+                except RejectError:
+                    raise again from None
         if reject.code != "head_reshape":
             raise
         try:

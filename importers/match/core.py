@@ -39,8 +39,8 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         k = self.trace(scores.input(1), "K")
         v = self.trace(value_matmul.input(1), "V")
         self.check_self_attention(q, k, v)
-        self.check_whole_sequence(softmax, self.stream_tensor(q.linear.x))
         layout = self.probe_heads(q, k, v)
+        self.check_whole_sequence(softmax, self.stream_tensor(q.linear.x), layout.time_major)
         self.check_softmax_axis(softmax, len(layout.lead) + 2)
         columns = self.head_columns(layout.q, layout.k, layout.v)
         n_heads, d_head = layout.q.columns.shape
@@ -66,6 +66,12 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         rotary, rotary_width = self.rotary_form(q, k, d_head)
         stream = self.block_stream(q.linear.x, o)
         notes += stream.pop("notes")
+        if layout.time_major:
+            notes += (
+                "the residual stream is time-major, (tokens, batch, features) (PyTorch's "
+                "nn.TransformerEncoder without batch_first): the audit transposes its layers to "
+                "batch-first before their statistics",
+            )
         departures = stream.pop("departures") + (("value-clip",) if v.clipped else ())
         roles = {
             "scores": f"MatMul {scores.label!r}"
@@ -103,6 +109,7 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
             rotary=rotary,
             rotary_width=rotary_width,
             departures=departures,
+            time_major=layout.time_major,
             **stream,
         )
 
@@ -122,22 +129,24 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
                 f"self-attention, one square A over one stream, is supported",
             )
 
-    def check_whole_sequence(self, softmax: Node, x: str) -> None:
+    def check_whole_sequence(self, softmax: Node, x: str, time_major: bool = False) -> None:
         """Decline windowed attention: the projected tokens were folded into the batch axis.
 
-        Q, K and V project a (B·n, t, D) tensor while the graph runs B inputs when the tokens of
-        each input were cut into n windows of t (Swin): each input then has one t×t matrix per
-        window and head, not the token-mixing matrix A of all its tokens that the theory is about.
+        Q, K and V project a (B·n, t, D) tensor (a time-major stream: (t, B·n, D)) while the graph
+        runs B inputs when the tokens of each input were cut into n windows of t (Swin): each
+        input then has one t×t matrix per window and head, not the token-mixing matrix A of all
+        its tokens that the theory is about.
         """
         shape, batch = self.context.shape(x), self._input_batch()
-        if shape is None or batch is None or len(shape) != 3 or shape[0] <= batch:
+        if shape is None or batch is None or len(shape) != 3:
             return
-        if shape[0] % batch:
+        items, tokens = (shape[1], shape[0]) if time_major else (shape[0], shape[1])
+        if items <= batch or items % batch:
             return
         raise RejectError(
             "windowed_attention",
-            f"windowed attention: each input's tokens attend within {shape[0] // batch} windows "
-            f"of {shape[1]} tokens (folded into the batch axis, Swin-style), so no single "
+            f"windowed attention: each input's tokens attend within {items // batch} windows "
+            f"of {tokens} tokens (folded into the batch axis, Swin-style), so no single "
             f"attention matrix over all its tokens exists",
             (softmax.label,),
         )

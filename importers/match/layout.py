@@ -32,6 +32,7 @@ class _Heads:
     columns: np.ndarray  # (n_heads, d_head) projection columns feeding each query head
     head_of: np.ndarray  # (N,) head index of each flattened leading position
     batch_of: np.ndarray  # (N,) batch index of each flattened leading position
+    time_major: bool = False  # the stream's positions run (token, batch), not (batch, token)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,12 @@ class Layout:
     v: _Heads
     lead: tuple[int, ...]  # broadcast leading axes of the scores, e.g. (batch, heads)
     tokens: int
+
+    @property
+    def time_major(self) -> bool:
+        """The block's stream is (tokens, batch, features) (``nn.TransformerEncoder`` without
+        ``batch_first``)."""
+        return self.q.time_major
 
 
 class LayoutProbe(NormMatcher):
@@ -62,6 +69,7 @@ class LayoutProbe(NormMatcher):
             if not (
                 np.array_equal(heads.head_of, q_heads.head_of)
                 and np.array_equal(heads.batch_of, q_heads.batch_of)
+                and heads.time_major == q_heads.time_major
             ):
                 raise RejectError(
                     "head_layout", f"{role} heads are not aligned with the query heads"
@@ -294,17 +302,19 @@ def _broadcast_lead(*values: np.ndarray) -> tuple[int, ...]:
 
 
 def _group_heads(columns: np.ndarray, token: np.ndarray, tokens: int, role: str) -> _Heads:
-    """Split flattened leading positions into (batch, head) from the encoded token index."""
+    """Split flattened leading positions into (batch, head) from the encoded token index.
+
+    The stream's positions are numbered in its own layout: ``b · T + t`` for a batch-first stream,
+    ``t · B + b`` for a time-major one (each row of an attention operand must be one sequence's
+    tokens in order, either way).
+    """
     batch = token[:, 0] // tokens
     expected = batch[:, None] * tokens + np.arange(tokens)[None, :]
+    time_major = False
     if not np.array_equal(token, expected):
-        if _time_major(token, tokens):
-            raise RejectError(
-                "time_major",
-                f"{role} reads a time-major stream (tokens before batch: PyTorch's "
-                f"nn.MultiheadAttention without batch_first); only batch-first streams are read",
-            )
-        raise RejectError("head_layout", f"{role} reorders or mixes tokens between sequences")
+        if not _time_major(token, tokens):
+            raise RejectError("head_layout", f"{role} reorders or mixes tokens between sequences")
+        batch, time_major = token[:, 0], True
     head = np.zeros(len(batch), dtype=np.int64)
     per_batch = None
     for b in np.unique(batch):
@@ -316,7 +326,7 @@ def _group_heads(columns: np.ndarray, token: np.ndarray, tokens: int, role: str)
             raise RejectError("head_layout", f"{role} heads differ between batch items")
     if per_batch is None:
         raise RejectError("head_layout", f"{role} heads: the probe reached no batch item")
-    return _Heads(columns=per_batch, head_of=head, batch_of=batch)
+    return _Heads(columns=per_batch, head_of=head, batch_of=batch, time_major=time_major)
 
 
 def _time_major(token: np.ndarray, tokens: int) -> bool:

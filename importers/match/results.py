@@ -174,6 +174,9 @@ class AttentionBlock:
         How the block departs from the linear update ``X + A X W_V W_O`` the theory is about, in
         short (:data:`DEPARTURES`); each has a note. A is still the Softmax output the graph
         computes, and W_V W_O the value path.
+    time_major : bool
+        The block's stream tensors are (tokens, batch, features), not (batch, tokens, features)
+        (PyTorch's ``nn.TransformerEncoder`` without ``batch_first``).
     """
 
     index: int
@@ -211,6 +214,7 @@ class AttentionBlock:
     rotary_width: int = 0
     departures: tuple[str, ...] = ()
     input_base: str | None = None
+    time_major: bool = False
 
     @property
     def sources(self) -> dict[str, str]:
@@ -246,6 +250,7 @@ class AttentionBlock:
             "rotary": self.rotary,
             "rotary_width": self.rotary_width,
             "departures": list(self.departures),
+            "time_major": self.time_major,
             "scale": self.scale,
             "sources": self.sources,
             "tensors": {

@@ -164,7 +164,7 @@ def layer_tensors(
     return names
 
 
-def _gram_orientation(graph: OnnxModel, layer0: str, first: Inputs, d_model: int) -> Gram:
+def _gram_orientation(graph: OnnxModel, layer0: str, first: Inputs, block: BlockWeights) -> Gram:
     """The smaller Gram matrix of a (T, D) hidden state: T×T when T <= D is known, else D×D.
 
     Either gives the same singular values; the smaller costs less to build, to copy back and to
@@ -183,8 +183,9 @@ def _gram_orientation(graph: OnnxModel, layer0: str, first: Inputs, d_model: int
             dims = shapes.shape(layer0)
         except ImporterError:  # no rule reaches it: the D×D Gram is always right
             dims = None
-        tokens = dims[1] if dims is not None and len(dims) == 3 else None
-    return "tokens" if tokens is not None and tokens <= d_model else "features"
+        token_axis = 0 if block.time_major else 1
+        tokens = dims[token_axis] if dims is not None and len(dims) == 3 else None
+    return "tokens" if tokens is not None and tokens <= block.d_model else "features"
 
 
 def check_dominance_options(dominance: str, fold_gamma: bool) -> None:
@@ -332,12 +333,15 @@ def audit_session(
     layers = layer_tensors(blocks, notes, partial=partial)
     probs = [block.attention_name for block in blocks] if attention else []
     first = inputs.read(0, 1)  # masked or not, and the token count, without reading every input
+    time_major = [blocks[0].time_major] + [block.time_major for block in blocks]
+    gram = _gram_orientation(graph, layers[0], first, blocks[0]) if spectral else "none"
     plan = plan_reductions(
         graph,
         layers,
         prefix=prefix,
         masked=first.token_mask is not None,
-        gram=_gram_orientation(graph, layers[0], first, blocks[0].d_model) if spectral else "none",
+        gram=gram,
+        time_major=time_major,
     )
     runner = Runner(
         graph, expose=probs, extension=plan.extension, provider=provider, threads=threads

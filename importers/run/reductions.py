@@ -216,9 +216,12 @@ def _norm_1_inf_sq(b: _Builder, absolute: str, hint: str) -> str:
 
 
 def _layer_nodes(
-    b: _Builder, x: str, layer: int, mask: str | None, prefix: int, gram: Gram
+    b: _Builder, x: str, layer: int, mask: str | None, prefix: int, gram: Gram, time_major: bool
 ) -> None:
-    """Append the statistics nodes of one layer tensor ``x`` (B, T, D)."""
+    """Append the statistics nodes of one layer tensor ``x`` (B, T, D), or (T, B, D) when
+    ``time_major`` (transposed to (B, T, D) first)."""
+    if time_major:
+        x = b.op("Transpose", [x], f"{layer}.batch_first", perm=[1, 0, 2])
     xd = b.op("Cast", [x], f"{layer}.x64", to=_DOUBLE)
     w = _token_weights(b, xd, mask, prefix)
     w3 = b.unsqueeze(w, 2, f"{layer}.w3")
@@ -279,6 +282,7 @@ def plan_reductions(
     prefix: int = 0,
     masked: bool = False,
     gram: Gram = "tokens",
+    time_major: Sequence[bool] = (),
 ) -> ReductionPlan:
     """Plan the in-graph statistics of ``layers`` (each a (B, T, D) tensor of ``model``).
 
@@ -295,6 +299,9 @@ def plan_reductions(
         Weight tokens by the fed :data:`MASK_INPUT` (B, T) (padding masks), else count all.
     gram : {"tokens", "features", "none"}
         The Gram matrix to return (``X Xᵀ``, T×T, or ``Xᵀ X``, D×D), or none (no spectral metric).
+    time_major : sequence of bool
+        Per layer, whether it is (T, B, D) instead (:attr:`AttentionBlock.time_major`); empty:
+        every layer is batch-first.
 
     Returns
     -------
@@ -309,8 +316,14 @@ def plan_reductions(
     if mask is not None and mask in builder.taken:
         raise ImporterInputError(f"the model already has a tensor named {mask!r}")
     outputs: list[onnx.ValueInfoProto] = []
+    if time_major and len(time_major) != len(layers):
+        raise ImporterInputError(
+            f"`time_major` needs one flag per layer ({len(layers)}); got {len(time_major)}"
+        )
     for layer, name in enumerate(layers):
-        _layer_nodes(builder, name, layer, mask, prefix, gram)
+        _layer_nodes(
+            builder, name, layer, mask, prefix, gram, bool(time_major and time_major[layer])
+        )
         outputs.append(_typed(f"{_PREFIX}.{layer}.scalars", ["batch", len(SCALAR_FIELDS)]))
         if gram != "none":
             outputs.append(_typed(f"{_PREFIX}.{layer}.gram", ["batch", "k", "k"]))

@@ -27,7 +27,8 @@ from onnx import TensorProto
 from importers.errors import LayerStreamError
 from importers.graph import OnnxModel
 from importers.match import NoAttentionBlocksError, find_attention_blocks
-from importers.run.audit import layer_tensors
+from importers.run.audit import audit, layer_tensors
+from importers.run.feeds import Inputs
 from importers.run.runner import Runner
 from importers.weights import BlockWeights, block_weights
 from simulator.errors import one_line
@@ -287,6 +288,47 @@ def test_blocks_report_the_manifest_features(entry: dict[str, Any]) -> None:
         family in QK_NORMED,
     )
     assert _features_found(entry) == {expected}
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param(entry, id=entry["id"])
+        for entry in MANIFEST["fixtures"]
+        if entry["family"].startswith("torch_encoder")
+    ],
+)
+def test_a_time_major_stream_is_reported_as_such(entry: dict[str, Any]) -> None:
+    """nn.TransformerEncoder keeps its stream (tokens, batch, features) without batch_first: every
+    block says so (the audit transposes its layers), and the batch-first ones do not."""
+    report = find_attention_blocks(load_fixture(entry["file"]))
+    expected = entry["family"] == "torch_encoder_time_major"
+    assert {block.time_major for block in report.blocks} == {expected}
+
+
+@pytest.mark.parametrize("variant", ["legacy_eager", "dynamo_eager", "int8"])
+def test_a_time_major_audit_equals_its_batch_first_twin(variant: str) -> None:
+    """torch_encoder and torch_encoder_time_major hold the same weights (drawn in the same order)
+    and differ only in keeping the stream (batch, tokens) or (tokens, batch): their audits of the
+    same inputs agree, layer metrics and dominance cases alike."""
+    rng = np.random.default_rng(7)
+    ids = rng.integers(3, 128, size=(4, 8), dtype=np.int64)
+    inputs = Inputs(
+        feeds={"input_ids": ids, "attention_mask": np.ones_like(ids)},
+        token_mask=np.ones(ids.shape, dtype=bool),
+        labels=tuple(f"item-{i}" for i in range(len(ids))),
+        source="test",
+    )
+    results = [
+        audit(load_fixture(f"{family}/{variant}.onnx.xz"), inputs, provider="cpu")
+        for family in ("torch_encoder", "torch_encoder_time_major")
+    ]
+    batch_first, time_major = results
+    for metric, values in batch_first.metrics.items():
+        np.testing.assert_allclose(time_major.metrics[metric], values, rtol=1e-5, err_msg=metric)
+    assert [case.kind for case in time_major.dominance] == [
+        case.kind for case in batch_first.dominance
+    ]
 
 
 def test_known_failures_name_real_fixtures() -> None:

@@ -154,6 +154,39 @@ def test_padding_never_counts() -> None:
             assert_allclose(a[metric], b[metric], rtol=1e-5, atol=1e-6, err_msg=metric)
 
 
+@pytest.mark.parametrize("gram", ["tokens", "features"])
+def test_time_major_layers_are_reduced_batch_first(gram: str) -> None:
+    """A (T, B, D) layer (nn.TransformerEncoder without batch_first) flagged time-major gives the
+    statistics of its (B, T, D) transpose; unflagged, the same tensor gives other numbers."""
+    tokens, batch, width = 5, 3, 4
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["x"], ["layer"])],
+        "time_major",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [tokens, batch, width])],
+        [onnx.helper.make_tensor_value_info("layer", onnx.TensorProto.FLOAT, None)],
+    )
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    proto.ir_version = 8  # what onnxruntime loads, whatever the installed onnx writes by default
+    model = model_from_proto(proto)
+    hidden = np.random.default_rng(SEED).standard_normal((tokens, batch, width)).astype(np.float32)
+    batch_first = hidden.transpose(1, 0, 2)
+    expected = _host_metrics(batch_first, np.ones((batch, tokens), dtype=bool))
+    for flag in (True, False):
+        plan = plan_reductions(model, ["layer"], gram=gram, time_major=[flag])  # type: ignore[arg-type]
+        runner = Runner(model, expose=[], extension=plan.extension, provider="cpu")
+        outputs = runner.collect({"x": hidden}, batch_size=tokens)
+        got = metrics_from_statistics(plan.statistics(outputs, 0))
+        if flag:
+            for metric in METRICS:
+                assert_allclose(
+                    got[metric], expected[metric], rtol=GRAM_RTOL, atol=GRAM_ATOL, err_msg=metric
+                )
+        else:
+            assert got["hfc_lfc"].shape != expected["hfc_lfc"].shape
+    with pytest.raises(ImporterInputError, match="one flag per layer"):
+        plan_reductions(model, ["layer"], time_major=[True, False])
+
+
 def test_the_callers_graph_is_unchanged_and_names_are_checked() -> None:
     model, _ = _builder("bert_legacy")
     before = model.proto.SerializeToString()

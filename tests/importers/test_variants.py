@@ -437,20 +437,24 @@ def test_clipped_projections_are_walked_and_clipped_values_are_a_departure(roles
         assert_array_equal(getattr(weights, key), getattr(built("bert_legacy", 0).blocks[0], key))
 
 
-@pytest.mark.parametrize(("layout", "reason"), [("time", "time-major"), ("mixed", "mixes tokens")])
-def test_a_stream_in_tokens_batch_layout_is_refused_by_name(layout, reason):
-    """A stream kept as (tokens, batch, features) (nn.MultiheadAttention without batch_first):
-    the probe's positions t·B + b are not one sequence's run b·T + t. The refusal says so, and
-    a stream that is neither is still refused as mixing tokens."""
+def test_a_time_major_stream_is_decoded_and_a_mixed_one_refused():
+    """A stream kept as (tokens, batch, features) (nn.TransformerEncoder without batch_first)
+    numbers its positions t·B + b: each attention row is still one sequence's tokens in order, so
+    it decodes, flagged time-major; positions that are neither layout are refused."""
     batch, heads, tokens = 2, 2, 3
     item = np.repeat(np.arange(batch), heads)
-    if layout == "time":
-        positions = np.arange(tokens)[None, :] * batch + item[:, None]
-    else:
-        positions = (item[:, None] * tokens + np.arange(tokens)[None, :])[:, ::-1]
     columns = np.tile(np.arange(heads * 4).reshape(heads, 4), (batch, 1))
-    with pytest.raises(RejectError, match=reason):
-        _group_heads(columns, positions, tokens, "Q")
+    time_major = np.arange(tokens)[None, :] * batch + item[:, None]
+    decoded = _group_heads(columns, time_major, tokens, "Q")
+    assert decoded.time_major
+    assert_array_equal(decoded.batch_of, item)
+    assert_array_equal(decoded.head_of, np.tile(np.arange(heads), batch))
+    assert not _group_heads(
+        columns, item[:, None] * tokens + np.arange(tokens), tokens, "Q"
+    ).time_major
+    mixed = (item[:, None] * tokens + np.arange(tokens)[None, :])[:, ::-1]
+    with pytest.raises(RejectError, match="mixes tokens"):
+        _group_heads(columns, mixed, tokens, "Q")
 
 
 @pytest.mark.parametrize(
