@@ -70,7 +70,7 @@ def load_average() -> str:
 def audit_command(model: str, out: Path, *options: str) -> list[str]:
     """The command line of ``oversmooth audit MODEL --out OUT --no-progress OPTIONS`` in a fresh
     interpreter."""
-    command = [sys.executable, "-m", "simulator.cli", "audit", model, "--out", str(out)]
+    command = [sys.executable, "-m", "oversmooth.cli", "audit", model, "--out", str(out)]
     return [*command, "--no-progress", *options]
 
 
@@ -99,7 +99,7 @@ PHASES: dict[str, tuple[str, str]] = {
     # batch's Gram eigenvalues (host metrics) run as one more job beside them, mostly inside it.
     "dominance + metrics (worker threads)": ("importers/run/dominance.py", "result"),
     "value spectra (W_V W_O, cached)": ("importers/run/cache.py", "cached_value_spectra"),
-    "figures + files": ("importers/run/report.py", "save_audit"),
+    "figures + files": ("oversmooth/report.py", "save_audit"),
 }
 
 
@@ -123,7 +123,7 @@ def _cumulative(stats: pstats.Stats, suffix: str, name: str) -> float:
 
 def audit_breakdown(model: str = DEFAULT_AUDIT_MODEL) -> Breakdown:
     """Run ``oversmooth audit MODEL`` once in this process under cProfile and split its time."""
-    from simulator.cli import main as oversmooth
+    from oversmooth.cli import main as oversmooth
 
     profiler = cProfile.Profile()
     argv = ["audit", model, "--no-progress", "--out"]
@@ -208,7 +208,6 @@ def dominance_timing(model: str) -> DominanceTiming:
 
     from importers.graph import load_model
     from importers.match import find_attention_blocks
-    from importers.run.audit import audit_session
     from importers.run.cache import cached_value_spectra
     from importers.run.dominance import (
         dominance_problems,
@@ -217,6 +216,7 @@ def dominance_timing(model: str) -> DominanceTiming:
         stacks,
     )
     from importers.run.runner import default_threads
+    from importers.run.session import audit_session
     from importers.run.sources import default_inputs
     from importers.weights import block_weights
     from importers.zoo import file_sha256, lookup

@@ -8,7 +8,7 @@ input: the metric arrays, O(inputs x layers), and the dominance cases, about 280
 ``ru_maxrss`` from ``os.wait4``.
 
 The same holds on a local Dask cluster (``--scheduler local --workers 2``, default for MiniLM-L3):
-shards are capped in size and read only a window at a time (:mod:`importers.run.sharding`). There
+shards are capped in size and read only a window at a time (:mod:`oversmooth.sharding`). There
 every process of the tree is sampled every :data:`SAMPLE_S` seconds (psutil; ``ru_maxrss`` would
 be the largest of the client and the workers it reaped): printed are the peaks of the client and of
 the largest worker, and the sum of every process's peak (shared pages counted once per process; an

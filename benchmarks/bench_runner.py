@@ -37,10 +37,11 @@ from importers import zoo
 from importers.errors import ProviderError
 from importers.graph import OnnxModel, load_model
 from importers.match import find_attention_blocks
-from importers.run.audit import audit, audit_session
+from importers.run.audit import audit
 from importers.run.cuda import gpu_info
 from importers.run.feeds import Inputs
 from importers.run.runner import open_session, plain_session
+from importers.run.session import audit_session
 from importers.run.sources import default_inputs
 from importers.weights import block_weights
 

@@ -2,7 +2,7 @@
 
 The same model and inputs (default: minilm-l3 on 64 random inputs of 32 tokens, batch 4) are
 audited by :func:`importers.run.audit.audit` in this process and by
-:func:`importers.run.sharding.sharded_audit` on a ``LocalCluster`` of N worker processes (one
+:func:`oversmooth.sharding.sharded_audit` on a ``LocalCluster`` of N worker processes (one
 thread each, one shard per worker). Printed: the single-process time; the cluster's start-up; the
 first distributed audit (cold workers: they import onnxruntime and build their sessions) and the
 median of the next runs (warm workers: they still build one session per shard); the speed-ups
@@ -57,12 +57,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed runs after the first")
     args = parser.parse_args(argv)
 
-    from importers.executor import open_executor
     from importers.graph import load_model
-    from importers.run.audit import audit
-    from importers.run.sharding import sharded_audit
+    from importers.run.audit import AuditOptions, run_audit
+    from importers.run.records import AuditResult
     from importers.run.sources import default_inputs, random_inputs
     from importers.zoo import lookup
+    from oversmooth.executor import open_executor
+    from oversmooth.sharding import sharded_audit
 
     ref = lookup(args.model)
     graph = load_model(ref.path)
@@ -71,17 +72,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         inputs = photos.subset([i % photos.batch_size for i in range(args.inputs)])
     else:
         inputs = random_inputs(graph.inputs, seed=0, batch=args.inputs, seq=32, vocab_size=1000)
-    options = {"entry": ref.entry, "provider": "cpu", "batch_size": 4}
+    options = AuditOptions(provider="cpu", batch_size=4)
     print(f"audit of {args.model} on {inputs.batch_size} inputs ({load_average()})")
-    single, one = _seconds(lambda: audit(graph, inputs, **options), args.runs)
+    single, one = _seconds(lambda: run_audit(graph, inputs, options, entry=ref.entry), args.runs)
     print(f"one process, median of {args.runs}: {single:.2f} s")
     start = time.perf_counter()
     with open_executor("local", workers=args.workers) as executor:
         started = time.perf_counter() - start
-        cold, _ = _seconds(lambda: sharded_audit(graph, inputs, executor=executor, **options), 1)
-        warm, merged = _seconds(
-            lambda: sharded_audit(graph, inputs, executor=executor, **options), args.runs
-        )
+        def sharded() -> AuditResult:
+            return sharded_audit(graph, inputs, options, executor=executor, entry=ref.entry)
+
+        cold, _ = _seconds(sharded, 1)
+        warm, merged = _seconds(sharded, args.runs)
     print(
         f"local cluster of {args.workers} workers: start {started:.2f} s, first audit {cold:.2f} s"
     )

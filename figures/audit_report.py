@@ -1,7 +1,7 @@
 """Pictures of one audit (``oversmooth audit``): smoothing per layer, value spectra, dominance per layer.
 
 ``render(result, folder)`` draws the PNGs next to the report and returns ``[(title, file name), ...]``
-for :func:`importers.run.report.save_audit` to embed in ``report.md``.
+for :func:`oversmooth.report.save_audit` to embed in ``report.md``.
 """
 
 from __future__ import annotations

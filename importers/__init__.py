@@ -17,10 +17,8 @@ zoo
     The pinned real models: :func:`~importers.zoo.lookup` turns a path or zoo name into a file.
 run
     Inputs, the onnxruntime :class:`~importers.run.Runner`, :func:`~importers.run.audit` and its
-    report.
-commands
-    The ``oversmooth`` subcommands (``inspect``, ``weights``, ``spectra``, ``transform``, ``models``,
-    ``fetch``).
+    records (the ``oversmooth`` commands and the report folder are the application's:
+    :mod:`oversmooth`).
 errors
     The one error hierarchy: every error raised here is an :class:`ImporterError`.
 
@@ -51,7 +49,7 @@ if TYPE_CHECKING:
         NormMatch,
         find_attention_blocks,
     )
-    from importers.run import AuditResult, audit, save_audit
+    from importers.run import AuditResult, audit
     from importers.value_spectra import SpectrumRow, model_spectra, summarize_spectra
     from importers.weights import BlockWeights, block_weights, extract
 
@@ -73,7 +71,7 @@ _EXPORTS = {
         "NormMatch",
         "find_attention_blocks",
     ),
-    "importers.run": ("AuditResult", "audit", "save_audit"),
+    "importers.run": ("AuditResult", "audit"),
     "importers.value_spectra": ("SpectrumRow", "model_spectra", "summarize_spectra"),
     "importers.weights": ("BlockWeights", "block_weights", "extract"),
 }
@@ -103,7 +101,6 @@ __all__ = [
     "find_attention_blocks",
     "load_model",
     "model_spectra",
-    "save_audit",
     "summarize_spectra",
 ]
 

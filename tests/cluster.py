@@ -1,6 +1,6 @@
 """A local Dask cluster for the tests: two worker processes, one thread each, no dashboard.
 
-Started once per test module (a few seconds) by :func:`importers.executor.local_cluster`, the
+Started once per test module (a few seconds) by :func:`oversmooth.executor.local_cluster`, the
 workers' files under the test's temporary folder. Tests reach it by its ``tcp://`` address, as a
 user reaches an existing cluster.
 """
@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from importers.executor import local_cluster
+from oversmooth.executor import local_cluster
 
 #: Workers of the test cluster (the issue's "local cluster of two workers").
 WORKERS = 2

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from simulator import cli
+from oversmooth import cli
 from simulator.errors import InputError, one_line
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("simulator", "importers", "figures")
+PACKAGES = ("oversmooth", "simulator", "importers", "figures")
 #: A module longer than this holds more than one concept (docs/architecture.md).
 MAX_MODULE_LINES = 600
 
@@ -116,7 +116,7 @@ def test_every_importer_error_is_an_importer_error() -> None:
     from importers.errors import ImporterError
 
     foreign = []
-    for module in (m for m in MODULES if m.startswith("importers")):
+    for module in (m for m in MODULES if m.startswith(("importers", "oversmooth"))):
         namespace = vars(importlib.import_module(module))
         for name, value in namespace.items():
             if (

@@ -16,8 +16,6 @@ audit
     :func:`audit`: per-layer smoothing, dominating eigenvalues and value spectra of a real model.
 records
     :class:`AuditResult` and its typed parts, each with one ``to_dict()``.
-report
-    :func:`save_audit`: the report folder (JSON, tidy CSVs, Markdown), written atomically.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from __future__ import annotations
 from importers.run.audit import audit, layer_tensors
 from importers.run.feeds import Inputs, check_feeds, for_graph
 from importers.run.records import AuditResult, DominanceCase
-from importers.run.report import render_report, save_audit
 from importers.run.runner import Runner, plain_session
 from importers.run.sources import (
     bundled_inputs,
@@ -52,6 +49,4 @@ __all__ = [
     "layer_tensors",
     "plain_session",
     "random_inputs",
-    "render_report",
-    "save_audit",
 ]

@@ -24,19 +24,34 @@ rank-deficient d×d product (``granularity="head"``), or the d eigenvalues of th
 kind is perron when every dominating ``1 + λ^H λ^A`` uses the Perron root of A, non-perron otherwise
 (balanced ties, S4, are non-perron and also counted separately).
 
+Pipeline
+--------
+One audit is three steps, shared by the audit in one process and the sharded audit
+(:mod:`oversmooth.sharding`), which differ only in where :func:`measure` runs:
+
+:func:`prepare` (load, match, extract, value spectra, notes; once, in the calling process)
+    → a :class:`PreparedAudit` value, small enough to send to workers (:meth:`PreparedAudit.structure`
+    drops the weights: the block structure, tensor names and column indices stay);
+:func:`measure` (the session and the batches: metrics and dominance cases of some inputs)
+    → a :class:`Measurement`;
+:func:`audit_result` (model, inputs, configuration, provenance, notes)
+    → an :class:`~importers.run.records.AuditResult`.
+
 Public API
 ----------
-audit
-    Run the audit and return an :class:`~importers.run.records.AuditResult` (write it with
-    :func:`importers.run.report.save_audit`).
-layer_tensors
-    The graph tensors the audit records as layers (block 0's input, every block's output).
-audit_session, AuditSession
-    The session the audit runs (model plus in-graph reductions), for benchmarks and tools.
+AuditOptions
+    Every option of an audit, checked once when made.
+audit, run_audit
+    Run the whole audit and return an :class:`~importers.run.records.AuditResult` (the report
+    folder is the application's: :func:`oversmooth.report.save_audit`). :func:`audit` takes the
+    options as keywords, :func:`run_audit` as one :class:`AuditOptions`.
+open_model, prepare, PreparedAudit, measure, Measurement, audit_result
+    The three steps and their values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import platform
@@ -44,22 +59,22 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from importers.errors import ImporterError, ImporterInputError, LayerStreamError
+from importers.errors import ImporterInputError
 from importers.graph import OnnxModel, load_model
-from importers.graph.shapes import ShapeContext
 from importers.match import (
+    AttentionBlock,
     check_complete,
     departures_note,
     find_attention_blocks,
     missing_blocks_note,
 )
-from importers.run.batching import items_per_call, run_batches
-from importers.run.cache import cached_value_spectra, checked_spectra
+from importers.run.batching import items_per_call
+from importers.run.cache import cached_value_spectra
 from importers.run.dominance import (
     PendingCases,
     dominance_problems,
@@ -76,8 +91,9 @@ from importers.run.records import (
     Provenance,
     ProviderInfo,
 )
-from importers.run.reductions import Gram, ReductionPlan, plan_reductions
-from importers.run.runner import Runner, default_threads
+from importers.run.reductions import ReductionPlan
+from importers.run.runner import default_threads
+from importers.run.session import LOOKAHEAD_BATCHES, AuditSession, audit_session, layer_tensors
 from importers.run.sources import default_inputs
 from importers.value_spectra import BlockSpectra, spectrum_rows
 from importers.weights import BlockWeights, block_weights
@@ -88,113 +104,171 @@ from simulator.statistics import SPECTRAL_METRICS, metrics_from_statistics
 from simulator.tolerances import TIE_RTOL
 from simulator.validation import check_choice, check_positive_int
 
-__all__ = ["AuditSession", "audit", "audit_session", "layer_tensors"]
+__all__ = [
+    "DOMINANCE_MODES",
+    "AuditOptions",
+    "Measurement",
+    "PreparedAudit",
+    "audit",
+    "audit_result",
+    "measure",
+    "open_model",
+    "prepare",
+    "run_audit",
+]
 
 Granularity = Literal["head", "layer", "none"]
+DOMINANCE_MODES: tuple[Granularity, ...] = ("head", "layer", "none")
+Provider = Literal["auto", "cpu", "cuda"]
 _PACKAGES = ("oversmooth", "numpy", "scipy", "onnx", "onnxruntime", "onnxruntime-gpu")
 
 
-def layer_tensors(
-    blocks: Sequence[BlockWeights], notes: list[str] | None = None, *, partial: bool = False
-) -> list[str]:
-    """Graph tensors of the recorded layers: block 0's input, then every block's output.
+@dataclass(frozen=True)
+class AuditOptions:
+    """Every option of an audit, checked once when made (:class:`ImporterInputError` otherwise).
 
-    Layer 0 is the stream entering block 0, layer i the output of block i-1 (see the module
-    docstring); the matcher traces both from the graph's residual sums
-    (:mod:`importers.match.stream`). Every layer is checked against the block structure: block
-    i-1's output, found walking forward from its MLP residual, must be the stream block i reads,
-    found walking back from its attention (its norm's input, or the attention input, that its
-    attention residual adds), or the stream that one adds input-independent terms to
-    (``input_base``: YOLOS' position embeddings between blocks; noted).
-
-    Parameters
+    Attributes
     ----------
-    blocks : sequence of BlockWeights
-        The matched blocks in depth order.
-    notes : list of str, optional
-        Notes on the layer choice are appended here.
+    provider : {"auto", "cpu", "cuda"}
+        onnxruntime execution provider; ``"cuda"`` fails unless the session really runs on CUDA.
+    batch_size : int
+        Inputs per onnxruntime call (bounds memory). A graph that fixes its batch size runs at
+        that size; one with nodes that mix the inputs of a batch (``DynamicQuantizeLinear``) runs
+        every input alone, so the numbers never depend on it (a note says so; see
+        :mod:`importers.run.batching`).
+    exclude_prefix : bool or int
+        Leave prefix tokens out of the metrics: True uses the zoo's count (CLS = 1), an int counts.
+    dominance : {"head", "layer", "none"}
+        H granularity of the dominance table, or skip it (no attention tensors fetched).
+    fold_gamma : bool
+        Fold the pre-LN γ into H for the dominance table.
+    spectral : bool
+        Compute the singular-value metrics (sigma_ratio, rank1_residual, effective_rank). They
+        need one min(T, D)² Gram matrix per input and layer from the device, most of what an
+        audit on a GPU moves; without them those columns are NaN and a note says so.
     partial : bool
-        The blocks are only the matched part of the model (``--partial``): between two of them an
-        unmatched block may sit, so a break of the chain is noted (the earlier block's output is
-        used) instead of refused.
-
-    Returns
-    -------
-    list of str
-
-    Raises
-    ------
-    LayerStreamError
-        A block's residual stream could not be established, or a layer tensor is not the stream
-        entering the next block.
+        Audit a model whose attention is only partly matched; the first note then names the
+        missing blocks (else :class:`~importers.match.IncompleteMatchError`, exit status 1).
+    tie_rtol : float
+        Relative tolerance for ties of |μ|.
+    progress : bool
+        Show a progress bar (stderr).
+    cache : bool
+        Reuse (and store) the input-independent value spectra in the per-user cache, keyed by
+        the model file's sha256 (:mod:`importers.run.cache`); False computes them afresh.
+    threads : int, optional
+        The cores the audit may use: onnxruntime's intra-op threads and the threads of the host
+        work (metrics, dominance). Default: every core this process may use
+        (:func:`~importers.run.runner.default_threads`); a shard on a cluster worker, its
+        worker's share of its host's cores.
     """
-    for block in blocks:
-        if block.stream_error is not None:
-            raise LayerStreamError(
-                f"layer {block.index + 1} (the output of block {block.index}) cannot be read: "
-                f"{block.stream_error}"
+
+    provider: Provider = "auto"
+    batch_size: int = 4
+    exclude_prefix: bool | int = False
+    dominance: Granularity = "head"
+    fold_gamma: bool = False
+    spectral: bool = True
+    partial: bool = False
+    tie_rtol: float = TIE_RTOL
+    progress: bool = False
+    cache: bool = True
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        check_choice(self.dominance, "dominance", DOMINANCE_MODES, error=ImporterInputError)
+        if self.fold_gamma and self.dominance == "none":
+            raise ImporterInputError(
+                "`fold_gamma` folds γ into H for the dominance step; got dominance 'none'"
             )
-    names = [blocks[0].input_name] + [block.output_name for block in blocks]
-    for i in range(1, len(blocks)):
-        if blocks[i].input_name == blocks[i - 1].output_name:
-            continue
-        if blocks[i].input_base == blocks[i - 1].output_name:
-            if notes is not None:
-                notes.append(
-                    f"block {i} reads block {i - 1}'s output plus a term that does not depend on "
-                    f"the inputs ({blocks[i].input_name!r}); layer {i} is block {i - 1}'s output"
-                )
-            continue
-        mismatch = (
-            f"block {i} reads {blocks[i].input_name!r} but block {i - 1} ends at "
-            f"{blocks[i - 1].output_name!r}"
-        )
-        if not partial:
-            raise LayerStreamError(
-                f"layer {i} would not be the residual stream: {mismatch}, and the importer "
-                f"does not follow what changes the stream between them (for example a term "
-                f"added between blocks, as YOLOS adds position embeddings)"
+        check_positive_int(self.batch_size, "batch_size", error=ImporterInputError)
+        if self.threads is not None:
+            check_positive_int(self.threads, "threads", error=ImporterInputError)
+        if not isinstance(self.exclude_prefix, bool) and (
+            not isinstance(self.exclude_prefix, int | np.integer) or self.exclude_prefix < 0
+        ):
+            raise ImporterInputError(
+                "`exclude_prefix` must be a bool or a non-negative integer; "
+                f"got {self.exclude_prefix!r}"
             )
-        if notes is not None:
-            notes.append(f"{mismatch}; layer {i} uses the latter")
-    if len(set(names)) != len(names):
-        raise LayerStreamError(
-            f"two layers would read the same tensor ({', '.join(map(repr, names))}): internal error"
-        )
-    return names
+
+    def prefix_count(self, entry: ZooModel | None) -> int:
+        """Prefix tokens left out of the metrics: the zoo's count for ``True`` (else 1)."""
+        if isinstance(self.exclude_prefix, bool):
+            if not self.exclude_prefix:
+                return 0
+            return int(entry.prefix_tokens) if entry is not None else 1
+        return int(self.exclude_prefix)
 
 
-def _gram_orientation(graph: OnnxModel, layer0: str, first: Inputs, block: BlockWeights) -> Gram:
-    """The smaller Gram matrix of a (T, D) hidden state: T×T when T <= D is known, else D×D.
+@dataclass(frozen=True)
+class PreparedAudit:
+    """What an audit knows before it runs an input: the input-independent part, computed once.
 
-    Either gives the same singular values; the smaller costs less to build, to copy back and to
-    diagonalise (DINOv2: T = 257 against D = 384, 2.2x fewer entries and host time). T is
-    the token axis of the inputs' mask, else that of layer 0's shape with the graph inputs pinned
-    to the first input's shapes, by the graph's own shape arithmetic (:class:`ShapeContext`: ONNX
-    shape inference cannot follow DINOv2's position-embedding interpolation to its 257 tokens).
+    Attributes
+    ----------
+    model : ModelInfo
+    options : AuditOptions
+    blocks : tuple of AttentionBlock
+        The matched blocks in depth order: :class:`~importers.weights.BlockWeights` where they were
+        prepared, their structure only after :meth:`structure` (what workers receive).
+    matched_part_only : bool
+        The blocks are only the matched part of the model (``partial`` with unmatched blocks).
+    spectra : tuple of BlockSpectra
+        The value spectra per block (Fig. 5, the dominance step's H).
+    eig_H : tuple of ndarray
+        Per block, the (n_heads, k) H eigenvalues of the dominance step (empty without one).
+    prefix : int
+        Prefix tokens left out of the metrics.
+    items : int
+        Inputs per onnxruntime call (:func:`~importers.run.batching.items_per_call`).
+    notes : tuple of str
+        The report's notes, in order (missing blocks, departures, random inputs, metrics not
+        computed, the layer choice, batching, γ not folded).
     """
-    if first.token_mask is not None:
-        tokens: int | None = first.token_mask.shape[1]
-    else:
-        shapes = ShapeContext(graph.index, batch=first.batch_size, sequence=1)
-        for name, array in first.feeds.items():
-            shapes.set_shape(name, np.shape(array))
-        try:
-            dims = shapes.shape(layer0)
-        except ImporterError:  # no rule reaches it: the D×D Gram is always right
-            dims = None
-        token_axis = 0 if block.time_major else 1
-        tokens = dims[token_axis] if dims is not None and len(dims) == 3 else None
-    return "tokens" if tokens is not None and tokens <= block.d_model else "features"
 
+    model: ModelInfo
+    options: AuditOptions
+    blocks: tuple[AttentionBlock, ...]
+    matched_part_only: bool
+    spectra: tuple[BlockSpectra, ...]
+    eig_H: tuple[np.ndarray, ...]
+    prefix: int
+    items: int
+    notes: tuple[str, ...]
 
-def check_dominance_options(dominance: str, fold_gamma: bool) -> None:
-    """``dominance`` is head, layer or none; ``fold_gamma`` only with a dominance step."""
-    check_choice(dominance, "dominance", ("head", "layer", "none"), error=ImporterInputError)
-    if fold_gamma and dominance == "none":
-        raise ImporterInputError(
-            "`fold_gamma` folds γ into H for the dominance step; got dominance 'none'"
+    def structure(self) -> PreparedAudit:
+        """This value with every block's weights dropped: what a worker needs to measure."""
+        kept = [item.name for item in dataclasses.fields(AttentionBlock)]
+        blocks = tuple(
+            AttentionBlock(**{name: getattr(block, name) for name in kept}) for block in self.blocks
         )
+        return dataclasses.replace(self, blocks=blocks)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What running the session on some inputs measured (a shard's part, or all of it).
+
+    Attributes
+    ----------
+    metrics : dict of str to (n_inputs, n_layers) ndarray
+    dominance : list of DominanceCase
+        In input order; ``input`` counts from the first input measured.
+    provider : ProviderInfo
+    runner : dict
+        The runner's session record (:meth:`~importers.run.runner.Runner.provenance`).
+    """
+
+    metrics: dict[str, np.ndarray]
+    dominance: list[DominanceCase]
+    provider: ProviderInfo
+    runner: dict[str, Any]
+
+    def shifted(self, start: int) -> Measurement:
+        """The same measurement with its cases' inputs counted from ``start``."""
+        cases = [dataclasses.replace(case, input=case.input + start) for case in self.dominance]
+        return dataclasses.replace(self, dominance=cases)
 
 
 def _check_counted_tokens(n_tokens: np.ndarray, labels: Sequence[str]) -> None:
@@ -233,124 +307,22 @@ def _measure_layers(
     return batch
 
 
-def _prefix_count(exclude_prefix: bool | int, entry: ZooModel | None) -> int:
-    if isinstance(exclude_prefix, bool):
-        if not exclude_prefix:
-            return 0
-        return int(entry.prefix_tokens) if entry is not None else 1
-    if not isinstance(exclude_prefix, int | np.integer) or exclude_prefix < 0:
-        raise ImporterInputError(
-            f"`exclude_prefix` must be a bool or a non-negative integer; got {exclude_prefix!r}"
-        )
-    return int(exclude_prefix)
+def open_model(
+    model: str | os.PathLike[str] | OnnxModel, entry: ZooModel | None = None
+) -> tuple[ModelRef, OnnxModel]:
+    """The model as (file, zoo entry) and its parsed graph: parsed once, here or by the caller.
 
-
-def _open(model: str | os.PathLike[str] | OnnxModel, entry: ZooModel | None) -> ModelRef:
-    """The model as (file, zoo entry), plus the loaded graph: parsed once, here or by the caller."""
+    A zoo name or path is looked up (``entry`` is then the zoo's); an already loaded
+    :class:`~importers.graph.OnnxModel` is used as it is, with ``entry``.
+    """
     if isinstance(model, OnnxModel):
         if model.path is None:
             raise ImporterInputError(
                 "`model` must have been loaded from a file; got an in-memory model"
             )
-        return ModelRef(model.path, entry)
-    return lookup(model)
-
-
-@dataclass(frozen=True)
-class AuditSession:
-    """The audit's onnxruntime session: the model plus its in-graph reductions, and its feeds.
-
-    Attributes
-    ----------
-    layers : list of str
-        The layer tensors (:func:`layer_tensors`), reduced in the graph.
-    attention : list of str
-        The attention probabilities fetched per block (empty without dominance).
-    plan : ReductionPlan
-    runner : Runner
-        Returns the reductions' outputs, then the attention probabilities.
-    inputs : Inputs
-        What the session runs on (held in memory or read per batch).
-    notes : list of str
-        Notes on the layer choice.
-    """
-
-    layers: list[str]
-    attention: list[str]
-    plan: ReductionPlan
-    runner: Runner
-    inputs: Inputs
-    notes: list[str]
-
-    def batch_feeds(self, batch: Inputs) -> dict[str, np.ndarray]:
-        """A batch's feeds plus the token mask the reductions read (padding never counts)."""
-        mask = batch.token_mask
-        return {**batch.feeds, **(self.plan.mask_feed(mask) if mask is not None else {})}
-
-    @property
-    def feeds(self) -> dict[str, np.ndarray]:
-        """:meth:`batch_feeds` of every input at once (read whole, in memory)."""
-        return self.batch_feeds(self.inputs)
-
-    def batches(
-        self, items: int, *, progress: bool = False
-    ) -> Iterator[tuple[Inputs, dict[str, np.ndarray]]]:
-        """``(batch, outputs)`` for the inputs read ``items`` at a time (see :func:`run_batches`).
-
-        Each batch's outputs stay valid while :data:`LOOKAHEAD_BATCHES` more are run.
-        """
-        return run_batches(
-            self.runner,
-            self.inputs,
-            self.batch_feeds,
-            items,
-            progress=progress,
-            keep=LOOKAHEAD_BATCHES + 1,
-        )
-
-
-def audit_session(
-    graph: OnnxModel,
-    blocks: Sequence[BlockWeights],
-    inputs: Inputs,
-    *,
-    prefix: int = 0,
-    attention: bool = True,
-    spectral: bool = True,
-    provider: Literal["auto", "cpu", "cuda"] = "auto",
-    threads: int | None = None,
-    partial: bool = False,
-) -> AuditSession:
-    """Build the session the audit runs: layer statistics reduced in the graph, attention exposed.
-
-    Only the reductions' outputs come back per layer (:mod:`importers.run.reductions`): eight
-    scalars, plus the smaller Gram matrix when ``spectral`` (the singular-value metrics need it);
-    the attention probabilities are fetched only when ``attention`` (the dominance step needs
-    them). ``partial``: ``blocks`` are only the matched part of the model (see
-    :func:`layer_tensors`).
-    """
-    notes: list[str] = []
-    layers = layer_tensors(blocks, notes, partial=partial)
-    probs = [block.attention_name for block in blocks] if attention else []
-    first = inputs.read(0, 1)  # masked or not, and the token count, without reading every input
-    time_major = [blocks[0].time_major] + [block.time_major for block in blocks]
-    gram = _gram_orientation(graph, layers[0], first, blocks[0]) if spectral else "none"
-    plan = plan_reductions(
-        graph,
-        layers,
-        prefix=prefix,
-        masked=first.token_mask is not None,
-        gram=gram,
-        time_major=time_major,
-    )
-    runner = Runner(
-        graph, expose=probs, extension=plan.extension, provider=provider, threads=threads
-    )
-    return AuditSession(layers, probs, plan, runner, inputs, notes)
-
-
-#: Batches whose host work (metrics, dominance) may still run while the next batch is inferred.
-LOOKAHEAD_BATCHES = 1
+        return ModelRef(model.path, entry), model
+    ref = lookup(model)
+    return ref, load_model(ref.path)
 
 
 class _BatchWork:
@@ -372,7 +344,7 @@ class _BatchWork:
 
 def _measure_batch(
     session: AuditSession,
-    blocks: Sequence[BlockWeights],
+    blocks: Sequence[AttentionBlock],
     eig_H: Sequence[np.ndarray],
     tie_rtol: float,
     per_input: dict[str, np.ndarray],
@@ -422,84 +394,31 @@ def _pipelined(
     return cases
 
 
-def audit(
-    model: str | os.PathLike[str] | OnnxModel,
+def prepare(
+    ref: ModelRef,
+    graph: OnnxModel,
     inputs: Inputs | None = None,
-    *,
-    entry: ZooModel | None = None,
-    provider: Literal["auto", "cpu", "cuda"] = "auto",
-    batch_size: int = 4,
-    exclude_prefix: bool | int = False,
-    dominance: Granularity = "head",
-    fold_gamma: bool = False,
-    spectral: bool = True,
-    partial: bool = False,
-    tie_rtol: float = TIE_RTOL,
-    progress: bool = False,
-    cache: bool = True,
-    value_spectra: Sequence[BlockSpectra] | None = None,
-    threads: int | None = None,
-) -> AuditResult:
-    """Audit a model: per-layer smoothing of real inputs, dominating eigenvalues, value spectra.
+    options: AuditOptions | None = None,
+) -> tuple[PreparedAudit, Inputs]:
+    """The input-independent part of an audit: match, extract, value spectra, notes.
 
     Parameters
     ----------
-    model : str, path or OnnxModel
-        An ONNX file or a zoo name (``oversmooth models``; fetched on first use), or a model already
-        loaded with :func:`importers.graph.load_model` (it is not parsed again).
+    ref, graph : ModelRef, OnnxModel
+        The model (:func:`open_model`).
     inputs : Inputs, optional
         Default: the bundled photographs (image models) or sentences (text models).
-    entry : ZooModel, optional
-        The zoo entry of an already loaded ``model`` (preprocessing, prefix tokens, display name);
-        looked up automatically when ``model`` is a zoo name.
-    provider : {"auto", "cpu", "cuda"}
-        onnxruntime execution provider; ``"cuda"`` fails unless the session really runs on CUDA.
-    batch_size : int
-        Inputs per onnxruntime call (bounds memory). A graph that fixes its batch size runs at
-        that size; one with nodes that mix the inputs of a batch (``DynamicQuantizeLinear``) runs
-        every input alone, so the numbers never depend on it (a note says so; see
-        :mod:`importers.run.batching`).
-    exclude_prefix : bool or int
-        Leave prefix tokens out of the metrics: True uses the zoo's count (CLS = 1), an int counts.
-    dominance : {"head", "layer", "none"}
-        H granularity of the dominance table, or skip it (no attention tensors fetched).
-    fold_gamma : bool
-        Fold the pre-LN γ into H for the dominance table.
-    spectral : bool
-        Compute the singular-value metrics (sigma_ratio, rank1_residual, effective_rank). They
-        need one min(T, D)² Gram matrix per input and layer from the device, most of what an
-        audit on a GPU moves; without them those columns are NaN and a note says so.
-    partial : bool
-        Audit a model whose attention is only partly matched; the first note then names the
-        missing blocks (else :class:`~importers.match.IncompleteMatchError`, exit status 1).
-    tie_rtol : float
-        Relative tolerance for ties of |μ|.
-    progress : bool
-        Show a progress bar (stderr).
-    cache : bool
-        Reuse (and store) the input-independent value spectra in the per-user cache, keyed by
-        the model file's sha256 (:mod:`importers.run.cache`); False computes them afresh.
-    value_spectra : sequence of BlockSpectra, optional
-        Those value spectra already computed for this model, one per matched block (the sharded
-        audit computes them once and sends them to its workers); then ``cache`` is not used.
-    threads : int, optional
-        The cores the audit may use: onnxruntime's intra-op threads and the threads of the host
-        work (metrics, dominance). Default: every core this process may use
-        (:func:`~importers.run.runner.default_threads`).
+    options : AuditOptions, optional
 
     Returns
     -------
-    AuditResult
+    PreparedAudit, Inputs
+        The prepared audit and the inputs it will measure.
     """
-    check_dominance_options(dominance, fold_gamma)
-    batch_size = check_positive_int(batch_size, "batch_size", error=ImporterInputError)
-    threads = default_threads() if threads is None else threads
-    threads = check_positive_int(threads, "threads", error=ImporterInputError)
-    ref = _open(model, entry)
-    prefix = _prefix_count(exclude_prefix, ref.entry)
-    graph = model if isinstance(model, OnnxModel) else load_model(ref.path)
+    options = AuditOptions() if options is None else options
+    prefix = options.prefix_count(ref.entry)
     report = find_attention_blocks(graph)
-    check_complete(report, partial=partial)
+    check_complete(report, partial=options.partial)
     blocks = [block_weights(graph, block) for block in report.blocks]
     notes = [missing_blocks_note(report)] if report.unmatched else []
     departed = departures_note(report.blocks)
@@ -511,60 +430,168 @@ def audit(
         notes.append(
             "inputs are RANDOM, not real data: smoothing of noise says little about the model"
         )
-    session = audit_session(
-        graph,
-        blocks,
-        inputs,
-        prefix=prefix,
-        attention=dominance != "none",
-        spectral=spectral,
-        provider=provider,
-        threads=threads,
-        partial=bool(report.unmatched),
-    )
-    if not spectral:
+    if not options.spectral:
         notes.append(f"not computed (spectral=False): {', '.join(SPECTRAL_METRICS)}")
-    runner = session.runner
-    notes += session.notes
-    items, batch_notes = items_per_call(graph, batch_size)
+    layer_tensors(blocks, notes, partial=bool(report.unmatched))
+    items, batch_notes = items_per_call(graph, options.batch_size)
     notes += batch_notes
     sha256 = file_sha256(ref.path)
-    spectra = (
-        cached_value_spectra(blocks, sha256, use_cache=cache)
-        if value_spectra is None
-        else checked_spectra(value_spectra, blocks)
-    )
+    spectra = cached_value_spectra(blocks, sha256, use_cache=options.cache)
+    dominance, fold_gamma = options.dominance, options.fold_gamma
     eig_H = dominance_spectra(blocks, spectra, dominance, fold_gamma) if dominance != "none" else []
     if fold_gamma and dominance != "none":
         notes += unfolded_blocks_note(spectra)
+    prepared = PreparedAudit(
+        model=ModelInfo(ref.name, str(ref.path), sha256, len(blocks)),
+        options=options,
+        blocks=tuple(blocks),
+        matched_part_only=bool(report.unmatched),
+        spectra=tuple(spectra),
+        eig_H=tuple(eig_H),
+        prefix=prefix,
+        items=items,
+        notes=tuple(notes),
+    )
+    return prepared, inputs
+
+
+def measure(
+    prepared: PreparedAudit, graph: OnnxModel, inputs: Inputs, *, threads: int | None = None
+) -> Measurement:
+    """Run the audit's session on ``inputs``: every metric per (input, layer), every dominance case.
+
+    The cores of onnxruntime and of the host work are ``prepared.options.threads`` when set, else
+    ``threads`` (a cluster worker's share of its host), else every core this process may use.
+    """
+    options = prepared.options
+    threads = options.threads or threads or default_threads()
+    session = audit_session(
+        graph,
+        prepared.blocks,
+        inputs,
+        prefix=prepared.prefix,
+        attention=options.dominance != "none",
+        spectral=options.spectral,
+        provider=options.provider,
+        threads=threads,
+        partial=prepared.matched_part_only,
+    )
     shape = (inputs.batch_size, len(session.layers))
     per_input = {name: np.full(shape, np.nan) for name in METRICS}
-    batches = session.batches(items, progress=progress)
-    measure = functools.partial(_measure_batch, session, blocks, eig_H, tie_rtol, per_input)
-    cases = _pipelined(batches, measure, threads)
+    batches = session.batches(prepared.items, progress=options.progress)
+    measure_batch = functools.partial(
+        _measure_batch, session, prepared.blocks, prepared.eig_H, options.tie_rtol, per_input
+    )
+    cases = _pipelined(batches, measure_batch, threads)
+    runner = session.runner
+    provider = ProviderInfo(options.provider, tuple(runner.provider_used), runner.provider_note)
+    return Measurement(per_input, cases, provider, runner.provenance())
+
+
+def audit_result(
+    prepared: PreparedAudit,
+    inputs: Inputs,
+    measurement: Measurement,
+    *,
+    notes: Sequence[str] = (),
+) -> AuditResult:
+    """The :class:`~importers.run.records.AuditResult` of a prepared audit and its measurement.
+
+    ``prepared.blocks`` must hold the weights (the preparing process's value); ``notes`` are added
+    after the prepared ones.
+    """
+    options = prepared.options
+    blocks = [block for block in prepared.blocks if isinstance(block, BlockWeights)]
+    if len(blocks) != len(prepared.blocks):
+        raise TypeError("audit_result needs the prepared blocks with their weights")
     return AuditResult(
-        model=ModelInfo(ref.name, str(ref.path), sha256, len(blocks)),
+        model=prepared.model,
         inputs=InputsInfo(
             inputs.source, inputs.digest, inputs.batch_size, inputs.random, tuple(inputs.labels)
         ),
-        provider=ProviderInfo(provider, tuple(runner.provider_used), runner.provider_note),
+        provider=measurement.provider,
         blocks=blocks,
-        metrics=per_input,
-        dominance=cases,
-        spectra=spectrum_rows(spectra),
+        metrics=measurement.metrics,
+        dominance=measurement.dominance,
+        spectra=spectrum_rows(prepared.spectra),
         config=AuditConfig(
-            batch_size=batch_size,
-            exclude_prefix=prefix,
-            dominance=dominance,
-            fold_gamma=fold_gamma,
-            tie_rtol=tie_rtol,
-            metrics=tuple(m for m in METRICS if spectral or m not in SPECTRAL_METRICS),
+            batch_size=options.batch_size,
+            exclude_prefix=prepared.prefix,
+            dominance=options.dominance,
+            fold_gamma=options.fold_gamma,
+            tie_rtol=options.tie_rtol,
+            metrics=tuple(m for m in METRICS if options.spectral or m not in SPECTRAL_METRICS),
         ),
         provenance=Provenance(
             python=platform.python_version(),
             versions=package_versions(_PACKAGES),
-            runner=runner.provenance(),
+            runner=measurement.runner,
             inputs_digest=inputs.digest,
         ),
-        notes=notes,
+        notes=[*prepared.notes, *notes],
     )
+
+
+def run_audit(
+    model: str | os.PathLike[str] | OnnxModel,
+    inputs: Inputs | None = None,
+    options: AuditOptions | None = None,
+    *,
+    entry: ZooModel | None = None,
+) -> AuditResult:
+    """The whole audit in this process: :func:`prepare`, :func:`measure`, :func:`audit_result`.
+
+    ``model`` and ``entry`` as for :func:`open_model`; ``inputs`` as for :func:`prepare`.
+    """
+    options = AuditOptions() if options is None else options
+    ref, graph = open_model(model, entry)
+    prepared, inputs = prepare(ref, graph, inputs, options)
+    return audit_result(prepared, inputs, measure(prepared, graph, inputs))
+
+
+def audit(
+    model: str | os.PathLike[str] | OnnxModel,
+    inputs: Inputs | None = None,
+    *,
+    entry: ZooModel | None = None,
+    provider: Provider = "auto",
+    batch_size: int = 4,
+    exclude_prefix: bool | int = False,
+    dominance: Granularity = "head",
+    fold_gamma: bool = False,
+    spectral: bool = True,
+    partial: bool = False,
+    tie_rtol: float = TIE_RTOL,
+    progress: bool = False,
+    cache: bool = True,
+    threads: int | None = None,
+) -> AuditResult:
+    """Audit a model: per-layer smoothing of real inputs, dominating eigenvalues, value spectra.
+
+    :func:`run_audit` with the options as keywords (each described in :class:`AuditOptions`).
+
+    Parameters
+    ----------
+    model : str, path or OnnxModel
+        An ONNX file or a zoo name (``oversmooth models``; fetched on first use), or a model already
+        loaded with :func:`importers.graph.load_model` (it is not parsed again).
+    inputs : Inputs, optional
+        Default: the bundled photographs (image models) or sentences (text models).
+    entry : ZooModel, optional
+        The zoo entry of an already loaded ``model`` (preprocessing, prefix tokens, display name);
+        looked up automatically when ``model`` is a zoo name.
+    """
+    options = AuditOptions(
+        provider=provider,
+        batch_size=batch_size,
+        exclude_prefix=exclude_prefix,
+        dominance=dominance,
+        fold_gamma=fold_gamma,
+        spectral=spectral,
+        partial=partial,
+        tie_rtol=tie_rtol,
+        progress=progress,
+        cache=cache,
+        threads=threads,
+    )
+    return run_audit(model, inputs, options, entry=entry)

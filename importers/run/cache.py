@@ -27,8 +27,6 @@ weights_digest
     The sha256 of the arrays the value spectra depend on.
 cached_value_spectra
     :func:`importers.value_spectra.blocks_spectra`, from the cache when it holds them.
-checked_spectra
-    Value spectra computed elsewhere, checked to fit the blocks as a cache entry is.
 """
 
 from __future__ import annotations
@@ -45,7 +43,6 @@ from typing import Any
 
 import numpy as np
 
-from importers.errors import ImporterInputError
 from importers.value_spectra import BlockSpectra, blocks_spectra
 from importers.weights import BlockWeights
 from importers.zoo import cache_dir
@@ -54,7 +51,6 @@ __all__ = [
     "CACHE_FORMAT",
     "cache_folder",
     "cached_value_spectra",
-    "checked_spectra",
     "entry_path",
     "load_entry",
     "save_entry",
@@ -202,24 +198,3 @@ def cached_value_spectra(
     if use_cache:
         save_entry(model_sha256, _VALUE_SPECTRA, options, _spectra_arrays(spectra))
     return spectra
-
-
-def checked_spectra(
-    spectra: Sequence[BlockSpectra], blocks: Sequence[BlockWeights]
-) -> list[BlockSpectra]:
-    """``spectra`` computed elsewhere (the sharded audit's client), if they fit ``blocks``.
-
-    The check of a cache entry: one per block, each kind present exactly when the block has it,
-    complex128 of the block's shapes, finite.
-
-    Raises
-    ------
-    ImporterInputError
-        They do not fit (another model's spectra, or a block missing).
-    """
-    if not _valid_spectra(_spectra_arrays(spectra), blocks):
-        raise ImporterInputError(
-            f"`value_spectra` must be the value spectra of this model's {len(blocks)} matched "
-            f"blocks; got {len(spectra)} that do not fit them"
-        )
-    return list(spectra)

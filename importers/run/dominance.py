@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from importers.errors import ImporterInputError
+from importers.match import AttentionBlock
 from importers.run.feeds import Inputs
 from importers.run.records import DominanceCase
 from importers.value_spectra import BlockSpectra
@@ -207,7 +208,7 @@ def stacked_cases(
 
 def dominance_problems(
     outputs: dict[str, np.ndarray],
-    blocks: Sequence[BlockWeights],
+    blocks: Sequence[AttentionBlock],
     attention: Sequence[str],
     inputs: Inputs,
     start: int,

@@ -19,7 +19,7 @@ from PIL import Image
 from importers.graph import load_model
 from importers.run.feeds import expected_inputs_text
 from importers.run.sources import bundled_inputs
-from simulator.cli import main
+from oversmooth.cli import main
 from tests.importers.builders import assemble
 from tests.realmodels import require_real_model
 
@@ -355,7 +355,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("work started before the options were checked")
 
     monkeypatch.setattr("importers.graph.load_model", started)
-    monkeypatch.setattr("importers.executor.open_executor", started)
+    monkeypatch.setattr("oversmooth.executor.open_executor", started)
 
 
 @pytest.mark.parametrize(

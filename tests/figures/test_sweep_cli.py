@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli import main
+from oversmooth.cli import main
 from tests.cluster import WORKERS, started_cluster
 from tests.realmodels import require_real_model
 
@@ -215,7 +215,7 @@ def test_ctrl_c_at_the_terminal_stops_a_local_cluster_sweep_with_one_line(tmp_pa
     exit 130, no output folder, no process left."""
     spec = write_spec(tmp_path, {**SPEC, "layers": 3000, "seeds": 40})
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "simulator.cli", "sweep", str(spec), "--out", str(out)]
+    command = [sys.executable, "-m", "oversmooth.cli", "sweep", str(spec), "--out", str(out)]
     command += ["--scheduler", "local", "--workers", "2", "--no-progress"]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True

@@ -42,7 +42,7 @@ def run_case(case: Case, folder: Path) -> tuple[int, str, set[str]]:
     before = _snapshot(folder)
     env = {**os.environ, **case.env}
     result = subprocess.run(
-        [sys.executable, "-m", "simulator.cli", *argv],
+        [sys.executable, "-m", "oversmooth.cli", *argv],
         cwd=folder,
         env=env,
         capture_output=True,

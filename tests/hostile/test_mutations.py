@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from importers.errors import ImporterError
 from importers.graph import GraphInput
 from importers.run import sources
-from simulator.cli import main
+from oversmooth.cli import main
 from tests.importers.builders import assemble
 
 VALID = assemble("bert_legacy", 3).built.model.SerializeToString()

@@ -28,8 +28,8 @@ from importers.graph import load_model
 from importers.run.audit import audit
 from importers.run.feeds import Inputs
 from importers.run.records import DOMINANCE_COLUMNS, LAYER_COLUMNS, AuditResult
-from importers.run.report import render_report, save_audit
 from importers.run.sources import bundled_inputs, random_inputs
+from oversmooth.report import render_report, save_audit
 from simulator import tolerances as tol
 from simulator.errors import InputError
 from simulator.metrics import METRICS, all_metrics

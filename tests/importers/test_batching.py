@@ -279,7 +279,7 @@ def test_the_audit_command_runs_a_fixed_batch_graph_on_npz_shards(
     corpus: Corpus, tmp_path: Path, capsys
 ) -> None:
     """``--batch-size 2`` on a graph fixed at batch 1, inputs from a folder of two .npz shards."""
-    from simulator.cli import main
+    from oversmooth.cli import main
 
     path = with_fixed_dims(corpus.vit, tmp_path / "fixed.onnx", batch=1)
     feeds = random_inputs(load_model(path).inputs, seed=0, batch=3).feeds["pixel_values"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from importers.run.audit import audit
-from importers.run.report import render_report
 from importers.run.sources import random_inputs
+from oversmooth.report import render_report
 from simulator.theory import KINDS, dominance_kinds
 from tests.importers.family_corpus import load_fixture
 

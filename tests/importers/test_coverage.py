@@ -13,7 +13,7 @@ from importers.graph import model_from_proto
 from importers.match import IncompleteMatchError, check_complete, find_attention_blocks
 from importers.run.audit import audit
 from importers.run.feeds import Inputs
-from simulator.cli import main
+from oversmooth.cli import main
 from tests.importers.builders import NEAR_MISSES, assemble
 
 SEED = 0

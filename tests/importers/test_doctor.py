@@ -7,7 +7,7 @@ from pathlib import Path
 
 from importers.run.cuda import GPU_INSTALL_HINT, loaded_cuda_libraries
 from importers.run.doctor import cuda_reason
-from simulator.cli import main
+from oversmooth.cli import main
 
 LISTED = ("CUDAExecutionProvider", "CPUExecutionProvider")
 GPU = [{"name": "NVIDIA H100", "driver": "580.0", "memory": "81559 MiB"}]

@@ -17,9 +17,9 @@ from threadpoolctl import threadpool_limits
 
 from importers.graph import load_model
 from importers.match import find_attention_blocks
-from importers.run.audit import audit_session
 from importers.run.cache import cached_value_spectra
 from importers.run.dominance import DominanceProblem, dominance_problems, dominance_spectra
+from importers.run.session import audit_session
 from importers.run.sources import default_inputs
 from importers.weights import block_weights
 from importers.zoo import file_sha256, lookup

@@ -27,9 +27,10 @@ from onnx import TensorProto
 from importers.errors import LayerStreamError
 from importers.graph import OnnxModel
 from importers.match import NoAttentionBlocksError, find_attention_blocks
-from importers.run.audit import audit, layer_tensors
+from importers.run.audit import audit
 from importers.run.feeds import Inputs
 from importers.run.runner import Runner
+from importers.run.session import layer_tensors
 from importers.weights import BlockWeights, block_weights
 from simulator.errors import one_line
 from tests.importers.family_corpus import FIXTURES, MANIFEST, fixture_bytes, load_fixture

@@ -27,7 +27,7 @@ from importers.errors import (
 from importers.graph import OnnxModel, load_model
 from importers.match import NoAttentionBlocksError, find_attention_blocks
 from importers.weights import extract
-from simulator.cli import main
+from oversmooth.cli import main
 from tests.importers.builders import VARIANTS
 
 

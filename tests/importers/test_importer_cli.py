@@ -1,4 +1,4 @@
-"""The ``inspect``, ``weights`` and ``spectra`` commands, driven through ``simulator.cli.main``."""
+"""The ``inspect``, ``weights`` and ``spectra`` commands, driven through ``oversmooth.cli.main``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from numpy.testing import assert_array_equal
 
 from importers.value_spectra import LAYER_HEAD, SPECTRUM_KINDS
-from simulator.cli import main
+from oversmooth.cli import main
 from tests.importers.builders import NEAR_MISSES, VARIANTS
 from tests.importers.test_real_models import REAL_MODELS
 from tests.realmodels import require_real_model

@@ -24,10 +24,11 @@ from numpy.testing import assert_allclose
 from importers.errors import ImporterInputError, ProviderError
 from importers.graph import OnnxModel, load_model, model_from_proto
 from importers.match import find_attention_blocks
-from importers.run.audit import audit, audit_session, layer_tensors
+from importers.run.audit import audit
 from importers.run.feeds import Inputs
 from importers.run.reductions import MASK_INPUT, plan_reductions
 from importers.run.runner import Runner, open_session
+from importers.run.session import audit_session, layer_tensors
 from importers.run.sources import default_inputs, random_inputs
 from importers.weights import block_weights
 from importers.zoo import get_model, models
@@ -356,7 +357,8 @@ def test_the_pipelined_audit_equals_the_sequential_one(
     onnx.save(model.proto, path)
     results = []
     for lookahead in (0, 1, 3):
-        monkeypatch.setattr(audit_module, "LOOKAHEAD_BATCHES", lookahead)
+        for module in (audit_module, importlib.import_module("importers.run.session")):
+            monkeypatch.setattr(module, "LOOKAHEAD_BATCHES", lookahead)
         results.append(audit(path, inputs, provider="cpu", batch_size=1))
     for result in results[1:]:
         assert result.dominance == results[0].dominance

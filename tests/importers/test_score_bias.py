@@ -21,7 +21,7 @@ from importers.graph import model_from_proto
 from importers.match import NoAttentionBlocksError, find_attention_blocks
 from importers.match import score_values as values
 from importers.weights import block_weights
-from simulator.cli import main
+from oversmooth.cli import main
 from tests.importers.small_graph import SmallGraph
 
 D, HEADS, D_HEAD, T = 8, 2, 4, 4

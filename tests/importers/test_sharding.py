@@ -14,6 +14,7 @@ import contextlib
 import importlib
 import itertools
 import os
+import pickle
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -25,32 +26,31 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from importers.errors import ImporterInputError
-from importers.executor import LocalExecutor, open_executor, own_threads, progress_bar
 from importers.graph import load_model
 from importers.match import find_attention_blocks
 from importers.run import cache as audit_cache
-from importers.run.audit import audit
+from importers.run.audit import AuditOptions, audit, open_model, prepare
 from importers.run.cache import cached_value_spectra
 from importers.run.feeds import Inputs
 from importers.run.records import AuditResult
 from importers.run.runner import default_threads
-from importers.run.sharding import (
+from importers.run.sources import random_inputs
+from importers.value_spectra import blocks_spectra
+from importers.zoo import file_sha256, lookup
+from oversmooth.executor import LocalExecutor, open_executor, own_threads, progress_bar
+from oversmooth.sharding import (
     IN_FLIGHT_PER_SLOT,
     SHARD_BYTES,
     SHARD_INPUTS,
     ModelFile,
-    _audit_shard,
     _batches_per_shard,
+    _measure_shard,
     _model_file,
     _sees_file,
     _Shard,
     plan_shards,
     sharded_audit,
 )
-from importers.run.sources import random_inputs
-from importers.value_spectra import BlockSpectra, blocks_spectra
-from importers.weights import block_weights
-from importers.zoo import file_sha256, lookup
 from tests.cluster import WORKERS, started_cluster
 from tests.importers.builders import assemble
 from tests.realmodels import require_real_model
@@ -145,9 +145,8 @@ def test_shards_in_this_process_merge_to_the_single_process_audit(builder_model:
     graph = load_model(builder_model)
     inputs = random_inputs(graph.inputs, seed=1, batch=11, seq=6, vocab_size=50)
     one = audit(graph, inputs, batch_size=2, provider="cpu")
-    merged = sharded_audit(
-        graph, inputs, executor=LocalExecutor(), batch_size=2, shards=4, provider="cpu"
-    )
+    options = AuditOptions(batch_size=2, provider="cpu")
+    merged = sharded_audit(graph, inputs, options, executor=LocalExecutor(), shards=4)
     assert_same_report(one, merged)
     assert merged.provenance.runner["shards"] == 4
     assert merged.provenance.runner["executor"]["kind"] == "local"
@@ -171,7 +170,7 @@ def test_bad_options_are_refused_before_any_shard_is_sent(
     graph = load_model(builder_model)
     inputs = random_inputs(graph.inputs, seed=1, batch=2, seq=6, vocab_size=50)
     with pytest.raises(ImporterInputError, match=fragment):
-        sharded_audit(graph, inputs, executor=NoShards(), provider="cpu", **options)
+        sharded_audit(graph, inputs, AuditOptions(provider="cpu", **options), executor=NoShards())
 
 
 class _Workers(LocalExecutor):
@@ -254,7 +253,8 @@ def test_a_shard_runs_with_its_workers_share_unless_told(cluster: str, builder_m
     options = {"batch_size": 2, "provider": "cpu", "cache": False}
     with open_executor(cluster) as executor:
         for threads, used in ((None, share), (3, 3)):
-            merged = sharded_audit(graph, inputs, executor=executor, threads=threads, **options)
+            chosen = AuditOptions(threads=threads, **options)
+            merged = sharded_audit(graph, inputs, chosen, executor=executor)
             assert merged.provenance.runner["session_options"]["intra_op_num_threads"] == used
     one = audit(graph, inputs, threads=1, batch_size=2, provider="cpu")
     assert one.provenance.runner["session_options"]["intra_op_num_threads"] == 1
@@ -330,17 +330,14 @@ def test_an_error_of_a_task_stops_taking_tasks(cluster: str) -> None:
     assert taken == [0]
 
 
-def _value_spectra(graph) -> list[BlockSpectra]:
-    return blocks_spectra([block_weights(graph, b) for b in find_attention_blocks(graph).blocks])
-
-
-def _no_value_spectra(blocks, *args, **kwargs) -> None:
-    raise AssertionError("a worker looked up or computed the value spectra")
+def _no_preparation(*args, **kwargs) -> None:
+    raise AssertionError("a worker matched the graph or looked up the value spectra")
 
 
 def _forbid_value_spectra(forbid: bool) -> None:
-    """On a worker: the audit's look-up of value spectra (cache or computation) fails, or works."""
-    audit_module.cached_value_spectra = _no_value_spectra if forbid else cached_value_spectra
+    """On a worker: preparing an audit (matching, value spectra from the cache) fails, or works."""
+    audit_module.cached_value_spectra = _no_preparation if forbid else cached_value_spectra
+    audit_module.find_attention_blocks = _no_preparation if forbid else find_attention_blocks
 
 
 @contextlib.contextmanager
@@ -365,7 +362,7 @@ def test_more_shards_than_slots_merge_to_the_single_process_audit(
 ) -> None:
     """One input per shard (the cap at 1): 7 shards through a window of 2 x slots; on the
     cluster the workers may not compute the value spectra (the client sends them)."""
-    monkeypatch.setattr("importers.run.sharding.SHARD_INPUTS", 1)
+    monkeypatch.setattr("oversmooth.sharding.SHARD_INPUTS", 1)
     graph = load_model(builder_model)
     inputs = random_inputs(graph.inputs, seed=6, batch=7, seq=6, vocab_size=50)
     one = audit(graph, inputs, batch_size=1, provider="cpu")
@@ -375,7 +372,7 @@ def test_more_shards_than_slots_merge_to_the_single_process_audit(
         if where == "cluster":
             executor = stack.enter_context(open_executor(request.getfixturevalue("cluster")))
             stack.enter_context(_forbidden_on_workers(executor))
-        merged = sharded_audit(graph, inputs, executor=executor, **options)
+        merged = sharded_audit(graph, inputs, AuditOptions(**options), executor=executor)
     assert merged.provenance.runner["shards"] == 7
     assert_same_per_input(one, merged)
     assert_same_report(one, merged)
@@ -428,14 +425,13 @@ def test_shards_are_read_when_taken_at_most_a_window_at_once(
     builder_model: Path, monkeypatch
 ) -> None:
     """26 inputs, batch 2, at most 2 batches a shard: 7 shards, a window of 4 (2 slots)."""
-    monkeypatch.setattr("importers.run.sharding.SHARD_INPUTS", 4)
+    monkeypatch.setattr("oversmooth.sharding.SHARD_INPUTS", 4)
     graph = load_model(builder_model)
     log: list[tuple] = []
     lazy = random_inputs(graph.inputs, seed=4, batch=26, seq=6, vocab_size=50)
     executor = _Windowed(2, log)
-    merged = sharded_audit(
-        graph, lazy.with_feeds(_LoggedReader(lazy, log)), executor=executor, batch_size=2
-    )
+    read = lazy.with_feeds(_LoggedReader(lazy, log))
+    merged = sharded_audit(graph, read, AuditOptions(batch_size=2), executor=executor)
     starts = {part.start for part in plan_shards(26, 2, 2, 2)}
     assert len(starts) == 7
     assert executor.max_in_flight == IN_FLIGHT_PER_SLOT * 2
@@ -470,13 +466,14 @@ def test_ctrl_c_while_a_shard_is_read_leaves_no_task_on_the_cluster(
     """7 shards of 2 inputs, 4 sent at once: item 9 is read while the workers run shards 0-3."""
     import distributed
 
-    monkeypatch.setattr("importers.run.sharding.SHARD_INPUTS", 2)
+    monkeypatch.setattr("oversmooth.sharding.SHARD_INPUTS", 2)
     graph = load_model(builder_model)
     lazy = random_inputs(graph.inputs, seed=7, batch=14, seq=6, vocab_size=50)
     inputs = lazy.with_feeds(_InterruptedReader(lazy, at=9))
     with open_executor(cluster) as executor, distributed.Client(cluster) as watcher:
+        options = AuditOptions(batch_size=1, provider="cpu")
         with pytest.raises(KeyboardInterrupt):
-            sharded_audit(graph, inputs, executor=executor, batch_size=1, provider="cpu")
+            sharded_audit(graph, inputs, options, executor=executor)
         # the executor's client is still open: its tasks must be gone all the same
         deadline = time.monotonic() + CANCEL_WAIT_S
         while watcher.run_on_scheduler(_scheduler_tasks) and time.monotonic() < deadline:
@@ -489,7 +486,7 @@ def test_the_value_spectra_are_computed_once_here_never_per_shard(
 ) -> None:
     """Without the cache once per audit (not per shard); with it once per model."""
     monkeypatch.setenv("OVERSMOOTH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr("importers.run.sharding.SHARD_INPUTS", 2)
+    monkeypatch.setattr("oversmooth.sharding.SHARD_INPUTS", 2)
     computed: list[int] = []
 
     def counted(blocks):
@@ -497,27 +494,50 @@ def test_the_value_spectra_are_computed_once_here_never_per_shard(
         return blocks_spectra(blocks)
 
     monkeypatch.setattr(audit_cache, "blocks_spectra", counted)
-    monkeypatch.setattr(audit_module, "cached_value_spectra", _no_value_spectra)  # in a shard
     graph = load_model(builder_model)
     inputs = random_inputs(graph.inputs, seed=1, batch=6, seq=6, vocab_size=50)
     n_blocks = len(find_attention_blocks(graph).blocks)
     counts = []
     for cache in (False, True, True):
         computed.clear()
-        result = sharded_audit(
-            graph, inputs, executor=LocalExecutor(), batch_size=1, provider="cpu", cache=cache
-        )
+        options = AuditOptions(batch_size=1, provider="cpu", cache=cache)
+        result = sharded_audit(graph, inputs, options, executor=LocalExecutor())
         assert result.provenance.runner["shards"] == 3
         counts.append(len(computed))
     assert counts == [n_blocks, n_blocks, 0]
 
 
-def test_a_shard_refuses_value_spectra_of_another_model(builder_model: Path) -> None:
+def test_the_graph_is_matched_once_for_every_shard(builder_model: Path, monkeypatch) -> None:
+    """The client prepares (matches, reads weights) once; a shard only measures."""
+    monkeypatch.setattr("oversmooth.sharding.SHARD_INPUTS", 1)
+    calls: list[str] = []
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return function(*args, **kwargs)
+
+        monkeypatch.setattr(audit_module, name, wrapper)
+
+    counted("find_attention_blocks", audit_module.find_attention_blocks)
+    counted("block_weights", audit_module.block_weights)
+    graph = load_model(builder_model)
+    inputs = random_inputs(graph.inputs, seed=1, batch=5, seq=6, vocab_size=50)
+    options = AuditOptions(batch_size=1, provider="cpu")
+    result = sharded_audit(graph, inputs, options, executor=LocalExecutor())
+    assert result.provenance.runner["shards"] == 5
+    assert calls.count("find_attention_blocks") == 1
+    assert calls.count("block_weights") == result.model.n_blocks
+
+
+def test_a_worker_receives_the_block_structure_without_weights(builder_model: Path) -> None:
     graph = load_model(builder_model)
     inputs = random_inputs(graph.inputs, seed=1, batch=2, seq=6, vocab_size=50)
-    spectra = _value_spectra(graph)
-    with pytest.raises(ImporterInputError, match="value_spectra"):
-        audit(graph, inputs, value_spectra=spectra[:-1])
+    prepared, _ = prepare(*open_model(graph), inputs, AuditOptions(provider="cpu"))
+    sent = prepared.structure()
+    assert not any(hasattr(block, "W_V") for block in sent.blocks)
+    assert [b.attention_name for b in sent.blocks] == [b.attention_name for b in prepared.blocks]
+    assert len(pickle.dumps(sent)) < len(pickle.dumps(prepared)) / 2
 
 
 def test_a_model_sent_by_value_is_audited_on_a_worker_like_one_read_by_path(
@@ -529,14 +549,14 @@ def test_a_model_sent_by_value_is_audited_on_a_worker_like_one_read_by_path(
     elsewhere = ModelFile(
         "/elsewhere/m.onnx", file_sha256(builder_model), builder_model.read_bytes()
     )
-    shard = _Shard(0, inputs, None, {"batch_size": 2, "provider": "cpu"})
+    prepared, _ = prepare(*open_model(graph), inputs, AuditOptions(batch_size=2, provider="cpu"))
     with open_executor(cluster) as executor:
         shared = {
             "model": elsewhere,
-            "spectra": _value_spectra(graph),
+            "prepared": prepared.structure(),
             "threads": executor.task_threads(),
         }
-        ((_, result),) = executor.map(_audit_shard, [shard], shared=shared)
+        ((_, result),) = executor.map(_measure_shard, [_Shard(0, inputs)], shared=shared)
     for name, values in one.metrics.items():
         np.testing.assert_array_equal(result.metrics[name], values)
     assert result.dominance == one.dominance
@@ -552,7 +572,7 @@ def test_a_model_sent_by_value_is_audited_on_a_worker_like_one_read_by_path(
     ],
 )
 def test_a_bad_scheduler_is_refused(scheduler, workers, fragment, monkeypatch) -> None:
-    monkeypatch.setattr("importers.executor.CONNECT_TIMEOUT_S", 2)
+    monkeypatch.setattr("oversmooth.executor.CONNECT_TIMEOUT_S", 2)
     with (
         pytest.raises(ImporterInputError, match=fragment),
         open_executor(scheduler, workers=workers),
@@ -568,19 +588,19 @@ def test_the_distributed_audit_of_minilm_l3_equals_the_local_one(cluster: str) -
     inputs = random_inputs(graph.inputs, seed=3, batch=10, seq=16, vocab_size=1000)
     one = audit(graph, inputs, entry=entry, batch_size=3, provider="cpu")
     with open_executor(cluster) as executor:
-        merged = sharded_audit(
-            graph, inputs, executor=executor, entry=entry, batch_size=3, provider="cpu"
-        )
+        options = AuditOptions(batch_size=3, provider="cpu")
+        merged = sharded_audit(graph, inputs, options, executor=executor, entry=entry)
+        prepared, _ = prepare(*open_model(graph, entry), inputs, options)
         by_value = [
             result
             for _, result in executor.map(
-                _audit_shard,
-                [_Shard(0, inputs, entry, {"batch_size": 3, "provider": "cpu"})],
+                _measure_shard,
+                [_Shard(0, inputs)],
                 shared={
                     "model": ModelFile(
                         "/elsewhere/model.onnx", file_sha256(path), path.read_bytes()
                     ),
-                    "spectra": _value_spectra(graph),
+                    "prepared": prepared.structure(),
                     "threads": executor.task_threads(),
                 },
             )

@@ -19,8 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 from importers.errors import LayerStreamError
 from importers.graph import OnnxModel, model_from_proto
 from importers.match import find_attention_blocks
-from importers.run.audit import layer_tensors
 from importers.run.runner import Runner
+from importers.run.session import layer_tensors
 from importers.weights import BlockWeights, block_weights
 
 D, HEADS, HIDDEN, EPS = 8, 2, 16, 1e-5

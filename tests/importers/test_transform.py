@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 from onnx import numpy_helper
 
-from importers.commands import transform as cmd_transform
 from importers.graph import load_model, model_from_proto
 from importers.run.audit import audit
 from importers.run.sources import bundled_inputs
@@ -36,8 +35,9 @@ from importers.transform import (
 )
 from importers.value_spectra import head_eigenvalues
 from importers.weights import BlockWeights, extract
+from oversmooth.cli import build_parser, main
+from oversmooth.commands import transform as cmd_transform
 from simulator import tolerances as tol
-from simulator.cli import build_parser, main
 from simulator.errors import InputError
 from tests.importers.builders import assemble
 from tests.importers.test_audit import builder_inputs

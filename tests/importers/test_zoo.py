@@ -275,11 +275,11 @@ def test_lookup_missing_path_is_not_a_zoo_lookup(tmp_path: Path) -> None:
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch):
     """The real dispatcher with only the `models` and `fetch` subcommands registered."""
-    from importers.commands import models as cmd_models
-    from simulator import cli as dispatcher
+    from oversmooth import cli as dispatcher
+    from oversmooth import commands
+    from oversmooth.commands import models as cmd_models
 
-    monkeypatch.setattr(dispatcher, "_register_builtin", lambda subparsers: None)
-    monkeypatch.setattr(dispatcher, "_plugins", lambda: [cmd_models.register])
+    monkeypatch.setattr(commands, "register", cmd_models.register)
     return dispatcher.main
 
 

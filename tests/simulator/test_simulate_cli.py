@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.cli import main
+from oversmooth.cli import main
 from simulator.metrics import METRICS, hfc_lfc
 from simulator.spectra import attention_symmetric_scores, h_symmetric
 from simulator.tolerances import STEP_RTOL

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from oversmooth.cli import main
 from simulator import checks
 from simulator.checks import Check, IntRange
-from simulator.cli import main
 
 REQUIRED_KEYS = {"name", "claim", "statement", "cases", "passed", "worst_margin", "failing_seed"}
 

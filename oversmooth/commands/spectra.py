@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from importers.commands.common import add_force_argument, add_model_argument, open_model
+from oversmooth.commands.common import add_force_argument, add_model_argument, open_model
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from importers.commands.common import add_model_argument, open_model
-from importers.match import departures_note
+from oversmooth.commands.common import add_model_argument, open_model
 from simulator.output import to_json
 
 if TYPE_CHECKING:
@@ -83,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         for note in block.notes:
             if note.startswith("defused from"):
                 print(f"block {block.index}: {note}")
+    from importers.match import departures_note
+
     departed = departures_note(report.blocks)
     if departed:
         print(departed)

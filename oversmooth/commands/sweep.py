@@ -1,10 +1,9 @@
 """``oversmooth sweep SPEC --out DIR``: a grid of simulator runs, one table row per cell, a regime map.
 
 The grid and what one cell measures are the simulator's (:mod:`simulator.sweep`); the cells run in
-this process, or on a Dask cluster with ``--scheduler`` (:mod:`importers.executor`), in chunks, and
-the rows are put back in cell order, so the table is the same wherever it ran. Registered here,
-beside ``audit``, because its output includes a picture: this is the package that may use the
-simulator, the executor and matplotlib together.
+this process, or on a Dask cluster with ``--scheduler`` (:mod:`oversmooth.executor`), in chunks, and
+the rows are put back in cell order, so the table is the same wherever it ran; the regime map is
+drawn by :mod:`figures.sweep_map`.
 
 The folder (written whole or not at all; Ctrl-C leaves nothing):
 
@@ -30,18 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from importers.commands.common import add_scheduler_options
+from oversmooth.commands.common import add_scheduler_options
 from simulator.errors import InputError
 
-__all__ = ["SWEEP_FILES", "plot_regime_map", "register", "run", "run_cells", "save_sweep"]
+__all__ = ["SWEEP_FILES", "register", "run", "run_cells", "save_sweep"]
 
 #: The files of a sweep folder.
 SWEEP_FILES = ("sweep.csv", "sweep.json", "regime_map.png")
 #: Tasks per executor slot: enough for load balance and a moving progress bar, few enough to
 #: keep the per-task overhead of a cluster small.
 TASKS_PER_SLOT = 16
-#: HFC/LFC below this is drawn as this (the float64 floor stops runs near it anyway).
-HFC_LFC_FLOOR = 1e-16
 _PACKAGES = ("oversmooth", "numpy", "scipy", "matplotlib", "dask", "distributed")
 
 
@@ -75,11 +72,11 @@ def run_cells(
     Parameters
     ----------
     cells : sequence of simulator.sweep.Cell
-    executor : importers.executor.Executor
+    executor : oversmooth.executor.Executor
     progress : bool
         A progress bar of cells done (stderr).
     """
-    from importers.executor import progress_bar
+    from oversmooth.executor import progress_bar
     from simulator.sweep import evaluate_cells
 
     chunks = _chunks(cells, executor.slots)
@@ -89,52 +86,6 @@ def run_cells(
             done[index] = rows
             advance(len(rows))
     return [row for index in range(len(chunks)) for row in done[index]]
-
-
-def _column_label(row: dict[str, Any], gammas: bool) -> str:
-    if not gammas:
-        return str(row["h_spectrum"])
-    gamma = "none" if row["gamma"] is None else f"{row['gamma']:g}"
-    return f"{row['h_spectrum']}\nγ={gamma}"
-
-
-def _row_label(row: dict[str, Any]) -> str:
-    return f"{row['rule']} {row['params']}".strip()
-
-
-def plot_regime_map(rows: Sequence[dict[str, Any]]) -> Any:
-    """The regime map of a sweep's rows (see the module docstring); returns the Figure."""
-    from figures._common import new_figure
-
-    gammas = len({row["gamma"] for row in rows}) > 1
-    row_labels = list(dict.fromkeys(_row_label(row) for row in rows))
-    column_labels = list(dict.fromkeys(_column_label(row, gammas) for row in rows))
-    values = np.full((len(row_labels), len(column_labels)), np.nan)
-    perron = np.full_like(values, np.nan)
-    for i, label in enumerate(row_labels):
-        for j, column in enumerate(column_labels):
-            group = [
-                r for r in rows if _row_label(r) == label and _column_label(r, gammas) == column
-            ]
-            ratios = np.array([r["final_hfc_lfc"] for r in group], dtype=float)
-            finite = ratios[np.isfinite(ratios)]
-            if finite.size:
-                values[i, j] = np.median(np.log10(np.maximum(finite, HFC_LFC_FLOOR)))
-            perron[i, j] = np.mean([r["predicted_kind"] == "perron" for r in group])
-    width = max(3.4, 1.1 * len(column_labels) + 2.5)
-    fig, ax = new_figure("column", 1.0)
-    fig.set_size_inches(width, 0.45 * len(row_labels) + 1.6)
-    mesh = ax.imshow(values, cmap="viridis", aspect="auto", interpolation="nearest")
-    shade = mesh.norm(values)  # dark text on the light end of the colour map
-    for (i, j), share in np.ndenumerate(perron):
-        color = "k" if np.ma.filled(shade, 0.0)[i, j] > 0.6 else "w"
-        ax.text(j, i, f"{100 * share:.0f}% P", ha="center", va="center", color=color, fontsize=7)
-    ax.set_xticks(range(len(column_labels)), column_labels)
-    ax.set_yticks(range(len(row_labels)), row_labels)
-    ax.grid(False)
-    ax.set_title("final HFC/LFC (log10, median); text: predicted Perron share", fontsize=8)
-    fig.colorbar(mesh, ax=ax, label="log10 HFC/LFC (low: smoothing)")
-    return fig
 
 
 def _is_sweep_folder(folder: Path) -> bool:
@@ -149,7 +100,7 @@ def save_sweep(
     force: bool = False,
 ) -> Path:
     """Write the sweep folder (:data:`SWEEP_FILES`) atomically: all files appear or none does."""
-    from figures._common import save_png
+    from figures.sweep_map import save_regime_map
     from simulator.output import atomic_directory, write_json, write_tidy_csv
     from simulator.sweep import SWEEP_COLUMNS
 
@@ -157,7 +108,7 @@ def save_sweep(
     with atomic_directory(out, ours=ours, label="--out") as staging:
         write_tidy_csv(staging / SWEEP_FILES[0], SWEEP_COLUMNS, rows)
         write_json(staging / SWEEP_FILES[1], record)
-        save_png(plot_regime_map(rows), staging / SWEEP_FILES[2])
+        save_regime_map(rows, staging / SWEEP_FILES[2])
     return out
 
 
@@ -179,7 +130,7 @@ def _summary(rows: Sequence[dict[str, Any]], where: dict[str, Any], out: Path) -
 
 def run(args: argparse.Namespace) -> int:
     """Check the spec and the output folder, run the cells, write the folder, print a summary."""
-    from importers.executor import open_executor
+    from oversmooth.executor import open_executor
     from simulator.output import check_output_folder, package_versions
     from simulator.sweep import load_spec
 

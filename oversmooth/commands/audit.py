@@ -1,9 +1,8 @@
-"""``oversmooth audit``: the main job. Registered here because its report includes pictures.
+"""``oversmooth audit``: the main job.
 
-``oversmooth sweep`` (:mod:`figures.sweep`) is registered here too, for the same reason.
-
-The measurement itself lives in :mod:`importers.run.audit`; this layer adds the PNG figures
-(:mod:`figures.audit_report`) and prints a summary.
+The measurement lives in :mod:`importers.run.audit`, the pictures in :mod:`figures.audit_report`,
+the report folder in :mod:`oversmooth.report`; this command turns the arguments into those calls
+and prints a summary.
 """
 
 from __future__ import annotations
@@ -14,15 +13,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from figures import sweep
-from importers.commands.common import add_scheduler_options
 from importers.errors import ImporterInputError
 from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, ZooModel, lookup
-from simulator.cli import positive_int
+from oversmooth.commands.common import add_scheduler_options, positive_int
 
 if TYPE_CHECKING:  # types only: the audit's modules (onnx, the matcher) load when the command runs
     from importers.graph import GraphInput
     from importers.run import AuditResult, Inputs
+    from importers.run.audit import AuditOptions
 
 DEFAULT_MODEL = "dinov2-vits14"
 
@@ -32,12 +30,7 @@ RANDOM_VOCAB_SIZE = 1000
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``audit`` and ``sweep`` subcommands."""
-    _register_audit(subparsers)
-    sweep.register(subparsers)
-
-
-def _register_audit(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``audit`` subcommand."""
     p = subparsers.add_parser(
         "audit",
         help="run a model on real inputs: per-layer smoothing, dominating eigenvalues, spectra, report",
@@ -113,7 +106,7 @@ def _register_audit(subparsers: argparse._SubParsersAction) -> None:
         "--exclude-prefix",
         nargs="?",
         type=int,
-        const=-1,
+        const=True,
         default=0,
         metavar="N",
         help="leave the first N tokens (default: the model's CLS/register count) out of the metrics",
@@ -261,42 +254,47 @@ def _summary(result: AuditResult, out: Path) -> str:
     return "\n".join(lines)
 
 
+def audit_options(args: argparse.Namespace) -> AuditOptions:
+    """The :class:`~importers.run.audit.AuditOptions` the command line asks for."""
+    from importers.run.audit import AuditOptions
+
+    return AuditOptions(
+        provider=args.provider,
+        batch_size=args.batch_size,
+        exclude_prefix=args.exclude_prefix,
+        dominance=args.dominance,
+        fold_gamma=args.fold_gamma,
+        spectral=not args.no_spectral,
+        partial=args.partial,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        cache=not args.no_cache,
+        threads=args.threads,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Audit, draw, write the report folder atomically, print a summary."""
     from figures.audit_report import render
-    from importers.executor import open_executor
     from importers.graph import load_model
-    from importers.run import audit, save_audit
-    from importers.run.report import replaceable_folder
-    from importers.run.sharding import sharded_audit
+    from importers.run.audit import run_audit
+    from oversmooth.executor import open_executor
+    from oversmooth.report import replaceable_folder, save_audit
+    from oversmooth.sharding import sharded_audit
     from simulator.output import check_output_folder
 
     check_source_options(args)
+    options = audit_options(args)  # checked once, before any work
     ref = lookup(args.model)
     out = args.out or Path(f"audit-{ref.name}")
     # refused before any work, by the same rule save_audit applies at the end
     check_output_folder(out, ours=replaceable_folder(args.force), label="--out")
     model = load_model(ref.path)  # parsed once: inputs, matching and the runner share it
     inputs = _inputs(args, model.inputs, ref.entry)
-    exclude = True if args.exclude_prefix == -1 else args.exclude_prefix
-    options = {
-        "entry": ref.entry,
-        "provider": args.provider,
-        "batch_size": args.batch_size,
-        "exclude_prefix": exclude,
-        "dominance": args.dominance,
-        "fold_gamma": args.fold_gamma,
-        "spectral": not args.no_spectral,
-        "partial": args.partial,
-        "progress": not args.no_progress and sys.stderr.isatty(),
-        "cache": not args.no_cache,
-        "threads": args.threads,
-    }
     if args.scheduler is None and args.workers is None:
-        result = audit(model, inputs, **options)
+        result = run_audit(model, inputs, options, entry=ref.entry)
     else:
         with open_executor(args.scheduler, workers=args.workers) as executor:
-            result = sharded_audit(model, inputs, executor=executor, **options)
+            result = sharded_audit(model, inputs, options, executor=executor, entry=ref.entry)
     save_audit(result, out, figures=render, label="--out", force=args.force)
     print(_summary(result, out))
     return 0

@@ -9,10 +9,20 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from simulator.cli import positive_int
-
 if TYPE_CHECKING:  # a type only; importing onnx here would slow every `oversmooth` call
     from importers.graph import OnnxModel
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` of a count (``--threads``, ``--batch-size``, ...): refused at parse time,
+    with the option named, before any work starts."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer; got {text!r}")
+    return value
 
 
 def add_model_argument(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +42,7 @@ def add_force_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_scheduler_options(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--scheduler`` and ``--workers`` (:func:`importers.executor.open_executor`); ``what`` says
+    """``--scheduler`` and ``--workers`` (:func:`oversmooth.executor.open_executor`); ``what`` says
     how the work is split."""
     parser.add_argument(
         "--scheduler",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from importers.commands.common import add_force_argument, add_model_argument
+from oversmooth.commands.common import add_force_argument, add_model_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -20,10 +20,13 @@ per-input metrics and dominance cases.
 
 Input-independent work
 ----------------------
-This process matches the model's attention blocks, reads their weights and takes their value
-spectra from the per-user cache (:func:`~importers.run.cache.cached_value_spectra`, computed and
-stored on a miss) before any shard starts; the spectra (a few numbers per head) are sent to every
-worker once with the model, so no worker computes them (the workers send back no weights).
+This process prepares the audit once (:func:`importers.run.audit.prepare`: matching, weights, the
+value spectra from the per-user cache, the notes) before any shard starts, exactly as the audit in
+one process does; every worker receives the prepared block structure once with the model
+(:meth:`~importers.run.audit.PreparedAudit.structure`: tensor names, column indices and the
+dominance step's H eigenvalues, no weights) and only measures
+(:func:`importers.run.audit.measure`), so no worker matches the graph, reads weights or computes
+spectra. The result is built here by the same :func:`~importers.run.audit.audit_result`.
 
 How the model reaches the workers
 ---------------------------------
@@ -36,7 +39,7 @@ each worker receiving only its shards.
 Public API
 ----------
 sharded_audit
-    The audit of ``model`` on ``inputs``, its shards run by an :class:`~importers.executor.Executor`.
+    The audit of ``model`` on ``inputs``, its shards run by an :class:`~oversmooth.executor.Executor`.
 plan_shards
     Split ``n`` inputs into runs of whole batches: ``k`` of them, more when one would be too big.
 SHARD_INPUTS, SHARD_BYTES, IN_FLIGHT_PER_SLOT
@@ -46,36 +49,29 @@ SHARD_INPUTS, SHARD_BYTES, IN_FLIGHT_PER_SLOT
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from importers.errors import ImporterInputError
-from importers.executor import Executor, own_threads, progress_bar
 from importers.graph import OnnxModel, load_model
 from importers.graph.index import uses_external_data
-from importers.match import check_complete, find_attention_blocks
-from importers.run.audit import audit, check_dominance_options
-from importers.run.cache import cached_value_spectra
-from importers.run.feeds import Inputs
-from importers.run.records import (
-    AuditResult,
-    DominanceCase,
-    InputsInfo,
-    ModelInfo,
-    Provenance,
-    ProviderInfo,
+from importers.run.audit import (
+    AuditOptions,
+    Measurement,
+    PreparedAudit,
+    audit_result,
+    measure,
+    open_model,
+    prepare,
 )
-from importers.run.sources import default_inputs
-from importers.value_spectra import BlockSpectra, spectrum_rows
-from importers.weights import block_weights
-from importers.zoo import ModelRef, ZooModel, file_sha256, lookup
-from simulator.validation import check_positive_int
+from importers.run.feeds import Inputs
+from importers.run.records import AuditResult
+from importers.zoo import ZooModel, file_sha256
+from oversmooth.executor import Executor, own_threads, progress_bar
 
 __all__ = [
     "IN_FLIGHT_PER_SLOT",
@@ -108,25 +104,10 @@ class ModelFile:
 
 @dataclass(frozen=True)
 class _Shard:
-    """One task: the inputs ``start .. start + len(inputs)`` and the audit's options."""
+    """One task: the inputs ``start .. start + len(inputs)``."""
 
     start: int
     inputs: Inputs
-    entry: ZooModel | None
-    options: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class _ShardResult:
-    """What a worker sends back: per-input metrics, dominance cases and how it ran."""
-
-    start: int
-    metrics: dict[str, np.ndarray]
-    dominance: list[DominanceCase]
-    provider: ProviderInfo
-    provenance: Provenance
-    config: Any
-    notes: list[str]
 
 
 def plan_shards(
@@ -202,82 +183,35 @@ def _local_copy(model: ModelFile) -> str:
     return str(target)
 
 
-def _audit_shard(
-    shard: _Shard, model: ModelFile, spectra: list[BlockSpectra], threads: dict[str, int]
-) -> _ShardResult:
-    """On a worker: :func:`~importers.run.audit.audit` of one shard, with the client's spectra.
+def _measure_shard(
+    shard: _Shard, model: ModelFile, prepared: PreparedAudit, threads: dict[str, int]
+) -> Measurement:
+    """On a worker: :func:`~importers.run.audit.measure` of one shard, inputs counted from 0.
 
     Unless the options fix ``threads``, the shard uses its worker's share of the host's cores
-    (:meth:`~importers.executor.Executor.task_threads`).
+    (:meth:`~oversmooth.executor.Executor.task_threads`); the graph is loaded, never matched.
     """
     graph = load_model(_local_copy(model))
-    options = dict(shard.options)
-    if options.get("threads") is None:
-        options["threads"] = own_threads(threads)
-    result = audit(graph, shard.inputs, entry=shard.entry, value_spectra=spectra, **options)
-    cases = [dataclasses.replace(case, input=case.input + shard.start) for case in result.dominance]
-    return _ShardResult(
-        shard.start,
-        result.metrics,
-        cases,
-        result.provider,
-        result.provenance,
-        result.config,
-        result.notes,
-    )
+    return measure(prepared, graph, shard.inputs, threads=own_threads(threads))
 
 
-def _merged_metrics(results: Sequence[_ShardResult]) -> dict[str, np.ndarray]:
-    return {
-        name: np.concatenate([result.metrics[name] for result in results], axis=0)
-        for name in results[0].metrics
+def _merged(parts: Sequence[Measurement], where: Mapping[str, object]) -> Measurement:
+    """The shards' measurements as one, in input order (``parts`` already shifted)."""
+    metrics = {
+        name: np.concatenate([part.metrics[name] for part in parts], axis=0)
+        for name in parts[0].metrics
     }
+    runner = {**parts[0].runner, "executor": dict(where), "shards": len(parts)}
+    cases = [case for part in parts for case in part.dominance]
+    return Measurement(metrics, cases, parts[0].provider, runner)
 
 
-def _provider_notes(results: Sequence[_ShardResult]) -> list[str]:
-    used = {result.provider.used for result in results}
+def _provider_notes(parts: Sequence[Measurement]) -> list[str]:
+    used = {part.provider.used for part in parts}
     if len(used) == 1:
         return []
     kinds = "; ".join(", ".join(providers) for providers in sorted(used))
     return [f"the workers ran different onnxruntime providers: {kinds}"]
-
-
-def _model_ref(model: str | os.PathLike[str] | OnnxModel, entry: ZooModel | None) -> ModelRef:
-    if not isinstance(model, OnnxModel):
-        return lookup(model)
-    if model.path is None:
-        raise ImporterInputError(
-            "`model` must have been loaded from a file; got an in-memory model"
-        )
-    return ModelRef(model.path, entry)
-
-
-def _merged_result(
-    ref: ModelRef,
-    inputs: Inputs,
-    results: Sequence[_ShardResult],
-    blocks: list[Any],
-    spectra: list[BlockSpectra],
-    where: Mapping[str, Any],
-) -> AuditResult:
-    first = results[0]
-    runner = {**first.provenance.runner, "executor": dict(where), "shards": len(results)}
-    return AuditResult(
-        model=ModelInfo(ref.name, str(ref.path), file_sha256(ref.path), len(blocks)),
-        inputs=InputsInfo(
-            inputs.source, inputs.digest, inputs.batch_size, inputs.random, tuple(inputs.labels)
-        ),
-        provider=first.provider,
-        blocks=blocks,
-        metrics=_merged_metrics(results),
-        dominance=[case for result in results for case in result.dominance],
-        spectra=spectrum_rows(spectra),
-        config=first.config,
-        provenance=dataclasses.replace(
-            first.provenance, runner=runner, inputs_digest=inputs.digest
-        ),
-        notes=[*first.notes, *_provider_notes(results)],
-    )
 
 
 def _read_shard(inputs: Inputs, part: slice, batch_size: int) -> Inputs:
@@ -312,100 +246,74 @@ def _read_shard(inputs: Inputs, part: slice, batch_size: int) -> Inputs:
     )
 
 
-def _shards(
-    inputs: Inputs, parts: Sequence[slice], entry: ZooModel | None, options: dict[str, Any]
-) -> Iterator[_Shard]:
+def _shards(inputs: Inputs, parts: Sequence[slice], batch_size: int) -> Iterator[_Shard]:
     """The shards in order, each one's inputs read (into memory) only when it is taken."""
     for part in parts:
-        yield _Shard(part.start, _read_shard(inputs, part, options["batch_size"]), entry, options)
+        yield _Shard(part.start, _read_shard(inputs, part, batch_size))
 
 
 def sharded_audit(
     model: str | os.PathLike[str] | OnnxModel,
     inputs: Inputs | None = None,
+    options: AuditOptions | None = None,
     *,
     executor: Executor,
     entry: ZooModel | None = None,
-    batch_size: int = 4,
     shards: int | None = None,
-    partial: bool = False,
-    progress: bool = False,
-    cache: bool = True,
-    **options: Any,
 ) -> AuditResult:
-    """Audit ``model`` on ``inputs`` with the shards run by ``executor``; the result of :func:`audit`.
+    """:func:`~importers.run.audit.run_audit` with the measurement split into shards on ``executor``.
 
     Parameters
     ----------
     model : str, path or OnnxModel
-        As for :func:`~importers.run.audit.audit` (a model loaded from a file).
+        As for :func:`~importers.run.audit.open_model` (a model loaded from a file).
     inputs : Inputs, optional
         Default: the bundled inputs of the model's kind.
+    options : AuditOptions, optional
+        As for the audit in one process; ``threads`` are the cores of each shard (default its
+        worker's share of its host's cores, :meth:`~oversmooth.executor.Executor.task_threads`),
+        ``progress`` a bar of inputs done, moving as shards finish.
     executor : Executor
-        Where the shards run (:func:`importers.executor.open_executor`).
+        Where the shards run (:func:`oversmooth.executor.open_executor`).
     entry : ZooModel, optional
         The zoo entry of an already loaded ``model``.
-    batch_size : int
-        Inputs per onnxruntime call; shards are whole batches.
     shards : int, optional
         How many shards at least (default: the executor's ``slots``, one per worker thread: each
         shard builds its own onnxruntime session, so more shards cost more set-up); more when a
         shard would exceed :data:`SHARD_INPUTS` or :data:`SHARD_BYTES`.
-    partial : bool
-        Audit a model whose attention is only partly matched.
-    progress : bool
-        A progress bar of inputs done (stderr), moving as shards finish.
-    cache : bool
-        Take the value spectra from the per-user cache (and store them there), here, once; False
-        computes them afresh. The workers never compute them.
-    **options
-        The other keyword arguments of :func:`~importers.run.audit.audit` (``provider``,
-        ``exclude_prefix``, ``dominance``, ``fold_gamma``, ``spectral``, ``tie_rtol``,
-        ``threads``: the cores of each shard; default its worker's share of its host's cores,
-        :meth:`~importers.executor.Executor.task_threads`).
 
     Returns
     -------
     AuditResult
         Its provenance's ``runner`` record also names the executor and the number of shards.
     """
-    batch_size = check_positive_int(batch_size, "batch_size", error=ImporterInputError)
-    ref = _model_ref(model, entry)
-    graph = model if isinstance(model, OnnxModel) else load_model(ref.path)
-    report = find_attention_blocks(graph)  # refused here, before any worker starts
-    check_complete(report, partial=partial)
-    inputs = default_inputs(graph.inputs, ref.entry) if inputs is None else inputs
-    if inputs.batch_size == 0:
-        raise ImporterInputError("`inputs` must hold at least one item; got none")
-    blocks = [block_weights(graph, block) for block in report.blocks]
-    spectra = cached_value_spectra(blocks, file_sha256(ref.path), use_cache=cache)
-    if options.get("threads") is not None:  # refused here, not on every worker
-        check_positive_int(options["threads"], "threads", error=ImporterInputError)
-    check_dominance_options(options.get("dominance", "head"), options.get("fold_gamma", False))
-    options = {**options, "batch_size": batch_size, "partial": partial}
-    slots = executor.slots
+    options = AuditOptions() if options is None else options
+    ref, graph = open_model(model, entry)
+    prepared, inputs = prepare(ref, graph, inputs, options)  # refused here, before any worker
+    batch_size, slots = options.batch_size, executor.slots
     parts = plan_shards(
         inputs.batch_size, batch_size, shards or slots, _batches_per_shard(inputs, batch_size)
     )
     shared = {
         "model": _model_file(graph, executor),
-        "spectra": spectra,
+        "prepared": prepared.structure(),
         "threads": executor.task_threads(),
     }
-    finished: dict[int, _ShardResult] = {}
+    finished: dict[int, Measurement] = {}
     with (
-        progress_bar(inputs.batch_size, "input", enabled=progress) as advance,
+        progress_bar(inputs.batch_size, "input", enabled=options.progress) as advance,
         contextlib.closing(
             executor.map(
-                _audit_shard,
-                _shards(inputs, parts, ref.entry, options),
+                _measure_shard,
+                _shards(inputs, parts, batch_size),
                 shared=shared,
                 max_in_flight=IN_FLIGHT_PER_SLOT * slots,
             )
         ) as running,
     ):
-        for index, result in running:
-            finished[index] = result
+        for index, part in running:
+            finished[index] = part.shifted(parts[index].start)
             advance(parts[index].stop - parts[index].start)
     ordered = [finished[index] for index in range(len(parts))]
-    return _merged_result(ref, inputs, ordered, blocks, spectra, executor.describe())
+    merged = _merged(ordered, executor.describe())
+    return audit_result(prepared, inputs, merged, notes=_provider_notes(ordered))

@@ -1,6 +1,6 @@
 """Where parallel work runs: in this process, or on the workers of a Dask cluster.
 
-The distributed audit (:mod:`importers.run.sharding`) and ``oversmooth sweep`` hand their work to
+The distributed audit (:mod:`oversmooth.sharding`) and ``oversmooth sweep`` hand their work to
 an :class:`Executor` as independent tasks, ``fn(task, **shared)``, and merge the results in task
 order, so the answer does not depend on where a task ran. Three places (``--scheduler``):
 

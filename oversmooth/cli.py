@@ -1,21 +1,18 @@
-"""The ``oversmooth`` command: one dispatcher, subcommands registered by each package.
+"""The ``oversmooth`` command: one dispatcher over every subcommand of :mod:`oversmooth.commands`.
 
-The simulator registers its own subcommands here; other installed packages add theirs through the
-``oversmooth.commands`` entry-point group (a callable taking the argparse subparsers object), so this
-module never imports them.
+This is the application layer: it may import the three libraries (``simulator``, ``importers``,
+``figures``) and none of them imports it. Only argparse work happens at start-up; each command
+imports what it needs when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
+from collections.abc import Sequence
 from typing import NoReturn
 
 from simulator.errors import OversmoothError, one_line
-
-ENTRY_POINT_GROUP = "oversmooth.commands"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,35 +22,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type`` of a count (``--threads``, ``--batch-size``, ...): refused at parse time,
-    with the option named, before any work starts."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer; got {text!r}")
-    return value
-
-
-def _register_builtin(subparsers: argparse._SubParsersAction) -> None:
-    from simulator import commands
-
-    commands.register(subparsers)
-
-
-def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
-    return [ep.load() for ep in entry_points(group=ENTRY_POINT_GROUP)]
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The full parser: simulator subcommands plus every registered plugin's."""
+    """The full parser: every subcommand of :mod:`oversmooth.commands`."""
+    from oversmooth import commands
+
     parser = _Parser(prog="oversmooth", description="Study oversmoothing in Transformers.")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _register_builtin(subparsers)
-    for register in _plugins():
-        register(subparsers)
+    commands.register(subparsers)
     return parser
 
 
