@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``verify`` subcommand to the ``oversmooth`` dispatcher."""
     parser = subparsers.add_parser(
         "verify",
-        help="check the paper's claims 1-30 on random instances",
+        help="check the paper's claims 1-30 and 34-35 on random instances",
         description=(
             "Run every checkable claim of the paper (or those named by --only) on --examples "
             "random instances each. A check passes when every instance has margin >= 0."

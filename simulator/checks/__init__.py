@@ -1,4 +1,5 @@
-"""The paper's checkable claims 1-30 (docs/theory.md §8) as data: draw an instance, run it, get a margin.
+"""The checkable claims 1-30 and 34-35 (docs/theory.md §8) as data: draw an instance, run it, get a
+margin.
 
 Every :class:`Check` draws the parameters of one random instance (sizes, spectrum ranges, a scale
 and a seed: a small dict of ints, floats and strings described by :attr:`Check.space`) and runs
@@ -23,7 +24,8 @@ seeds ``[seed, 0], [seed, 1], ...`` for the first instance passing the filter th
 
 The checks live in submodules by claim group: :mod:`~simulator.checks.linear_algebra` (claims
 1-11), :mod:`~simulator.checks.layer_dynamics` (12-20), :mod:`~simulator.checks.reparameterization`
-(21-24) and :mod:`~simulator.checks.related` (25-30); the machinery is in
+(21-24), :mod:`~simulator.checks.related` (25-30) and :mod:`~simulator.checks.complements` (34-35,
+S5 for complex value spectra and the LFC block of a multi-head layer); the machinery is in
 :mod:`~simulator.checks.core` and the helpers they share in :mod:`~simulator.checks.shared`.
 :data:`CHECKS` is their registries in claim order; the margin units and :data:`SEED` are
 re-exported here. Tolerances live in :mod:`simulator.tolerances`, the one table the
@@ -34,7 +36,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from simulator.checks import layer_dynamics, linear_algebra, related, reparameterization
+from simulator.checks import (
+    complements,
+    layer_dynamics,
+    linear_algebra,
+    related,
+    reparameterization,
+)
 from simulator.checks.core import (
     DECADES as DECADES,
 )
@@ -105,6 +113,7 @@ CHECKS: tuple[Check, ...] = (
     *layer_dynamics.CHECKS,
     *reparameterization.CHECKS,
     *related.CHECKS,
+    *complements.CHECKS,
 )
 
 

@@ -252,6 +252,24 @@ def _s5_bound_psd(p: Mapping[str, Any]) -> float:
     return gap if dom.kind == "perron" else min(gap, -1.0)
 
 
+def _s5_complex_h(p: Mapping[str, Any]) -> float:
+    """Complex pairs ``x ± iy``, x in [-1, 0), outside the disk D_{1-alpha} of S5c (docs/theory.md).
+
+    ``A = (1 - alpha) I + alpha B`` with PSD-score B has spec(A) in [1 - alpha, 1], and the disks
+    ``|z + 1/(1+t)| < 1/(1+t)`` shrink as t grows, so outside D_{1-alpha} every pair's Perron value
+    ``|1 + z|`` beats ``|1 + t z|`` for every non-Perron t: the Perron row dominates.
+    """
+    gen = np.random.default_rng(p["seed"])
+    n, alpha = p["n"], p["alpha"]
+    B = spectra.attention_symmetric_scores(n, scale=p["scale"], scores="psd", rng=gen)
+    A = (1.0 - alpha) * np.eye(n) + alpha * B
+    x = gen.uniform(-1.0, 0.0, p["pairs"])  # Re lambda^H in [-1, 0): inside S5's real interval
+    boundary = np.sqrt(np.maximum(-2.0 * x / (2.0 - alpha) - x**2, 0.0))
+    z = x + 1j * (boundary + gen.uniform(0.1, 1.0, p["pairs"]))
+    H = spectra.h_nonsymmetric(np.concatenate([z, z.conj()]), rng=gen)
+    return kind_margin(eig(A), eig(H), perron=True)
+
+
 # ----------------------------------------------------------------------------------------------
 # the registry
 # ----------------------------------------------------------------------------------------------
@@ -441,6 +459,22 @@ CHECKS: tuple[Check, ...] = (
             "seed": SEED,
         },
         _s5_bound_psd,
+        counterexample=True,
+    ),
+    Check(
+        "s5_needs_real_h",
+        11,
+        "S5 needs real lambda^H: pairs x ± iy, x in [-1, 0), with y^2 > -2x/(2-a) - x^2 and "
+        "spec(A) in [1-a, 1] are Perron-dominated",
+        GAP,
+        {
+            "n": N_RANGE,
+            "pairs": IntRange(1, 4),
+            "scale": SCALE_RANGE,
+            "alpha": FloatRange(0.2, 0.9),
+            "seed": SEED,
+        },
+        _s5_complex_h,
         counterexample=True,
     ),
 )
