@@ -41,8 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from importers.graph import OnnxModel, load_model
 from importers.run import Inputs, audit, default_inputs
+from importers.run.audit import HChoice
 from importers.run.records import DominanceSummary
 from importers.value_spectra import SpectrumRow
 from importers.zoo import cache_dir, file_sha256, get_model, lookup
@@ -56,6 +59,7 @@ __all__ = [
     "Audited",
     "Variant",
     "audited",
+    "perron_intervals",
     "provenance",
     "rows_of",
     "smoothing_rows",
@@ -135,6 +139,8 @@ class Audited:
     spectra : list of SpectrumRow
     provenance : dict
         Model file sha256, inputs (source, digest, count), provider used, audit configuration.
+    cases : (n_cases, 3) int ndarray
+        One row per dominance case: input, block, 1 when perron type (else 0).
     """
 
     variant: Variant
@@ -142,10 +148,11 @@ class Audited:
     dominance: DominanceSummary
     spectra: list[SpectrumRow]
     provenance: dict[str, Any]
+    cases: np.ndarray
 
 
-#: Audits made in this process, by (key, quick, fold_gamma).
-_AUDITS: dict[tuple[str, bool, bool], Audited] = {}
+#: Audits made in this process, by (key, quick, h).
+_AUDITS: dict[tuple[str, bool, HChoice], Audited] = {}
 
 
 def _transform_digest() -> str:
@@ -213,7 +220,7 @@ def _inputs(variant: Variant, model: OnnxModel, quick: bool) -> Inputs:
     return inputs.subset(slice(0, QUICK_INPUTS[entry.kind])) if quick else inputs
 
 
-def audited(key: str, quick: bool, fold_gamma: bool = False) -> Audited:
+def audited(key: str, quick: bool, h: HChoice = "effective") -> Audited:
     """Audit variant ``key`` on the bundled inputs (once per process and arguments).
 
     Parameters
@@ -222,23 +229,23 @@ def audited(key: str, quick: bool, fold_gamma: bool = False) -> Audited:
         A key of :data:`VARIANTS`.
     quick : bool
         Use the first :data:`QUICK_INPUTS` inputs only.
-    fold_gamma : bool
-        Fold the pre-LN γ into H for the dominance count.
+    h : {"effective", "stored"}
+        The H of the dominance count (:class:`importers.run.audit.AuditOptions`).
 
     Returns
     -------
     Audited
     """
-    if (key, quick, fold_gamma) not in _AUDITS:
-        _AUDITS[key, quick, fold_gamma] = _audit(VARIANTS[key], quick, fold_gamma)
-    return _AUDITS[key, quick, fold_gamma]
+    if (key, quick, h) not in _AUDITS:
+        _AUDITS[key, quick, h] = _audit(VARIANTS[key], quick, h)
+    return _AUDITS[key, quick, h]
 
 
-def _audit(variant: Variant, quick: bool, fold_gamma: bool) -> Audited:
+def _audit(variant: Variant, quick: bool, h: HChoice) -> Audited:
     model = load_model(variant_file(variant.key))
     inputs = _inputs(variant, model, quick)
     prefix = get_model(variant.model).prefix_tokens
-    result = audit(model, inputs, exclude_prefix=prefix, fold_gamma=fold_gamma, **AUDIT_SETTINGS)
+    result = audit(model, inputs, exclude_prefix=prefix, h=h, **AUDIT_SETTINGS)
     return Audited(
         variant=variant,
         layer_rows=result.layer_rows(),
@@ -257,7 +264,36 @@ def _audit(variant: Variant, quick: bool, fold_gamma: bool) -> Audited:
             "provider_used": list(result.provider.used),
             "config": result.config.to_dict(),
         },
+        cases=np.array(
+            [(c.input, c.layer, c.kind == "perron") for c in result.dominance], dtype=np.int64
+        ).reshape(-1, 3),
     )
+
+
+def perron_intervals(
+    result: Audited, resamples: int, seed: int, level: float = 0.95
+) -> dict[str, tuple[float, float]]:
+    """Bootstrap intervals over inputs of the perron share, overall (``"all"``) and per block.
+
+    The cases of one input share its hidden states, so they are not independent: the inputs are
+    resampled with replacement ``resamples`` times and the share recomputed from the resampled
+    inputs' cases; the interval is the central ``level`` of those shares (percentile bootstrap).
+    """
+    inputs, blocks, perron = result.cases.T
+    n_inputs = int(result.provenance["inputs"]["n_inputs"])
+    weights = np.random.default_rng(seed).multinomial(
+        n_inputs, np.full(n_inputs, 1.0 / n_inputs), size=resamples
+    )
+    tails = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
+    found = {}
+    for label in ["all", *map(str, np.unique(blocks))]:
+        chosen = np.ones_like(blocks, bool) if label == "all" else blocks == int(label)
+        totals = np.bincount(inputs[chosen], minlength=n_inputs)
+        hits = np.bincount(inputs[chosen], weights=perron[chosen], minlength=n_inputs)
+        shares = (weights @ hits) / np.maximum(weights @ totals, 1)
+        low, high = np.percentile(shares, tails)
+        found[label] = (float(low), float(high))
+    return found
 
 
 @functools.cache
@@ -303,13 +339,13 @@ def smoothing_rows(keys: Sequence[str], quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def provenance(keys: Sequence[str], quick: bool, fold_gamma: bool = False) -> dict[str, Any]:
+def provenance(keys: Sequence[str], quick: bool, h: HChoice = "effective") -> dict[str, Any]:
     """The ``config`` entry of a figure's provenance: audit settings and every variant's record."""
     return {
         "audit": {**AUDIT_SETTINGS, "exclude_prefix": "the zoo's prefix tokens (CLS)"},
         "random_init": RANDOM_INIT,
         "inputs_per_model": QUICK_INPUTS if quick else "all bundled",
-        "variants": {key: audited(key, quick, fold_gamma).provenance for key in keys},
+        "variants": {key: audited(key, quick, h).provenance for key in keys},
     }
 
 

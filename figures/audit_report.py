@@ -83,12 +83,12 @@ def render(result: AuditResult, folder: Path) -> list[tuple[str, str]]:
     drawn.append(("smoothing metrics per layer", "layers.png"))
 
     fig, ax = new_figure("column", 0.75)
-    for kind in ("head", "layer", "head-gamma", "layer-gamma"):
+    for kind in ("head", "layer", "head-effective", "layer-effective"):
         real = np.array([row.real for row in result.spectra if row.kind == kind])
         plot_spectrum(ax, real, kind)
     ax.legend(fontsize=6)
     save_png(fig, folder / "spectra.png")
-    drawn.append(("eigenvalues of W_V W_O (real parts)", "spectra.png"))
+    drawn.append(("eigenvalues of the stored and the effective H (real parts)", "spectra.png"))
 
     summary = result.dominance_summary()
     if summary.cases:

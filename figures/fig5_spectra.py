@@ -1,19 +1,22 @@
-"""Fig. 5: eigenvalues of W_V W_O pooled over layers, a vision model against language models.
+"""Fig. 5: eigenvalues of the value products pooled over layers, a vision model against language models.
 
 Claim (docs/theory.md §6.5, Fig. 5 caption): "Vision models have distributions skewing to the negatives;
 language models have symmetrically distributed eigenvalues." For each model the real parts of the
-eigenvalues of the value-projection product are pooled over layers (and heads): per head (the d_head
-nonzero eigenvalues of W_V^h W_O^h, claim 31), per whole layer (the d eigenvalues of W_V W_O), and
-for the pre-LN ViT with the attention norm's γ folded in (diag(γ) W_V W_O, docs/theory.md §4; the
-MiniLMs are post-LN, so they have no γ-folded variant). Histograms are of Re λ / max |Re λ| so that
-models of different scale share one axis; the legend gives the fraction with negative real part and
-the skewness of the real parts (importers.value_spectra.summarize_spectra). From the weights alone: quick
-and full runs give the same numbers.
+eigenvalues of the value-projection product are pooled over layers (and heads), per head (the d_head
+possibly nonzero eigenvalues, claim 31) and per whole layer, for two H: the effective H (every
+linear factor between the stream and the branch's contribution: pre-LayerNorm centring and γ,
+W_V^h W_O^h, LayerScale; docs/theory.md §6.8), the operator the model applies, and the stored
+W_V^h W_O^h (the paper's protocol). The MiniLMs are post-LN without LayerScale: their two H
+coincide. Histograms are of Re λ / max |Re λ| so that models of different scale share one axis; the
+legend gives the share with negative real part (the caption's "skewing to the negatives") and the
+share inside |1 + λ| < 1 (importers.value_spectra.summarize_spectra; the Fisher skewness is kept in
+the CSV as a shape statistic). From the weights alone: quick and full runs give the same numbers.
 
 Run: ``python -m figures.fig5_spectra [--quick] --out DIR``.
 
 CSV columns: ``model,modality,kind,stat,bin_left,bin_right,value``: one row per summary statistic
-(``count``, ``negative_fraction``, ``skewness``, ``spectral_radius``, ``max_abs_real``; bins empty)
+(``count``, ``negative_fraction``, ``median_real``, ``inside_unit_disk``, ``skewness``,
+``spectral_radius``, ``max_abs_real``; bins empty)
 and one ``density`` row per histogram bin.
 """
 
@@ -35,12 +38,19 @@ KEYS = ("dinov2-vits14", "minilm-l6-int8", "minilm-l3")
 COLORS = {"dinov2-vits14": "C1", "minilm-l6-int8": "C0", "minilm-l3": "C2"}
 #: Panels: title and the spectrum kinds drawn in it (importers.value_spectra.SPECTRUM_KINDS).
 PANELS = (
-    (r"per head, $W_V^h W_O^h$", ("head",)),
-    (r"whole layer, $W_V W_O$", ("layer",)),
-    (r"γ folded, diag(γ) $W_V W_O$ (pre-LN ViT)", ("head-gamma", "layer-gamma")),
+    (r"effective H per head (solid) and layer (dashed)", ("head-effective", "layer-effective")),
+    (r"stored $W_V^h W_O^h$ (solid) and $W_V W_O$ (dashed)", ("head", "layer")),
 )
 BINS = np.linspace(-1.0, 1.0, 41)
-STATS = ("count", "negative_fraction", "skewness", "spectral_radius", "max_abs_real")
+STATS = (
+    "count",
+    "negative_fraction",
+    "median_real",
+    "inside_unit_disk",
+    "skewness",
+    "spectral_radius",
+    "max_abs_real",
+)
 COLUMNS = ("model", "modality", "kind", "stat", "bin_left", "bin_right", "value")
 
 
@@ -87,7 +97,10 @@ def compute(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 def _legend_label(rows: list[dict[str, Any]], model: str, kind: str, with_kind: bool) -> str:
     stats = {r["stat"]: r["value"] for r in _models.rows_of(rows, model=model, kind=kind)}
     name = _models.VARIANTS[model].label + (f" ({kind})" if with_kind else "")
-    return f"{name}: {100 * stats['negative_fraction']:.0f}% < 0, skew {stats['skewness']:.2f}"
+    return (
+        f"{name}: {100 * stats['negative_fraction']:.0f}% Re<0, "
+        f"{100 * stats['inside_unit_disk']:.0f}% in |1+λ|<1"
+    )
 
 
 def plot(rows: list[dict[str, Any]]):

@@ -6,15 +6,22 @@ smoothing) or another eigenvalue (1 + λ^H_j λ^A_1, non-Perron), random init gi
 trained vision models a mix (ViT-B/16 70.27%, DeiT-B/16 57.82%, ViT-Ti 98.92%), ViT-Ti⁺ 100% and
 ViT-Ti⁻ 0%. Here: the zoo models (DINOv2 ViT-S/14, MiniLM-L6, MiniLM-L3) as trained, after random
 init, and after the post-hoc ± reparameterisation (no retraining), on the bundled inputs, H per head
-(importers.run.audit, ``dominance="head"``); the trained ViT also with its pre-LN γ folded into H. The
-paper's numbers stand beside ours for reference only: its models, data and training differ from ours.
+(importers.run.audit, ``dominance="head"``), with two H protocols side by side: ``effective`` (every
+linear factor between the stream and the branch's contribution: pre-LayerNorm centring and γ,
+W_V^h W_O^h, LayerScale; the operator the model applies, docs/theory.md §6.8) and ``stored`` (W_V^h W_O^h
+as the checkpoint stores it, the paper's protocol). Post-LN MiniLM folds nothing, so its two protocols
+are one row. The ± rows under ``stored`` hold by construction (the reparameterisation sets exactly
+that product's spectrum): a plumbing check, not evidence. The paper's numbers stand beside ours for
+reference only: its models, data and training differ from ours.
 Also writes ``table1_dominance.md`` (a Markdown table).
 
 Run: ``python -m figures.table1_dominance [--quick] --out DIR``.
 
-CSV columns: ``source,model,transform,fold_gamma,layer,n_inputs,cases,perron_pct,non_perron_pct,
-balanced_pct,counterpart``: ``source`` is ``ours`` or ``paper``; ``layer`` is ``all`` or an
-attention block (ours only); ``counterpart`` names the paper column closest to one of our rows.
+CSV columns: ``source,model,transform,h,layer,n_inputs,cases,perron_pct,perron_lo,perron_hi,
+non_perron_pct,balanced_pct,counterpart``: ``source`` is ``ours`` or ``paper``; ``h`` the H protocol (``effective``,
+``stored``, or ``both`` where they coincide); ``layer`` is ``all`` or an attention block (ours
+only); ``perron_lo``/``perron_hi`` a 95 % bootstrap interval over inputs (cases of one input are not
+independent); ``counterpart`` names the paper column closest to one of our rows.
 """
 
 from __future__ import annotations
@@ -31,19 +38,25 @@ from figures.audit_report import plot_dominance
 from simulator.output import atomic_output
 
 NAME = "table1_dominance"
-#: Our rows: (variant key, fold γ into H), in table order.
+#: Our rows: (variant key, H protocol), in table order; ``both`` where nothing is folded (post-LN
+#: MiniLM: the effective H is the stored one, one audit serves both).
 OURS = (
-    ("dinov2-vits14:random-init", False),
-    ("dinov2-vits14", False),
-    ("dinov2-vits14", True),
-    ("dinov2-vits14:plus", False),
-    ("dinov2-vits14:minus", False),
-    ("minilm-l3:random-init", False),
-    ("minilm-l6-int8", False),
-    ("minilm-l3", False),
-    ("minilm-l3:plus", False),
-    ("minilm-l3:minus", False),
+    ("dinov2-vits14:random-init", "effective"),
+    ("dinov2-vits14", "stored"),
+    ("dinov2-vits14", "effective"),
+    ("dinov2-vits14:plus", "stored"),
+    ("dinov2-vits14:plus", "effective"),
+    ("dinov2-vits14:minus", "stored"),
+    ("dinov2-vits14:minus", "effective"),
+    ("minilm-l3:random-init", "both"),
+    ("minilm-l6-int8", "both"),
+    ("minilm-l3", "both"),
+    ("minilm-l3:plus", "both"),
+    ("minilm-l3:minus", "both"),
 )
+#: Bootstrap resamples of the inputs for the intervals, and their seed.
+BOOTSTRAP = 2000
+BOOTSTRAP_SEED = 0
 #: The poster's Table 1: (model, transform, perron %, non-perron %).
 PAPER = (
     ("ViT-B/16 (random init)", "random-init", 100.0, 0.0),
@@ -69,11 +82,13 @@ COLUMNS = (
     "source",
     "model",
     "transform",
-    "fold_gamma",
+    "h",
     "layer",
     "n_inputs",
     "cases",
     "perron_pct",
+    "perron_lo",
+    "perron_hi",
     "non_perron_pct",
     "balanced_pct",
     "counterpart",
@@ -87,24 +102,27 @@ NOTE = (
 )
 
 
-def _our_rows(key: str, fold_gamma: bool, quick: bool) -> list[dict[str, Any]]:
-    result = _models.audited(key, quick, fold_gamma)
+def _our_rows(key: str, h: str, quick: bool) -> list[dict[str, Any]]:
+    result = _models.audited(key, quick, "stored" if h == "stored" else "effective")
     variant, summary = result.variant, result.dominance
     base = {
         "source": "ours",
         "model": variant.model,
         "transform": variant.transform,
-        "fold_gamma": fold_gamma,
+        "h": h,
         "n_inputs": result.provenance["inputs"]["n_inputs"],
         "counterpart": COUNTERPART.get((variant.modality, variant.transform)),
     }
     parts = [("all", summary)] + [(str(r.layer), r) for r in summary.per_layer]
+    intervals = _models.perron_intervals(result, BOOTSTRAP, BOOTSTRAP_SEED)
     return [
         {
             **base,
             "layer": layer,
             "cases": part.cases,
             "perron_pct": 100 * (part.perron or 0.0),
+            "perron_lo": 100 * intervals[layer][0],
+            "perron_hi": 100 * intervals[layer][1],
             "non_perron_pct": 100 * (part.non_perron or 0.0),
             "balanced_pct": 100 * (part.balanced or 0.0),
         }
@@ -128,17 +146,19 @@ def _paper_rows() -> list[dict[str, Any]]:
 
 def compute(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Dominance fractions, overall and per block, for every row of :data:`OURS`; then the paper's."""
-    rows = [row for key, fold in OURS for row in _our_rows(key, fold, quick)]
+    rows = [row for key, h in OURS for row in _our_rows(key, h, quick)]
     config = {
-        **_models.provenance([key for key, _ in OURS], quick),
-        "gamma_folded": [key for key, fold in OURS if fold],
-        "granularity": "head: the d_head eigenvalues of W_O^h W_V^h plus the zero eigenvalue",
+        **_models.provenance(list(dict.fromkeys(key for key, _ in OURS)), quick),
+        "h_protocols": {f"{key} ({h})": h for key, h in OURS},
+        "bootstrap": {"resamples": BOOTSTRAP, "seed": BOOTSTRAP_SEED, "level": 0.95},
+        "granularity": "head: the d_head eigenvalues of head h's H plus the zero eigenvalue",
         "paper": "poster Table 1 (docs/theory.md §6.2)",
         "note": NOTE,
     }
-    for key, fold in OURS:
-        if fold:
-            config["variants"][f"{key} (γ folded)"] = _models.audited(key, quick, True).provenance
+    for key, h in OURS:
+        if h == "stored":
+            stored = _models.audited(key, quick, "stored")
+            config["variants"][f"{key} (stored H)"] = stored.provenance
     return rows + _paper_rows(), config
 
 
@@ -146,7 +166,8 @@ def _label(row: dict[str, Any]) -> str:
     if row["source"] == "paper":
         return f"paper: {row['model']}"
     key = row["model"] if row["transform"] == "trained" else f"{row['model']}:{row['transform']}"
-    return _models.VARIANTS[key].label + (", γ folded" if row["fold_gamma"] else "")
+    suffix = {"stored": ", stored H", "effective": ", effective H"}.get(row["h"], "")
+    return _models.VARIANTS[key].label + suffix
 
 
 def _plot_totals(ax: Any, totals: list[dict[str, Any]]) -> None:
@@ -195,7 +216,14 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
         "",
         f"**{NOTE}**",
         "",
-        "| model (ours) | transform | γ folded | inputs | cases | Perron type | non-Perron "
+        "H: `effective` = every linear factor between the stream and the branch's contribution "
+        "(pre-LayerNorm centring and γ, W_V^h W_O^h, LayerScale), the operator the model applies; "
+        "`stored` = W_V^h W_O^h as the checkpoint stores it (the paper's protocol); `both` where "
+        "nothing is folded. Under `stored`, the ⁺/⁻ rows hold by construction (the "
+        "reparameterisation sets that very spectrum): a plumbing check, not evidence. Intervals: "
+        "95 % bootstrap over inputs.",
+        "",
+        "| model (ours) | transform | H | inputs | cases | Perron type [95 % CI] | non-Perron "
         "| paper's counterpart (other model) | paper: Perron | paper: non-Perron |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -204,8 +232,9 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
             continue
         ref = paper.get(row["counterpart"] or "")
         lines.append(
-            f"| {row['model']} | {row['transform']} | {'yes' if row['fold_gamma'] else 'no'} "
+            f"| {row['model']} | {row['transform']} | {row['h']} "
             f"| {row['n_inputs']} | {row['cases']} | {_pct(row['perron_pct'])} "
+            f"[{row['perron_lo']:.1f}, {row['perron_hi']:.1f}] "
             f"| {_pct(row['non_perron_pct'])} | {row['counterpart'] or '—'} "
             f"| {_pct(ref and ref['perron_pct'])} | {_pct(ref and ref['non_perron_pct'])} |"
         )

@@ -5,9 +5,13 @@ Public API
 SpectrumRow
     One eigenvalue: ``(layer, head, kind, real, imag)``; ``head`` is -1 for layer-level rows.
 SPECTRUM_KINDS
-    ``"head"``, ``"layer"``, ``"head-gamma"``, ``"layer-gamma"``.
+    ``"head"``, ``"layer"`` (the stored ``W_V W_O``), ``"head-effective"``, ``"layer-effective"``
+    (the effective H, every linear factor of the branch folded in).
+H_CHOICES
+    ``"effective"`` (the operator the model applies; the default) or ``"stored"`` (the paper's
+    protocol: ``W_V W_O`` as the checkpoint stores it).
 head_eigenvalues, layer_eigenvalues
-    The eigenvalues of one block's per-head or whole-layer product (optionally with γ folded in).
+    The eigenvalues of one block's per-head or whole-layer product, stored or effective.
 BlockSpectra, block_spectra, blocks_spectra
     Every kind of eigenvalue of one block (of every block), as arrays (what the audit caches).
 spectrum_rows
@@ -15,7 +19,8 @@ spectrum_rows
 model_spectra
     Tidy rows for every block.
 summarize_spectra
-    Per kind: count, fraction with negative real part, skewness of the real parts, spectral radius.
+    Per kind: count, share with negative real part, median real part, share inside the disk
+    ``|1 + z| < 1``, skewness of the real parts, spectral radius.
 
 Notes
 -----
@@ -24,10 +29,16 @@ eigenvalues are those of the d_head×d_head ``W_O^h W_V^h``, so only those d_hea
 (the other d − d_head are exactly zero). With GQA, query head h reads key/value head
 ``h // (n_heads / n_kv_heads)``. Per layer: the d eigenvalues of ``W_V W_O`` with W_V's key/value
 heads expanded to the query heads (H = Σ_h M_h, the whole-layer value matrix when every head shares
-one attention matrix). For pre-LN blocks the attention branch reads ``LN(x) = γ ⊙ x̂ + β``, so the
-linear part acting on the normalised tokens is ``diag(γ) W_V W_O``: reported separately as
-``head-gamma`` and ``layer-gamma`` (the γ-sign effect of docs/theory.md §4). Eigenvalues are complex in
-general; both parts are kept.
+one attention matrix).
+
+The effective H (docs/theory.md §6.8) is the right-acting linear map from the residual stream to the
+branch's contribution through every linear factor:
+``M_h = C diag(γ) W_V^h W_O^h diag(s)`` with C the pre-LayerNorm's centring ``I − 𝟙𝟙ᵀ/d`` (not
+RMSNorm's), γ the pre-norm's scale and s the LayerScale or constant branch multiplier
+(:meth:`~importers.weights.BlockWeights.h_factors`); its d_head possibly nonzero eigenvalues are those
+of ``W_O^h diag(s) C diag(γ) W_V^h``. Unlike ``W_V W_O`` it does not depend on how a checkpoint
+happens to be parametrised (negating γ_k with row k of W_V, or s_k with column k of W_O, leaves
+it unchanged). Eigenvalues are complex in general; both parts are kept.
 """
 
 from __future__ import annotations
@@ -38,11 +49,11 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from importers.errors import ImporterInputError
 from importers.weights import BlockWeights
 from simulator.theory import value_spectrum
 
 __all__ = [
+    "H_CHOICES",
     "LAYER_HEAD",
     "SPECTRA_COLUMNS",
     "SPECTRUM_KINDS",
@@ -58,7 +69,9 @@ __all__ = [
     "summarize_spectra",
 ]
 
-SPECTRUM_KINDS = ("head", "layer", "head-gamma", "layer-gamma")
+SPECTRUM_KINDS = ("head", "layer", "head-effective", "layer-effective")
+#: Which H a spectrum, a dominance step or a figure uses.
+H_CHOICES = ("effective", "stored")
 #: Columns of ``spectra.csv``: one eigenvalue per row.
 SPECTRA_COLUMNS = ("layer", "head", "kind", "real", "imag")
 #: The ``head`` value of layer-level rows.
@@ -84,9 +97,15 @@ class SpectrumSummary:
     ----------
     count : int
     negative_fraction : float
-        Fraction with negative real part.
+        Share with negative real part (the paper's "skewed to negative values").
+    median_real : float
+        Median of the real parts.
+    inside_unit_disk : float
+        Share inside ``|1 + z| < 1``: eigenvalues that shrink their mode ``|1 + λ| < 1`` (with a
+        Perron λ^A = 1: damped low-frequency directions).
     skewness : float
-        Fisher–Pearson skewness of the real parts (NaN when they are all equal).
+        Fisher–Pearson skewness of the real parts (NaN when they are all equal); a shape statistic,
+        not the sign question.
     spectral_radius : float
         Largest modulus.
     """
@@ -94,48 +113,41 @@ class SpectrumSummary:
     kind: str
     count: int
     negative_fraction: float
+    median_real: float
+    inside_unit_disk: float
     skewness: float
     spectral_radius: float
 
 
-def head_eigenvalues(block: BlockWeights, head: int, *, gamma: bool = False) -> np.ndarray:
-    """The d_head eigenvalues of ``W_O^h W_V^h`` (with ``diag(γ)`` before W_V^h when ``gamma``).
+def head_eigenvalues(block: BlockWeights, head: int, *, h: str = "stored") -> np.ndarray:
+    """The d_head eigenvalues of head ``head``'s product, stored or effective.
 
     Parameters
     ----------
     block : BlockWeights
     head : int
         Query head, 0 ≤ head < n_heads.
-    gamma : bool
-        Fold the attention norm's γ in (requires ``block.gamma``).
+    h : {"stored", "effective"}
+        ``W_V^h W_O^h`` as stored, or the effective ``M_h`` (the module docstring).
 
     Returns
     -------
     (d_head,) complex ndarray
-        The nonzero-capable eigenvalues of the d×d ``[diag(γ)] W_V^h W_O^h`` (claim 31).
+        The nonzero-capable eigenvalues of the d×d product (claim 31): those of the
+        d_head×d_head product of its factors in the other order.
     """
-    W_V, W_O = block.value_head(head)
-    if gamma:
-        W_V = _scale_rows(block, W_V)
+    W_V, W_O = block.effective_value_head(head) if h == "effective" else block.value_head(head)
     # value_spectrum(A, B) gives eig(A @ B) when A has at least as many columns as rows, so
     # passing (W_O^h, W_V^h) computes the small d_head x d_head product directly.
     return value_spectrum(W_O, W_V)
 
 
-def layer_eigenvalues(block: BlockWeights, *, gamma: bool = False) -> np.ndarray:
-    """The d eigenvalues of ``[diag(γ)] W_V W_O`` with key/value heads expanded (d×d)."""
-    W_V = block.expanded_W_V()
-    if gamma:
-        W_V = _scale_rows(block, W_V)
-    return value_spectrum(W_V, block.W_O)
-
-
-def _scale_rows(block: BlockWeights, W_V: np.ndarray) -> np.ndarray:
-    if block.gamma is None:
-        raise ImporterInputError(
-            f"`block` must have a norm γ to fold in; block {block.index} has none"
-        )
-    return block.gamma[:, None] * W_V
+def layer_eigenvalues(block: BlockWeights, *, h: str = "stored") -> np.ndarray:
+    """The d eigenvalues of the whole-layer ``Σ_h M_h`` (key/value heads expanded), stored or
+    effective."""
+    if h == "effective":
+        return value_spectrum(block.effective_W_V(), block.effective_W_O())
+    return value_spectrum(block.expanded_W_V(), block.W_O)
 
 
 @dataclass(frozen=True)
@@ -147,36 +159,36 @@ class BlockSpectra:
     index : int
         The block's index.
     head : (n_heads, d_head) ndarray
-        Row h: :func:`head_eigenvalues` of head h.
+        Row h: :func:`head_eigenvalues` of head h, stored.
     layer : (d_model,) ndarray
-        :func:`layer_eigenvalues`.
-    head_gamma, layer_gamma : ndarray or None
-        The same with γ folded in; present for pre-LN blocks with a γ only.
+        :func:`layer_eigenvalues`, stored.
+    head_effective, layer_effective : ndarray
+        The same of the effective H (equal to the stored ones where nothing is folded).
     """
 
     index: int
     head: np.ndarray
     layer: np.ndarray
-    head_gamma: np.ndarray | None
-    layer_gamma: np.ndarray | None
+    head_effective: np.ndarray
+    layer_effective: np.ndarray
 
-    def heads(self, *, gamma: bool) -> np.ndarray:
-        """The per-head eigenvalues, γ-folded when ``gamma`` and available."""
-        return self.head_gamma if gamma and self.head_gamma is not None else self.head
+    def heads(self, *, h: str) -> np.ndarray:
+        """The per-head eigenvalues of the ``h`` H (:data:`H_CHOICES`)."""
+        return self.head_effective if h == "effective" else self.head
 
-    def whole_layer(self, *, gamma: bool) -> np.ndarray:
-        """The whole-layer eigenvalues, γ-folded when ``gamma`` and available."""
-        return self.layer_gamma if gamma and self.layer_gamma is not None else self.layer
+    def whole_layer(self, *, h: str) -> np.ndarray:
+        """The whole-layer eigenvalues of the ``h`` H (:data:`H_CHOICES`)."""
+        return self.layer_effective if h == "effective" else self.layer
 
 
 def block_spectra(block: BlockWeights) -> BlockSpectra:
-    """Every kind of :data:`SPECTRUM_KINDS` for one block (γ-folded kinds for pre-LN blocks)."""
+    """Every kind of :data:`SPECTRUM_KINDS` for one block (the effective kinds computed only
+    where the block folds a factor; else they are the stored ones)."""
     kinds = []
-    for gamma in (False, True) if block.norm == "pre" and block.gamma is not None else (False,):
-        heads = np.stack([head_eigenvalues(block, h, gamma=gamma) for h in range(block.n_heads)])
-        kinds.append((heads, layer_eigenvalues(block, gamma=gamma)))
-    folded = kinds[1] if len(kinds) > 1 else (None, None)
-    return BlockSpectra(block.index, *kinds[0], *folded)
+    for h in ("stored", "effective") if block.folded() else ("stored",):
+        heads = np.stack([head_eigenvalues(block, i, h=h) for i in range(block.n_heads)])
+        kinds.append((heads, layer_eigenvalues(block, h=h)))
+    return BlockSpectra(block.index, *kinds[0], *kinds[-1])
 
 
 def blocks_spectra(blocks: Sequence[BlockWeights]) -> list[BlockSpectra]:
@@ -191,17 +203,16 @@ def blocks_spectra(blocks: Sequence[BlockWeights]) -> list[BlockSpectra]:
 
 
 def model_spectra(blocks: Sequence[BlockWeights]) -> list[SpectrumRow]:
-    """Tidy eigenvalue rows for every block: per head, per layer, and γ-folded for pre-LN blocks."""
+    """Tidy eigenvalue rows for every block: per head and per layer, stored then effective."""
     return spectrum_rows(blocks_spectra(blocks))
 
 
 def spectrum_rows(spectra: Sequence[BlockSpectra]) -> list[SpectrumRow]:
-    """Tidy rows, per block: the heads then the layer, plain then γ-folded."""
+    """Tidy rows, per block: the heads then the layer, stored then effective."""
     rows: list[SpectrumRow] = []
     for block in spectra:
         kinds = [("", block.head, block.layer)]
-        if block.head_gamma is not None and block.layer_gamma is not None:
-            kinds.append(("-gamma", block.head_gamma, block.layer_gamma))
+        kinds.append(("-effective", block.head_effective, block.layer_effective))
         for suffix, heads, layer in kinds:
             for head, values in enumerate(heads):
                 rows.extend(_rows(block.index, head, "head" + suffix, values))
@@ -214,7 +225,8 @@ def _rows(layer: int, head: int, kind: str, values: np.ndarray) -> Iterable[Spec
 
 
 def summarize_spectra(rows: Sequence[SpectrumRow]) -> dict[str, SpectrumSummary]:
-    """Per kind (in :data:`SPECTRUM_KINDS` order): count, negative fraction, skewness, radius."""
+    """Per kind (in :data:`SPECTRUM_KINDS` order): count, negative share, median real part, share
+    inside ``|1 + z| < 1``, skewness, radius."""
     summaries = {}
     for kind in SPECTRUM_KINDS:
         values = np.array([complex(row.real, row.imag) for row in rows if row.kind == kind])
@@ -223,6 +235,8 @@ def summarize_spectra(rows: Sequence[SpectrumRow]) -> dict[str, SpectrumSummary]
                 kind=kind,
                 count=int(values.size),
                 negative_fraction=float(np.mean(values.real < 0)),
+                median_real=float(np.median(values.real)),
+                inside_unit_disk=float(np.mean(np.abs(1.0 + values) < 1.0)),
                 skewness=_skewness(values.real),
                 spectral_radius=float(np.max(np.abs(values))),
             )

@@ -34,7 +34,14 @@ from importers.graph import GraphIndex, OnnxModel
 from importers.match import AttentionBlock, LinearMatch, check_complete, find_attention_blocks
 from importers.nbits import dequantize_nbits
 
-__all__ = ["WEIGHT_KEYS", "BlockWeights", "block_weights", "extract", "linear_weights"]
+__all__ = [
+    "FACTOR_KEYS",
+    "WEIGHT_KEYS",
+    "BlockWeights",
+    "block_weights",
+    "extract",
+    "linear_weights",
+]
 
 FloatArray = NDArray[np.float64]
 
@@ -52,6 +59,8 @@ WEIGHT_KEYS = (
     "beta",
     "layer_scale",
 )
+#: The effective H's factors written after them (:meth:`BlockWeights.h_factors`).
+FACTOR_KEYS = ("h_centre", "h_scale_in", "h_scale_out")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -107,9 +116,79 @@ class BlockWeights(AttentionBlock):
         return np.concatenate([self.value_head(head)[0] for head in range(self.n_heads)], axis=1)
 
     def arrays(self) -> dict[str, FloatArray]:
-        """The arrays that are present, keyed as in :data:`WEIGHT_KEYS`."""
+        """The arrays that are present, keyed as in :data:`WEIGHT_KEYS`, then the effective H's
+        factors (:data:`FACTOR_KEYS`, see :meth:`h_factors`)."""
         found = {key: getattr(self, key) for key in WEIGHT_KEYS}
-        return {key: value for key, value in found.items() if value is not None}
+        present = {key: value for key, value in found.items() if value is not None}
+        return {**present, **self.h_factors()}
+
+    @property
+    def centred(self) -> bool:
+        """Whether the attention branch reads its input centred (a pre-LN LayerNorm; not RMSNorm)."""
+        return self.norm == "pre" and self.norm_kind == "layernorm"
+
+    def h_factors(self) -> dict[str, FloatArray]:
+        """The linear factors the effective H folds around ``W_V W_O`` (docs/theory.md §6.8).
+
+        ``h_centre`` (a 0-d 1.0 or 0.0): the input is centred, ``x ↦ x (I − 𝟙𝟙ᵀ/d)``;
+        ``h_scale_in`` (d,): then scaled per feature (a pre-norm's γ, else ones);
+        ``h_scale_out`` (d,): the branch's output scaled per feature after W_O (LayerScale, a
+        constant branch multiplier, else ones). So for head h
+        ``M_h = C diag(h_scale_in) W_V^h W_O^h diag(h_scale_out)``, C the centring or I.
+        """
+        ones = np.ones(self.d_model)
+        gamma = self.gamma if self.norm == "pre" and self.gamma is not None else ones
+        scale = self.layer_scale if self.layer_scale is not None else ones
+        return {
+            "h_centre": _frozen(np.array(1.0 if self.centred else 0.0)),
+            "h_scale_in": _frozen(gamma),
+            "h_scale_out": _frozen(scale),
+        }
+
+    def folded(self) -> tuple[str, ...]:
+        """The factors the effective H folds in besides ``W_V W_O``, by name (empty: H is stored)."""
+        names: tuple[str, ...] = ("centring",) if self.centred else ()
+        if self.norm == "pre" and self.gamma is not None:
+            names += ("gamma",)
+        return names + (("layer_scale",) if self.layer_scale is not None else ())
+
+    def omitted(self) -> tuple[str, ...]:
+        """What the attention branch applies that no right factor can carry (listed, not folded).
+
+        The pre-norm's per-token 1/σ (a positive scale per token, not per feature) and its β, the
+        value and output biases (constant rows after the row-stochastic A), a norm after the
+        residual add (post-LN: it acts on the sum, outside the branch), and the matcher's
+        ``departures`` (a branch norm, clipped values).
+        """
+        names = []
+        if self.norm == "pre":
+            names.append(f"per-token 1/σ of the {self.norm_kind or 'norm'}")
+            names += ["beta"] if self.beta is not None else []
+        names += [name for name in ("b_V", "b_O") if getattr(self, name) is not None]
+        names += ["the norm after the residual add"] if self.norm == "post" else []
+        return tuple(names + list(self.departures))
+
+    def effective_value_head(self, head: int) -> tuple[FloatArray, FloatArray]:
+        """``(L W_V^h, W_O^h R)`` of query head ``head``, their product the effective ``M_h``.
+
+        ``L = C diag(h_scale_in)`` (d×d, C the centring or I) and ``R = diag(h_scale_out)``
+        (:meth:`h_factors`); shapes (d_model, d_head) and (d_head, d_model).
+        """
+        W_V, W_O = self.value_head(head)
+        return self._left(W_V), W_O * self.h_factors()["h_scale_out"][None, :]
+
+    def effective_W_V(self) -> FloatArray:
+        """``L W_V`` with key/value heads expanded: (d_model, n_heads*d_head)."""
+        return self._left(self.expanded_W_V())
+
+    def effective_W_O(self) -> FloatArray:
+        """``W_O R``: (n_heads*d_head, d_model)."""
+        return self.W_O * self.h_factors()["h_scale_out"][None, :]
+
+    def _left(self, W_V: FloatArray) -> FloatArray:
+        """``C diag(h_scale_in) W_V``: rows scaled, then (when centred) column means removed."""
+        scaled = self.h_factors()["h_scale_in"][:, None] * W_V
+        return scaled - scaled.mean(axis=0, keepdims=True) if self.centred else scaled
 
 
 def extract(model: OnnxModel, *, partial: bool = False) -> list[BlockWeights]:

@@ -126,6 +126,23 @@ def _causal_paragraph(result: AuditResult) -> list[str]:
     ]
 
 
+def _h_paragraph(result: AuditResult) -> str:
+    """Which H the dominance step used, and what it folded (or could not fold) per block."""
+    if result.config.h == "stored":
+        return (
+            "H is **W_V W_O as the checkpoint stores it** (`--h stored`, the paper's protocol); "
+            "LayerScale, the pre-norm's γ and its centring are left out."
+        )
+    folded = sorted({name for block in result.blocks for name in block.folded()})
+    omitted = sorted({name for block in result.blocks for name in block.omitted()})
+    return (
+        "H is the **effective** per-head product of every linear factor between the residual "
+        f"stream and the attention branch's contribution (folded: {', '.join(folded) or 'none'}; "
+        f"left out, not linear right factors: {', '.join(omitted) or 'none'}; per block in "
+        "`audit.json` → `h`)."
+    )
+
+
 def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) -> str:
     """The ``report.md`` text: what was run, per-layer smoothing, dominance, spectra, provenance."""
     dom = result.dominance_summary()
@@ -165,6 +182,8 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
             f"(1 + λ^H λ^A_n, smoothing) and **{100 * (dom.non_perron or 0):.2f}% non-perron** "
             f"(of which {100 * (dom.balanced or 0):.2f}% balanced ties).",
             "",
+            _h_paragraph(result),
+            "",
             "Per block: the theory predicts smoothing when most cases are perron-type; the block "
             "smooths when it lowers HFC/LFC and raises the mean cosine (both ways round: no "
             "smoothing; otherwise mixed). The theory is for repeated linear layers, so read the "
@@ -190,15 +209,20 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
         lines.append("Not computed (dominance disabled).")
     lines += [
         "",
-        "## Eigenvalues of W_V W_O (Fig. 5)",
+        "## Eigenvalues of the value products (Fig. 5)",
         "",
-        "| kind | count | negative real part | skewness | spectral radius |",
-        "|---|---|---|---|---|",
+        "`head`/`layer`: W_V W_O as stored; `head-effective`/`layer-effective`: the effective H "
+        "(every linear factor of the attention branch folded in; `audit.json` → `h`).",
+        "",
+        "| kind | count | negative real part | median real part | inside abs(1+λ) < 1 "
+        "| skewness | spectral radius |",
+        "|---|---|---|---|---|---|---|",
     ]
     for kind, s in result.spectra_summary().items():
         lines.append(
-            f"| {kind} | {s['count']} | {100 * s['negative_fraction']:.1f}% | {_fmt(s['skewness'])} | "
-            f"{_fmt(s['spectral_radius'])} |"
+            f"| {kind} | {s['count']} | {100 * s['negative_fraction']:.1f}% "
+            f"| {_fmt(s['median_real'])} | {100 * s['inside_unit_disk']:.1f}% "
+            f"| {_fmt(s['skewness'])} | {_fmt(s['spectral_radius'])} |"
         )
     if figures:
         lines += ["", "## Figures", ""]

@@ -97,7 +97,8 @@ QUANT_STEP_RTOL = 1e-5
 #: float32 terms"; both are float64 eigensolves of the same float32-valued weights).
 HEAD_SPECTRUM_RTOL = 1e-6
 
-#: The pre-LN gamma-folded spectrum must differ from the plain one by more than this, relative
+#: The effective spectrum (pre-norm centring and gamma, LayerScale folded) must differ from the stored
+#: one by more than this, relative
 #: to the spectral radius (the sums of the eigenvalues, i.e. the traces, are compared).
 GAMMA_FOLD_MIN_RTOL = 1e-3
 

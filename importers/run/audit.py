@@ -4,8 +4,8 @@ For every input and layer the audit records the simulator's smoothing metrics of
 reduced inside the graph to a few statistics per layer (:mod:`importers.run.reductions`: the hidden
 states themselves never leave the device);
 for every (input, layer, head) it finds the dominating eigenvalue of ``I + H_h ⊗ A`` from the real
-attention matrix A and the head's value-projection product (docs/theory.md §6.2, Table 1); and it reports
-the eigenvalues of W_V W_O per head and layer (Fig. 5).
+attention matrix A and the head's effective value product (docs/theory.md §6.2, §6.8, Table 1); and
+it reports the eigenvalues of the value products per head and layer, stored and effective (Fig. 5).
 
 Layers
 ------
@@ -18,11 +18,13 @@ registers) are left out of the metrics when ``exclude_prefix`` is set.
 Dominance counting
 ------------------
 One case per (input, layer, head). A is the head's attention matrix restricted to real tokens (rows
-renormalised). H_h has the d_head eigenvalues of ``W_O^h W_V^h`` plus the zero eigenvalue of the
-rank-deficient d×d product (``granularity="head"``), or the d eigenvalues of the whole-layer
-``W_V W_O`` (``"layer"``); with ``fold_gamma`` the pre-LN γ is folded in (``diag(γ) W_V W_O``). The
-kind is perron when every dominating ``1 + λ^H λ^A`` uses the Perron root of A, non-perron otherwise
-(balanced ties, S4, are non-perron and also counted separately).
+renormalised). H_h is the effective ``M_h = C diag(γ) W_V^h W_O^h diag(s)`` (``h="effective"``, the
+default: every linear factor between the residual stream and the branch's contribution,
+:meth:`~importers.weights.BlockWeights.h_factors`) or ``W_V^h W_O^h`` as stored (``h="stored"``, the
+paper's protocol); per head its d_head eigenvalues plus the zero eigenvalue of the rank-deficient
+d×d product (``granularity="head"``), or the d eigenvalues of the whole-layer sum (``"layer"``).
+The kind is perron when every dominating ``1 + λ^H λ^A`` uses the Perron root of A, non-perron
+otherwise (balanced ties, S4, are non-perron and also counted separately).
 
 Pipeline
 --------
@@ -79,7 +81,6 @@ from importers.run.dominance import (
     PendingCases,
     dominance_problems,
     dominance_spectra,
-    unfolded_blocks_note,
 )
 from importers.run.feeds import Inputs
 from importers.run.records import (
@@ -95,7 +96,7 @@ from importers.run.reductions import ReductionPlan
 from importers.run.runner import default_threads
 from importers.run.session import LOOKAHEAD_BATCHES, AuditSession, audit_session, layer_tensors
 from importers.run.sources import default_inputs
-from importers.value_spectra import BlockSpectra, spectrum_rows
+from importers.value_spectra import H_CHOICES, BlockSpectra, spectrum_rows
 from importers.weights import BlockWeights, block_weights
 from importers.zoo import ModelRef, ZooModel, file_sha256, lookup
 from simulator.metrics import METRICS
@@ -120,6 +121,7 @@ __all__ = [
 Granularity = Literal["head", "layer", "none"]
 DOMINANCE_MODES: tuple[Granularity, ...] = ("head", "layer", "none")
 Provider = Literal["auto", "cpu", "cuda"]
+HChoice = Literal["effective", "stored"]
 _PACKAGES = ("oversmooth", "numpy", "scipy", "onnx", "onnxruntime", "onnxruntime-gpu")
 
 
@@ -140,8 +142,9 @@ class AuditOptions:
         Leave prefix tokens out of the metrics: True uses the zoo's count (CLS = 1), an int counts.
     dominance : {"head", "layer", "none"}
         H granularity of the dominance table, or skip it (no attention tensors fetched).
-    fold_gamma : bool
-        Fold the pre-LN γ into H for the dominance table.
+    h : {"effective", "stored"}
+        The H of the dominance step: the effective product of every linear factor of the branch
+        (default), or ``W_V W_O`` as the checkpoint stores it (the paper's protocol).
     spectral : bool
         Compute the singular-value metrics (sigma_ratio, rank1_residual, effective_rank). They
         need one min(T, D)² Gram matrix per input and layer from the device, most of what an
@@ -167,7 +170,7 @@ class AuditOptions:
     batch_size: int = 4
     exclude_prefix: bool | int = False
     dominance: Granularity = "head"
-    fold_gamma: bool = False
+    h: HChoice = "effective"
     spectral: bool = True
     partial: bool = False
     tie_rtol: float = TIE_RTOL
@@ -177,10 +180,7 @@ class AuditOptions:
 
     def __post_init__(self) -> None:
         check_choice(self.dominance, "dominance", DOMINANCE_MODES, error=ImporterInputError)
-        if self.fold_gamma and self.dominance == "none":
-            raise ImporterInputError(
-                "`fold_gamma` folds γ into H for the dominance step; got dominance 'none'"
-            )
+        check_choice(self.h, "h", H_CHOICES, error=ImporterInputError)
         check_positive_int(self.batch_size, "batch_size", error=ImporterInputError)
         if self.threads is not None:
             check_positive_int(self.threads, "threads", error=ImporterInputError)
@@ -224,7 +224,7 @@ class PreparedAudit:
         Inputs per onnxruntime call (:func:`~importers.run.batching.items_per_call`).
     notes : tuple of str
         The report's notes, in order (missing blocks, departures, random inputs, metrics not
-        computed, the layer choice, batching, γ not folded).
+        computed, the layer choice, batching).
     """
 
     model: ModelInfo
@@ -437,10 +437,8 @@ def prepare(
     notes += batch_notes
     sha256 = file_sha256(ref.path)
     spectra = cached_value_spectra(blocks, sha256, use_cache=options.cache)
-    dominance, fold_gamma = options.dominance, options.fold_gamma
-    eig_H = dominance_spectra(blocks, spectra, dominance, fold_gamma) if dominance != "none" else []
-    if fold_gamma and dominance != "none":
-        notes += unfolded_blocks_note(spectra)
+    dominance = options.dominance
+    eig_H = dominance_spectra(blocks, spectra, dominance, options.h) if dominance != "none" else []
     prepared = PreparedAudit(
         model=ModelInfo(ref.name, str(ref.path), sha256, len(blocks)),
         options=options,
@@ -518,7 +516,7 @@ def audit_result(
             batch_size=options.batch_size,
             exclude_prefix=prepared.prefix,
             dominance=options.dominance,
-            fold_gamma=options.fold_gamma,
+            h=options.h,
             tie_rtol=options.tie_rtol,
             metrics=tuple(m for m in METRICS if options.spectral or m not in SPECTRAL_METRICS),
         ),
@@ -558,7 +556,7 @@ def audit(
     batch_size: int = 4,
     exclude_prefix: bool | int = False,
     dominance: Granularity = "head",
-    fold_gamma: bool = False,
+    h: HChoice = "effective",
     spectral: bool = True,
     partial: bool = False,
     tie_rtol: float = TIE_RTOL,
@@ -586,7 +584,7 @@ def audit(
         batch_size=batch_size,
         exclude_prefix=exclude_prefix,
         dominance=dominance,
-        fold_gamma=fold_gamma,
+        h=h,
         spectral=spectral,
         partial=partial,
         tie_rtol=tie_rtol,

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from importers.value_spectra import BlockSpectra, blocks_spectra
-from importers.weights import BlockWeights
+from importers.weights import FACTOR_KEYS, BlockWeights
 from importers.zoo import cache_dir
 
 __all__ = [
@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 #: Version of the entries' layout; part of every key.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 _KEY = "__key__"
 _VALUE_SPECTRA = "value-spectra"
 Options = Mapping[str, str | int | float | bool]
@@ -125,12 +125,14 @@ def save_entry(model_sha256: str, entry: str, options: Options, arrays: Arrays) 
 
 
 def weights_digest(blocks: Sequence[BlockWeights]) -> str:
-    """sha256 of what the value spectra depend on: every block's layout, W_V, W_O and γ."""
+    """sha256 of what the value spectra depend on: every block's layout, W_V, W_O and the
+    effective H's factors."""
     digest = hashlib.sha256()
     for block in blocks:
         layout = (block.index, block.n_heads, block.n_kv_heads, block.d_head, block.norm)
-        digest.update(repr(layout).encode())
-        for array in (block.W_V, block.W_O, block.gamma):
+        digest.update(repr((*layout, block.norm_kind)).encode())
+        factors = block.h_factors()
+        for array in (block.W_V, block.W_O, *(factors[key] for key in FACTOR_KEYS)):
             digest.update(b"-" if array is None else np.ascontiguousarray(array).tobytes())
     return digest.hexdigest()
 
@@ -138,16 +140,15 @@ def weights_digest(blocks: Sequence[BlockWeights]) -> str:
 def _spectra_arrays(spectra: Sequence[BlockSpectra]) -> Arrays:
     arrays: Arrays = {}
     for block in spectra:
-        kinds: dict[str, np.ndarray | None] = {"head": block.head, "layer": block.layer}
-        kinds |= {"head_gamma": block.head_gamma, "layer_gamma": block.layer_gamma}
-        arrays |= {f"{block.index}.{k}": v for k, v in kinds.items() if v is not None}
+        kinds = {"head": block.head, "layer": block.layer}
+        kinds |= {"head_effective": block.head_effective, "layer_effective": block.layer_effective}
+        arrays |= {f"{block.index}.{k}": v for k, v in kinds.items()}
     return arrays
 
 
 def _expected_shapes(block: BlockWeights) -> dict[str, tuple[int, ...]]:
     shapes = {"head": (block.n_heads, block.d_head), "layer": (block.d_model,)}
-    if block.norm == "pre" and block.gamma is not None:
-        shapes |= {"head_gamma": shapes["head"], "layer_gamma": shapes["layer"]}
+    shapes |= {"head_effective": shapes["head"], "layer_effective": shapes["layer"]}
     return {f"{block.index}.{kind}": shape for kind, shape in shapes.items()}
 
 
@@ -164,17 +165,9 @@ def _valid_spectra(arrays: Arrays, blocks: Sequence[BlockWeights]) -> bool:
 
 
 def _spectra_from_arrays(arrays: Arrays, blocks: Sequence[BlockWeights]) -> list[BlockSpectra]:
-    def kind(block: BlockWeights, name: str) -> np.ndarray | None:
-        return arrays.get(f"{block.index}.{name}")
-
+    kinds = ("head", "layer", "head_effective", "layer_effective")
     return [
-        BlockSpectra(
-            block.index,
-            arrays[f"{block.index}.head"],
-            arrays[f"{block.index}.layer"],
-            kind(block, "head_gamma"),
-            kind(block, "layer_gamma"),
-        )
+        BlockSpectra(block.index, *(arrays[f"{block.index}.{kind}"] for kind in kinds))
         for block in blocks
     ]
 

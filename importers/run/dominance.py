@@ -55,40 +55,25 @@ def dominance_spectra(
     blocks: Sequence[BlockWeights],
     spectra: Sequence[BlockSpectra],
     granularity: str,
-    fold_gamma: bool,
+    h: str,
 ) -> list[np.ndarray]:
     """Per block a (n_heads, k) array of H eigenvalues used for dominance.
 
-    ``granularity`` is ``"layer"`` or ``"head"``. ``"head"``: the d_head eigenvalues of
-    ``W_O^h W_V^h`` plus the zero eigenvalue of the rank-deficient d×d product (when
+    ``granularity`` is ``"layer"`` or ``"head"``. ``"head"``: the d_head eigenvalues of head h's
+    product plus the zero eigenvalue of the rank-deficient d×d product (when
     ``d_model > d_head``); ``"layer"``: the d eigenvalues of the whole-layer product for every
-    head. ``fold_gamma`` uses the γ-folded kinds of pre-LN blocks.
+    head. ``h`` (:data:`~importers.value_spectra.H_CHOICES`) picks the effective or the stored H.
     """
     values = []
     for block, spectrum in zip(blocks, spectra, strict=True):
         if granularity == "layer":
-            eig = np.tile(spectrum.whole_layer(gamma=fold_gamma), (block.n_heads, 1))
+            eig = np.tile(spectrum.whole_layer(h=h), (block.n_heads, 1))
         else:
-            eig = spectrum.heads(gamma=fold_gamma)
+            eig = spectrum.heads(h=h)
             if block.d_model > block.d_head:  # the d×d product also has the eigenvalue 0
                 eig = np.concatenate([eig, np.zeros((block.n_heads, 1))], axis=1)
         values.append(eig)
     return values
-
-
-def unfolded_blocks_note(spectra: Sequence[BlockSpectra]) -> list[str]:
-    """The note that ``fold_gamma`` left some blocks' H unfolded (no pre-LN γ to fold), if any.
-
-    :func:`dominance_spectra` then uses their plain ``W_V W_O`` spectra; without the note a
-    post-LN model audited with ``fold_gamma`` would look folded.
-    """
-    unfolded = [str(spectrum.index) for spectrum in spectra if spectrum.head_gamma is None]
-    if not unfolded:
-        return []
-    return [
-        f"fold_gamma: block(s) {', '.join(unfolded)} have no pre-LayerNorm γ to fold; their "
-        "dominance uses the unfolded W_V W_O"
-    ]
 
 
 def _token_masks(inputs: Inputs, batch: int, n_tokens: int) -> np.ndarray:

@@ -69,6 +69,15 @@ class Record:
         return {item.name: getattr(self, item.name) for item in fields(self)}  # type: ignore[arg-type]
 
 
+#: What ``audit.json``'s ``h`` record means (docs/theory.md §6.8).
+H_DEFINITION = (
+    "effective: M_h = C diag(h_scale_in) W_V^h W_O^h diag(h_scale_out), every linear factor between "
+    "the residual stream and the attention branch's contribution (C the pre-LayerNorm's centring, "
+    "h_scale_in its gamma, h_scale_out LayerScale or a constant branch multiplier); stored: "
+    "W_V^h W_O^h as the checkpoint stores it (the paper's protocol)"
+)
+
+
 @dataclass(frozen=True)
 class ModelInfo(Record):
     """The audited model: display name, file, its sha256, the number of attention blocks."""
@@ -106,7 +115,7 @@ class AuditConfig(Record):
     batch_size: int
     exclude_prefix: int
     dominance: str
-    fold_gamma: bool
+    h: str
     tie_rtol: float
     metrics: tuple[str, ...]
 
@@ -312,6 +321,14 @@ class AuditResult:
                 "final": self.final_metrics(),
             },
             "dominance": self.dominance_summary(),
+            "h": {
+                "used": self.config.h,
+                "definition": H_DEFINITION,
+                "blocks": [
+                    {"block": b.index, "folded": list(b.folded()), "omitted": list(b.omitted())}
+                    for b in self.blocks
+                ],
+            },
             "spectra": self.spectra_summary(),
             "config": self.config,
             "provenance": self.provenance,

@@ -118,7 +118,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="H per head (default) or whole layer for the dominance table, or skip it",
     )
     p.add_argument(
-        "--fold-gamma", action="store_true", help="fold the pre-LN γ into H for dominance"
+        "--h",
+        choices=("effective", "stored"),
+        default="effective",
+        help="H of the dominance step: the effective product of every linear factor between the "
+        "stream and the attention branch's output (pre-LayerNorm centring and γ, W_V W_O, "
+        "LayerScale; default), or W_V W_O as the checkpoint stores it (the paper's protocol)",
     )
     p.add_argument(
         "--no-spectral",
@@ -246,7 +251,8 @@ def _summary(result: AuditResult, out: Path) -> str:
     dom = result.dominance_summary()
     if dom.cases:
         lines.append(
-            f"dominating eigenvalue over {dom.cases} (input, layer, head) cases: "
+            f"dominating eigenvalue over {dom.cases} (input, layer, head) cases, "
+            f"{result.config.h} H: "
             f"{100 * (dom.perron or 0):.2f}% perron, {100 * (dom.non_perron or 0):.2f}% non-perron"
         )
     lines += [f"note: {note}" for note in result.notes if note not in partial]
@@ -263,7 +269,7 @@ def audit_options(args: argparse.Namespace) -> AuditOptions:
         batch_size=args.batch_size,
         exclude_prefix=args.exclude_prefix,
         dominance=args.dominance,
-        fold_gamma=args.fold_gamma,
+        h=args.h,
         spectral=not args.no_spectral,
         partial=args.partial,
         progress=not args.no_progress and sys.stderr.isatty(),

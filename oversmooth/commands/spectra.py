@@ -1,10 +1,11 @@
-"""``oversmooth spectra MODEL --out spectra.csv``: eigenvalues of W_V W_O per head and per layer.
+"""``oversmooth spectra MODEL --out spectra.csv``: eigenvalues of the value products per head and layer.
 
 Writes tidy rows ``layer,head,kind,real,imag``. ``kind`` is ``head`` (the d_head eigenvalues of
-W_O^h W_V^h, i.e. the nonzero ones of W_V^h W_O^h), ``layer`` (the d eigenvalues of W_V W_O),
-and for pre-LN blocks also ``head-gamma`` and ``layer-gamma`` (diag(γ) folded in front of W_V).
-Layer-level rows have ``head`` = -1. ``--summary`` also prints, per kind, the count, the fraction
-with negative real part, the skewness of the real parts and the spectral radius. The CSV is
+W_O^h W_V^h, i.e. the nonzero ones of W_V^h W_O^h, as stored), ``layer`` (the d eigenvalues of
+W_V W_O), and ``head-effective``/``layer-effective``, the same of the effective H (the pre-norm's
+centring and γ before W_V, LayerScale after W_O: :mod:`importers.value_spectra`). Layer-level rows
+have ``head`` = -1. ``--summary`` also prints, per kind, the count, the share with negative real
+part, the median real part, the share inside |1 + λ| < 1 and the spectral radius. The CSV is
 written atomically.
 """
 
@@ -28,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--summary",
         action="store_true",
-        help="print negative fraction, skewness and spectral radius per kind",
+        help="print negative share, median real part, share in |1+λ|<1 and spectral radius per kind",
     )
     parser.set_defaults(func=run)
 
@@ -44,10 +45,13 @@ def run(args: argparse.Namespace) -> int:
     write_tidy_csv(args.out, SPECTRA_COLUMNS, cells, label="--out", replace_any=args.force)
     print(f"wrote {args.out}: {len(rows)} eigenvalues from {len(blocks)} block(s)")
     if args.summary:
-        print(f"{'kind':<12} {'count':>6} {'negative':>9} {'skewness':>9} {'radius':>10}")
+        print(
+            f"{'kind':<16} {'count':>6} {'negative':>9} {'median':>9} {'in_disk':>8} {'radius':>10}"
+        )
         for summary in summarize_spectra(rows).values():
             print(
-                f"{summary.kind:<12} {summary.count:>6} {summary.negative_fraction:>9.3f} "
-                f"{summary.skewness:>9.3f} {summary.spectral_radius:>10.4g}"
+                f"{summary.kind:<16} {summary.count:>6} {summary.negative_fraction:>9.3f} "
+                f"{summary.median_real:>9.3g} {summary.inside_unit_disk:>8.3f} "
+                f"{summary.spectral_radius:>10.4g}"
             )
     return 0

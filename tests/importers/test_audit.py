@@ -33,6 +33,7 @@ from oversmooth.report import render_report, save_audit
 from simulator import tolerances as tol
 from simulator.errors import InputError
 from simulator.metrics import METRICS, all_metrics
+from simulator.output import to_json
 from simulator.theory import KINDS, dominance_kinds, kron_eigenvalues
 from tests.importers.builders import VARIANTS, Assembly, ExpectedBlock, assemble
 from tests.importers.reference import forward_trace
@@ -159,7 +160,7 @@ def test_audit_dominance_equals_a_recomputation_from_numpy_attention(
     model_dir: Path, name: str
 ) -> None:
     assembly = _assembly(name)
-    result = audited(model_dir, name)
+    result = audited(model_dir, name, h="stored")  # the recomputation uses W_V^h W_O^h as stored
     keep = real_tokens(assembly)
     expected = expected_dominance(assembly, forward_trace(assembly).attention, keep)
     found = {(case.input, case.layer, case.head): case for case in result.dominance}
@@ -236,31 +237,45 @@ def test_dominance_none_fetches_no_attention(model_dir: Path) -> None:
         )
 
 
-def test_fold_gamma_takes_the_gamma_scaled_head_spectrum(model_dir: Path) -> None:
+def _effective_head(block, head: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(C diag(γ) W_V^h, W_O^h diag(s))`` from the builder's own float64 parameters."""
+    d = block.d_head
+    W_V = block.gamma[:, None] * block.W_V[:, head * d : (head + 1) * d]
+    W_V = W_V - W_V.mean(axis=0, keepdims=True)  # the LayerNorm's centring, x ↦ x (I − 𝟙𝟙ᵀ/d)
+    return W_V, block.W_O[head * d : (head + 1) * d, :] * block.layer_scale[None, :]
+
+
+@pytest.mark.parametrize("h", ["effective", "stored"])
+def test_each_h_takes_its_own_head_spectrum(model_dir: Path, h: str) -> None:
     name = "vit_prenorm_layerscale"
-    result = audited(model_dir, name, fold_gamma=True)
+    result = audited(model_dir, name, h=h)
     for case in result.dominance:
         block = _assembly(name).built.blocks[case.layer]
         d = block.d_head
-        W_V = block.gamma[:, None] * block.W_V[:, case.head * d : (case.head + 1) * d]
-        W_O = block.W_O[case.head * d : (case.head + 1) * d, :]
+        if h == "effective":
+            W_V, W_O = _effective_head(block, case.head)
+        else:
+            W_V = block.W_V[:, case.head * d : (case.head + 1) * d]
+            W_O = block.W_O[case.head * d : (case.head + 1) * d, :]
         spectrum = np.concatenate([np.linalg.eigvals(W_O @ W_V), [0.0]])
         gap = np.min(np.abs(spectrum - case.lambda_h))
         assert gap <= tol.HEAD_SPECTRUM_RTOL * np.max(np.abs(spectrum))
 
 
-def test_fold_gamma_says_which_blocks_it_could_not_fold(model_dir: Path) -> None:
-    folded = audited(model_dir, "vit_prenorm_layerscale", fold_gamma=True)
-    assert not [note for note in folded.notes if "fold_gamma" in note]
-    post_ln = audited(model_dir, "bert_legacy", fold_gamma=True)
-    plain = audited(model_dir, "bert_legacy")
-    blocks = ", ".join(str(block.index) for block in post_ln.blocks)
-    assert [note for note in post_ln.notes if note.startswith("fold_gamma")] == [
-        f"fold_gamma: block(s) {blocks} have no pre-LayerNorm γ to fold; their dominance uses "
-        "the unfolded W_V W_O"
-    ]
-    assert post_ln.dominance == plain.dominance
-    assert not [note for note in plain.notes if "fold_gamma" in note]
+def test_the_effective_h_is_the_stored_one_where_nothing_is_folded(model_dir: Path) -> None:
+    """Post-LN BERT has no pre-norm and no LayerScale: both H give the same cases."""
+    effective = audited(model_dir, "bert_legacy")
+    assert effective.dominance == audited(model_dir, "bert_legacy", h="stored").dominance
+    assert all(block.folded() == () for block in effective.blocks)
+
+
+def test_audit_json_names_the_h_and_its_factors_per_block(model_dir: Path) -> None:
+    document = json.loads(to_json(audited(model_dir, "vit_prenorm_layerscale")))
+    assert document["config"]["h"] == "effective"
+    assert document["h"]["used"] == "effective"
+    first = document["h"]["blocks"][0]
+    assert first["folded"] == ["centring", "gamma", "layer_scale"]
+    assert "beta" in first["omitted"]
 
 
 def test_batch_size_does_not_change_the_numbers(model_dir: Path) -> None:
@@ -476,7 +491,7 @@ def test_spectra_and_dominance_csv_have_one_row_per_value_and_case(
     columns, rows = read_csv(folder / "spectra.csv")
     assert columns == ["layer", "head", "kind", "real", "imag"]
     assert len(rows) == len(result.spectra)
-    assert {row["kind"] for row in rows} == {"head", "layer"}  # post-LN: no γ-folded kinds
+    assert {row["kind"] for row in rows} == {"head", "layer", "head-effective", "layer-effective"}
     columns, rows = read_csv(folder / "dominance.csv")
     assert columns == list(DOMINANCE_COLUMNS)
     assert len(rows) == len(result.dominance)

@@ -88,7 +88,8 @@ def test_real_model_weights_are_finite_float64_with_the_convention_shapes(name):
         for key, value in arrays.items():
             assert value.dtype == np.float64, key
             assert np.all(np.isfinite(value)), f"block {block.index}: {key}"
-            assert np.any(value != 0), f"block {block.index}: {key} is all zeros"
+            if key != "h_centre":  # 0.0 where the branch reads its input uncentred (post-LN)
+                assert np.any(value != 0), f"block {block.index}: {key} is all zeros"
         assert (block.layer_scale is not None) == REAL_MODELS[name]["layer_scale"]
 
 
@@ -159,28 +160,63 @@ def test_real_model_head_spectra_are_the_nonzero_eigenvalues_of_the_full_product
 
 
 @pytest.mark.parametrize("name", sorted(REAL_MODELS))
-def test_real_model_spectra_rows_and_gamma_folding(name):
+def test_real_model_spectra_rows_stored_and_effective(name):
     blocks = weights(name)[:2]  # two blocks keep the d x d eigensolves few
     rows = model_spectra(blocks)
     kinds = {row.kind for row in rows}
-    pre = REAL_MODELS[name]["norm"] == "pre"
-    assert kinds == ({"head", "layer", "head-gamma", "layer-gamma"} if pre else {"head", "layer"})
+    assert kinds == {"head", "layer", "head-effective", "layer-effective"}
     width = REAL_MODELS[name]["heads"] * REAL_MODELS[name]["d_head"]
     per_kind = {kind: sum(row.kind == kind for row in rows) for kind in kinds}
     assert per_kind["head"] == per_kind["layer"] == len(blocks) * min(width, D_MODEL)
+    assert per_kind["head-effective"] == per_kind["head"]
     assert all(row.head == LAYER_HEAD for row in rows if row.kind.startswith("layer"))
     summaries = summarize_spectra(rows)
     for summary in summaries.values():
         assert 0.0 <= summary.negative_fraction <= 1.0
+        assert 0.0 <= summary.inside_unit_disk <= 1.0
         assert summary.spectral_radius > 0.0
         assert np.isfinite(summary.skewness)
-    if pre:
-        for block in blocks:
-            for head in range(block.n_heads):
-                plain = head_eigenvalues(block, head)
-                folded = head_eigenvalues(block, head, gamma=True)
-                W_V, W_O = block.value_head(head)
-                radius = float(np.max(np.abs(plain)))
-                trace = np.trace(W_O @ (block.gamma[:, None] * W_V))
-                assert abs(folded.sum() - trace) <= tol.HEAD_SPECTRUM_RTOL * radius
-                assert abs(folded.sum() - plain.sum()) > tol.GAMMA_FOLD_MIN_RTOL * radius
+    for block in blocks:
+        for head in range(block.n_heads):
+            stored = head_eigenvalues(block, head)
+            effective = head_eigenvalues(block, head, h="effective")
+            if not block.folded():
+                np.testing.assert_array_equal(effective, stored)
+                continue
+            radius = float(np.max(np.abs(stored)))
+            assert abs(effective.sum() - stored.sum()) > tol.GAMMA_FOLD_MIN_RTOL * radius
+
+
+def test_dinov2_effective_h_equals_the_product_of_the_exported_factors(tmp_path):
+    """The audit's λ^H, rebuilt independently from `oversmooth weights`: the d×d product
+    C diag(h_scale_in) W_V^h W_O^h diag(h_scale_out), C = I − 𝟙𝟙ᵀ/d where h_centre is 1."""
+    from oversmooth.cli import main
+
+    require_real_model("dinov2-vits14")
+    out = tmp_path / "w.npz"
+    assert main(["weights", "dinov2-vits14", "--out", str(out)]) == 0
+    spectra = model_spectra(weights("dinov2-vits14")[:2])
+    with np.load(out) as archive:
+        for index in range(2):
+            def get(key: str, index: int = index) -> np.ndarray:
+                return archive[f"blocks.{index}.{key}"]
+
+            d = get("W_V").shape[0]
+            centre = np.eye(d) - np.ones((d, d)) / d if get("h_centre") == 1.0 else np.eye(d)
+            assert get("h_centre") == 1.0  # DINOv2 is pre-LayerNorm
+            d_head = REAL_MODELS["dinov2-vits14"]["d_head"]
+            for head in range(REAL_MODELS["dinov2-vits14"]["heads"]):
+                cols = slice(head * d_head, (head + 1) * d_head)
+                left = centre @ (get("h_scale_in")[:, None] * get("W_V")[:, cols])
+                M = left @ (get("W_O")[cols, :] * get("h_scale_out")[None, :])
+                dense = np.linalg.eigvals(M)
+                dense = dense[np.argsort(-np.abs(dense))][:d_head]
+                ours = np.array(
+                    [
+                        complex(r.real, r.imag)
+                        for r in spectra
+                        if r.kind == "head-effective" and r.layer == index and r.head == head
+                    ]
+                )
+                radius = float(np.max(np.abs(dense)))
+                assert matched_distance(dense, ours) <= tol.HEAD_SPECTRUM_RTOL * radius
