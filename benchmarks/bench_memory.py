@@ -4,7 +4,7 @@ Inputs are read batch by batch (:class:`~importers.run.feeds.Inputs` with a read
 two batches of outputs are alive at a time (one reduced while the next runs), so the peak resident
 set of an audit of 1024 random inputs should be within 10 % of one of 64 (what remains per
 input: the metric arrays, O(inputs x layers), and the dominance cases, about 280 bytes per
-(input, layer, head)). Each audit runs in a fresh interpreter; its peak RSS is the child's
+(input, block, head)). Each audit runs in a fresh interpreter; its peak RSS is the child's
 ``ru_maxrss`` from ``os.wait4``.
 
 The same holds on a local Dask cluster (``--scheduler local --workers 2``, default for MiniLM-L3):

@@ -265,7 +265,7 @@ def _audit(variant: Variant, quick: bool, h: HChoice) -> Audited:
             "config": result.config.to_dict(),
         },
         cases=np.array(
-            [(c.input, c.layer, c.kind == "perron") for c in result.dominance], dtype=np.int64
+            [(c.input, c.block, c.kind == "perron") for c in result.dominance], dtype=np.int64
         ).reshape(-1, 3),
     )
 

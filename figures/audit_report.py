@@ -94,7 +94,7 @@ def render(result: AuditResult, folder: Path) -> list[tuple[str, str]]:
     if summary.cases:
         fig, ax = new_figure("column", 0.75)
         plot_dominance(
-            ax, [r.layer for r in summary.per_layer], [r.perron for r in summary.per_layer]
+            ax, [r.block for r in summary.per_block], [r.perron for r in summary.per_block]
         )
         ax.legend(fontsize=6, loc="lower right")
         save_png(fig, folder / "dominance.png")

@@ -1,6 +1,6 @@
 """Table 1: which eigenvalue of I + H⊗A dominates in real models, Perron type or not (% of cases).
 
-Claim (docs/theory.md §6.2, poster Table 1; S5, S6): counting, over (input, layer, head), whether the
+Claim (docs/theory.md §6.2, poster Table 1; S5, S6): counting, over (input, block, head), whether the
 dominating |1 + λ^H λ^A| uses the Perron root of the real attention matrix A (1 + λ^H_j λ^A_n,
 smoothing) or another eigenvalue (1 + λ^H_j λ^A_1, non-Perron), random init gives 100% Perron type,
 trained vision models a mix (ViT-B/16 70.27%, DeiT-B/16 57.82%, ViT-Ti 98.92%), ViT-Ti⁺ 100% and
@@ -17,9 +17,9 @@ Also writes ``table1_dominance.md`` (a Markdown table).
 
 Run: ``python -m figures.table1_dominance [--quick] --out DIR``.
 
-CSV columns: ``source,model,transform,h,layer,n_inputs,cases,perron_pct,perron_lo,perron_hi,
+CSV columns: ``source,model,transform,h,block,n_inputs,cases,perron_pct,perron_lo,perron_hi,
 non_perron_pct,balanced_pct,counterpart``: ``source`` is ``ours`` or ``paper``; ``h`` the H protocol (``effective``,
-``stored``, or ``both`` where they coincide); ``layer`` is ``all`` or an attention block (ours
+``stored``, or ``both`` where they coincide); ``block`` is ``all`` or an attention block (ours
 only); ``perron_lo``/``perron_hi`` a 95 % bootstrap interval over inputs (cases of one input are not
 independent); ``counterpart`` names the paper column closest to one of our rows.
 """
@@ -83,7 +83,7 @@ COLUMNS = (
     "model",
     "transform",
     "h",
-    "layer",
+    "block",
     "n_inputs",
     "cases",
     "perron_pct",
@@ -113,20 +113,20 @@ def _our_rows(key: str, h: str, quick: bool) -> list[dict[str, Any]]:
         "n_inputs": result.provenance["inputs"]["n_inputs"],
         "counterpart": COUNTERPART.get((variant.modality, variant.transform)),
     }
-    parts = [("all", summary)] + [(str(r.layer), r) for r in summary.per_layer]
+    parts = [("all", summary)] + [(str(r.block), r) for r in summary.per_block]
     intervals = _models.perron_intervals(result, BOOTSTRAP, BOOTSTRAP_SEED)
     return [
         {
             **base,
-            "layer": layer,
+            "block": block,
             "cases": part.cases,
             "perron_pct": 100 * (part.perron or 0.0),
-            "perron_lo": 100 * intervals[layer][0],
-            "perron_hi": 100 * intervals[layer][1],
+            "perron_lo": 100 * intervals[block][0],
+            "perron_hi": 100 * intervals[block][1],
             "non_perron_pct": 100 * (part.non_perron or 0.0),
             "balanced_pct": 100 * (part.balanced or 0.0),
         }
-        for layer, part in parts
+        for block, part in parts
     ]
 
 
@@ -136,7 +136,7 @@ def _paper_rows() -> list[dict[str, Any]]:
             "source": "paper",
             "model": model,
             "transform": transform,
-            "layer": "all",
+            "block": "all",
             "perron_pct": perron,
             "non_perron_pct": non_perron,
         }
@@ -178,7 +178,7 @@ def _plot_totals(ax: Any, totals: list[dict[str, Any]]) -> None:
     ax.barh(y, 100 - perron, left=perron, color="#0072B2", hatch=hatch, edgecolor="white")
     ax.set_yticks(y, [_label(row) for row in totals])
     ax.set_xlim(0, 100)
-    ax.set_xlabel("% of (input, layer, head) cases, perron type (orange) / non-perron (blue)")
+    ax.set_xlabel("% of (input, block, head) cases, perron type (orange) / non-perron (blue)")
     ax.set_title("ours (solid) and the paper's Table 1 (hatched, other models)")
     ax.grid(False, axis="y")
 
@@ -186,15 +186,15 @@ def _plot_totals(ax: Any, totals: list[dict[str, Any]]) -> None:
 def plot(rows: list[dict[str, Any]]):
     """Stacked bars of every row's overall split; per-block bars of :data:`PER_BLOCK`."""
     fig, (left, right) = new_figure("full", 0.5, ncols=2, width_ratios=(2.2, 1))
-    _plot_totals(left, _models.rows_of(rows, layer="all"))
+    _plot_totals(left, _models.rows_of(rows, block="all"))
     per_block = [
         row
         for row in _models.rows_of(rows, source="ours", model=PER_BLOCK, transform="trained")
-        if row["layer"] != "all"
+        if row["block"] != "all"
     ]
     plot_dominance(
         right,
-        [int(row["layer"]) for row in per_block],
+        [int(row["block"]) for row in per_block],
         [row["perron_pct"] / 100 for row in per_block],
     )
     right.set_title(f"{_models.VARIANTS[PER_BLOCK].label}\nper attention block")
@@ -211,7 +211,7 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
         "# Table 1: dominating eigenvalue of I + H⊗A",
         "",
-        "Percentage of (input, layer, head) cases whose dominating eigenvalue is of Perron type, "
+        "Percentage of (input, block, head) cases whose dominating eigenvalue is of Perron type, "
         "1 + λ^H_j λ^A_n (smoothing), or not, 1 + λ^H_j λ^A_1 (balanced ties count as non-Perron).",
         "",
         f"**{NOTE}**",
@@ -228,7 +228,7 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        if row["source"] != "ours" or row["layer"] != "all":
+        if row["source"] != "ours" or row["block"] != "all":
             continue
         ref = paper.get(row["counterpart"] or "")
         lines.append(

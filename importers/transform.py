@@ -1,16 +1,25 @@
 """Model transformations for the paper's other Table 1 columns: random init and ± reparameterisation.
 
-``random_init`` keeps the architecture and redraws every float weight matrix (projections, MLP,
-embeddings, convolution kernels: each float initializer with at least two axes) from N(0, std²);
-vectors (biases, norm parameters, LayerScale) and scalars keep their values, so only the learned
-linear maps change.
+``random_init`` keeps the architecture and re-initialises every trained parameter as a freshly built
+model would: each float initializer with at least two axes (projections, MLP, token and position
+embeddings, convolution kernels) is drawn from N(0, std²), and each float vector is reset to the
+identity of the operation that applies it (:func:`vector_init`): 1 for a scale (a norm's γ, LayerScale,
+any vector a ``Mul`` applies), 0 for a shift (a norm's β, a bias, any vector an ``Add`` applies).
+What it keeps: scalars (norm epsilons, score scales), integer tensors (shapes, indices), and any
+vector whose consumer is neither of those (counted in the file's metadata).
 
-``reparameterize`` replaces each head's value and output projections so that
-``W_V^h W_O^h = Q Λ Q^T`` (docs/theory.md §5): Q (d × d_head) orthonormal and Λ > 0 (``plus``, Perron-type
-dominance for every attention matrix, S6) or Λ in [-1, 0) (``minus``, never Perron-type, S5). Among
-such matrices it takes the nearest (Frobenius) to the trained product: the skew part of ``M_h`` is
-orthogonal to every symmetric matrix, so the target is ``sym(M_h)``; its d_head eigenvalues of the
-right sign are kept and clipped into the allowed range. Then ``W_V^h = Q`` and ``W_O^h = Λ Q^T``.
+``reparameterize`` replaces each head's value and output projections so that the head's effective
+product (docs/theory.md §6.8) is ``M_h = C diag(γ) W_V^h W_O^h diag(s) = Q Λ Q^T`` (docs/theory.md §5):
+Q (d × d_head) orthonormal and Λ > 0 (``plus``, Perron-type dominance for every attention matrix, S6)
+or Λ in [-1, 0) (``minus``, never Perron-type, S5). Among such matrices it takes the nearest
+(Frobenius) to the trained product: the skew part of ``M_h`` is orthogonal to every symmetric matrix,
+so the target is ``sym(M_h)``; its d_head eigenvalues of the right sign are kept and clipped into the
+allowed range. Where the block's input is centred (a pre-LayerNorm), Q is taken inside 𝟙^⊥, the only
+directions the centring C passes. Then γ and the LayerScale s are absorbed where they act:
+``W_V^h = diag(γ)⁻¹ Q`` and ``W_O^h = Λ Q^T diag(s)⁻¹``, so ``C diag(γ) W_V^h = C Q = Q`` and the
+network is otherwise unchanged (the norm, Q, K and the MLP keep their weights). ``h="stored"``
+reparameterises ``W_V^h W_O^h`` itself instead (``W_V^h = Q``, ``W_O^h = Λ Q^T``; the paper's protocol,
+under which the effective product of a pre-LN block is not of one sign).
 
 Weights must be stored as float initializers (optionally through a Cast, as with float16). Quantised
 weights (int8 with Cast→Mul, DequantizeLinear, MatMulInteger) are refused: writing them back would
@@ -31,7 +40,8 @@ from onnx import numpy_helper
 
 from importers.errors import ImporterInputError, TransformError
 from importers.graph import load_model
-from importers.match import AttentionBlock, LinearMatch, find_attention_blocks
+from importers.match import LinearMatch, find_attention_blocks
+from importers.weights import BlockWeights, block_weights
 from importers.zoo import lookup
 from simulator.output import atomic_output
 from simulator.validation import as_generator, as_square, check_choice, check_positive_int
@@ -39,9 +49,11 @@ from simulator.validation import as_generator, as_square, check_choice, check_po
 __all__ = [
     "NEGATIVE_CLIP",
     "POSITIVE_FLOOR",
+    "centred_basis",
     "nearest_signed_factors",
     "random_init",
     "reparameterize",
+    "vector_init",
 ]
 
 #: Λ of a ``plus`` head is at least this fraction of its largest eigenvalue (strictly positive).
@@ -122,7 +134,10 @@ def _write(stored: _Stored, matrix: np.ndarray) -> None:
 
 
 def nearest_signed_factors(
-    M: np.ndarray, d_head: int, sign: Literal["plus", "minus"]
+    M: np.ndarray,
+    d_head: int,
+    sign: Literal["plus", "minus"],
+    basis: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Factors ``(Q, Λ)`` of the nearest ``Q Λ Q^T`` to ``M`` with Λ of one sign (see module docstring).
 
@@ -133,11 +148,14 @@ def nearest_signed_factors(
     d_head : int
         Rank of the head (columns of Q).
     sign : {"plus", "minus"}
+    basis : (d, k) ndarray, optional
+        Orthonormal columns spanning the subspace Q must lie in (k ≥ d_head); default the whole
+        space. The nearest matrix is then taken among ``Q Λ Qᵀ`` with Q inside it.
 
     Returns
     -------
     Q : (d, d_head) ndarray
-        Orthonormal columns.
+        Orthonormal columns (inside ``basis``).
     lam : (d_head,) ndarray
         In ``[POSITIVE_FLOOR * max(λ_max, 1), max(λ_max, floor)]`` for plus (λ_max the largest
         eigenvalue of sym(M)), in ``[-1, -NEGATIVE_CLIP]`` for minus.
@@ -151,10 +169,12 @@ def nearest_signed_factors(
     if M.ndim != 2:
         raise ImporterInputError(f"`M` must be one (d, d) matrix; got shape {M.shape}")
     d_head = check_positive_int(d_head, "d_head", error=ImporterInputError)
-    if d_head > M.shape[0]:
-        raise ImporterInputError(f"`d_head` must be at most d = {M.shape[0]}; got {d_head}")
+    B = np.eye(M.shape[0]) if basis is None else basis
+    if d_head > B.shape[1]:
+        raise ImporterInputError(f"`d_head` must be at most {B.shape[1]}; got {d_head}")
     check_choice(sign, "sign", ("plus", "minus"), error=ImporterInputError)
-    w, U = np.linalg.eigh((M + M.T) / 2)
+    w, U = np.linalg.eigh(B.T @ ((M + M.T) / 2) @ B)
+    U = B @ U
     if sign == "plus":
         order = np.argsort(w)[::-1][:d_head]
         top = max(float(w[order[0]]), 1.0)
@@ -165,9 +185,33 @@ def nearest_signed_factors(
     return U[:, order], lam
 
 
+def centred_basis(d: int) -> np.ndarray:
+    """Orthonormal columns (d, d − 1) spanning 𝟙^⊥, the range of the centring ``I − 𝟙𝟙ᵀ/d``."""
+    ones = np.ones((d, 1)) / np.sqrt(d)
+    full, _ = np.linalg.qr(np.hstack([ones, np.eye(d)[:, : d - 1]]))
+    return full[:, 1:d]
+
+
+def _absorbed_scales(block: BlockWeights) -> tuple[np.ndarray, np.ndarray]:
+    """The effective H's per-feature scales (γ before W_V, s after W_O), refused where one is 0."""
+    factors = block.h_factors()
+    scale_in, scale_out = factors["h_scale_in"], factors["h_scale_out"]
+    for name, scale in (("norm γ", scale_in), ("LayerScale", scale_out)):
+        if not np.all(np.abs(scale) > 0):
+            raise TransformError(
+                f"block {block.index}: its {name} has a zero entry, which no value projection "
+                "can compensate; reparameterise the stored product (`h='stored'`) instead"
+            )
+    return scale_in, scale_out
+
+
 def _reparameterize_block(
-    model: onnx.ModelProto, block: AttentionBlock, sign: Literal["plus", "minus"]
+    model: onnx.ModelProto,
+    block: BlockWeights,
+    sign: Literal["plus", "minus"],
+    h: Literal["effective", "stored"],
 ) -> None:
+    """Set every head's effective (or stored) product to its nearest ``Q Λ Qᵀ`` of one sign."""
     if block.n_kv_heads != block.n_heads:
         raise TransformError(
             f"block {block.index} shares values across heads (GQA: {block.n_kv_heads} kv heads "
@@ -176,27 +220,37 @@ def _reparameterize_block(
     v, o = _stored(model, block.v, "value"), _stored(model, block.o, "output")
     W_v, W_o = _read(v), _read(o)
     d = block.d_head
+    effective = h == "effective"
+    ones = np.ones(block.d_model)
+    scale_in, scale_out = _absorbed_scales(block) if effective else (ones, ones)
+    basis = centred_basis(block.d_model) if effective and block.centred else None
     for head in range(block.n_heads):
         cols = block.v_columns[head * d : (head + 1) * d]
         rows = block.o_rows[head * d : (head + 1) * d]
-        Q, lam = nearest_signed_factors(W_v[:, cols] @ W_o[rows, :], d, sign)
-        W_v[:, cols] = Q
-        W_o[rows, :] = lam[:, None] * Q.T
+        if effective:
+            left, right = block.effective_value_head(head)
+            Q, lam = nearest_signed_factors(left @ right, d, sign, basis)
+            W_v[:, cols] = Q / scale_in[:, None]
+            W_o[rows, :] = (lam[:, None] * Q.T) / scale_out[None, :]
+        else:
+            Q, lam = nearest_signed_factors(W_v[:, cols] @ W_o[rows, :], d, sign)
+            W_v[:, cols] = Q
+            W_o[rows, :] = lam[:, None] * Q.T
     _write(v, W_v)
     _write(o, W_o)
 
 
 def _matched_with_weights(
     model: str | os.PathLike[str],
-) -> tuple[Path, list[AttentionBlock], onnx.ModelProto]:
-    """Parse the model once: its attention blocks (refusing models without any, with the
-    importer's message), then its proto with every external tensor read in (from inside its
-    folder only: the loader has checked every location)."""
+) -> tuple[Path, list[BlockWeights], onnx.ModelProto]:
+    """Parse the model once: its attention blocks with their weights (refusing models without
+    any, with the importer's message), then its proto with every external tensor read in (from
+    inside its folder only: the loader has checked every location)."""
     from onnx.external_data_helper import load_external_data_for_model
 
     path = lookup(model).path
     loaded = load_model(path)
-    blocks = find_attention_blocks(loaded).blocks
+    blocks = [block_weights(loaded, block) for block in find_attention_blocks(loaded).blocks]
     if loaded.path is not None:
         load_external_data_for_model(loaded.proto, os.fspath(loaded.path.parent))
     return path, blocks, loaded.proto
@@ -249,8 +303,9 @@ def reparameterize(
     out: str | os.PathLike[str],
     *,
     force: bool = False,
+    h: Literal["effective", "stored"] = "effective",
 ) -> Path:
-    """Write a copy of ``model`` whose every head has ``W_V^h W_O^h = Q Λ Q^T`` of the given sign.
+    """Write a copy of ``model`` whose every head's product is ``Q Λ Q^T`` of the given sign.
 
     Parameters
     ----------
@@ -258,16 +313,20 @@ def reparameterize(
     sign : {"plus", "minus"}
     out : path-like
         The new ``.onnx`` file (written atomically).
+    h : {"effective", "stored"}
+        Which product gets the spectrum: the effective ``M_h`` (default; γ and LayerScale absorbed
+        into W_V and W_O, see the module docstring) or ``W_V^h W_O^h`` as stored.
 
     Returns
     -------
     Path
     """
     check_choice(sign, "sign", ("plus", "minus"), error=ImporterInputError)
+    check_choice(h, "h", ("effective", "stored"), error=ImporterInputError)
     source, blocks, proto = _matched_with_weights(model)
     for block in blocks:
-        _reparameterize_block(proto, block, sign)
-    return _save(proto, out, source, f"reparam {sign}", force)
+        _reparameterize_block(proto, block, sign, h)
+    return _save(proto, out, source, f"reparam {sign} h={h}", force)
 
 
 def _weight_matrices(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
@@ -282,6 +341,45 @@ def _weight_matrices(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
                 yield tensor
 
 
+#: Operations that scale by a vector (its identity is 1) and that shift by one (identity 0), with
+#: the input position of the vector where it is fixed (None: either operand).
+_SCALES = {"Mul": None, "LayerNormalization": 1, "SimplifiedLayerNormalization": 1}
+_SHIFTS = {"Add": None, "LayerNormalization": 2, "Gemm": 2, "Sub": None}
+#: Operations a vector may pass through unchanged in value on its way to its consumer.
+_PASS_THROUGH = {"Cast", "Reshape", "Unsqueeze", "Identity", "Flatten"}
+
+
+def vector_init(model: onnx.ModelProto, name: str) -> float | None:
+    """The fresh value of vector initializer ``name``: 1.0 (a scale), 0.0 (a shift), or None.
+
+    The vector's consumers are followed through value-preserving steps (:data:`_PASS_THROUGH`);
+    every consumer must agree, else (or for any other consumer) the vector is kept (None).
+    """
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node in model.graph.node:
+        for position, source in enumerate(node.input):
+            consumers.setdefault(source, []).append((node, position))
+    found: set[float] = set()
+    frontier = [name]
+    while frontier:
+        for node, position in consumers.get(frontier.pop(), []):
+            if node.op_type in _PASS_THROUGH and position == 0:
+                frontier.extend(node.output)
+            elif node.op_type in _SCALES and _SCALES[node.op_type] in (None, position):
+                found.add(1.0)
+            elif node.op_type in _SHIFTS and _SHIFTS[node.op_type] in (None, position):
+                found.add(0.0)
+            else:
+                return None
+    return found.pop() if len(found) == 1 else None
+
+
+def _vectors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    for tensor in model.graph.initializer:
+        if len(tensor.dims) == 1 and tensor.dims[0] > 1 and tensor.data_type in _FLOAT_TYPES:
+            yield tensor
+
+
 def random_init(
     model: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -290,7 +388,7 @@ def random_init(
     seed: int = 0,
     force: bool = False,
 ) -> Path:
-    """Write a copy of ``model`` with every float weight matrix redrawn from N(0, std²).
+    """Write a copy of ``model`` with every trained parameter re-initialised (module docstring).
 
     Parameters
     ----------
@@ -308,6 +406,14 @@ def random_init(
         raise TransformError(f"`std` must be a positive number; got {std!r}")
     rng = as_generator(seed, error=ImporterInputError)
     source, _, proto = _matched_with_weights(model)
+    kept = 0
+    for tensor in list(_vectors(proto)):
+        value = vector_init(proto, tensor.name)
+        if value is None:
+            kept += 1
+            continue
+        fresh = np.full(tuple(tensor.dims), value, numpy_helper.to_array(tensor).dtype)
+        tensor.CopyFrom(numpy_helper.from_array(fresh, tensor.name))
     for tensor in list(_weight_matrices(proto)):
         dtype = numpy_helper.to_array(tensor).dtype
         with np.errstate(over="ignore"):  # checked just below
@@ -318,4 +424,5 @@ def random_init(
                 f"initializer {tensor.name!r}"
             )
         tensor.CopyFrom(numpy_helper.from_array(fresh, tensor.name))
-    return _save(proto, out, source, f"random-init std={std!r} seed={seed}", force)
+    what = f"random-init std={std!r} seed={seed} vectors-kept={kept}"
+    return _save(proto, out, source, what, force)

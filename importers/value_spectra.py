@@ -3,7 +3,7 @@
 Public API
 ----------
 SpectrumRow
-    One eigenvalue: ``(layer, head, kind, real, imag)``; ``head`` is -1 for layer-level rows.
+    One eigenvalue: ``(block, head, kind, real, imag)``; ``head`` is -1 for whole-layer rows.
 SPECTRUM_KINDS
     ``"head"``, ``"layer"`` (the stored ``W_V W_O``), ``"head-effective"``, ``"layer-effective"``
     (the effective H, every linear factor of the branch folded in).
@@ -73,7 +73,7 @@ SPECTRUM_KINDS = ("head", "layer", "head-effective", "layer-effective")
 #: Which H a spectrum, a dominance step or a figure uses.
 H_CHOICES = ("effective", "stored")
 #: Columns of ``spectra.csv``: one eigenvalue per row.
-SPECTRA_COLUMNS = ("layer", "head", "kind", "real", "imag")
+SPECTRA_COLUMNS = ("block", "head", "kind", "real", "imag")
 #: The ``head`` value of layer-level rows.
 LAYER_HEAD = -1
 
@@ -82,7 +82,7 @@ LAYER_HEAD = -1
 class SpectrumRow:
     """One eigenvalue of one block's value product (``head`` is -1 for whole-layer rows)."""
 
-    layer: int
+    block: int
     head: int
     kind: str
     real: float
@@ -220,8 +220,8 @@ def spectrum_rows(spectra: Sequence[BlockSpectra]) -> list[SpectrumRow]:
     return rows
 
 
-def _rows(layer: int, head: int, kind: str, values: np.ndarray) -> Iterable[SpectrumRow]:
-    return (SpectrumRow(layer, head, kind, float(z.real), float(z.imag)) for z in values)
+def _rows(block: int, head: int, kind: str, values: np.ndarray) -> Iterable[SpectrumRow]:
+    return (SpectrumRow(block, head, kind, float(z.real), float(z.imag)) for z in values)
 
 
 def summarize_spectra(rows: Sequence[SpectrumRow]) -> dict[str, SpectrumSummary]:

@@ -38,7 +38,16 @@ __all__ = [
 ]
 
 #: The files of a report folder, besides the PNG figures.
-REPORT_FILES = ("audit.json", "layers.csv", "spectra.csv", "dominance.csv", "report.md")
+REPORT_FILES = (
+    "audit.json",
+    "layers.csv",
+    "spectra.csv",
+    "dominance.csv",
+    "report.md",
+    "attention.csv",
+)
+#: Columns of ``attention.csv``: the stream right after each block's attention sublayer.
+ATTENTION_COLUMNS = ("block", "metric", "mean", "std", "n")
 
 #: Draws the report's figures: ``(result, folder) -> [(title, file name), ...]``.
 FigureMaker = Callable[[AuditResult, Path], Sequence[tuple[str, str]]]
@@ -54,9 +63,10 @@ def write_audit_files(
     write_tidy_csv(
         paths[2],
         SPECTRA_COLUMNS,
-        ((r.layer, r.head, r.kind, r.real, r.imag) for r in result.spectra),
+        ((r.block, r.head, r.kind, r.real, r.imag) for r in result.spectra),
     )
     write_tidy_csv(paths[3], DOMINANCE_COLUMNS, (case.row() for case in result.dominance))
+    write_tidy_csv(paths[5], ATTENTION_COLUMNS, result.attention_rows())
     with atomic_output(paths[4]) as handle:
         handle.write(render_report(result, figures))
     return paths
@@ -103,10 +113,10 @@ def save_audit(
     return target
 
 
-def _fmt(value: float | None) -> str:
+def _fmt(value: float | None, *, signed: bool = False) -> str:
     if value is None or not np.isfinite(value):
         return "—"
-    return f"{value:.3g}"
+    return f"{value:+.3f}" if signed else f"{value:.3g}"
 
 
 def _causal_paragraph(result: AuditResult) -> list[str]:
@@ -178,7 +188,7 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
     lines += ["", "## Dominating eigenvalue of I + H⊗A (Table 1)", ""]
     if dom.cases:
         lines += [
-            f"Over {dom.cases} (input, layer, head) cases: **{100 * (dom.perron or 0):.2f}% perron-type** "
+            f"Over {dom.cases} (input, block, head) cases: **{100 * (dom.perron or 0):.2f}% perron-type** "
             f"(1 + λ^H λ^A_n, smoothing) and **{100 * (dom.non_perron or 0):.2f}% non-perron** "
             f"(of which {100 * (dom.balanced or 0):.2f}% balanced ties).",
             "",
@@ -186,24 +196,31 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
             "",
             "Per block: the theory predicts smoothing when most cases are perron-type; the block "
             "smooths when it lowers HFC/LFC and raises the mean cosine (both ways round: no "
-            "smoothing; otherwise mixed). The theory is for repeated linear layers, so read the "
-            "agreement as a heuristic.",
+            "smoothing; otherwise mixed). The theory covers only the attention sublayer, so the "
+            "observed change is that of the attention part (the stream entering the block against "
+            "the stream right after its attention sublayer, `attention.csv`) where it was measured "
+            "(part `attention`), else of the whole block (part `block`: parallel blocks); the MLP "
+            "columns are the rest of the block. The theory is for repeated linear layers, so read "
+            "the agreement as a heuristic.",
             "",
-            "| attention block | cases | perron | non-perron | HFC/LFC ×| Δ cosine | predicted | observed |",
-            "|---|---|---|---|---|---|---|---|",
+            "| attention block | part | cases | perron | non-perron | HFC/LFC ×| Δ cosine "
+            "| predicted | observed | MLP: HFC/LFC × | MLP: Δ cosine |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| {r.layer} | {r.cases} | {100 * r.perron:.1f}% | {100 * r.non_perron:.1f}% "
-            f"| {_fmt(r.hfc_lfc_ratio)} | {r.cosine_change:+.3f} | {r.predicted} | {r.observed} |"
-            for r in dom.per_layer
+            f"| {r.block} | {r.part} | {r.cases} | {100 * r.perron:.1f}% "
+            f"| {100 * r.non_perron:.1f}% | {_fmt(r.hfc_lfc_ratio)} | {r.cosine_change:+.3f} "
+            f"| {r.predicted} | {r.observed} | {_fmt(r.mlp_hfc_lfc_ratio)} "
+            f"| {_fmt(r.mlp_cosine_change, signed=True)} |"
+            for r in dom.per_block
         ]
         lines += _causal_paragraph(result)
-        decided = [r for r in dom.per_layer if r.agree is not None]
+        decided = [r for r in dom.per_block if r.agree is not None]
         agreed = sum(bool(r.agree) for r in decided)
         lines += [
             "",
             f"Prediction and observation agree in {agreed} of {len(decided)} blocks with a clear "
-            f"observed direction ({len(dom.per_layer) - len(decided)} mixed).",
+            f"observed direction ({len(dom.per_block) - len(decided)} mixed).",
         ]
     else:
         lines.append("Not computed (dominance disabled).")
@@ -233,8 +250,12 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
         "",
         "- `audit.json`: everything below in one document (model, provider, blocks, dominance, spectra summary, provenance)",
         "- `layers.csv`: `layer,metric,mean,std,n` per layer and metric",
-        "- `dominance.csv`: one row per (input, layer, head): kind, dominating μ, its λ^A and λ^H",
-        "- `spectra.csv`: `layer,head,kind,real,imag` eigenvalues (head −1 = whole layer)",
+        "- `dominance.csv`: one row per (input, block, head): kind, dominating μ, its λ^A and λ^H "
+        "(`block` is the attention block; `layer` names stream positions only, as in `layers.csv`)",
+        "- `attention.csv`: `block,metric,mean,std,n` of the stream right after each block's "
+        "attention sublayer (before its MLP)",
+        "- `spectra.csv`: `block,head,kind,real,imag` eigenvalues (head −1 = whole layer; kinds "
+        "`head`/`layer` stored, `head-effective`/`layer-effective` the effective H)",
         "",
         "## Provenance",
         "",

@@ -201,9 +201,13 @@ def _merged(parts: Sequence[Measurement], where: Mapping[str, object]) -> Measur
         name: np.concatenate([part.metrics[name] for part in parts], axis=0)
         for name in parts[0].metrics
     }
+    attention_part = {
+        name: np.concatenate([part.attention_part[name] for part in parts], axis=0)
+        for name in parts[0].attention_part
+    }
     runner = {**parts[0].runner, "executor": dict(where), "shards": len(parts)}
     cases = [case for part in parts for case in part.dominance]
-    return Measurement(metrics, cases, parts[0].provider, runner)
+    return Measurement(metrics, cases, parts[0].provider, runner, attention_part)
 
 
 def _provider_notes(parts: Sequence[Measurement]) -> list[str]:

@@ -3,7 +3,7 @@
 For every input and layer the audit records the simulator's smoothing metrics of the hidden states,
 reduced inside the graph to a few statistics per layer (:mod:`importers.run.reductions`: the hidden
 states themselves never leave the device);
-for every (input, layer, head) it finds the dominating eigenvalue of ``I + H_h ⊗ A`` from the real
+for every (input, block, head) it finds the dominating eigenvalue of ``I + H_h ⊗ A`` from the real
 attention matrix A and the head's effective value product (docs/theory.md §6.2, §6.8, Table 1); and
 it reports the eigenvalues of the value products per head and layer, stored and effective (Fig. 5).
 
@@ -17,7 +17,7 @@ registers) are left out of the metrics when ``exclude_prefix`` is set.
 
 Dominance counting
 ------------------
-One case per (input, layer, head). A is the head's attention matrix restricted to real tokens (rows
+One case per (input, block, head). A is the head's attention matrix restricted to real tokens (rows
 renormalised). H_h is the effective ``M_h = C diag(γ) W_V^h W_O^h diag(s)`` (``h="effective"``, the
 default: every linear factor between the residual stream and the branch's contribution,
 :meth:`~importers.weights.BlockWeights.h_factors`) or ``W_V^h W_O^h`` as stored (``h="stored"``, the
@@ -57,14 +57,11 @@ import dataclasses
 import functools
 import os
 import platform
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from importers.errors import ImporterInputError
 from importers.graph import OnnxModel, load_model
@@ -78,8 +75,6 @@ from importers.match import (
 from importers.run.batching import items_per_call
 from importers.run.cache import cached_value_spectra
 from importers.run.dominance import (
-    PendingCases,
-    dominance_problems,
     dominance_spectra,
 )
 from importers.run.feeds import Inputs
@@ -92,16 +87,15 @@ from importers.run.records import (
     Provenance,
     ProviderInfo,
 )
-from importers.run.reductions import ReductionPlan
 from importers.run.runner import default_threads
-from importers.run.session import LOOKAHEAD_BATCHES, AuditSession, audit_session, layer_tensors
+from importers.run.session import audit_session, batch_work, layer_tensors, pipelined
 from importers.run.sources import default_inputs
 from importers.value_spectra import H_CHOICES, BlockSpectra, spectrum_rows
 from importers.weights import BlockWeights, block_weights
 from importers.zoo import ModelRef, ZooModel, file_sha256, lookup
 from simulator.metrics import METRICS
 from simulator.output import package_versions
-from simulator.statistics import SPECTRAL_METRICS, metrics_from_statistics
+from simulator.statistics import SPECTRAL_METRICS
 from simulator.tolerances import TIE_RTOL
 from simulator.validation import check_choice, check_positive_int
 
@@ -258,53 +252,21 @@ class Measurement:
     provider : ProviderInfo
     runner : dict
         The runner's session record (:meth:`~importers.run.runner.Runner.provenance`).
+    attention_part : dict of str to (n_inputs, n_blocks) ndarray
+        Every metric of the stream right after each block's attention sublayer
+        (:func:`~importers.run.session.attention_sublayer_tensor`); NaN for blocks without one.
     """
 
     metrics: dict[str, np.ndarray]
     dominance: list[DominanceCase]
     provider: ProviderInfo
     runner: dict[str, Any]
+    attention_part: dict[str, np.ndarray]
 
     def shifted(self, start: int) -> Measurement:
         """The same measurement with its cases' inputs counted from ``start``."""
         cases = [dataclasses.replace(case, input=case.input + start) for case in self.dominance]
         return dataclasses.replace(self, dominance=cases)
-
-
-def _check_counted_tokens(n_tokens: np.ndarray, labels: Sequence[str]) -> None:
-    """Every item of a batch (``labels``, one each) keeps at least 2 tokens for the metrics."""
-    short = np.flatnonzero(np.asarray(n_tokens) < 2)
-    if short.size:
-        item = int(short[0])
-        label = labels[item] if len(labels[item]) <= 40 else labels[item][:37] + "..."
-        raise ImporterInputError(
-            f"input {label!r} keeps {int(n_tokens[item])} token(s) for the metrics once padding "
-            "and the `exclude_prefix` tokens are left out; a smoothing metric needs at least 2"
-        )
-
-
-def _measure_layers(
-    outputs: dict[str, np.ndarray],
-    plan: ReductionPlan,
-    start: int,
-    per_input: dict[str, np.ndarray],
-    labels: Sequence[str],
-) -> int:
-    """Fill ``per_input[metric][item, layer]`` for one batch from its in-graph statistics.
-
-    Without a Gram matrix (``spectral=False``) only the scalar metrics are filled. Returns the
-    batch size.
-    """
-    names = [name for name in METRICS if plan.gram != "none" or name not in SPECTRAL_METRICS]
-    batch = 0
-    for layer in range(len(plan.layers)):
-        statistics = plan.statistics(outputs, layer)
-        _check_counted_tokens(statistics.n_tokens, labels)
-        values = metrics_from_statistics(statistics, names)
-        for metric, value in values.items():
-            batch = len(value)
-            per_input[metric][start : start + batch, layer] = value
-    return batch
 
 
 def open_model(
@@ -323,75 +285,6 @@ def open_model(
         return ModelRef(model.path, entry), model
     ref = lookup(model)
     return ref, load_model(ref.path)
-
-
-class _BatchWork:
-    """The host work of one batch running on a thread pool: its metrics and dominance cases."""
-
-    def __init__(self, metrics: Future[int], dominance: PendingCases | None) -> None:
-        self._metrics = metrics
-        self._dominance = dominance
-
-    def result(self) -> list[DominanceCase]:
-        self._metrics.result()
-        return self._dominance.result() if self._dominance is not None else []
-
-    def cancel(self) -> None:
-        self._metrics.cancel()
-        if self._dominance is not None:
-            self._dominance.cancel()
-
-
-def _measure_batch(
-    session: AuditSession,
-    blocks: Sequence[AttentionBlock],
-    eig_H: Sequence[np.ndarray],
-    tie_rtol: float,
-    per_input: dict[str, np.ndarray],
-    pool: ThreadPoolExecutor,
-    batch: Inputs,
-    start: int,
-    outputs: dict[str, np.ndarray],
-) -> _BatchWork:
-    """Start a batch's host work: its layer metrics (into ``per_input``) and dominance cases."""
-    metrics = pool.submit(_measure_layers, outputs, session.plan, start, per_input, batch.labels)
-    if not session.attention:
-        return _BatchWork(metrics, None)
-    problems = dominance_problems(outputs, blocks, session.attention, batch, start, eig_H)
-    return _BatchWork(metrics, PendingCases(problems, tie_rtol, pool))
-
-
-def _pipelined(
-    batches: Iterator[tuple[Inputs, dict[str, np.ndarray]]],
-    measure: Callable[[ThreadPoolExecutor, Inputs, int, dict[str, np.ndarray]], _BatchWork],
-    threads: int,
-) -> list[DominanceCase]:
-    """Run every batch's host work on worker threads while onnxruntime runs the next batches.
-
-    At most :data:`LOOKAHEAD_BATCHES` batches' work is pending when the next one is started, so
-    memory stays bounded; the cases come back in batch order. Many small eigenvalue problems: one
-    BLAS thread each, ``threads`` worker threads, one per core (this also avoids the collapse of
-    multithreaded BLAS on a busy machine, 5-20x measured on 2 cores). On an error or Ctrl-C the
-    work not yet started is cancelled.
-    """
-    cases: list[DominanceCase] = []
-    pending: deque[_BatchWork] = deque()
-    start = 0
-    with threadpool_limits(limits=1, user_api="blas"):
-        pool = ThreadPoolExecutor(max_workers=threads)
-        try:
-            for batch, outputs in batches:
-                pending.append(measure(pool, batch, start, outputs))
-                start += batch.batch_size
-                while len(pending) > LOOKAHEAD_BATCHES:
-                    cases += pending.popleft().result()
-            while pending:
-                cases += pending.popleft().result()
-        finally:
-            for work in pending:
-                work.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
-    return cases
 
 
 def prepare(
@@ -474,16 +367,21 @@ def measure(
         threads=threads,
         partial=prepared.matched_part_only,
     )
-    shape = (inputs.batch_size, len(session.layers))
+    shape = (inputs.batch_size, len(session.plan.layers))  # the layers, then the sublayers
     per_input = {name: np.full(shape, np.nan) for name in METRICS}
     batches = session.batches(prepared.items, progress=options.progress)
     measure_batch = functools.partial(
-        _measure_batch, session, prepared.blocks, prepared.eig_H, options.tie_rtol, per_input
+        batch_work, session, prepared.blocks, prepared.eig_H, options.tie_rtol, per_input
     )
-    cases = _pipelined(batches, measure_batch, threads)
+    cases = pipelined(batches, measure_batch, threads)
     runner = session.runner
     provider = ProviderInfo(options.provider, tuple(runner.provider_used), runner.provider_note)
-    return Measurement(per_input, cases, provider, runner.provenance())
+    n_layers, n_blocks = len(session.layers), len(prepared.blocks)
+    attention_part = {name: np.full((inputs.batch_size, n_blocks), np.nan) for name in METRICS}
+    for name, values in per_input.items():
+        attention_part[name][:, session.sublayers] = values[:, n_layers:]
+    layers = {name: values[:, :n_layers] for name, values in per_input.items()}
+    return Measurement(layers, cases, provider, runner.provenance(), attention_part)
 
 
 def audit_result(
@@ -510,6 +408,7 @@ def audit_result(
         provider=measurement.provider,
         blocks=blocks,
         metrics=measurement.metrics,
+        attention_part=measurement.attention_part,
         dominance=measurement.dominance,
         spectra=spectrum_rows(prepared.spectra),
         config=AuditConfig(

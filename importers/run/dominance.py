@@ -1,4 +1,4 @@
-"""The audit's dominance step: the dominating eigenvalue of ``I + H_h ⊗ A`` per (input, layer, head).
+"""The audit's dominance step: the dominating eigenvalue of ``I + H_h ⊗ A`` per (input, block, head).
 
 A is a head's attention matrix restricted to the real tokens (rows renormalised), H_h the head's
 value spectrum (see :mod:`importers.run.audit`, "Dominance counting"). Most cases are decided

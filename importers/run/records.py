@@ -10,7 +10,7 @@ AuditResult
 ModelInfo, InputsInfo, ProviderInfo, AuditConfig, Provenance
     What was run, on what, where, how.
 DominanceCase
-    The dominating eigenvalue of ``I + H_h ⊗ A`` for one (input, layer, head).
+    The dominating eigenvalue of ``I + H_h ⊗ A`` for one (input, block, head).
 DominanceSummary, BlockVerdict
     Perron / non-Perron fractions overall and per attention block, with each block's predicted and
     observed direction.
@@ -47,7 +47,7 @@ LAYER_COLUMNS = ("layer", "metric", "mean", "std", "n")
 #: Columns of ``dominance.csv``.
 DOMINANCE_COLUMNS = (
     "input",
-    "layer",
+    "block",
     "head",
     "kind",
     "mu_real",
@@ -132,14 +132,14 @@ class Provenance(Record):
 
 @dataclass(frozen=True)
 class DominanceCase(Record):
-    """The dominating eigenvalue ``μ = 1 + λ^H λ^A`` of ``I + H_h ⊗ A`` for one (input, layer, head).
+    """The dominating eigenvalue ``μ = 1 + λ^H λ^A`` of ``I + H_h ⊗ A`` for one (input, block, head).
 
     ``kind`` is ``"perron"`` (μ uses the Perron root of A: smoothing), ``"non-perron"`` or
     ``"balanced"`` (tied dominating modes in both A and H; counted as non-perron too).
     """
 
     input: int
-    layer: int
+    block: int
     head: int
     kind: str
     mu: complex
@@ -151,7 +151,7 @@ class DominanceCase(Record):
         """The ``dominance.csv`` row, in :data:`DOMINANCE_COLUMNS` order."""
         return (
             self.input,
-            self.layer,
+            self.block,
             self.head,
             self.kind,
             self.mu.real,
@@ -172,13 +172,18 @@ class DominanceCase(Record):
 class BlockVerdict(Record):
     """One attention block: its dominance fractions against what it did to the stream.
 
-    ``layer`` is the block's index: it maps layer ``layer`` to ``layer + 1``. Predicted: smoothing
+    ``block`` is the block's index: it maps layer ``block`` to layer ``block + 1``. Predicted: smoothing
     when most of its cases are perron-type. Observed: smoothing when the mean HFC/LFC falls
     (``hfc_lfc_ratio`` < 1) and the mean cosine rises, "no smoothing" when both move the other way,
-    else "mixed" (``agree`` is None). The theory is for repeated linear layers: a heuristic reading.
+    else "mixed" (``agree`` is None). ``part`` says over what the change is measured: ``attention``
+    (layer ``block`` to the stream right after the attention sublayer, what the theory covers) where
+    that stream was measured, else ``block`` (to layer ``block + 1``, attention and MLP together);
+    ``mlp_hfc_lfc_ratio`` and ``mlp_cosine_change`` are the rest of the block (NaN for ``block``).
+    The theory is for repeated linear layers: a heuristic reading.
     """
 
-    layer: int
+    block: int
+    part: str
     cases: int
     perron: float
     non_perron: float
@@ -188,6 +193,8 @@ class BlockVerdict(Record):
     predicted: str
     observed: str
     agree: bool | None
+    mlp_hfc_lfc_ratio: float
+    mlp_cosine_change: float
 
 
 @dataclass(frozen=True)
@@ -198,7 +205,7 @@ class DominanceSummary(Record):
     perron: float | None
     non_perron: float | None
     balanced: float | None
-    per_layer: tuple[BlockVerdict, ...]
+    per_block: tuple[BlockVerdict, ...]
 
 
 def _fractions(kinds: np.ndarray) -> tuple[float, float, float]:
@@ -206,11 +213,26 @@ def _fractions(kinds: np.ndarray) -> tuple[float, float, float]:
     return perron, 1.0 - perron, float(np.mean(kinds == "balanced"))
 
 
-def _verdict(layer: int, kinds: np.ndarray, means: dict[tuple[int, str], float]) -> BlockVerdict:
-    perron, non_perron, balanced = _fractions(kinds)
+def _change(before: dict[str, float], after: dict[str, float]) -> tuple[float, float]:
+    """(HFC/LFC after / before, cosine after − before) of two stream positions' mean metrics."""
     with np.errstate(divide="ignore", invalid="ignore"):  # a zero or NaN mean gives no verdict
-        ratio = np.float64(means[layer + 1, "hfc_lfc"]) / np.float64(means[layer, "hfc_lfc"])
-    cosine = means[layer + 1, "cosine"] - means[layer, "cosine"]
+        ratio = np.float64(after["hfc_lfc"]) / np.float64(before["hfc_lfc"])
+    return float(ratio), float(after["cosine"] - before["cosine"])
+
+
+def _verdict(
+    block: int,
+    kinds: np.ndarray,
+    means: dict[tuple[int, str], float],
+    attention: dict[tuple[int, str], float],
+) -> BlockVerdict:
+    perron, non_perron, balanced = _fractions(kinds)
+    at = {metric: means[block, metric] for metric in ("hfc_lfc", "cosine")}
+    out = {metric: means[block + 1, metric] for metric in ("hfc_lfc", "cosine")}
+    mid = {metric: attention.get((block, metric), np.nan) for metric in ("hfc_lfc", "cosine")}
+    measured = bool(np.isfinite(mid["hfc_lfc"]) and np.isfinite(mid["cosine"]))
+    ratio, cosine = _change(at, mid if measured else out)
+    mlp_ratio, mlp_cosine = _change(mid, out) if measured else (np.nan, np.nan)
     predicted = "smoothing" if perron >= 0.5 else "no smoothing"
     if ratio < 1 and cosine > 0:
         observed = "smoothing"
@@ -219,7 +241,8 @@ def _verdict(layer: int, kinds: np.ndarray, means: dict[tuple[int, str], float])
     else:
         observed = "mixed"
     return BlockVerdict(
-        layer=layer,
+        block=block,
+        part="attention" if measured else "block",
         cases=int(kinds.size),
         perron=perron,
         non_perron=non_perron,
@@ -229,7 +252,29 @@ def _verdict(layer: int, kinds: np.ndarray, means: dict[tuple[int, str], float])
         predicted=predicted,
         observed=observed,
         agree=None if observed == "mixed" else predicted == observed,
+        mlp_hfc_lfc_ratio=float(mlp_ratio),
+        mlp_cosine_change=float(mlp_cosine),
     )
+
+
+def _tidy(per_input: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """``layer,metric,mean,std,n`` rows of (n_inputs, positions) arrays: over inputs, NaN-aware."""
+    rows = []
+    positions = next(iter(per_input.values())).shape[1] if per_input else 0
+    for position in range(positions):
+        for name, values in per_input.items():
+            column = values[:, position]
+            finite = column[np.isfinite(column)]
+            rows.append(
+                {
+                    "layer": position,
+                    "metric": name,
+                    "mean": float(finite.mean()) if finite.size else float("nan"),
+                    "std": float(finite.std()) if finite.size else float("nan"),
+                    "n": int(finite.size),
+                }
+            )
+    return rows
 
 
 @dataclass(frozen=True, eq=False)
@@ -262,6 +307,7 @@ class AuditResult:
     config: AuditConfig
     provenance: Provenance
     notes: list[str] = field(default_factory=list)
+    attention_part: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def n_layers(self) -> int:
@@ -270,21 +316,16 @@ class AuditResult:
 
     def layer_rows(self) -> list[dict[str, Any]]:
         """Tidy ``layer,metric,mean,std,n`` rows: mean and std over inputs (NaN-aware)."""
-        rows = []
-        for layer in range(self.n_layers):
-            for name, values in self.metrics.items():
-                column = values[:, layer]
-                finite = column[np.isfinite(column)]
-                rows.append(
-                    {
-                        "layer": layer,
-                        "metric": name,
-                        "mean": float(finite.mean()) if finite.size else float("nan"),
-                        "std": float(finite.std()) if finite.size else float("nan"),
-                        "n": int(finite.size),
-                    }
-                )
-        return rows
+        return _tidy(self.metrics)
+
+    def attention_rows(self) -> list[dict[str, Any]]:
+        """Tidy ``block,metric,mean,std,n`` rows of the stream right after each block's attention
+        sublayer (blocks without one are left out)."""
+        return [
+            {"block": row.pop("layer"), **row}
+            for row in _tidy(self.attention_part)
+            if row["n"] > 0
+        ]
 
     def final_metrics(self) -> dict[str, float]:
         """Each metric's mean over inputs at the last layer."""
@@ -296,12 +337,14 @@ class AuditResult:
         if not self.dominance:
             return DominanceSummary(0, None, None, None, ())
         kinds = np.array([case.kind for case in self.dominance])
-        layers = np.array([case.layer for case in self.dominance])
+        blocks = np.array([case.block for case in self.dominance])
         means = {(r["layer"], r["metric"]): r["mean"] for r in self.layer_rows()}
-        per_layer = tuple(
-            _verdict(int(layer), kinds[layers == layer], means) for layer in np.unique(layers)
+        attention = {(r["block"], r["metric"]): r["mean"] for r in self.attention_rows()}
+        per_block = tuple(
+            _verdict(int(block), kinds[blocks == block], means, attention)
+            for block in np.unique(blocks)
         )
-        return DominanceSummary(int(kinds.size), *_fractions(kinds), per_layer)
+        return DominanceSummary(int(kinds.size), *_fractions(kinds), per_block)
 
     def spectra_summary(self) -> dict[str, Any]:
         """Per spectrum kind: count, negative fraction, skewness, spectral radius."""
@@ -321,6 +364,12 @@ class AuditResult:
                 "final": self.final_metrics(),
             },
             "dominance": self.dominance_summary(),
+            "attention_part": {
+                "definition": "the stream right after each block's attention sublayer, before its "
+                "MLP: the attention residual sum (pre-LN), its norm (post-LN); none for parallel "
+                "blocks",
+                "blocks": sorted({int(row["block"]) for row in self.attention_rows()}),
+            },
             "h": {
                 "used": self.config.h,
                 "definition": H_DEFINITION,

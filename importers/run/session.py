@@ -8,26 +8,44 @@ audit_session, AuditSession
     The session an audit runs (model plus in-graph reductions), for the audit, benchmarks and tools.
 LOOKAHEAD_BATCHES
     Batches whose host work may still run while the next batch is inferred.
+batch_work, pipelined
+    One batch's host work (its metrics, its dominance cases) started on a thread pool, and every
+    batch's, overlapped with inference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
-from importers.errors import ImporterError, LayerStreamError
+from importers.errors import ImporterError, ImporterInputError, LayerStreamError
 from importers.graph import OnnxModel
 from importers.graph.shapes import ShapeContext
 from importers.match import AttentionBlock
 from importers.run.batching import run_batches
+from importers.run.dominance import PendingCases, dominance_problems
 from importers.run.feeds import Inputs
+from importers.run.records import DominanceCase
 from importers.run.reductions import Gram, ReductionPlan, plan_reductions
 from importers.run.runner import Runner
+from simulator.metrics import METRICS
+from simulator.statistics import SPECTRAL_METRICS, metrics_from_statistics
 
-__all__ = ["LOOKAHEAD_BATCHES", "AuditSession", "audit_session", "layer_tensors"]
+__all__ = [
+    "LOOKAHEAD_BATCHES",
+    "AuditSession",
+    "attention_sublayer_tensor",
+    "audit_session",
+    "batch_work",
+    "layer_tensors",
+    "pipelined",
+]
 
 #: Batches whose host work (metrics, dominance) may still run while the next batch is inferred.
 LOOKAHEAD_BATCHES = 1
@@ -136,6 +154,10 @@ class AuditSession:
     ----------
     layers : list of str
         The layer tensors (:func:`layer_tensors`), reduced in the graph.
+    sublayers : list of int
+        The blocks whose stream after the attention sublayer
+        (:func:`attention_sublayer_tensor`) is reduced too; their statistics follow the layers'
+        in the plan, in this order.
     attention : list of str
         The attention probabilities fetched per block (empty without dominance).
     plan : ReductionPlan
@@ -149,6 +171,7 @@ class AuditSession:
 
     layers: list[str]
     attention: list[str]
+    sublayers: list[int]
     plan: ReductionPlan
     runner: Runner
     inputs: Inputs
@@ -205,11 +228,14 @@ def audit_session(
     layers = layer_tensors(blocks, notes, partial=partial)
     probs = [block.attention_name for block in blocks] if attention else []
     first = inputs.read(0, 1)  # masked or not, and the token count, without reading every input
+    mids = {block.index: attention_sublayer_tensor(block) for block in blocks}
+    sublayers = [i for i, block in enumerate(blocks) if mids[block.index] is not None]
     time_major = [blocks[0].time_major] + [block.time_major for block in blocks]
+    time_major += [blocks[i].time_major for i in sublayers]
     gram = _gram_orientation(graph, layers[0], first, blocks[0]) if spectral else "none"
     plan = plan_reductions(
         graph,
-        layers,
+        [*layers, *(str(mids[blocks[i].index]) for i in sublayers)],
         prefix=prefix,
         masked=first.token_mask is not None,
         gram=gram,
@@ -218,4 +244,123 @@ def audit_session(
     runner = Runner(
         graph, expose=probs, extension=plan.extension, provider=provider, threads=threads
     )
-    return AuditSession(layers, probs, plan, runner, inputs, notes)
+    return AuditSession(layers, probs, sublayers, plan, runner, inputs, notes)
+
+
+def attention_sublayer_tensor(block: AttentionBlock) -> str | None:
+    """The residual stream right after ``block``'s attention sublayer, before its MLP (or None).
+
+    Pre-LN and norm-free blocks: the attention residual sum ``X + branch(X)``; post-LN blocks: the
+    norm after it (the stream the MLP reads). A parallel block has no such stream (attention and
+    MLP add to the stream together), nor does a block whose residual was not established.
+    """
+    if block.parallel or block.stream_error is not None or block.residual_name is None:
+        return None
+    if block.norm == "post":
+        return block.norm_output_name
+    return block.residual_name
+
+
+def _check_counted_tokens(n_tokens: np.ndarray, labels: Sequence[str]) -> None:
+    """Every item of a batch (``labels``, one each) keeps at least 2 tokens for the metrics."""
+    short = np.flatnonzero(np.asarray(n_tokens) < 2)
+    if short.size:
+        item = int(short[0])
+        label = labels[item] if len(labels[item]) <= 40 else labels[item][:37] + "..."
+        raise ImporterInputError(
+            f"input {label!r} keeps {int(n_tokens[item])} token(s) for the metrics once padding "
+            "and the `exclude_prefix` tokens are left out; a smoothing metric needs at least 2"
+        )
+
+
+def _measure_layers(
+    outputs: dict[str, np.ndarray],
+    plan: ReductionPlan,
+    start: int,
+    per_input: dict[str, np.ndarray],
+    labels: Sequence[str],
+) -> int:
+    """Fill ``per_input[metric][item, layer]`` for one batch from its in-graph statistics.
+
+    Without a Gram matrix (``spectral=False``) only the scalar metrics are filled. Returns the
+    batch size.
+    """
+    names = [name for name in METRICS if plan.gram != "none" or name not in SPECTRAL_METRICS]
+    batch = 0
+    for layer in range(len(plan.layers)):
+        statistics = plan.statistics(outputs, layer)
+        _check_counted_tokens(statistics.n_tokens, labels)
+        values = metrics_from_statistics(statistics, names)
+        for metric, value in values.items():
+            batch = len(value)
+            per_input[metric][start : start + batch, layer] = value
+    return batch
+
+
+class _BatchWork:
+    """The host work of one batch running on a thread pool: its metrics and dominance cases."""
+
+    def __init__(self, metrics: Future[int], dominance: PendingCases | None) -> None:
+        self._metrics = metrics
+        self._dominance = dominance
+
+    def result(self) -> list[DominanceCase]:
+        self._metrics.result()
+        return self._dominance.result() if self._dominance is not None else []
+
+    def cancel(self) -> None:
+        self._metrics.cancel()
+        if self._dominance is not None:
+            self._dominance.cancel()
+
+
+def batch_work(
+    session: AuditSession,
+    blocks: Sequence[AttentionBlock],
+    eig_H: Sequence[np.ndarray],
+    tie_rtol: float,
+    per_input: dict[str, np.ndarray],
+    pool: ThreadPoolExecutor,
+    batch: Inputs,
+    start: int,
+    outputs: dict[str, np.ndarray],
+) -> _BatchWork:
+    """Start a batch's host work: its layer metrics (into ``per_input``) and dominance cases."""
+    metrics = pool.submit(_measure_layers, outputs, session.plan, start, per_input, batch.labels)
+    if not session.attention:
+        return _BatchWork(metrics, None)
+    problems = dominance_problems(outputs, blocks, session.attention, batch, start, eig_H)
+    return _BatchWork(metrics, PendingCases(problems, tie_rtol, pool))
+
+
+def pipelined(
+    batches: Iterator[tuple[Inputs, dict[str, np.ndarray]]],
+    measure: Callable[[ThreadPoolExecutor, Inputs, int, dict[str, np.ndarray]], _BatchWork],
+    threads: int,
+) -> list[DominanceCase]:
+    """Run every batch's host work on worker threads while onnxruntime runs the next batches.
+
+    At most :data:`LOOKAHEAD_BATCHES` batches' work is pending when the next one is started, so
+    memory stays bounded; the cases come back in batch order. Many small eigenvalue problems: one
+    BLAS thread each, ``threads`` worker threads, one per core (this also avoids the collapse of
+    multithreaded BLAS on a busy machine, 5-20x measured on 2 cores). On an error or Ctrl-C the
+    work not yet started is cancelled.
+    """
+    cases: list[DominanceCase] = []
+    pending: deque[_BatchWork] = deque()
+    start = 0
+    with threadpool_limits(limits=1, user_api="blas"):
+        pool = ThreadPoolExecutor(max_workers=threads)
+        try:
+            for batch, outputs in batches:
+                pending.append(measure(pool, batch, start, outputs))
+                start += batch.batch_size
+                while len(pending) > LOOKAHEAD_BATCHES:
+                    cases += pending.popleft().result()
+            while pending:
+                cases += pending.popleft().result()
+        finally:
+            for work in pending:
+                work.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+    return cases

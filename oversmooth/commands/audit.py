@@ -251,7 +251,7 @@ def _summary(result: AuditResult, out: Path) -> str:
     dom = result.dominance_summary()
     if dom.cases:
         lines.append(
-            f"dominating eigenvalue over {dom.cases} (input, layer, head) cases, "
+            f"dominating eigenvalue over {dom.cases} (input, block, head) cases, "
             f"{result.config.h} H: "
             f"{100 * (dom.perron or 0):.2f}% perron, {100 * (dom.non_perron or 0):.2f}% non-perron"
         )

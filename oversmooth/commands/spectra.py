@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     blocks = extract(open_model(args.model))
     rows = model_spectra(blocks)
-    cells = ((r.layer, r.head, r.kind, r.real, r.imag) for r in rows)
+    cells = ((r.block, r.head, r.kind, r.real, r.imag) for r in rows)
     write_tidy_csv(args.out, SPECTRA_COLUMNS, cells, label="--out", replace_any=args.force)
     print(f"wrote {args.out}: {len(rows)} eigenvalues from {len(blocks)} block(s)")
     if args.summary:

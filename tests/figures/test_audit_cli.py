@@ -327,7 +327,7 @@ def test_provider_cuda_without_a_usable_gpu_is_bad_input(
             "input 'item-0' keeps 0 token(s) for the metrics once padding and the `exclude_prefix`",
         ),
         (["--text", "sentences.txt"], "--tokenizer"),
-        (["--fold-gamma", "--dominance", "none"], "`fold_gamma` folds γ into H for the dominance"),
+        (["--h", "folded"], "argument --h: invalid choice"),
     ],
 )
 def test_bad_options_are_named(

@@ -161,10 +161,11 @@ def test_table1_fractions_are_complementary(quick_run: QuickRun) -> None:
 
 
 @pytest.mark.realmodel
-def test_table1_reparameterised_models_follow_s5_and_s6(quick_run: QuickRun) -> None:
-    """Every head with Λ > 0 gives Perron-type dominance for any A (S6); Λ in [-1, 0) never (S5)."""
+def test_table1_reparameterised_products_follow_s5_and_s6(quick_run: QuickRun) -> None:
+    """Plumbing check: with H the very product the ± transform sets (stored, or both where
+    nothing is folded), Λ > 0 gives Perron-type dominance for any A (S6), Λ in [-1, 0) never (S5)."""
     rows = _rows(_script(quick_run, "table1_dominance") / "table1_dominance.csv")
-    ours = [r for r in rows if r["source"] == "ours" and r["fold_gamma"] == "False"]
+    ours = [r for r in rows if r["source"] == "ours" and r["h"] in ("stored", "both")]
     expected = {"plus": 100.0, "minus": 0.0}
     checked = [r for r in ours if r["transform"] in expected]
     assert checked
@@ -194,7 +195,7 @@ def test_smoothing_curves_have_one_point_per_layer(quick_run: QuickRun) -> None:
 def test_spectra_histograms_are_densities(quick_run: QuickRun) -> None:
     rows = _rows(_script(quick_run, "fig5_spectra") / "fig5_spectra.csv")
     groups = {(r["model"], r["kind"]) for r in rows}
-    assert {kind for _, kind in groups} >= {"head", "layer", "head-gamma"}
+    assert {kind for _, kind in groups} >= {"head", "layer", "head-effective", "layer-effective"}
     for model, kind in groups:
         sel = [r for r in rows if (r["model"], r["kind"]) == (model, kind)]
         bins = [r for r in sel if r["stat"] == "density"]

@@ -39,6 +39,9 @@ class Trace:
         norm); ``hidden[i]`` is the output of block ``i - 1`` (before any final norm).
     attention : list of (B, H, T, T) ndarray
         Each block's attention probabilities (masked keys get exactly 0).
+    after_attention : list of (B, T, d) ndarray
+        Each block's stream right after its attention sublayer, before its MLP: ``N1(x + attn)``
+        (post-LN) or ``x + ls1 attn(N1(x))`` (pre-LN).
     output : (B, T, d) ndarray
         The graph output: the last hidden state after any final norm.
     """
@@ -46,6 +49,7 @@ class Trace:
     hidden: list[np.ndarray]
     attention: list[np.ndarray]
     output: np.ndarray
+    after_attention: list[np.ndarray]
 
 
 def _norm(
@@ -115,9 +119,9 @@ def _mlp(x: np.ndarray, mlp: MlpReference) -> np.ndarray:
 
 def _block(
     x: np.ndarray, blk: ExpectedBlock, mlp: MlpReference, reference: Reference, keep: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Post-LN ``N2(h + mlp(h)), h = N1(x + attn(x))`` or pre-LN ``h + ls2 mlp(N2(h)),
-    h = x + ls1 attn(N1(x))``; returns the block output and the attention probabilities."""
+    h = x + ls1 attn(N1(x))``; returns the block output, the attention probabilities and h."""
     eps = reference.recipe.eps
 
     def norm(y: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None) -> np.ndarray:
@@ -126,11 +130,11 @@ def _block(
     if blk.norm == "post":
         attended, probs = _attention(x, blk, reference, keep)
         h = norm(x + attended, blk.gamma, blk.beta)
-        return norm(h + _mlp(h, mlp), mlp.norm_gamma, mlp.norm_beta), probs
+        return norm(h + _mlp(h, mlp), mlp.norm_gamma, mlp.norm_beta), probs, h
     attended, probs = _attention(norm(x, blk.gamma, blk.beta), blk, reference, keep)
     h = x + (attended if blk.layer_scale is None else attended * blk.layer_scale)
     update = _mlp(norm(h, mlp.norm_gamma, mlp.norm_beta), mlp)
-    return h + (update if mlp.layer_scale is None else update * mlp.layer_scale), probs
+    return h + (update if mlp.layer_scale is None else update * mlp.layer_scale), probs, h
 
 
 def _embed(reference: Reference, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -165,14 +169,15 @@ def forward_trace(assembly: Assembly, feeds: Mapping[str, np.ndarray] | None = N
     feeds = assembly.built.inputs if feeds is None else feeds
     x = _embed(reference, feeds)
     keep = _keep(reference, feeds, x.shape[1])
-    hidden, attention = [x], []
+    hidden, attention, after_attention = [x], [], []
     for blk, mlp in zip(assembly.built.blocks, reference.mlps, strict=True):
-        x, probs = _block(x, blk, mlp, reference, keep)
+        x, probs, mid = _block(x, blk, mlp, reference, keep)
         hidden.append(x)
         attention.append(probs)
+        after_attention.append(mid)
     if reference.final_norm is not None:
         x = _norm(x, *reference.final_norm, reference.recipe.norm_kind, reference.recipe.eps)
-    return Trace(hidden=hidden, attention=attention, output=x)
+    return Trace(hidden=hidden, attention=attention, output=x, after_attention=after_attention)
 
 
 def reference_forward(assembly: Assembly) -> np.ndarray:

@@ -4,7 +4,7 @@ The builder models (``tests/importers/builders.py``) have known weights, so ever
 reports can be recomputed in float64 NumPy (``tests/importers/reference.py``: the simulator's
 LayerNorm and softmax, the builders' ground-truth weights, never the importer's): the per-layer
 metrics of the hidden states and the kind of the dominating eigenvalue of ``I + H_h ⊗ A`` per
-(input, layer, head). The folder written by ``AuditResult.save`` must hold every promised file,
+(input, block, head). The folder written by ``AuditResult.save`` must hold every promised file,
 appear whole or not at all, and replace an earlier folder.
 """
 
@@ -128,6 +128,24 @@ def test_audit_metrics_equal_those_of_a_numpy_forward_pass(model_dir: Path, name
             )
 
 
+@pytest.mark.parametrize("name", FLOAT_VARIANTS)
+def test_attention_part_equals_the_numpy_stream_after_attention(model_dir: Path, name: str) -> None:
+    """The stream right after each attention sublayer, reduced in the graph, against NumPy."""
+    assembly = _assembly(name)
+    result = audited(model_dir, name)
+    keep = real_tokens(assembly)
+    for block, mid in enumerate(forward_trace(assembly).after_attention):
+        expected = numpy_metrics(mid, keep)
+        for metric in METRICS:
+            assert_allclose(
+                result.attention_part[metric][:, block],
+                expected[metric],
+                rtol=tol.ORT_RTOL,
+                atol=tol.ORT_ATOL,
+                err_msg=f"{name}: {metric} after block {block}'s attention",
+            )
+
+
 def head_spectrum(block: ExpectedBlock, head: int) -> np.ndarray:
     """Eigenvalues of the d×d ``W_V^h W_O^h``: those of ``W_O^h W_V^h`` plus the exact zero."""
     d, kv = block.d_head, head // (block.n_heads // block.n_kv_heads)
@@ -140,7 +158,7 @@ def head_spectrum(block: ExpectedBlock, head: int) -> np.ndarray:
 def expected_dominance(
     assembly: Assembly, attention: list[np.ndarray], keep: np.ndarray
 ) -> dict[tuple[int, int, int], tuple[str, float]]:
-    """(input, layer, head) -> (kind, dominating μ) from NumPy attention and the true weights."""
+    """(input, block, head) -> (kind, dominating μ) from NumPy attention and the true weights."""
     cases = {}
     for layer, (block, probs) in enumerate(zip(assembly.built.blocks, attention, strict=True)):
         for item in range(probs.shape[0]):
@@ -163,7 +181,7 @@ def test_audit_dominance_equals_a_recomputation_from_numpy_attention(
     result = audited(model_dir, name, h="stored")  # the recomputation uses W_V^h W_O^h as stored
     keep = real_tokens(assembly)
     expected = expected_dominance(assembly, forward_trace(assembly).attention, keep)
-    found = {(case.input, case.layer, case.head): case for case in result.dominance}
+    found = {(case.input, case.block, case.head): case for case in result.dominance}
     assert found.keys() == expected.keys(), name
     for key, (kind, mu) in expected.items():
         case = found[key]
@@ -191,18 +209,23 @@ def test_dominance_summary_fractions_count_the_cases(model_dir: Path) -> None:
     assert summary.perron == kinds.count("perron") / len(kinds)
     assert summary.perron + summary.non_perron == pytest.approx(1.0, abs=tol.EPS)
     assert summary.balanced == kinds.count("balanced") / len(kinds)
-    assert sum(row.cases for row in summary.per_layer) == len(kinds)
+    assert sum(row.cases for row in summary.per_block) == len(kinds)
 
 
 def test_block_verdicts_compare_the_prediction_with_the_observed_change(model_dir: Path) -> None:
+    """The attention part: the stream entering block b against the one after its attention."""
     result = audited(model_dir, PADDED)
     means = {(r["layer"], r["metric"]): r["mean"] for r in result.layer_rows()}
-    rows = result.dominance_summary().per_layer
-    assert [row.layer for row in rows] == [w.index for w in result.blocks]
+    mids = {(r["block"], r["metric"]): r["mean"] for r in result.attention_rows()}
+    rows = result.dominance_summary().per_block
+    assert [row.block for row in rows] == [w.index for w in result.blocks]
     for row in rows:
-        b = row.layer
-        ratio = means[b + 1, "hfc_lfc"] / means[b, "hfc_lfc"]
-        change = means[b + 1, "cosine"] - means[b, "cosine"]
+        b = row.block
+        assert row.part == "attention"
+        ratio = mids[b, "hfc_lfc"] / means[b, "hfc_lfc"]
+        change = mids[b, "cosine"] - means[b, "cosine"]
+        mlp_ratio = means[b + 1, "hfc_lfc"] / mids[b, "hfc_lfc"]
+        assert row.mlp_hfc_lfc_ratio == pytest.approx(mlp_ratio, rel=tol.STEP_RTOL)
         assert row.hfc_lfc_ratio == pytest.approx(ratio, rel=tol.STEP_RTOL)
         assert row.cosine_change == pytest.approx(change, abs=tol.STEP_ATOL)
         assert row.predicted == ("smoothing" if row.perron >= 0.5 else "no smoothing")
@@ -215,7 +238,7 @@ def test_block_verdicts_compare_the_prediction_with_the_observed_change(model_di
 def test_layer_granularity_uses_the_whole_layer_spectrum(model_dir: Path) -> None:
     result = audited(model_dir, "bert_legacy", dominance="layer")
     for case in result.dominance:
-        block = _assembly("bert_legacy").built.blocks[case.layer]
+        block = _assembly("bert_legacy").built.blocks[case.block]
         spectrum = np.linalg.eigvals(block.W_V @ block.W_O)
         gap = np.min(np.abs(spectrum - case.lambda_h))
         assert gap <= tol.HEAD_SPECTRUM_RTOL * np.max(np.abs(spectrum))
@@ -250,7 +273,7 @@ def test_each_h_takes_its_own_head_spectrum(model_dir: Path, h: str) -> None:
     name = "vit_prenorm_layerscale"
     result = audited(model_dir, name, h=h)
     for case in result.dominance:
-        block = _assembly(name).built.blocks[case.layer]
+        block = _assembly(name).built.blocks[case.block]
         d = block.d_head
         if h == "effective":
             W_V, W_O = _effective_head(block, case.head)
@@ -489,7 +512,7 @@ def test_spectra_and_dominance_csv_have_one_row_per_value_and_case(
 ) -> None:
     result, folder = saved
     columns, rows = read_csv(folder / "spectra.csv")
-    assert columns == ["layer", "head", "kind", "real", "imag"]
+    assert columns == ["block", "head", "kind", "real", "imag"]
     assert len(rows) == len(result.spectra)
     assert {row["kind"] for row in rows} == {"head", "layer", "head-effective", "layer-effective"}
     columns, rows = read_csv(folder / "dominance.csv")

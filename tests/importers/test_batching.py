@@ -81,8 +81,8 @@ def text_inputs(lengths: list[int], seed: int = 0) -> Inputs:
 
 
 def cases_by_item(result: AuditResult) -> list:
-    """Dominance cases in (input, layer, head) order (each batch lists its cases layer first)."""
-    return sorted(result.dominance, key=lambda case: (case.input, case.layer, case.head))
+    """Dominance cases in (input, block, head) order (each batch lists its cases layer first)."""
+    return sorted(result.dominance, key=lambda case: (case.input, case.block, case.head))
 
 
 def assert_same_numbers(result: AuditResult, expected: AuditResult, rtol: float, atol: float):
@@ -91,8 +91,8 @@ def assert_same_numbers(result: AuditResult, expected: AuditResult, rtol: float,
             result.metrics[metric], expected.metrics[metric], rtol=rtol, atol=atol, err_msg=metric
         )
     got, want = cases_by_item(result), cases_by_item(expected)
-    assert [(c.input, c.layer, c.head, c.kind) for c in got] == [
-        (c.input, c.layer, c.head, c.kind) for c in want
+    assert [(c.input, c.block, c.head, c.kind) for c in got] == [
+        (c.input, c.block, c.head, c.kind) for c in want
     ]
     assert_allclose([abs(c.mu) for c in got], [abs(c.mu) for c in want], rtol=rtol, atol=atol)
 

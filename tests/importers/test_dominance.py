@@ -83,7 +83,7 @@ def test_the_audit_cases_are_those_of_the_problems() -> None:
     ]
     for certify in (True, False):
         cases = problem.cases(TIE_RTOL, certify=certify)
-        assert [(c.input, c.layer, c.head, c.n_tokens) for c in cases] == [
+        assert [(c.input, c.block, c.head, c.n_tokens) for c in cases] == [
             (3, 1, 0, 4),
             (3, 1, 1, 4),
         ]

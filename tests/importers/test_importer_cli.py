@@ -165,18 +165,20 @@ def read_rows(path) -> list[dict[str, str]]:
 @pytest.mark.parametrize(
     "name", ["vit_prenorm_layerscale", "bert_legacy", "llama_rmsnorm_rope_gqa"]
 )
-def test_spectra_csv_is_tidy_and_labels_gamma_folding(capsys, tmp_path, variant_file, name):
+def test_spectra_csv_is_tidy_with_stored_and_effective_kinds(capsys, tmp_path, variant_file, name):
     path, built = variant_file(name)
     out_file = tmp_path / "spectra.csv"
     status, out, err = run_cli(capsys, "spectra", path, "--out", out_file, "--summary")
     assert status == 0, err
     rows = read_rows(out_file)
-    assert list(rows[0]) == ["layer", "head", "kind", "real", "imag"]
-    pre = built.blocks[0].norm == "pre"
-    expected_kinds = set(SPECTRUM_KINDS) if pre else {"head", "layer"}
+    assert list(rows[0]) == ["block", "head", "kind", "real", "imag"]
+    expected_kinds = set(SPECTRUM_KINDS)
     assert {row["kind"] for row in rows} == expected_kinds
+    if built.blocks[0].norm != "pre" and built.blocks[0].layer_scale is None:  # nothing to fold
+        stored = [row["real"] for row in rows if row["kind"] == "head"]
+        assert stored == [row["real"] for row in rows if row["kind"] == "head-effective"]
     for block in built.blocks:
-        mine = [row for row in rows if int(row["layer"]) == block.index]
+        mine = [row for row in rows if int(row["block"]) == block.index]
         heads = [row for row in mine if row["kind"] == "head"]
         layers = [row for row in mine if row["kind"] == "layer"]
         assert len(heads) == block.n_heads * block.d_head

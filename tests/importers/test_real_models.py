@@ -215,7 +215,7 @@ def test_dinov2_effective_h_equals_the_product_of_the_exported_factors(tmp_path)
                     [
                         complex(r.real, r.imag)
                         for r in spectra
-                        if r.kind == "head-effective" and r.layer == index and r.head == head
+                        if r.kind == "head-effective" and r.block == index and r.head == head
                     ]
                 )
                 radius = float(np.max(np.abs(dense)))

@@ -123,8 +123,8 @@ def assert_same_report(one: AuditResult, other: AuditResult) -> None:
     assert merged.cases == summary.cases
     for key in ("perron", "non_perron", "balanced"):
         assert getattr(merged, key) == pytest.approx(getattr(summary, key), rel=MERGE_RTOL)
-    assert [(c.input, c.layer, c.head, c.kind) for c in other.dominance] == [
-        (c.input, c.layer, c.head, c.kind) for c in one.dominance
+    assert [(c.input, c.block, c.head, c.kind) for c in other.dominance] == [
+        (c.input, c.block, c.head, c.kind) for c in one.dominance
     ]
     assert other.model == one.model
     assert other.inputs == one.inputs
@@ -157,7 +157,7 @@ def test_shards_in_this_process_merge_to_the_single_process_audit(builder_model:
     [
         ({"threads": 0}, "`threads`"),
         ({"dominance": "both"}, "`dominance`"),
-        ({"dominance": "none", "fold_gamma": True}, "`fold_gamma`"),
+        ({"h": "folded"}, "`h`"),
     ],
 )
 def test_bad_options_are_refused_before_any_shard_is_sent(

@@ -20,7 +20,7 @@ from importers.errors import LayerStreamError
 from importers.graph import OnnxModel, model_from_proto
 from importers.match import find_attention_blocks
 from importers.run.runner import Runner
-from importers.run.session import layer_tensors
+from importers.run.session import attention_sublayer_tensor, layer_tensors
 from importers.weights import BlockWeights, block_weights
 
 D, HEADS, HIDDEN, EPS = 8, 2, 16, 1e-5
@@ -288,3 +288,22 @@ def test_an_input_dependent_term_added_between_blocks_is_refused() -> None:
     assert blocks[1].input_base is None
     with pytest.raises(LayerStreamError, match="layer 1 would not be the residual stream"):
         layer_tensors(blocks)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_stream_after_attention_is_a_tensor_of_the_graph_except_for_parallel_blocks(
+    layout: str,
+) -> None:
+    model, x, _ = build(layout)
+    blocks = _blocks(model)
+    mids = [attention_sublayer_tensor(block) for block in blocks]
+    if layout == "parallel":
+        assert mids == [None, None]
+        return
+    assert all(mid is not None for mid in mids)
+    names = [str(mid) for mid in mids]
+    outputs = Runner(model, expose=names, provider="cpu", threads=1).collect({"x": x})
+    for block, name in zip(blocks, names, strict=True):
+        assert outputs[name].shape == x.shape
+        expected = block.norm_output_name if block.norm == "post" else block.residual_name
+        assert name == expected

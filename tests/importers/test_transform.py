@@ -29,9 +29,11 @@ from importers.transform import (
     NEGATIVE_CLIP,
     POSITIVE_FLOOR,
     TransformError,
+    centred_basis,
     nearest_signed_factors,
     random_init,
     reparameterize,
+    vector_init,
 )
 from importers.value_spectra import head_eigenvalues
 from importers.weights import BlockWeights, extract
@@ -75,16 +77,16 @@ def saved(folder: Path, name: str) -> Path:
 
 
 @functools.cache
-def _reparameterized(folder: Path, name: str, sign: str) -> Path:
-    return reparameterize(saved(folder, name), sign, folder / f"{name}-{sign}.onnx")
+def _reparameterized(folder: Path, name: str, sign: str, h: str = "effective") -> Path:
+    return reparameterize(saved(folder, name), sign, folder / f"{name}-{sign}-{h}.onnx", h=h)
 
 
 def weights_of(path: Path) -> list[BlockWeights]:
     return extract(model_from_proto(onnx.load(path)))
 
 
-def value_product(block: BlockWeights, head: int) -> np.ndarray:
-    W_V, W_O = block.value_head(head)
+def value_product(block: BlockWeights, head: int, h: str = "stored") -> np.ndarray:
+    W_V, W_O = block.effective_value_head(head) if h == "effective" else block.value_head(head)
     return W_V @ W_O
 
 
@@ -199,14 +201,18 @@ def test_nearest_signed_factors_names_a_bad_argument(args: tuple, argument: str)
 # -- reparameterize on the builder models ----------------------------------------------------------
 
 
+@pytest.mark.parametrize("h", ["effective", "stored"])
 @pytest.mark.parametrize("sign", ["plus", "minus"])
 @pytest.mark.parametrize("name", REPARAM_VARIANTS)
-def test_reparameterized_heads_have_the_signed_spectrum(model_dir: Path, name: str, sign: str):
-    blocks = weights_of(_reparameterized(model_dir, name, sign))
+def test_reparameterized_heads_have_the_signed_spectrum(
+    model_dir: Path, name: str, sign: str, h: str
+):
+    """Plumbing check: the transform sets the spectrum of the product ``h`` names."""
+    blocks = weights_of(_reparameterized(model_dir, name, sign, h))
     rtol = tol.FLOAT16_RTOL if name.startswith("fp16") else tol.FLOAT32_RTOL
     for block in blocks:
         for head in range(block.n_heads):
-            eig = head_eigenvalues(block, head)
+            eig = head_eigenvalues(block, head, h=h)
             radius = np.abs(eig).max()
             assert np.all(np.abs(eig.imag) <= rtol * radius), (block.index, head)
             if sign == "plus":
@@ -221,17 +227,21 @@ def test_reparameterized_heads_have_the_signed_spectrum(model_dir: Path, name: s
 def test_reparameterized_heads_are_the_nearest_signed_products(
     model_dir: Path, name: str, sign: str
 ) -> None:
-    """W_V^h is Q (orthonormal) and W_V^h W_O^h the nearest Q Λ Qᵀ to the trained product."""
+    """The effective left factor C diag(γ) W_V^h is Q (orthonormal, inside 𝟙^⊥ where the input is
+    centred) and the effective product the nearest Q Λ Qᵀ to the trained one."""
     before = weights_of(saved(model_dir, name))
     after = weights_of(_reparameterized(model_dir, name, sign))
     for old, new in zip(before, after, strict=True):
+        basis = centred_basis(old.d_model) if old.centred else None
         for head in range(new.n_heads):
-            W_V, _ = new.value_head(head)
-            assert_allclose(W_V.T @ W_V, np.eye(new.d_head), atol=tol.FLOAT32_ATOL)
-            Q, lam = nearest_signed_factors(value_product(old, head), old.d_head, sign)
+            left, _ = new.effective_value_head(head)
+            assert_allclose(left.T @ left, np.eye(new.d_head), atol=tol.FLOAT32_ATOL)
+            trained = value_product(old, head, "effective")
+            Q, lam = nearest_signed_factors(trained, old.d_head, sign, basis)
             expected = (Q * lam) @ Q.T
             scale = np.abs(expected).max()
-            assert_allclose(value_product(new, head), expected, atol=tol.FLOAT32_ATOL * scale)
+            got = value_product(new, head, "effective")
+            assert_allclose(got, expected, atol=tol.FLOAT32_ATOL * scale)
 
 
 @pytest.mark.parametrize("name", FLOAT32_VARIANTS)
@@ -321,7 +331,9 @@ def _float(tensor: onnx.TensorProto) -> bool:
 
 
 @pytest.mark.parametrize("name", ["bert_legacy", "fp16_weights", "vit_prenorm_layerscale"])
-def test_random_init_changes_float_matrices_only(model_dir: Path, name: str) -> None:
+def test_random_init_redraws_matrices_and_resets_vectors(model_dir: Path, name: str) -> None:
+    """Matrices redrawn; every float vector a Mul or a norm scales by is 1, every one an Add or a
+    norm shifts by is 0 (what a freshly built model holds); scalars and integers unchanged."""
     original = onnx.load(saved(model_dir, name))
     redrawn = onnx.load(random_init(saved(model_dir, name), model_dir / f"{name}-r.onnx", seed=3))
     for field in ("node", "input", "output", "value_info"):
@@ -338,10 +350,29 @@ def test_random_init_changes_float_matrices_only(model_dir: Path, name: str) -> 
             new.data_type,
         )
         before, after = numpy_helper.to_array(old), numpy_helper.to_array(new)
+        fresh = vector_init(original, old.name) if before.ndim == 1 and before.size > 1 else None
         if _is_matrix(old) and _float(old):
             assert not np.array_equal(before, after), old.name
+        elif fresh is not None and _float(old):
+            np.testing.assert_array_equal(after, np.full_like(before, fresh), err_msg=old.name)
         else:
             np.testing.assert_array_equal(before, after, err_msg=old.name)
+    vectors = [old for old, _ in pairs if len(old.dims) == 1 and old.dims[0] > 1 and _float(old)]
+    assert vectors
+    assert all(vector_init(original, v.name) is not None for v in vectors)  # biases, γ, β, ls
+
+
+def test_vector_init_follows_casts_and_refuses_disagreeing_consumers() -> None:
+    vector = numpy_helper.from_array(np.arange(3, dtype=np.float32) + 2, "v")
+    nodes = [
+        onnx.helper.make_node("Cast", ["v"], ["v16"], to=onnx.TensorProto.FLOAT16),
+        onnx.helper.make_node("Mul", ["x", "v16"], ["y"]),
+    ]
+    graph = onnx.helper.make_graph(nodes, "g", [], [], [vector])
+    assert vector_init(onnx.helper.make_model(graph), "v") == 1.0
+    nodes.append(onnx.helper.make_node("Add", ["y", "v"], ["z"]))  # a scale and a shift at once
+    graph = onnx.helper.make_graph(nodes, "g", [], [], [vector])
+    assert vector_init(onnx.helper.make_model(graph), "v") is None
 
 
 def _matrices(path: Path) -> dict[str, np.ndarray]:
