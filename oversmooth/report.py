@@ -157,11 +157,11 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
     """The ``report.md`` text: what was run, per-layer smoothing, dominance, spectra, provenance."""
     dom = result.dominance_summary()
     model, inputs, provider = result.model, result.inputs, result.provider
-    partial = [note for note in result.notes if note.startswith("PARTIAL")]
+    partial = [note for note in result.notes if note.kind == "partial"]
     lines = [
         f"# Oversmoothing audit: {model.name}",
         "",
-        *[f"**{note}**\n" for note in partial],
+        *[f"**{note.text}**\n" for note in partial],
         f"- model file: `{Path(model.path).name}` (sha256 `{model.sha256}`), "
         f"{model.n_blocks} attention blocks",
         f"- onnxruntime provider: {', '.join(provider.used)} ({provider.note})",
@@ -169,7 +169,7 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
         + (" — **RANDOM inputs, not real data**" if inputs.random else ""),
         f"- input digest: `{inputs.digest}`",
     ]
-    lines += [f"- note: {note}" for note in result.notes if note not in partial]
+    lines += [f"- note: {note.text}" for note in result.notes if note.kind != "partial"]
     lines += [
         "",
         "## Smoothing per layer (mean ± std over inputs)",

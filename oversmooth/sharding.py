@@ -69,7 +69,7 @@ from importers.run.audit import (
     prepare,
 )
 from importers.run.feeds import Inputs
-from importers.run.records import AuditResult
+from importers.run.records import AuditResult, Note
 from importers.zoo import ZooModel, file_sha256
 from oversmooth.executor import Executor, own_threads, progress_bar
 
@@ -210,12 +210,12 @@ def _merged(parts: Sequence[Measurement], where: Mapping[str, object]) -> Measur
     return Measurement(metrics, cases, parts[0].provider, runner, attention_part)
 
 
-def _provider_notes(parts: Sequence[Measurement]) -> list[str]:
+def _provider_notes(parts: Sequence[Measurement]) -> list[Note]:
     used = {part.provider.used for part in parts}
     if len(used) == 1:
         return []
     kinds = "; ".join(", ".join(providers) for providers in sorted(used))
-    return [f"the workers ran different onnxruntime providers: {kinds}"]
+    return [Note("providers", f"the workers ran different onnxruntime providers: {kinds}")]
 
 
 def _read_shard(inputs: Inputs, part: slice, batch_size: int) -> Inputs:

@@ -64,6 +64,7 @@ import dataclasses
 
 from importers.errors import ImporterError
 from importers.graph import GraphIndex, Node, OnnxModel
+from importers.match.codes import RejectCode
 from importers.match.core import SCALE_RTOL as SCALE_RTOL
 from importers.match.core import Matcher
 from importers.match.coverage import (
@@ -87,6 +88,7 @@ from importers.match.walker import RejectError
 from simulator.errors import one_line
 
 __all__ = [
+    "RejectCode",
     "AttentionBlock",
     "IncompleteMatchError",
     "LinearMatch",
@@ -151,7 +153,7 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
             # A malformed attribute or constant (an axis of the wrong type, an impossible shape)
             # rejects this candidate with the reason instead of escaping as a traceback.
             reason = f"malformed graph around it: {one_line(err)}"
-            failures.append(MatchFailure(softmax.label, reason, (), "malformed"))
+            failures.append(MatchFailure(softmax.label, reason, (), RejectCode.MALFORMED))
     if not blocks:
         raise NoAttentionBlocksError.from_failures(failures + fused)
     notes = {item.softmax: item.note() for item in model.defused}
@@ -187,7 +189,7 @@ def _match_with_retry(
                     return _matcher(matchers, index, swapped).match(softmax, position)
                 except RejectError:
                     raise again from None
-        if reject.code != "head_reshape":
+        if reject.code != RejectCode.HEAD_RESHAPE:
             raise
         try:
             longer = _matcher(matchers, index, (PROBE_BATCH, LONG_PROBE_SEQUENCE))

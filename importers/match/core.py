@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from importers.graph import Node
+from importers.match.codes import RejectCode
 from importers.match.layout import Layout, LayoutProbe
 from importers.match.projections import Trace, describe_linear
 from importers.match.results import AttentionBlock, LinearMatch
@@ -48,7 +49,7 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         d_model = q.linear.d_in
         if o.d_out != d_model or k.linear.d_in != d_model or v.linear.d_in != d_model:
             raise RejectError(
-                "width_mismatch",
+                RejectCode.WIDTH_MISMATCH,
                 f"widths disagree: Q/K/V read {q.linear.d_in}/{k.linear.d_in}/{v.linear.d_in} "
                 f"features but W_O writes {o.d_out}",
                 (o.nodes[-1],),
@@ -123,7 +124,7 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
                 for source, roles in readers.items()
             )
             raise RejectError(
-                "not_self_attention",
+                RejectCode.NOT_SELF_ATTENTION,
                 f"Q, K and V project different tensors ({described}): cross-attention, or keys "
                 f"and values from another sequence (SegFormer's spatially reduced one); only "
                 f"self-attention, one square A over one stream, is supported",
@@ -144,7 +145,7 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         if items <= batch or items % batch:
             return
         raise RejectError(
-            "windowed_attention",
+            RejectCode.WINDOWED_ATTENTION,
             f"windowed attention: each input's tokens attend within {items // batch} windows "
             f"of {tokens} tokens (folded into the batch axis, Swin-style), so no single "
             f"attention matrix over all its tokens exists",
@@ -165,7 +166,7 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         axis = int(softmax.attr("axis", -1))
         if axis not in (-1, rank - 1):
             raise RejectError(
-                "softmax_axis",
+                RejectCode.SOFTMAX_AXIS,
                 f"Softmax axis is {axis}; expected the last axis (-1) of the rank-{rank} scores",
                 (softmax.label,),
             )
@@ -276,7 +277,7 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
             "a graph output only" if name in self.index.graph_outputs else "nothing"
         )
         raise RejectError(
-            "value_matmul_missing",
+            RejectCode.VALUE_MATMUL_MISSING,
             f"value MatMul not found: the Softmax output goes to {where}",
             tuple(node.label for node in users),
         )

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 
 from importers.errors import ImporterError
 from importers.graph import GraphIndex, Node
+from importers.match.codes import RejectCode
 from importers.match.results import MatchFailure, MatchReport
 
 __all__ = [
@@ -101,7 +102,7 @@ def fused_attention_failures(
             )
             + " (export or optimise without attention fusion)",
             (node.label,),
-            "fused_attention_op",
+            RejectCode.FUSED_ATTENTION_OP,
         )
         for node in index.nodes
         if node.op_type in FUSED_ATTENTION

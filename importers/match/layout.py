@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from importers.match.codes import RejectCode
 from importers.match.layout_ops import apply_layout as _apply_layout
 from importers.match.norms import NormMatcher
 from importers.match.projections import Step, Trace, path_text
@@ -72,7 +73,7 @@ class LayoutProbe(NormMatcher):
                 and heads.time_major == q_heads.time_major
             ):
                 raise RejectError(
-                    "head_layout", f"{role} heads are not aligned with the query heads"
+                    RejectCode.HEAD_LAYOUT, f"{role} heads are not aligned with the query heads"
                 )
         return Layout(q_heads, k_heads, v_heads, lead, tokens)
 
@@ -129,7 +130,7 @@ class LayoutProbe(NormMatcher):
                     else str([int(d) for d in np.ravel(values[0])])
                 )
                 raise RejectError(
-                    "head_reshape",
+                    RejectCode.HEAD_RESHAPE,
                     f"{role} head-split Reshape {node.label!r} cannot reshape {role} of shape "
                     f"{value.shape} (projection width {value.shape[-1] if value.ndim else '?'}) "
                     f"into {target}",
@@ -137,7 +138,7 @@ class LayoutProbe(NormMatcher):
                     probe_sizes=_static_sizes(values[0], value),
                 ) from None
             raise RejectError(
-                "head_layout",
+                RejectCode.HEAD_LAYOUT,
                 f"{role} head layout: {op} {node.label!r} cannot be applied to shape {value.shape}: {err}",
                 (node.label,),
             ) from None
@@ -156,7 +157,7 @@ class LayoutProbe(NormMatcher):
         path = path_text(trace)
         if value.ndim < 2:
             raise RejectError(
-                "head_layout", f"{role} reaches the attention with shape {value.shape}"
+                RejectCode.HEAD_LAYOUT, f"{role} reaches the attention with shape {value.shape}"
             )
         if transposed:
             value = np.swapaxes(value, -1, -2)
@@ -164,7 +165,7 @@ class LayoutProbe(NormMatcher):
             value = np.broadcast_to(value, (*lead, *value.shape[-2:]))
         except ValueError:
             raise RejectError(
-                "head_layout", f"{role} of shape {value.shape} does not broadcast to {lead}"
+                RejectCode.HEAD_LAYOUT, f"{role} of shape {value.shape} does not broadcast to {lead}"
             ) from None
         flat = value.reshape(-1, *value.shape[-2:])
         columns, token = (
@@ -179,7 +180,7 @@ class LayoutProbe(NormMatcher):
             and self.untransposed(value, width)
         ):
             raise RejectError(
-                "k_not_transposed",
+                RejectCode.K_NOT_TRANSPOSED,
                 f"K is not transposed for QK^T: it reaches the score MatMul as (..., tokens, "
                 f"d_head) after {path}",
             )
@@ -191,7 +192,7 @@ class LayoutProbe(NormMatcher):
                 if tokens_on_features
                 else f"changes the token count to {flat.shape[1]}"
             )
-            code = "head_reshape" if "Reshape" in path else "head_layout"
+            code = RejectCode.HEAD_RESHAPE if "Reshape" in path else RejectCode.HEAD_LAYOUT
             raise RejectError(
                 code,
                 f"{role} head split {what} (projection width {width}; path {path})",
@@ -208,20 +209,20 @@ class LayoutProbe(NormMatcher):
         d_head = q.columns.shape[1]
         if k.columns.shape[1] != d_head:
             raise RejectError(
-                "head_size", f"head sizes differ: Q has d_head={d_head}, K has {k.columns.shape[1]}"
+                RejectCode.HEAD_SIZE, f"head sizes differ: Q has d_head={d_head}, K has {k.columns.shape[1]}"
             )
         if v.columns.shape[1] != d_head:
             raise RejectError(
-                "head_size",
+                RejectCode.HEAD_SIZE,
                 f"head sizes differ: Q/K have d_head={d_head}, V has {v.columns.shape[1]}",
             )
         q_columns = q.columns.ravel()
         if len(np.unique(q_columns)) != q_columns.size:
-            raise RejectError("head_layout", "query heads read overlapping projection columns")
+            raise RejectError(RejectCode.HEAD_LAYOUT, "query heads read overlapping projection columns")
         k_blocks, v_blocks = _kv_blocks(k.columns, "K"), _kv_blocks(v.columns, "V")
         if len(k_blocks) != len(v_blocks):
             raise RejectError(
-                "head_layout", f"K has {len(k_blocks)} distinct heads but V has {len(v_blocks)}"
+                RejectCode.HEAD_LAYOUT, f"K has {len(k_blocks)} distinct heads but V has {len(v_blocks)}"
             )
         return {
             "n_kv_heads": len(k_blocks),
@@ -247,7 +248,7 @@ class LayoutProbe(NormMatcher):
             self.context.set_shape(step.output, probe.shape)
         if probe.shape[-1] != width or linear.d_in != width:
             raise RejectError(
-                "head_merge",
+                RejectCode.HEAD_MERGE,
                 f"head merge gives {probe.shape[-1]} features and W_O reads {linear.d_in}; "
                 f"expected n_heads*d_head = {width}",
                 linear.nodes,
@@ -256,11 +257,11 @@ class LayoutProbe(NormMatcher):
         rows, token = np.mod(flat, width).astype(np.int64), np.floor_divide(flat, width)
         if not ((rows == rows[:1]).all() and (token == token[:, :1]).all()):
             raise RejectError(
-                "head_merge", "the head merge mixes tokens into the feature axis", linear.nodes
+                RejectCode.HEAD_MERGE, "the head merge mixes tokens into the feature axis", linear.nodes
             )
         if not np.array_equal(np.sort(rows[0]), np.arange(width)):
             raise RejectError(
-                "head_merge", "the head merge does not cover every head feature once", linear.nodes
+                RejectCode.HEAD_MERGE, "the head merge does not cover every head feature once", linear.nodes
             )
         return np.argsort(rows[0])
 
@@ -295,7 +296,7 @@ def _broadcast_lead(*values: np.ndarray) -> tuple[int, ...]:
         return tuple(np.broadcast_shapes(*(value.shape[:-2] for value in values)))
     except ValueError:
         raise RejectError(
-            "head_layout",
+            RejectCode.HEAD_LAYOUT,
             "Q, K and V head axes do not broadcast: "
             + ", ".join(str(value.shape) for value in values),
         ) from None
@@ -313,7 +314,7 @@ def _group_heads(columns: np.ndarray, token: np.ndarray, tokens: int, role: str)
     time_major = False
     if not np.array_equal(token, expected):
         if not _time_major(token, tokens):
-            raise RejectError("head_layout", f"{role} reorders or mixes tokens between sequences")
+            raise RejectError(RejectCode.HEAD_LAYOUT, f"{role} reorders or mixes tokens between sequences")
         batch, time_major = token[:, 0], True
     head = np.zeros(len(batch), dtype=np.int64)
     per_batch = None
@@ -323,9 +324,9 @@ def _group_heads(columns: np.ndarray, token: np.ndarray, tokens: int, role: str)
         if per_batch is None:
             per_batch = columns[positions]
         elif not np.array_equal(per_batch, columns[positions]):
-            raise RejectError("head_layout", f"{role} heads differ between batch items")
+            raise RejectError(RejectCode.HEAD_LAYOUT, f"{role} heads differ between batch items")
     if per_batch is None:
-        raise RejectError("head_layout", f"{role} heads: the probe reached no batch item")
+        raise RejectError(RejectCode.HEAD_LAYOUT, f"{role} heads: the probe reached no batch item")
     return _Heads(columns=per_batch, head_of=head, batch_of=batch, time_major=time_major)
 
 
@@ -350,17 +351,17 @@ def _kv_blocks(columns: np.ndarray, role: str) -> list[np.ndarray]:
     n_heads, n_kv = len(columns), len(blocks)
     if n_heads % n_kv:
         raise RejectError(
-            "head_layout", f"{n_heads} query heads cannot share {n_kv} {role} heads evenly"
+            RejectCode.HEAD_LAYOUT, f"{n_heads} query heads cannot share {n_kv} {role} heads evenly"
         )
     group = n_heads // n_kv
     for head, row in enumerate(columns):
         if not np.array_equal(row, blocks[head // group]):
             raise RejectError(
-                "head_layout",
+                RejectCode.HEAD_LAYOUT,
                 f"{role} heads are not grouped contiguously: query head {head} does not use "
                 f"{role} head {head // group} of {n_kv}",
             )
     flat = np.concatenate(blocks)
     if len(np.unique(flat)) != flat.size:
-        raise RejectError("head_layout", f"{role} heads read overlapping projection columns")
+        raise RejectError(RejectCode.HEAD_LAYOUT, f"{role} heads read overlapping projection columns")
     return blocks

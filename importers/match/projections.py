@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from importers.graph import Node
+from importers.match.codes import RejectCode, projection_code
 from importers.match.results import LinearMatch
 from importers.match.rotary import RotaryMatcher
 from importers.match.walker import MAX_WALK, VALUE_PRESERVING, RejectError
@@ -82,7 +83,7 @@ class ProjectionFinder(RotaryMatcher):
             node = self.producer(name)
             if node is None:
                 raise RejectError(
-                    f"{role.lower()}_projection_missing",
+                    projection_code(role, "projection_missing"),
                     f"{role} projection not found: walking back from the attention reached "
                     f"{self.origin(name)}",
                 )
@@ -127,13 +128,13 @@ class ProjectionFinder(RotaryMatcher):
                 name = norm.input
                 continue
             raise RejectError(
-                f"{role.lower()}_projection_missing",
+                projection_code(role, "projection_missing"),
                 f"{role} projection not found: walking back from {start!r} reached {op} "
                 f"{node.label!r} (expected a MatMul/Gemm with a constant weight)",
                 (node.label,),
             )
         raise RejectError(
-            f"{role.lower()}_projection_missing", f"{role} projection not found: path too long"
+            projection_code(role, "projection_missing"), f"{role} projection not found: path too long"
         )
 
     def clip_bounds(self, node: Node) -> tuple[float, float] | None:
@@ -190,7 +191,7 @@ class ProjectionFinder(RotaryMatcher):
             return None
         if weight is None:
             raise RejectError(
-                f"{role.lower()}_weight_not_constant",
+                projection_code(role, "weight_not_constant"),
                 f"{role} projection weight is not a constant: {node.op_type} {node.label!r} "
                 f"reads its weight from {self.origin(weight_name)}",
                 (node.label,),
@@ -199,7 +200,7 @@ class ProjectionFinder(RotaryMatcher):
         transpose = bool(node.attr("transB", 0)) if node.op_type != "MatMul" else False
         if weight.ndim != 2 or transpose_a:
             raise RejectError(
-                f"{role.lower()}_projection_unsupported",
+                projection_code(role, "projection_unsupported"),
                 f"{role} projection {node.op_type} {node.label!r} has a weight of shape "
                 f"{weight.shape}{' and transA=1' if transpose_a else ''}; expected a 2-D weight",
                 (node.label,),
@@ -240,7 +241,7 @@ class ProjectionFinder(RotaryMatcher):
         )
         if problem:
             raise RejectError(
-                f"{role.lower()}_projection_unsupported",
+                projection_code(role, "projection_unsupported"),
                 f"{role} projection MatMulNBits {node.label!r} {problem}",
                 (node.label,),
             )
@@ -328,7 +329,7 @@ class ProjectionFinder(RotaryMatcher):
                     else ("a graph output" if name in self.index.graph_outputs else "no node")
                 )
                 raise RejectError(
-                    "no_output_projection",
+                    RejectCode.NO_OUTPUT_PROJECTION,
                     f"output projection not found: the attention output {name!r} goes to {where}",
                     tuple(node.label for node in users),
                 )
@@ -343,12 +344,12 @@ class ProjectionFinder(RotaryMatcher):
                 name = user.outputs[0]
                 continue
             raise RejectError(
-                "no_output_projection",
+                RejectCode.NO_OUTPUT_PROJECTION,
                 f"output projection not found: the attention output reaches {user.op_type} "
                 f"{user.label!r}, not a MatMul with a constant weight",
                 (user.label,),
             )
-        raise RejectError("no_output_projection", "output projection not found: path too long")
+        raise RejectError(RejectCode.NO_OUTPUT_PROJECTION, "output projection not found: path too long")
 
     def output_linear_at(self, user: Node, name: str) -> LinearMatch | None:
         """W_O when ``user`` starts a projection of ``name`` (else None)."""
@@ -364,10 +365,10 @@ class ProjectionFinder(RotaryMatcher):
         try:
             linear = self.linear_ending_at(self.bias_after(end), "output")
         except RejectError as reject:
-            raise RejectError("no_output_projection", reject.reason, reject.nodes) from None
+            raise RejectError(RejectCode.NO_OUTPUT_PROJECTION, reject.reason, reject.nodes) from None
         if linear is None or linear.x != name:
             raise RejectError(
-                "no_output_projection",
+                RejectCode.NO_OUTPUT_PROJECTION,
                 f"output projection not found: {user.op_type} {user.label!r} does not multiply "
                 f"the attention output by a constant weight",
                 (user.label,),

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from importers.errors import ImporterError
+from importers.match.codes import RejectCode
 
 #: How a block may depart from the update ``X + A X W_V W_O``, linear in X for the A the graph
 #: computes, and still be read (short names in :attr:`AttentionBlock.departures`, with what each
@@ -38,8 +39,9 @@ class MatchFailure:
         One line, naming the part that was not found or did not fit.
     nodes : tuple of str
         Nodes involved in the rejection.
-    code : str
-        A stable short tag for the kind of failure (e.g. ``"value_matmul_missing"``).
+    code : RejectCode
+        A stable short tag for the kind of failure (:class:`~importers.match.codes.RejectCode`,
+        e.g. ``"value_matmul_missing"``).
     attention : bool
         Whether the node is attention left unmatched (False for a classifier's Softmax; see
         :func:`importers.match.coverage.is_attention_softmax`).
@@ -48,7 +50,7 @@ class MatchFailure:
     softmax: str
     reason: str
     nodes: tuple[str, ...] = ()
-    code: str = "other"
+    code: RejectCode = RejectCode.OTHER
     attention: bool = True
 
     def to_dict(self) -> dict[str, Any]:

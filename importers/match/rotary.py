@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from importers.graph import Node
+from importers.match.codes import RejectCode
 from importers.match.layout_ops import apply_layout
 from importers.match.norms import NormMatcher
 from importers.match.walker import MAX_WALK, RejectError
@@ -105,7 +106,7 @@ class RotaryMatcher(NormMatcher):
         """
         if float(node.attr("scale", 1.0)) != 1.0:
             raise RejectError(
-                "rotary_scale",
+                RejectCode.ROTARY_SCALE,
                 f"RotaryEmbedding {node.label!r} also scales by {node.attr('scale')}; expected a "
                 f"plain rotation",
                 (node.label,),

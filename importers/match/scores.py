@@ -47,6 +47,7 @@ import numpy as np
 
 from importers.graph import Node
 from importers.match import score_values as values
+from importers.match.codes import RejectCode
 from importers.match.projections import ProjectionFinder, Trace
 from importers.match.walker import RejectError
 
@@ -172,7 +173,7 @@ class ScoreMatcher(ProjectionFinder):
                 found.terms.append(ScoreTerm(name, factor))
                 continue
             stack.extend((operand, scaled, (*path, node)) for operand, scaled in reversed(passed))
-        raise RejectError("no_qk_matmul", "QK^T MatMul not found: the score sum is too large")
+        raise RejectError(RejectCode.NO_QK_MATMUL, "QK^T MatMul not found: the score sum is too large")
 
     def passed_operands(self, node: Node, factor: float) -> list[tuple[str, float]] | None:
         """The operands the score walk continues with (and their factors), None for a term."""
@@ -248,7 +249,7 @@ class ScoreMatcher(ProjectionFinder):
                 after = self.context.shape(output)
                 if not _same_score_axes(current, after):
                     raise RejectError(
-                        "score_view",
+                        RejectCode.SCORE_VIEW,
                         f"the scores' (query, key) axes are not kept: {node.op_type} "
                         f"{node.label!r} between the query-key product and the Softmax turns "
                         f"shape {current} into {after}",
@@ -280,7 +281,7 @@ class ScoreMatcher(ProjectionFinder):
         labels = ", ".join(repr(node.label) for node, _, _ in found.products)
         fitting = f"{len(products)} of them multiply" if products else "none of them multiplies"
         raise RejectError(
-            "no_qk_matmul",
+            RejectCode.NO_QK_MATMUL,
             f"QK^T MatMul not found: the scores add {len(found.products)} products of two "
             f"non-constant tensors ({labels}) and {fitting} Q and K projections of one stream "
             "(expected one content product QK^T)",
@@ -304,7 +305,7 @@ class ScoreMatcher(ProjectionFinder):
             if node.op_type == "MatMul":
                 constant = next(x for x in node.inputs if self.const(x) is not None)
                 return RejectError(
-                    "no_qk_matmul",
+                    RejectCode.NO_QK_MATMUL,
                     f"QK^T MatMul not found: MatMul {node.label!r} multiplies by the constant "
                     f"{constant!r}, not a query-key product",
                     (node.label,),
@@ -313,19 +314,19 @@ class ScoreMatcher(ProjectionFinder):
                 self.reaches_qk(x, depth=12) for x in node.inputs
             ):
                 return RejectError(
-                    "score_scale_not_constant",
+                    RejectCode.SCORE_SCALE_NOT_CONSTANT,
                     f"the scores are scaled by a non-constant factor: {node.op_type} "
                     f"{node.label!r} reads {self.origin(self.scale_operand(node))}",
                     (node.label,),
                 )
             return RejectError(
-                "no_qk_matmul",
+                RejectCode.NO_QK_MATMUL,
                 f"QK^T MatMul not found: walking back from the Softmax reached {node.op_type} "
                 f"{node.label!r}",
                 (node.label,),
             )
         return RejectError(
-            "no_qk_matmul",
+            RejectCode.NO_QK_MATMUL,
             f"QK^T MatMul not found: the Softmax input comes from {self.origin(softmax.input(0))}",
         )
 
@@ -512,7 +513,7 @@ class ScoreMatcher(ProjectionFinder):
             else:
                 break
         raise RejectError(
-            "score_bias_hidden",
+            RejectCode.SCORE_BIAS_HIDDEN,
             f"score bias depending on the hidden states other than a disentangled position term: "
             f"{self.term_label(term)} is added to the scores (a disentangled term multiplies a Q "
             f"or K projection of the block's input by position embeddings)",

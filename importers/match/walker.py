@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from importers.graph import GraphIndex, Node, ShapeContext
+from importers.match.codes import RejectCode
 
 MAX_WALK = 64
 #: Tensors :meth:`GraphWalker.depends_on` visits before it answers "depends" (bounds the walk).
@@ -27,7 +28,7 @@ class RejectError(Exception):
 
     def __init__(
         self,
-        code: str,
+        code: RejectCode,
         reason: str,
         nodes: Iterable[str] = (),
         probe_sizes: tuple[int, int] | None = None,

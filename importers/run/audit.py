@@ -84,6 +84,7 @@ from importers.run.records import (
     DominanceCase,
     InputsInfo,
     ModelInfo,
+    Note,
     Provenance,
     ProviderInfo,
 )
@@ -216,7 +217,7 @@ class PreparedAudit:
         Prefix tokens left out of the metrics.
     items : int
         Inputs per onnxruntime call (:func:`~importers.run.batching.items_per_call`).
-    notes : tuple of str
+    notes : tuple of Note
         The report's notes, in order (missing blocks, departures, random inputs, metrics not
         computed, the layer choice, batching).
     """
@@ -229,7 +230,7 @@ class PreparedAudit:
     eig_H: tuple[np.ndarray, ...]
     prefix: int
     items: int
-    notes: tuple[str, ...]
+    notes: tuple[Note, ...]
 
     def structure(self) -> PreparedAudit:
         """This value with every block's weights dropped: what a worker needs to measure."""
@@ -313,21 +314,27 @@ def prepare(
     report = find_attention_blocks(graph)
     check_complete(report, partial=options.partial)
     blocks = [block_weights(graph, block) for block in report.blocks]
-    notes = [missing_blocks_note(report)] if report.unmatched else []
+    notes = [Note("partial", missing_blocks_note(report))] if report.unmatched else []
     departed = departures_note(report.blocks)
-    notes += [departed] if departed else []
+    notes += [Note("departure", departed)] if departed else []
     inputs = default_inputs(graph.inputs, ref.entry) if inputs is None else inputs
     if inputs.batch_size == 0:
         raise ImporterInputError("`inputs` must hold at least one item; got none")
     if inputs.random:
         notes.append(
-            "inputs are RANDOM, not real data: smoothing of noise says little about the model"
+            Note(
+                "random",
+                "inputs are RANDOM, not real data: smoothing of noise says little about the model",
+            )
         )
     if not options.spectral:
-        notes.append(f"not computed (spectral=False): {', '.join(SPECTRAL_METRICS)}")
-    layer_tensors(blocks, notes, partial=bool(report.unmatched))
+        text = f"not computed (spectral=False): {', '.join(SPECTRAL_METRICS)}"
+        notes.append(Note("not-computed", text))
+    layer_notes: list[str] = []
+    layer_tensors(blocks, layer_notes, partial=bool(report.unmatched))
+    notes += [Note("layers", text) for text in layer_notes]
     items, batch_notes = items_per_call(graph, options.batch_size)
-    notes += batch_notes
+    notes += [Note("batching", text) for text in batch_notes]
     sha256 = file_sha256(ref.path)
     spectra = cached_value_spectra(blocks, sha256, use_cache=options.cache)
     dominance = options.dominance
@@ -389,7 +396,7 @@ def audit_result(
     inputs: Inputs,
     measurement: Measurement,
     *,
-    notes: Sequence[str] = (),
+    notes: Sequence[Note] = (),
 ) -> AuditResult:
     """The :class:`~importers.run.records.AuditResult` of a prepared audit and its measurement.
 

@@ -21,7 +21,7 @@ LAYER_COLUMNS, DOMINANCE_COLUMNS
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -76,6 +76,33 @@ H_DEFINITION = (
     "h_scale_in its gamma, h_scale_out LayerScale or a constant branch multiplier); stored: "
     "W_V^h W_O^h as the checkpoint stores it (the paper's protocol)"
 )
+
+
+NoteKind = Literal[
+    "partial", "departure", "random", "not-computed", "layers", "batching", "providers"
+]
+
+
+@dataclass(frozen=True)
+class Note:
+    """One observation of an audit worth reading, typed by what it is about.
+
+    Attributes
+    ----------
+    kind : {"partial", "departure", "random", "not-computed", "layers", "batching", "providers"}
+        ``partial``: blocks left unmatched (``--partial``), shown first; ``departure``: blocks
+        outside the linear update; ``random``: the inputs are noise; ``not-computed``: metrics
+        skipped; ``layers``: how a layer was chosen; ``batching``: how inputs were batched;
+        ``providers``: shards that ran on different onnxruntime providers.
+    text : str
+        One line (what ``audit.json`` and the report print).
+    """
+
+    kind: NoteKind
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
 
 
 @dataclass(frozen=True)
@@ -293,8 +320,8 @@ class AuditResult:
     spectra : list of SpectrumRow
     config : AuditConfig
     provenance : Provenance
-    notes : list of str
-        Observations worth reading (random inputs, a layer-boundary mismatch).
+    notes : list of Note
+        Observations worth reading (random inputs, a layer-boundary mismatch), typed.
     """
 
     model: ModelInfo
@@ -306,7 +333,7 @@ class AuditResult:
     spectra: list[SpectrumRow]
     config: AuditConfig
     provenance: Provenance
-    notes: list[str] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
     attention_part: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -381,5 +408,5 @@ class AuditResult:
             "spectra": self.spectra_summary(),
             "config": self.config,
             "provenance": self.provenance,
-            "notes": self.notes,
+            "notes": [note.text for note in self.notes],
         }

@@ -235,9 +235,9 @@ def _check_random_options(args: argparse.Namespace, graph: Sequence[GraphInput])
 def _summary(result: AuditResult, out: Path) -> str:
     rows = {(r["layer"], r["metric"]): r["mean"] for r in result.layer_rows()}
     model, inputs, provider = result.model, result.inputs, result.provider
-    partial = [note for note in result.notes if note.startswith("PARTIAL")]
+    partial = [note for note in result.notes if note.kind == "partial"]
     lines = [
-        *partial,
+        *(note.text for note in partial),
         f"model {model.name} ({model.n_blocks} blocks), "
         f"{inputs.n_inputs} inputs from {inputs.source}" + (" [RANDOM]" if inputs.random else ""),
         f"provider: {', '.join(provider.used)} ({provider.note})",
@@ -255,7 +255,7 @@ def _summary(result: AuditResult, out: Path) -> str:
             f"{result.config.h} H: "
             f"{100 * (dom.perron or 0):.2f}% perron, {100 * (dom.non_perron or 0):.2f}% non-perron"
         )
-    lines += [f"note: {note}" for note in result.notes if note not in partial]
+    lines += [f"note: {note.text}" for note in result.notes if note.kind != "partial"]
     lines.append(f"report: {out / 'report.md'}")
     return "\n".join(lines)
 

@@ -162,10 +162,11 @@ def test_table1_fractions_are_complementary(quick_run: QuickRun) -> None:
 
 @pytest.mark.realmodel
 def test_table1_reparameterised_products_follow_s5_and_s6(quick_run: QuickRun) -> None:
-    """Plumbing check: with H the very product the ± transform sets (stored, or both where
-    nothing is folded), Λ > 0 gives Perron-type dominance for any A (S6), Λ in [-1, 0) never (S5)."""
+    """Plumbing check: with H the very product the ± transform sets (the effective one; both
+    where nothing is folded), Λ > 0 gives Perron-type dominance for any A (S6), Λ in [-1, 0)
+    never (S5)."""
     rows = _rows(_script(quick_run, "table1_dominance") / "table1_dominance.csv")
-    ours = [r for r in rows if r["source"] == "ours" and r["h"] in ("stored", "both")]
+    ours = [r for r in rows if r["source"] == "ours" and r["h"] in ("effective", "both")]
     expected = {"plus": 100.0, "minus": 0.0}
     checked = [r for r in ours if r["transform"] in expected]
     assert checked

@@ -430,7 +430,7 @@ def test_random_inputs_are_labelled_in_result_and_report(model_dir: Path, tmp_pa
     inputs = random_inputs(load_model(path).inputs, seed=1, batch=2)
     result = audit(path, inputs, provider="cpu")
     assert result.inputs.random is True
-    assert any("RANDOM" in note for note in result.notes)
+    assert any(note.kind == "random" and "RANDOM" in note.text for note in result.notes)
     report = (save_audit(result, tmp_path / "report") / "report.md").read_text(encoding="utf-8")
     assert "RANDOM" in report
 

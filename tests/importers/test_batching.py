@@ -110,7 +110,7 @@ def test_a_fixed_batch_image_graph_runs_at_its_size(
     result = audit(model, inputs, provider="cpu", batch_size=3)
     expected = audit(corpus.vit, inputs, provider="cpu", batch_size=3)
     assert result.inputs.n_inputs == 6
-    assert any(f"fixes the batch size at {fixed}" in note for note in result.notes)
+    assert any(f"fixes the batch size at {fixed}" in note.text for note in result.notes)
     assert_same_numbers(result, expected, tol.ORT_RTOL, tol.ORT_ATOL)
 
 
@@ -233,7 +233,7 @@ def test_a_dynamically_quantised_graph_with_a_fixed_batch_fills_it_with_the_inpu
     inputs = for_graph(text_inputs([5, 9, 7, 4], seed=6), load_model(path).inputs)
     result = audit(path, inputs, provider="cpu", batch_size=4)
     alone = audit(corpus.bert_int8, inputs, provider="cpu", batch_size=1)
-    assert any("filled to the graph's fixed batch of 3" in note for note in result.notes)
+    assert any("filled to the graph's fixed batch of 3" in note.text for note in result.notes)
     assert_same_numbers(result, alone, tol.ORT_RTOL, tol.ORT_ATOL)
 
 

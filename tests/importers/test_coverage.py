@@ -55,7 +55,8 @@ def test_partial_says_first_which_blocks_are_missing(
 ) -> None:
     path = _broken_first_block(tmp_path)
     result = audit(path, _inputs(path), provider="cpu", dominance="none", partial=True)
-    assert result.notes[0].startswith("PARTIAL: 1 of 2 attention blocks not matched")
+    assert result.notes[0].kind == "partial"
+    assert result.notes[0].text.startswith("PARTIAL: 1 of 2 attention blocks not matched")
     assert result.n_layers == 2
     feeds = tmp_path / "feeds.npz"
     np.savez(feeds, **_inputs(path).feeds)
