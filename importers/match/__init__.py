@@ -88,7 +88,6 @@ from importers.match.walker import RejectError
 from simulator.errors import one_line
 
 __all__ = [
-    "RejectCode",
     "AttentionBlock",
     "IncompleteMatchError",
     "LinearMatch",
@@ -96,6 +95,7 @@ __all__ = [
     "MatchReport",
     "NoAttentionBlocksError",
     "NormMatch",
+    "RejectCode",
     "check_complete",
     "departures_note",
     "find_attention_blocks",
