@@ -1,19 +1,18 @@
-"""Constant folding of weight chains and the ONNX array semantics shared with shape inference.
+"""ONNX array semantics on NumPy arrays: each op's exact value, keeping the graph's dtype.
 
-:data:`FOLDERS` maps an op type to a function ``(node, input values) -> output value`` that reproduces
-the op exactly in NumPy, keeping the graph's dtype (so a folded float32 product equals what the runtime
-computes). :class:`~importers.graph.index.GraphIndex` uses them to read weights that are stored as a
-chain (int8 Cast→Mul dequantisation, DequantizeLinear, Transpose, Reshape of constants);
-:class:`~importers.graph.shapes.ShapeContext` reuses them for shape arithmetic.
+The functions here are the values of the op table (:data:`importers.graph.ops.OPS`), which
+constant folding, shape arithmetic and the layout probe all read; a function reproduces its op
+exactly in NumPy, keeping the graph's dtype (so a folded float32 product equals what the runtime
+computes).
 
 Public API
 ----------
-FOLDERS
-    Op type → fold function.
-reshape_target, unsqueeze, flatten, apply_slice, apply_split
-    ONNX Reshape, Unsqueeze, Flatten, Slice and Split semantics on NumPy arrays.
-node_axes, fold_squeeze, binary_fold
-    Helpers the shape rules share.
+fold_*, onnx_divide, binary_fold
+    ``(node, input values) -> output value`` per op.
+reshape_target, unsqueeze, flatten, apply_slice, apply_split, split_sizes, gather_nd
+    ONNX Reshape, Unsqueeze, Flatten, Slice, Split and GatherND semantics on NumPy arrays.
+node_axes
+    An op's axes, from its input or its attribute.
 """
 
 from __future__ import annotations
@@ -27,19 +26,33 @@ import onnx
 from importers.graph.node import Node
 
 __all__ = [
-    "FOLDERS",
     "apply_slice",
     "apply_split",
     "binary_fold",
     "flatten",
+    "fold_cast",
+    "fold_concat",
+    "fold_constant",
+    "fold_constant_of_shape",
+    "fold_dequantize",
+    "fold_flatten",
+    "fold_gather",
+    "fold_gather_nd",
+    "fold_range",
+    "fold_reshape",
     "fold_squeeze",
+    "fold_transpose",
+    "fold_unsqueeze",
+    "gather_nd",
     "node_axes",
+    "onnx_divide",
     "reshape_target",
+    "split_sizes",
     "unsqueeze",
 ]
 
 
-def _fold_constant(node: Node, _values: list) -> np.ndarray | None:
+def fold_constant(node: Node, _values: list) -> np.ndarray | None:
     for key in ("value", "value_float", "value_floats", "value_int", "value_ints"):
         value = node.attr(key)
         if value is not None:
@@ -51,17 +64,17 @@ def _fold_constant(node: Node, _values: list) -> np.ndarray | None:
     return None
 
 
-def _fold_cast(node: Node, values: list) -> np.ndarray:
+def fold_cast(node: Node, values: list) -> np.ndarray:
     dtype = onnx.helper.tensor_dtype_to_np_dtype(node.attr("to"))
     return values[0].astype(dtype)
 
 
-def _fold_transpose(node: Node, values: list) -> np.ndarray:
+def fold_transpose(node: Node, values: list) -> np.ndarray:
     perm = node.attr("perm")
     return np.transpose(values[0], perm)
 
 
-def _fold_reshape(node: Node, values: list) -> np.ndarray:
+def fold_reshape(node: Node, values: list) -> np.ndarray:
     target = reshape_target(values[0].shape, values[1], allowzero=bool(node.attr("allowzero", 0)))
     return values[0].reshape(target)
 
@@ -73,7 +86,7 @@ def node_axes(node: Node, values: list, position: int) -> list[int] | None:
     return None if axes is None else [int(axis) for axis in axes]
 
 
-def _fold_unsqueeze(node: Node, values: list) -> np.ndarray:
+def fold_unsqueeze(node: Node, values: list) -> np.ndarray:
     return unsqueeze(values[0], node_axes(node, values, 1) or [])
 
 
@@ -82,15 +95,15 @@ def fold_squeeze(node: Node, values: list) -> np.ndarray:
     return np.squeeze(values[0]) if axes is None else np.squeeze(values[0], axis=tuple(axes))
 
 
-def _fold_flatten(node: Node, values: list) -> np.ndarray:
+def fold_flatten(node: Node, values: list) -> np.ndarray:
     return flatten(values[0], int(node.attr("axis", 1)))
 
 
-def _fold_concat(node: Node, values: list) -> np.ndarray:
+def fold_concat(node: Node, values: list) -> np.ndarray:
     return np.concatenate(values, axis=int(node.attr("axis")))
 
 
-def _fold_gather(node: Node, values: list) -> np.ndarray:
+def fold_gather(node: Node, values: list) -> np.ndarray:
     return np.take(values[0], values[1], axis=int(node.attr("axis", 0)))
 
 
@@ -116,7 +129,7 @@ def gather_nd(data: np.ndarray, indices: np.ndarray, batch_dims: int = 0) -> np.
     return np.stack(picked).reshape(*indices.shape[:-1], *data.shape[batch_dims + depth :])
 
 
-def _fold_gather_nd(node: Node, values: list) -> np.ndarray:
+def fold_gather_nd(node: Node, values: list) -> np.ndarray:
     return gather_nd(values[0], values[1], int(node.attr("batch_dims", 0)))
 
 
@@ -127,13 +140,13 @@ def binary_fold(function: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Cal
     return fold
 
 
-def _onnx_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def onnx_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if np.issubdtype(np.result_type(a, b), np.integer):
         return np.trunc(np.divide(a, b)).astype(np.result_type(a, b))
     return np.divide(a, b)
 
 
-def _fold_dequantize(node: Node, values: list) -> np.ndarray | None:
+def fold_dequantize(node: Node, values: list) -> np.ndarray | None:
     if node.attr("block_size", 0):
         return None
     x, scale = values[0], values[1]
@@ -150,27 +163,16 @@ def _fold_dequantize(node: Node, values: list) -> np.ndarray | None:
     return shifted.astype(scale.dtype) * scale
 
 
-FOLDERS: dict[str, Callable[[Node, list], np.ndarray | None]] = {
-    "Constant": _fold_constant,
-    "Identity": lambda _node, values: values[0],
-    "Cast": _fold_cast,
-    "Transpose": _fold_transpose,
-    "Reshape": _fold_reshape,
-    "Unsqueeze": _fold_unsqueeze,
-    "Squeeze": fold_squeeze,
-    "Flatten": _fold_flatten,
-    "Concat": _fold_concat,
-    "Gather": _fold_gather,
-    "GatherND": _fold_gather_nd,
-    "Neg": lambda _node, values: np.negative(values[0]),
-    "Sqrt": lambda _node, values: np.sqrt(values[0]),
-    "Reciprocal": lambda _node, values: np.reciprocal(values[0]),
-    "Add": binary_fold(np.add),
-    "Sub": binary_fold(np.subtract),
-    "Mul": binary_fold(np.multiply),
-    "Div": binary_fold(_onnx_divide),
-    "DequantizeLinear": _fold_dequantize,
-}
+def fold_range(_node: Node, values: list) -> np.ndarray:
+    start, limit, delta = (np.ravel(value)[0] for value in values)
+    return np.arange(start, limit, delta)
+
+
+def fold_constant_of_shape(node: Node, values: list) -> np.ndarray:
+    return np.full(
+        tuple(int(d) for d in np.ravel(values[0])),
+        node.attr("value", np.zeros(1, np.float32)).ravel()[0],
+    )
 
 
 def reshape_target(shape: tuple[int, ...], target: np.ndarray, *, allowzero: bool) -> list[int]:
@@ -211,7 +213,9 @@ def apply_slice(data: np.ndarray, starts, ends, axes=None, steps=None) -> np.nda
     return data[tuple(index)]
 
 
-def _split_sizes(node: Node, length: int, sizes: np.ndarray | None) -> list[int]:
+def split_sizes(node: Node, length: int, sizes: np.ndarray | None) -> list[int]:
+    """The lengths of a Split's outputs along its axis of ``length`` (``sizes``, the ``split``
+    attribute, or ``num_outputs`` equal parts, the last one shorter)."""
     if sizes is None:
         sizes = node.attr("split")
     if sizes is not None:
@@ -224,7 +228,7 @@ def _split_sizes(node: Node, length: int, sizes: np.ndarray | None) -> list[int]
 def apply_split(node: Node, data: np.ndarray, sizes: np.ndarray | None, output: int) -> np.ndarray:
     """Output ``output`` of an ONNX Split of ``data``."""
     axis = int(node.attr("axis", 0)) % data.ndim
-    bounds = np.cumsum([0, *_split_sizes(node, data.shape[axis], sizes)])
+    bounds = np.cumsum([0, *split_sizes(node, data.shape[axis], sizes)])
     index = [slice(None)] * data.ndim
     index[axis] = slice(int(bounds[output]), int(bounds[output + 1]))
     return data[tuple(index)]

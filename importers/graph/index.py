@@ -21,8 +21,8 @@ import onnx
 from onnx import numpy_helper
 
 from importers.errors import ExternalDataError, ModelFileError
-from importers.graph.folding import FOLDERS
 from importers.graph.node import DEFAULT_DOMAINS, Node
+from importers.graph.ops import FOLDERS
 
 __all__ = ["GraphIndex", "external_data_path", "graph_tensors", "uses_external_data"]
 

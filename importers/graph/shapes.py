@@ -16,26 +16,18 @@ static_dims
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import onnx
 
-from importers.errors import ImporterError
-from importers.graph.folding import (
-    FOLDERS,
-    apply_slice,
-    apply_split,
-    binary_fold,
-    flatten,
-    fold_squeeze,
-    node_axes,
-    reshape_target,
-    unsqueeze,
-)
+from importers.errors import ImporterError, ImporterInputError
 from importers.graph.index import GraphIndex
 from importers.graph.node import Node
+from importers.graph.ops import OPS, fold
+from importers.graph.shape_rules import Shape
+from simulator.limits import check_elements
 
 __all__ = ["ShapeContext", "concrete_shapes", "inferred_types", "static_dims"]
 
@@ -46,23 +38,6 @@ class _MissingDependencyError(Exception):
     def __init__(self, request: tuple[str, str]) -> None:
         super().__init__(request)
         self.request = request
-
-
-_SAME_SHAPE = frozenset(
-    "Cast Identity Erf Sqrt Relu Gelu Sigmoid Tanh Neg Reciprocal Softmax LogSoftmax IsNaN "
-    "Abs Exp Log Not Clip LeakyRelu Softplus Round Floor Ceil LayerNormalization "
-    "SimplifiedLayerNormalization RMSNormalization Dropout BatchNormalization HardSigmoid "
-    "Elu Selu Sin Cos CumSum Sign Softsign HardSwish Mish Trilu QuantizeLinear DequantizeLinear "
-    "DynamicQuantizeLinear FastGelu BiasGelu QuickGelu SkipLayerNormalization "
-    "SkipSimplifiedLayerNormalization RotaryEmbedding".split()
-)
-#: Ops with more than one output whose other outputs keep the shape of input 0 (the skip norms'
-#: input+skip sum).
-_SAME_SHAPE_OUTPUTS = {"SkipLayerNormalization": 3, "SkipSimplifiedLayerNormalization": 3}
-_BROADCAST = frozenset(
-    "Add Sub Mul Div Pow Where Equal Greater Less GreaterOrEqual LessOrEqual And Or Xor Max Min "
-    "Mod BitwiseAnd BitwiseOr".split()
-)
 
 
 class ShapeContext:
@@ -141,10 +116,11 @@ class ShapeContext:
         node = self.index.producer(name)
         if node is None:
             return None
+        output = node.outputs.index(name)
         if kind == "shape":
-            shape = self._node_shape(node, node.outputs.index(name))
+            shape = self._node_shape(node, output)
             return shape if shape is not None else self._inferred_shape(name)
-        return self._node_value(node)
+        return self._node_value(node, output)
 
     def _inferred_shape(self, name: str) -> tuple[int, ...] | None:
         """Fallback for an op without a rule here: ONNX shape inference at the assumed sizes."""
@@ -170,38 +146,38 @@ class ShapeContext:
             dims.append(
                 self._symbols.setdefault(dim.dim_param, default) if dim.dim_param else default
             )
-        return tuple(dims)
+        # a declared size no probe could hold is refused here, by name, before anything is built
+        return check_elements(dims, f"graph input {name!r}", error=ImporterInputError)
 
     def _node_shape(self, node: Node, output: int) -> tuple[int, ...] | None:
+        """The op table's shape rule, else the shape of the op's value (shape arithmetic)."""
         op = node.op_type
-        if op in _SAME_SHAPE and output in (0, _SAME_SHAPE_OUTPUTS.get(op)):
-            return self._get("shape", node.input(0))
-        if op == "DynamicQuantizeLinear":  # outputs 1 and 2: the scalar scale and zero point
-            return ()
-        if op in _BROADCAST:
-            shapes = [self._get("shape", name) for name in node.inputs]
-            return None if None in shapes else tuple(np.broadcast_shapes(*shapes))
         if op == "Shape":
             data = self._get("value", node.outputs[0])
             return None if data is None else tuple(data.shape)
-        rule = _SHAPE_RULES.get(op)
-        if rule is not None:
-            dummy = rule(self, node, output)
-            return None if dummy is None else tuple(dummy.shape)
-        if op in FOLDERS or op in _VALUE_RULES:  # shape arithmetic: the value gives the shape
+        semantics = OPS.get(op)
+        if semantics is None:
+            return None
+        if semantics.shape is not None:
+            shape = semantics.shape(self, node, output)
+            if shape is not None and any(dim < 0 for dim in shape):
+                raise ValueError(f"{op} {node.label!r} would have the shape {shape}")
+            return shape
+        if semantics.value is not None:
             data = self._get("value", node.outputs[output])
             if data is not None:
                 return tuple(np.shape(data))
         return None
 
-    def dummy(self, name: str) -> np.ndarray:
-        """A zero-strided array with the shape of ``name`` (raises _MissingDependencyError or ValueError)."""
-        shape = self._get("shape", name)
-        if shape is None:
-            raise ValueError(name)
-        return np.broadcast_to(np.zeros((), dtype=np.int8), shape)
+    def need_shape(self, name: str) -> Shape | None:
+        """The shape of ``name`` for a shape rule (asks for it to be computed first if needed)."""
+        return self._get("shape", name) if name else None
 
-    def _node_value(self, node: Node) -> np.ndarray | None:
+    def need_value(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` for a shape rule (asks for it to be computed first if needed)."""
+        return self._get("value", name) if name else None
+
+    def _node_value(self, node: Node, output: int) -> np.ndarray | None:
         op = node.op_type
         if op == "Shape":
             shape = self._get("shape", node.input(0))
@@ -212,258 +188,13 @@ class ShapeContext:
         if op == "Size":
             shape = self._get("shape", node.input(0))
             return None if shape is None else np.asarray(math.prod(shape), dtype=np.int64)
-        folder = FOLDERS.get(op) or _VALUE_RULES.get(op)
-        if folder is None:
+        semantics = OPS.get(op)
+        if semantics is None or semantics.value is None:
             return None
         values = [self._get("value", name) if name else None for name in node.inputs]
         if any(value is None for name, value in zip(node.inputs, values, strict=True) if name):
             return None
-        return folder(node, values)
-
-
-def _slice_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray | None:
-    data = context.dummy(node.input(0))
-    return apply_slice(
-        data, *(context._get("value", name) if name else None for name in node.inputs[1:5])
-    )
-
-
-def _split_rule(context: ShapeContext, node: Node, output: int) -> np.ndarray:
-    sizes = context._get("value", node.input(1)) if node.input(1) else None
-    return apply_split(node, context.dummy(node.input(0)), sizes, output)
-
-
-def _reduce_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
-    data = context.dummy(node.input(0))
-    axes = context._get("value", node.input(1)) if node.input(1) else node.attr("axes")
-    keepdims = bool(node.attr("keepdims", 1))
-    if axes is None or len(np.ravel(axes)) == 0:
-        axes = range(data.ndim)
-    axes = tuple(int(axis) % data.ndim for axis in np.ravel(axes))
-    return np.zeros(np.sum(data, axis=axes, keepdims=keepdims).shape, dtype=np.int8)
-
-
-def _matmul_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
-    a, b = context.dummy(node.input(0)), context.dummy(node.input(1))
-    if a.ndim >= 2 and b.ndim >= 2:  # contract over one element only: the shape is all we need
-        return np.matmul(a[..., :1], b[..., :1, :])
-    return np.matmul(a, b)
-
-
-def _gemm_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
-    a, b = context.dummy(node.input(0)), context.dummy(node.input(1))
-    rows = a.shape[1] if node.attr("transA", 0) else a.shape[0]
-    cols = b.shape[0] if node.attr("transB", 0) else b.shape[1]
-    return np.broadcast_to(np.zeros((), np.int8), (rows, cols))
-
-
-def _window_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray | None:
-    """Conv, ConvInteger, QLinearConv's geometry and the pooling ops (ONNX output-size formula)."""
-    data = context._get("shape", node.input(0))
-    if data is None or len(data) < 3:
-        return None
-    spatial = data[2:]
-    weight = None
-    if node.op_type in ("Conv", "ConvInteger"):
-        weight = context._get("shape", node.input(1))
-        if weight is None:
-            return None
-    kernel = node.attr("kernel_shape") or (weight[2:] if weight is not None else None)
-    if kernel is None or len(kernel) != len(spatial):
-        return None
-    rank = len(spatial)
-    strides = node.attr("strides") or [1] * rank
-    dilations = node.attr("dilations") or [1] * rank
-    pads = node.attr("pads") or [0] * (2 * rank)
-    auto_pad = node.attr("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    rounding = math.ceil if node.attr("ceil_mode", 0) else math.floor
-    sizes = []
-    for axis in range(rank):
-        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            sizes.append(-(-spatial[axis] // strides[axis]))
-            continue
-        padding = 0 if auto_pad == "VALID" else pads[axis] + pads[axis + rank]
-        extent = dilations[axis] * (kernel[axis] - 1) + 1
-        sizes.append(int(rounding((spatial[axis] + padding - extent) / strides[axis])) + 1)
-    channels = weight[0] if weight is not None else data[1]
-    return np.broadcast_to(np.zeros((), np.int8), (data[0], channels, *sizes))
-
-
-def _pad_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray | None:
-    """Pad: ``out[a] = in[a] + pads[a] + pads[a + n]`` over the padded axes (all, or input 3's)."""
-    data = context._get("shape", node.input(0))
-    pads = context._get("value", node.input(1)) if node.input(1) else node.attr("pads")
-    if data is None or pads is None:
-        return None
-    pads = [int(p) for p in np.ravel(pads)]
-    axes_value = context._get("value", node.input(3)) if node.input(3) else None
-    if node.input(3) and axes_value is None:
-        return None
-    axes = (
-        range(len(data))
-        if axes_value is None
-        else [int(a) % len(data) for a in np.ravel(axes_value)]
-    )
-    shape, n = list(data), len(pads) // 2
-    for i, axis in enumerate(axes):
-        shape[axis] += pads[i] + pads[i + n]
-    return np.zeros(shape, np.int8)
-
-
-def _resize_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray | None:
-    """Resize (opset 11+): the ``sizes`` input, else each axis times its ``scales`` (floored)."""
-    data = context._get("shape", node.input(0))
-    scales = context._get("value", node.input(2)) if node.input(2) else None
-    sizes = context._get("value", node.input(3)) if node.input(3) else None
-    if data is None or (sizes is None and scales is None):
-        return None
-    axes = node.attr("axes")
-    axes = list(range(len(data))) if axes is None else [int(axis) % len(data) for axis in axes]
-    result = list(data)
-    for position, axis in enumerate(axes):
-        if sizes is not None and np.size(sizes):
-            result[axis] = int(np.ravel(sizes)[position])
-        elif scales is not None and np.size(scales):
-            result[axis] = math.floor(data[axis] * float(np.ravel(scales)[position]))
-        else:
-            return None
-    return np.broadcast_to(np.zeros((), np.int8), tuple(result))
-
-
-def _global_pool_rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
-    data = context.dummy(node.input(0))
-    return np.zeros((*data.shape[:2], *([1] * (data.ndim - 2))), np.int8)
-
-
-def _gather_nd_shape(data: Sequence[int], indices: Sequence[int], node: Node) -> tuple[int, ...]:
-    """GatherND's output shape: ``indices.shape[:-1] + data.shape[batch_dims + indices.shape[-1]:]``."""
-    return (*indices[:-1], *data[int(node.attr("batch_dims", 0)) + indices[-1] :])
-
-
-def _embed_rule(context: ShapeContext, node: Node, output: int) -> np.ndarray | None:
-    """onnxruntime's EmbedLayerNormalization: (B, S, D) embeddings (and their sum, output 2) and
-    the (B,) mask index (output 1); D is the length of gamma (input 5)."""
-    ids = context._get("shape", node.input(0))
-    gamma = context._get("shape", node.input(5))
-    if ids is None or gamma is None:
-        return None
-    shape = (ids[0],) if output == 1 else (*ids, *gamma[-1:])
-    return np.broadcast_to(np.zeros((), np.int8), shape)
-
-
-def _with_values(function: Callable) -> Callable:
-    def rule(context: ShapeContext, node: Node, _output: int) -> np.ndarray:
-        data = context.dummy(node.input(0))
-        values = [context._get("value", name) if name else None for name in node.inputs[1:]]
-        return function(node, data, values)
-
-    return rule
-
-
-_SHAPE_RULES: Mapping[str, Callable[[ShapeContext, Node, int], np.ndarray | None]] = {
-    "Transpose": _with_values(lambda node, data, _v: np.transpose(data, node.attr("perm"))),
-    "Reshape": _with_values(
-        lambda node, data, v: data.reshape(
-            reshape_target(data.shape, v[0], allowzero=bool(node.attr("allowzero", 0)))
-        )
-    ),
-    "Flatten": _with_values(
-        lambda node, data, _v: flatten(np.zeros(data.shape, np.int8), int(node.attr("axis", 1)))
-    ),
-    "Unsqueeze": _with_values(
-        lambda node, data, v: unsqueeze(data, node_axes(node, [None, *v], 1) or [])
-    ),
-    "Squeeze": _with_values(lambda node, data, v: fold_squeeze(node, [data, *v])),
-    "Expand": _with_values(
-        lambda _node, data, v: np.broadcast_to(
-            data, np.broadcast_shapes(data.shape, tuple(np.ravel(v[0])))
-        )
-    ),
-    "Tile": _with_values(
-        lambda _node, data, v: np.zeros(
-            tuple(d * int(r) for d, r in zip(data.shape, np.ravel(v[0]), strict=True)), np.int8
-        )
-    ),
-    "Gather": lambda context, node, _o: np.take(
-        context.dummy(node.input(0)),
-        np.zeros(context._get("shape", node.input(1)), np.int64),
-        axis=int(node.attr("axis", 0)),
-    ),
-    "GatherND": lambda context, node, _o: np.zeros(
-        _gather_nd_shape(
-            context._get("shape", node.input(0)), context._get("shape", node.input(1)), node
-        ),
-        np.int8,
-    ),
-    "Concat": lambda context, node, _o: np.concatenate(
-        [context.dummy(name) for name in node.inputs], axis=int(node.attr("axis"))
-    ),
-    "Slice": _slice_rule,
-    "Split": _split_rule,
-    "ReduceMean": _reduce_rule,
-    "ReduceSum": _reduce_rule,
-    "ReduceMax": _reduce_rule,
-    "MatMul": _matmul_rule,
-    "MatMulInteger": _matmul_rule,
-    "MatMulNBits": lambda context, node, _o: np.zeros(
-        (*context._get("shape", node.input(0))[:-1], int(node.attr("N"))), np.int8
-    ),
-    "Conv": _window_rule,
-    "ConvInteger": _window_rule,
-    "MaxPool": _window_rule,
-    "AveragePool": _window_rule,
-    "LpPool": _window_rule,
-    "GlobalAveragePool": _global_pool_rule,
-    "Resize": _resize_rule,
-    "Pad": _pad_rule,
-    "GlobalMaxPool": _global_pool_rule,
-    "Gemm": _gemm_rule,
-    "EmbedLayerNormalization": _embed_rule,
-    "ConstantOfShape": lambda context, node, _o: np.zeros(
-        tuple(np.ravel(context._get("value", node.input(0)))), np.int8
-    ),
-}
-
-
-def _value_where(_node: Node, values: list) -> np.ndarray:
-    return np.where(values[0], values[1], values[2])
-
-
-def _value_range(_node: Node, values: list) -> np.ndarray:
-    start, limit, delta = (np.ravel(value)[0] for value in values)
-    return np.arange(start, limit, delta)
-
-
-_VALUE_RULES: Mapping[str, Callable[[Node, list], np.ndarray]] = {
-    "Slice": lambda _node, values: apply_slice(values[0], *values[1:5]),
-    "Equal": binary_fold(np.equal),
-    "Where": _value_where,
-    "Max": lambda _node, values: np.maximum.reduce(values),
-    "Min": lambda _node, values: np.minimum.reduce(values),
-    "Not": lambda _node, values: np.logical_not(values[0]),
-    "Abs": lambda _node, values: np.abs(values[0]),
-    "Range": _value_range,
-    "Pow": binary_fold(lambda a, b: np.power(a, b).astype(a.dtype)),
-    "Floor": lambda _node, values: np.floor(values[0]),
-    "Ceil": lambda _node, values: np.ceil(values[0]),
-    "Round": lambda _node, values: np.round(values[0]),
-    "Greater": binary_fold(np.greater),
-    "Less": binary_fold(np.less),
-    "GreaterOrEqual": binary_fold(np.greater_equal),
-    "LessOrEqual": binary_fold(np.less_equal),
-    "And": binary_fold(np.logical_and),
-    "Or": binary_fold(np.logical_or),
-    "Mod": lambda node, values: (np.fmod if node.attr("fmod", 0) else np.mod)(*values),
-    "ReduceProd": lambda _node, values: np.asarray(np.prod(values[0]), dtype=values[0].dtype),
-    "Expand": lambda _node, values: np.broadcast_to(
-        values[0], np.broadcast_shapes(values[0].shape, tuple(np.ravel(values[1])))
-    ),
-    "ConstantOfShape": lambda node, values: np.full(
-        tuple(np.ravel(values[0])),
-        node.attr("value", np.zeros(1, np.float32)).ravel()[0],
-    ),
-}
+        return fold(node, values, output)
 
 
 #: Initializers up to this many bytes keep their values for shape inference (shape constants).

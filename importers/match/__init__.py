@@ -74,7 +74,7 @@ from importers.match.coverage import (
     is_attention_softmax,
     missing_blocks_note,
 )
-from importers.match.layout import PROBE_BATCH, PROBE_SEQUENCE
+from importers.match.limits import LONG_PROBE_SEQUENCE, PROBE_BATCH, PROBE_SEQUENCE
 from importers.match.results import (
     AttentionBlock,
     LinearMatch,
@@ -102,10 +102,6 @@ __all__ = [
     "missing_blocks_note",
 ]
 
-#: The size of every open axis in the second probe, after a head split failed at
-#: PROBE_SEQUENCE: long enough for an audio front end's convolutions to leave frames (HuBERT and
-#: wav2vec2 need 400 samples for one) and for an image whose size is left open to hold patches.
-LONG_PROBE_SEQUENCE = 400
 
 
 def find_attention_blocks(model: OnnxModel) -> MatchReport:

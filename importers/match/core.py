@@ -15,6 +15,7 @@ import numpy as np
 from importers.graph import Node
 from importers.match.codes import RejectCode
 from importers.match.layout import Layout, LayoutProbe
+from importers.match.limits import VALUE_MATMUL_STEPS
 from importers.match.projections import Trace, describe_linear
 from importers.match.results import AttentionBlock, LinearMatch
 from importers.match.scores import ScoreBias, ScoreMatcher
@@ -251,7 +252,7 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         """Walk forward from the Softmax to the MatMul with V; returns (MatMul, guard nodes)."""
         name = softmax.outputs[0]
         passed: list[str] = []
-        for _ in range(8):
+        for _ in range(VALUE_MATMUL_STEPS):
             users = self.consumers(name)
             matmuls = [node for node in users if node.op_type == "MatMul" and node.input(0) == name]
             if len(matmuls) == 1:

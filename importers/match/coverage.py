@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from importers.errors import ImporterError
 from importers.graph import GraphIndex, Node
 from importers.match.codes import RejectCode
+from importers.match.limits import SOFTMAX_SEARCH_DEPTH
 from importers.match.results import MatchFailure, MatchReport
 
 __all__ = [
@@ -53,7 +54,6 @@ _PRODUCTS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Einsum", "MatMulInteger
 _THROUGH = frozenset(
     {"Add", "Sub", "Mul", "Div", "Cast", "Where", "Reshape", "Transpose", "Identity", "Squeeze"}
 )
-_DEPTH = 8
 
 
 class IncompleteMatchError(ImporterError):
@@ -70,7 +70,7 @@ def is_attention_softmax(index: GraphIndex, softmax: Node) -> bool:
     an activation times a constant (logits ``x W + b``) → not attention.
     """
     frontier = [name for name in softmax.inputs[:1] if name]
-    for _ in range(_DEPTH):
+    for _ in range(SOFTMAX_SEARCH_DEPTH):
         following: list[str] = []
         for name in frontier:
             node = index.producer(name)

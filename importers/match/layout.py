@@ -16,14 +16,11 @@ import numpy as np
 
 from importers.match.codes import RejectCode
 from importers.match.layout_ops import apply_layout as _apply_layout
+from importers.match.limits import MAX_PROBE_TOKENS, PROBE_BATCH, PROBE_SEQUENCE
 from importers.match.norms import NormMatcher
 from importers.match.projections import Step, Trace, path_text
 from importers.match.results import LinearMatch
 from importers.match.walker import RejectError
-
-#: Sizes assumed for symbolic batch and sequence dimensions while probing layouts.
-PROBE_BATCH = 2
-PROBE_SEQUENCE = 3
 
 
 @dataclass(frozen=True)
@@ -266,9 +263,6 @@ class LayoutProbe(NormMatcher):
         return np.argsort(rows[0])
 
 
-#: A static export's (batch x sequence) the probe will reproduce; a hostile Reshape declaring more
-#: (say 2^20 x 2^20) is not probed at that size: its Softmax is rejected instead of allocating.
-MAX_PROBE_TOKENS = 2**16
 
 
 def _static_sizes(target: np.ndarray | None, value: np.ndarray) -> tuple[int, int] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from importers.graph import Node
+from importers.match.limits import NORM_SEARCH_DEPTH, STRIP_RESHAPE_STEPS
 from importers.match.results import NormMatch
 from importers.match.walker import GraphWalker
 
@@ -107,7 +108,7 @@ class NormMatcher(GraphWalker):
         return name
 
     def strip_reshapes_forward(self, name: str) -> str:
-        for _ in range(4):
+        for _ in range(STRIP_RESHAPE_STEPS):
             users = self.consumers(name)
             if len(users) == 1 and (
                 users[0].op_type in ("Reshape", "Cast", "Identity", "Dropout")
@@ -130,7 +131,7 @@ class NormMatcher(GraphWalker):
     def norm_starting_at(self, name: str) -> NormMatch | None:
         """The outermost norm (LayerNorm or RMSNorm) that reads ``name``, searching forward."""
         frontier, seen, best = [name], set(), None
-        for _ in range(12):
+        for _ in range(NORM_SEARCH_DEPTH):
             next_frontier = []
             for tensor in frontier:
                 for node in self.consumers(tensor):

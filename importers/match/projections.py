@@ -28,9 +28,10 @@ import numpy as np
 
 from importers.graph import Node
 from importers.match.codes import RejectCode, projection_code
+from importers.match.limits import MAX_WALK
 from importers.match.results import LinearMatch
 from importers.match.rotary import RotaryMatcher
-from importers.match.walker import MAX_WALK, VALUE_PRESERVING, RejectError
+from importers.match.walker import VALUE_PRESERVING, RejectError
 from importers.nbits import NBITS
 
 _LAYOUT_OPS = frozenset(

@@ -19,8 +19,9 @@ import numpy as np
 from importers.graph import Node
 from importers.match.codes import RejectCode
 from importers.match.layout_ops import apply_layout
+from importers.match.limits import MAX_WALK
 from importers.match.norms import NormMatcher
-from importers.match.walker import MAX_WALK, RejectError
+from importers.match.walker import RejectError
 
 #: Ops followed back from the pieces of a partial rotary embedding's Concat.
 _ROTARY_PATH_OPS = frozenset(

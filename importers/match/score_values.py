@@ -26,21 +26,18 @@ import onnx
 from onnx import helper
 
 from importers.graph import Node
+from importers.match.limits import MAX_LAYOUT_STEPS, MAX_TERM_NODES
 from importers.match.walker import GraphWalker
 
 #: A score term entry at or below this is masking, not a bias (finfo.min, -10000, -inf).
 MASK_FLOOR = -1e4
 #: Relative tolerance of the linear-in-key-position (ALiBi) and equal-diagonal tests.
 BIAS_RTOL = 1e-4
-#: Most nodes evaluated for one score term (a mask or position bias is a small computation).
-MAX_TERM_NODES = 400
 #: A bias whose heads take at most this fraction of distinct values is gathered from a table.
 TABLE_FRACTION = 0.5
 _OPAQUE = frozenset({"If", "Loop", "Scan"})
 #: Ops a position table or a mask is laid out with (they keep its set of values).
 _LAYOUT = frozenset("Transpose Reshape Squeeze Unsqueeze Expand Tile Slice Cast Identity".split())
-#: Most layout ops followed back from a term.
-MAX_LAYOUT_STEPS = 16
 
 
 def neutral_value(walker: GraphWalker, name: str) -> np.ndarray | None:

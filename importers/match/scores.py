@@ -48,11 +48,10 @@ import numpy as np
 from importers.graph import Node
 from importers.match import score_values as values
 from importers.match.codes import RejectCode
+from importers.match.limits import MAX_SCORE_NODES, POSITION_TERM_DEPTH, SCALE_SEARCH_DEPTH
 from importers.match.projections import ProjectionFinder, Trace
 from importers.match.walker import RejectError
 
-#: Nodes the walk back from a Softmax passes before it gives up.
-MAX_SCORE_NODES = 64
 _VIEWS = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 _KEEPS_VALUES = frozenset({"Cast", "Identity"})
 #: Ops the score walk may pass on its way to a query-key product.
@@ -311,7 +310,7 @@ class ScoreMatcher(ProjectionFinder):
                     (node.label,),
                 )
             if node.op_type in ("Mul", "Div") and any(
-                self.reaches_qk(x, depth=12) for x in node.inputs
+                self.reaches_qk(x, depth=SCALE_SEARCH_DEPTH) for x in node.inputs
             ):
                 return RejectError(
                     RejectCode.SCORE_SCALE_NOT_CONSTANT,
@@ -348,14 +347,14 @@ class ScoreMatcher(ProjectionFinder):
 
     def scale_operand(self, node: Node) -> str:
         """The operand of a score Mul/Div that is not the scores."""
-        if node.op_type == "Div" or self.reaches_qk(node.input(0), depth=12):
+        if node.op_type == "Div" or self.reaches_qk(node.input(0), depth=SCALE_SEARCH_DEPTH):
             return node.input(1)
         return node.input(0)
 
     def reaches_product(self, name: str) -> bool:
         """Whether a product of two non-constant tensors lies behind ``name``, through score-sum
         ops and the gathers and layout ops of a position term (a sum without one is one term)."""
-        return self.reaches_qk(name, depth=24, through=_SUM_OPS | _POSITION_PATH)
+        return self.reaches_qk(name, depth=POSITION_TERM_DEPTH, through=_SUM_OPS | _POSITION_PATH)
 
     def reaches_qk(self, name: str, depth: int, through: frozenset[str] = _SUM_OPS) -> bool:
         """Whether a product of two non-constant tensors lies within ``depth`` ops ``through``."""

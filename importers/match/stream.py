@@ -31,15 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from importers.graph import Node
+from importers.match.limits import MAX_BRANCH_NODES, MAX_SUM_CHAIN, VIEW_FORWARD_DEPTH, VIEW_STEPS
 from importers.match.norms import SKIP_NORMS, SKIP_SUM_OUTPUT, NormMatcher
 from importers.match.results import LinearMatch, NormMatch
 
 #: Ops that keep a tensor's values (dtype or layout only): the same stream.
 VIEWS = frozenset({"Cast", "Identity", "Reshape", "Flatten", "Dropout", "Squeeze", "Unsqueeze"})
-#: Nodes a branch may pass before it is called unknown (bounds the backward walk).
-MAX_BRANCH_NODES = 400
-#: Sums passed from the attention output before its residual (attention + parallel MLP + stream).
-MAX_SUM_CHAIN = 3
 
 
 @dataclass(frozen=True)
@@ -68,7 +65,7 @@ class StreamMatcher(NormMatcher):
     # -- views and sums ---------------------------------------------------------------------------
     def view_source(self, name: str) -> str:
         """``name`` with views (Cast, Reshape, ...) of a non-constant tensor undone, backwards."""
-        for _ in range(8):
+        for _ in range(VIEW_STEPS):
             node = self.producer(name)
             if node is None or node.op_type not in VIEWS or self.const(node.input(0)) is not None:
                 break
@@ -78,7 +75,7 @@ class StreamMatcher(NormMatcher):
     def views_forward(self, name: str) -> list[str]:
         """``name`` and the tensors that are views of it, forwards (breadth first)."""
         found, frontier = [name], [name]
-        for _ in range(4):
+        for _ in range(VIEW_FORWARD_DEPTH):
             frontier = [
                 node.outputs[0]
                 for tensor in frontier

@@ -16,10 +16,8 @@ import numpy as np
 
 from importers.graph import GraphIndex, Node, ShapeContext
 from importers.match.codes import RejectCode
+from importers.match.limits import MAX_ANCESTRY
 
-MAX_WALK = 64
-#: Tensors :meth:`GraphWalker.depends_on` visits before it answers "depends" (bounds the walk).
-MAX_ANCESTRY = 4000
 VALUE_PRESERVING = frozenset({"Identity", "Cast", "Dropout"})
 
 

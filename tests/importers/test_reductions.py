@@ -284,7 +284,7 @@ def test_an_audit_without_spectral_metrics_keeps_the_scalar_ones(tmp_path: Path)
             assert metric not in fast.config.metrics
         else:
             assert_allclose(fast.metrics[metric], full.metrics[metric], rtol=GRAM_RTOL)
-    assert any("spectral=False" in note for note in fast.notes)
+    assert any("spectral=False" in note.text for note in fast.notes)
 
 
 def test_reused_output_buffers_hold_each_batch_and_are_reused() -> None:

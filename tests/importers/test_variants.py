@@ -512,8 +512,8 @@ def test_a_failed_head_split_is_probed_once_more_with_long_open_axes(
 ) -> None:
     """At 3 samples a HuBERT front end leaves no frame; at LONG_PROBE_SEQUENCE it does. When the
     long probe fails too, the default probe's reason is the one reported."""
-    from importers.match import LONG_PROBE_SEQUENCE, _match_with_retry
-    from importers.match.layout import PROBE_BATCH, PROBE_SEQUENCE
+    from importers.match import _match_with_retry
+    from importers.match.limits import LONG_PROBE_SEQUENCE, PROBE_BATCH, PROBE_SEQUENCE
     from importers.match.walker import RejectError
 
     first = RejectError("head_reshape", "cannot reshape Q of shape (2, 0, 32)")
