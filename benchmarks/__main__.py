@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "audit": "benchmarks.bench_audit",
     "scheduler": "benchmarks.bench_scheduler",
     "memory": "benchmarks.bench_memory",
+    "operator": "benchmarks.bench_operator",
 }
 
 

@@ -151,8 +151,8 @@ class Audited:
     cases: np.ndarray
 
 
-#: Audits made in this process, by (key, quick, h).
-_AUDITS: dict[tuple[str, bool, HChoice], Audited] = {}
+#: Audits made in this process, by (key, quick, h, operator inputs).
+_AUDITS: dict[tuple[str, bool, HChoice, int], Audited] = {}
 
 
 def _transform_digest() -> str:
@@ -220,7 +220,9 @@ def _inputs(variant: Variant, model: OnnxModel, quick: bool) -> Inputs:
     return inputs.subset(slice(0, QUICK_INPUTS[entry.kind])) if quick else inputs
 
 
-def audited(key: str, quick: bool, h: HChoice = "effective") -> Audited:
+def audited(
+    key: str, quick: bool, h: HChoice = "effective", operator_inputs: int = 0
+) -> Audited:
     """Audit variant ``key`` on the bundled inputs (once per process and arguments).
 
     Parameters
@@ -231,21 +233,27 @@ def audited(key: str, quick: bool, h: HChoice = "effective") -> Audited:
         Use the first :data:`QUICK_INPUTS` inputs only.
     h : {"effective", "stored"}
         The H of the dominance count (:class:`importers.run.audit.AuditOptions`).
+    operator_inputs : int
+        When positive, also the exact operator dominance on that many first inputs
+        (``dominance="operator"``; its summary is ``dominance.operator``).
 
     Returns
     -------
     Audited
     """
-    if (key, quick, h) not in _AUDITS:
-        _AUDITS[key, quick, h] = _audit(VARIANTS[key], quick, h)
-    return _AUDITS[key, quick, h]
+    if (key, quick, h, operator_inputs) not in _AUDITS:
+        _AUDITS[key, quick, h, operator_inputs] = _audit(VARIANTS[key], quick, h, operator_inputs)
+    return _AUDITS[key, quick, h, operator_inputs]
 
 
-def _audit(variant: Variant, quick: bool, h: HChoice) -> Audited:
+def _audit(variant: Variant, quick: bool, h: HChoice, operator_inputs: int) -> Audited:
     model = load_model(variant_file(variant.key))
     inputs = _inputs(variant, model, quick)
     prefix = get_model(variant.model).prefix_tokens
-    result = audit(model, inputs, exclude_prefix=prefix, h=h, **AUDIT_SETTINGS)
+    settings = dict(AUDIT_SETTINGS)
+    if operator_inputs > 0:
+        settings.update(dominance="operator", operator_inputs=operator_inputs)
+    result = audit(model, inputs, exclude_prefix=prefix, h=h, **settings)
     return Audited(
         variant=variant,
         layer_rows=result.layer_rows(),
@@ -302,7 +310,7 @@ def spectra(key: str) -> list[SpectrumRow]:
 
     Taken from an audit already made in this process, else computed from the weights alone.
     """
-    for (cached_key, _, _), result in _AUDITS.items():
+    for (cached_key, *_), result in _AUDITS.items():
         if cached_key == key:
             return result.spectra
     from importers.value_spectra import model_spectra

@@ -18,10 +18,12 @@ Also writes ``table1_dominance.md`` (a Markdown table).
 
 Run: ``python -m figures.table1_dominance [--quick] --out DIR``.
 
-CSV columns: ``source,model,transform,h,block,n_inputs,cases,perron_pct,perron_lo,perron_hi,
-non_perron_pct,balanced_pct,counterpart``: ``source`` is ``ours`` or ``paper``; ``h`` the H protocol (``effective``,
+CSV columns: ``source,model,transform,h,unit,block,n_inputs,cases,perron_pct,perron_lo,perron_hi,
+non_perron_pct,balanced_pct,agreement_pct,counterpart``: ``source`` is ``ours`` or ``paper``; ``h`` the H protocol (``effective``,
 ``stored``, or ``both`` where they coincide); ``block`` is ``all`` or an attention block (ours
-only); ``perron_lo``/``perron_hi`` a 95 % bootstrap interval over inputs (cases of one input are not
+only); ``unit`` is ``head`` (cases per (input, block, head)) or ``operator`` (per (input, block), the
+block's whole operator, on the first inputs only, with ``agreement_pct`` against the per-head rule);
+``perron_lo``/``perron_hi`` a 95 % bootstrap interval over inputs (cases of one input are not
 independent); ``counterpart`` names the paper column closest to one of our rows.
 """
 
@@ -55,6 +57,11 @@ OURS = (
     ("minilm-l3:plus", "both"),
     ("minilm-l3:minus", "both"),
 )
+#: The trained models whose whole-operator dominance is counted too (effective H), and on how
+#: many of their first inputs (quick runs: 1): the operator costs a few hundred applications of a
+#: block's operator per (input, block).
+OPERATOR_ROWS = ("dinov2-vits14", "minilm-l6-int8", "minilm-l3")
+OPERATOR_INPUTS = 2
 #: Bootstrap resamples of the inputs for the intervals, and their seed.
 BOOTSTRAP = 2000
 BOOTSTRAP_SEED = 0
@@ -84,6 +91,7 @@ COLUMNS = (
     "model",
     "transform",
     "h",
+    "unit",
     "block",
     "n_inputs",
     "cases",
@@ -92,6 +100,7 @@ COLUMNS = (
     "perron_hi",
     "non_perron_pct",
     "balanced_pct",
+    "agreement_pct",
     "counterpart",
 )
 NOTE = (
@@ -112,6 +121,7 @@ def _our_rows(key: str, h: str, quick: bool) -> list[dict[str, Any]]:
         "model": variant.model,
         "transform": variant.transform,
         "h": h,
+        "unit": "head",
         "n_inputs": result.provenance["inputs"]["n_inputs"],
         "counterpart": COUNTERPART.get((variant.modality, variant.transform)),
     }
@@ -132,6 +142,38 @@ def _our_rows(key: str, h: str, quick: bool) -> list[dict[str, Any]]:
     ]
 
 
+def _operator_rows(key: str, quick: bool) -> list[dict[str, Any]]:
+    """The whole-operator dominance of ``key`` on its first inputs: overall and per block."""
+    inputs = 1 if quick else OPERATOR_INPUTS
+    summary = _models.audited(key, quick, "effective", operator_inputs=inputs).dominance.operator
+    if summary is None:  # pragma: no cover - operator mode always yields cases
+        return []
+    variant = _models.VARIANTS[key]
+    base = {
+        "source": "ours",
+        "model": variant.model,
+        "transform": variant.transform,
+        "h": "effective",
+        "unit": "operator",
+        "n_inputs": summary.inputs,
+        "counterpart": None,
+    }
+    parts = [("all", summary.cases, summary.perron, summary.agreement)] + [
+        (str(b.block), b.cases, b.perron, b.agreement) for b in summary.per_block
+    ]
+    return [
+        {
+            **base,
+            "block": block,
+            "cases": cases,
+            "perron_pct": 100 * perron,
+            "non_perron_pct": 100 * (1 - perron),
+            "agreement_pct": 100 * agreement,
+        }
+        for block, cases, perron, agreement in parts
+    ]
+
+
 def _paper_rows() -> list[dict[str, Any]]:
     return [
         {
@@ -149,11 +191,17 @@ def _paper_rows() -> list[dict[str, Any]]:
 def compute(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Dominance fractions, overall and per block, for every row of :data:`OURS`; then the paper's."""
     rows = [row for key, h in OURS for row in _our_rows(key, h, quick)]
+    rows += [row for key in OPERATOR_ROWS for row in _operator_rows(key, quick)]
     config = {
         **_models.provenance(list(dict.fromkeys(key for key, _ in OURS)), quick),
         "h_protocols": {f"{key} ({h})": h for key, h in OURS},
         "bootstrap": {"resamples": BOOTSTRAP, "seed": BOOTSTRAP_SEED, "level": 0.95},
         "granularity": "head: the d_head eigenvalues of head h's H plus the zero eigenvalue",
+        "operator": {
+            "models": list(OPERATOR_ROWS),
+            "inputs": 1 if quick else OPERATOR_INPUTS,
+            "unit": "(input, block): the block's whole operator I + sum_h M_h^T (x) A_h",
+        },
         "paper": "poster Table 1 (docs/theory.md §6.2)",
         "note": NOTE,
     }
@@ -188,10 +236,11 @@ def _plot_totals(ax: Any, totals: list[dict[str, Any]]) -> None:
 def plot(rows: list[dict[str, Any]]):
     """Stacked bars of every row's overall split; per-block bars of :data:`PER_BLOCK`."""
     fig, (left, right) = new_figure("full", 0.5, ncols=2, width_ratios=(2.2, 1))
-    _plot_totals(left, _models.rows_of(rows, block="all"))
+    per_head = [row for row in rows if row.get("unit") != "operator"]
+    _plot_totals(left, _models.rows_of(per_head, block="all"))
     per_block = [
         row
-        for row in _models.rows_of(rows, source="ours", model=PER_BLOCK, transform="trained")
+        for row in _models.rows_of(per_head, source="ours", model=PER_BLOCK, transform="trained")
         if row["block"] != "all"
     ]
     plot_dominance(
@@ -231,7 +280,7 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        if row["source"] != "ours" or row["block"] != "all":
+        if row["source"] != "ours" or row["block"] != "all" or row["unit"] != "head":
             continue
         ref = paper.get(row["counterpart"] or "")
         lines.append(
@@ -241,6 +290,23 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
             f"| {_pct(row['non_perron_pct'])} | {row['counterpart'] or '—'} "
             f"| {_pct(ref and ref['perron_pct'])} | {_pct(ref and ref['non_perron_pct'])} |"
         )
+    lines += [
+        "",
+        "The whole operator of each block, I + Σ_h M_hᵀ ⊗ A_h (effective H), on the first inputs: "
+        "perron-type when its low-frequency eigenvalues 1 + eig(Σ_h M_h) dominate; agreement: the "
+        "share of (input, block) cases where the per-head rule (a block is perron-type when at "
+        "least half its heads are) says the same.",
+        "",
+        "| model | inputs | (input, block) cases | operator: Perron type | agreement with the "
+        "per-head rule |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {row['model']} | {row['n_inputs']} | {row['cases']} | {_pct(row['perron_pct'])} "
+        f"| {_pct(row['agreement_pct'])} |"
+        for row in rows
+        if row.get("unit") == "operator" and row["block"] == "all"
+    ]
     lines += [
         "",
         "The paper's Table 1 (poster), for reference:",

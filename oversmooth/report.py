@@ -23,7 +23,9 @@ import numpy as np
 from importers.run.records import (
     DOMINANCE_COLUMNS,
     LAYER_COLUMNS,
+    OPERATOR_COLUMNS,
     AuditResult,
+    OperatorSummary,
 )
 from importers.value_spectra import SPECTRA_COLUMNS
 from simulator.output import atomic_directory, atomic_output, to_json, write_json, write_tidy_csv
@@ -46,6 +48,8 @@ REPORT_FILES = (
     "report.md",
     "attention.csv",
 )
+#: The operator dominance's file, written with ``dominance="operator"`` only.
+OPERATOR_FILE = "operator.csv"
 #: Columns of ``attention.csv``: the stream right after each block's attention sublayer.
 ATTENTION_COLUMNS = ("block", "metric", "mean", "std", "n")
 
@@ -67,6 +71,9 @@ def write_audit_files(
     )
     write_tidy_csv(paths[3], DOMINANCE_COLUMNS, (case.row() for case in result.dominance))
     write_tidy_csv(paths[5], ATTENTION_COLUMNS, result.attention_rows())
+    if result.operator:  # --dominance operator only
+        paths.append(folder / OPERATOR_FILE)
+        write_tidy_csv(paths[-1], OPERATOR_COLUMNS, (case.row() for case in result.operator))
     with atomic_output(paths[4]) as handle:
         handle.write(render_report(result, figures))
     return paths
@@ -134,6 +141,31 @@ def _causal_paragraph(result: AuditResult) -> list[str]:
         "every dominating 1 + λ^H λ^A pairs with the λ^A = 1 of a_00; a token that attends only to "
         "itself adds another λ^A = 1, and such ties count as non-perron.",
     ]
+
+
+def _operator_paragraph(summary: OperatorSummary | None) -> list[str]:
+    """The exact operator dominance against the per-head rule (``--dominance operator``)."""
+    if summary is None:
+        return []
+    lines = [
+        "",
+        "### The whole operator of each block",
+        "",
+        f"On the first {summary.inputs} input(s), {summary.cases} (input, block) cases of the "
+        "block's whole multi-head operator I + Σ_h M_hᵀ ⊗ A_h (`operator.csv`): "
+        f"**{100 * summary.perron:.1f}% perron-type** (the low-frequency eigenvalues 1 + eig(Σ_h M_h) "
+        f"dominate), {100 * summary.non_perron:.1f}% not. The per-head rule (a block is perron-type "
+        f"when at least half its heads are) agrees in {100 * summary.agreement:.1f}% of them.",
+        "",
+        "| attention block | cases | operator: perron | per-head rule: perron | agreement |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {b.block} | {b.cases} | {100 * b.perron:.0f}% | {100 * b.per_head_perron:.0f}% "
+        f"| {100 * b.agreement:.0f}% |"
+        for b in summary.per_block
+    ]
+    return lines
 
 
 def _h_paragraph(result: AuditResult) -> str:
@@ -222,6 +254,7 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
             f"Prediction and observation agree in {agreed} of {len(decided)} blocks with a clear "
             f"observed direction ({len(dom.per_block) - len(decided)} mixed).",
         ]
+        lines += _operator_paragraph(dom.operator)
     else:
         lines.append("Not computed (dominance disabled).")
     lines += [
@@ -254,6 +287,9 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
         "(`block` is the attention block; `layer` names stream positions only, as in `layers.csv`)",
         "- `attention.csv`: `block,metric,mean,std,n` of the stream right after each block's "
         "attention sublayer (before its MLP)",
+        "- `operator.csv` (with `--dominance operator`): one row per (input, block): the kind of "
+        "the block's whole operator, `rho_lfc`, `rho_quotient`, the dominating eigenvalue, the "
+        "iterations",
         "- `spectra.csv`: `block,head,kind,real,imag` eigenvalues (head −1 = whole layer; kinds "
         "`head`/`layer` stored, `head-effective`/`layer-effective` the effective H)",
         "",

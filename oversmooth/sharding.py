@@ -192,7 +192,9 @@ def _measure_shard(
     (:meth:`~oversmooth.executor.Executor.task_threads`); the graph is loaded, never matched.
     """
     graph = load_model(_local_copy(model))
-    return measure(prepared, graph, shard.inputs, threads=own_threads(threads))
+    return measure(
+        prepared, graph, shard.inputs, threads=own_threads(threads), first_input=shard.start
+    )
 
 
 def _merged(parts: Sequence[Measurement], where: Mapping[str, object]) -> Measurement:
@@ -207,7 +209,8 @@ def _merged(parts: Sequence[Measurement], where: Mapping[str, object]) -> Measur
     }
     runner = {**parts[0].runner, "executor": dict(where), "shards": len(parts)}
     cases = [case for part in parts for case in part.dominance]
-    return Measurement(metrics, cases, parts[0].provider, runner, attention_part)
+    exact = [case for part in parts for case in part.operator]
+    return Measurement(metrics, cases, parts[0].provider, runner, attention_part, exact)
 
 
 def _provider_notes(parts: Sequence[Measurement]) -> list[Note]:

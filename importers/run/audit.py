@@ -62,7 +62,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+from simulator.operator import HeadFactors
 
+from importers.defaults import OPERATOR_INPUTS
 from importers.errors import ImporterInputError
 from importers.graph import OnnxModel, load_model
 from importers.match import (
@@ -78,6 +80,7 @@ from importers.run.dominance import (
     dominance_spectra,
 )
 from importers.run.feeds import Inputs
+from importers.run.operator_step import OperatorCase, operator_factors
 from importers.run.records import (
     AuditConfig,
     AuditResult,
@@ -89,7 +92,13 @@ from importers.run.records import (
     ProviderInfo,
 )
 from importers.run.runner import default_threads
-from importers.run.session import audit_session, batch_work, layer_tensors, pipelined
+from importers.run.session import (
+    OperatorPlan,
+    audit_session,
+    batch_work,
+    layer_tensors,
+    pipelined,
+)
 from importers.run.sources import default_inputs
 from importers.value_spectra import H_CHOICES, BlockSpectra, spectrum_rows
 from importers.weights import BlockWeights, block_weights
@@ -102,6 +111,7 @@ from simulator.validation import check_choice, check_positive_int
 
 __all__ = [
     "DOMINANCE_MODES",
+    "OPERATOR_INPUTS",
     "AuditOptions",
     "Measurement",
     "PreparedAudit",
@@ -113,8 +123,9 @@ __all__ = [
     "run_audit",
 ]
 
-Granularity = Literal["head", "layer", "none"]
-DOMINANCE_MODES: tuple[Granularity, ...] = ("head", "layer", "none")
+Granularity = Literal["head", "layer", "operator", "none"]
+DOMINANCE_MODES: tuple[Granularity, ...] = ("head", "layer", "operator", "none")
+
 Provider = Literal["auto", "cpu", "cuda"]
 HChoice = Literal["effective", "stored"]
 _PACKAGES = ("oversmooth", "numpy", "scipy", "onnx", "onnxruntime", "onnxruntime-gpu")
@@ -135,8 +146,13 @@ class AuditOptions:
         :mod:`importers.run.batching`).
     exclude_prefix : bool or int
         Leave prefix tokens out of the metrics: True uses the zoo's count (CLS = 1), an int counts.
-    dominance : {"head", "layer", "none"}
-        H granularity of the dominance table, or skip it (no attention tensors fetched).
+    dominance : {"head", "layer", "operator", "none"}
+        H granularity of the dominance table, or skip it (no attention tensors fetched);
+        ``"operator"`` is ``"head"`` plus the exact dominance of each block's whole operator
+        ``I + Σ_h M_hᵀ ⊗ A_h`` on the first ``operator_inputs`` inputs
+        (:mod:`importers.run.operator_step`).
+    operator_inputs : int
+        Inputs of the operator dominance (default :data:`OPERATOR_INPUTS`).
     h : {"effective", "stored"}
         The H of the dominance step: the effective product of every linear factor of the branch
         (default), or ``W_V W_O`` as the checkpoint stores it (the paper's protocol).
@@ -165,6 +181,7 @@ class AuditOptions:
     batch_size: int = 4
     exclude_prefix: bool | int = False
     dominance: Granularity = "head"
+    operator_inputs: int = OPERATOR_INPUTS
     h: HChoice = "effective"
     spectral: bool = True
     partial: bool = False
@@ -176,6 +193,7 @@ class AuditOptions:
     def __post_init__(self) -> None:
         check_choice(self.dominance, "dominance", DOMINANCE_MODES, error=ImporterInputError)
         check_choice(self.h, "h", H_CHOICES, error=ImporterInputError)
+        check_positive_int(self.operator_inputs, "operator_inputs", error=ImporterInputError)
         check_positive_int(self.batch_size, "batch_size", error=ImporterInputError)
         if self.threads is not None:
             check_positive_int(self.threads, "threads", error=ImporterInputError)
@@ -213,6 +231,9 @@ class PreparedAudit:
         The value spectra per block (Fig. 5, the dominance step's H).
     eig_H : tuple of ndarray
         Per block, the (n_heads, k) H eigenvalues of the dominance step (empty without one).
+    operator : tuple of HeadFactors
+        Per block, every head's factored ``M_h`` for the operator dominance (empty unless
+        ``dominance="operator"``).
     prefix : int
         Prefix tokens left out of the metrics.
     items : int
@@ -228,6 +249,7 @@ class PreparedAudit:
     matched_part_only: bool
     spectra: tuple[BlockSpectra, ...]
     eig_H: tuple[np.ndarray, ...]
+    operator: tuple[HeadFactors, ...]
     prefix: int
     items: int
     notes: tuple[Note, ...]
@@ -256,6 +278,8 @@ class Measurement:
     attention_part : dict of str to (n_inputs, n_blocks) ndarray
         Every metric of the stream right after each block's attention sublayer
         (:func:`~importers.run.session.attention_sublayer_tensor`); NaN for blocks without one.
+    operator : list of OperatorCase
+        The exact dominance of each block's operator, per (input, block), for the inputs it ran on.
     """
 
     metrics: dict[str, np.ndarray]
@@ -263,11 +287,13 @@ class Measurement:
     provider: ProviderInfo
     runner: dict[str, Any]
     attention_part: dict[str, np.ndarray]
+    operator: list[OperatorCase] = dataclasses.field(default_factory=list)
 
     def shifted(self, start: int) -> Measurement:
         """The same measurement with its cases' inputs counted from ``start``."""
         cases = [dataclasses.replace(case, input=case.input + start) for case in self.dominance]
-        return dataclasses.replace(self, dominance=cases)
+        exact = [dataclasses.replace(case, input=case.input + start) for case in self.operator]
+        return dataclasses.replace(self, dominance=cases, operator=exact)
 
 
 def open_model(
@@ -338,7 +364,9 @@ def prepare(
     sha256 = file_sha256(ref.path)
     spectra = cached_value_spectra(blocks, sha256, use_cache=options.cache)
     dominance = options.dominance
-    eig_H = dominance_spectra(blocks, spectra, dominance, options.h) if dominance != "none" else []
+    granularity = "head" if dominance == "operator" else dominance
+    eig_H = dominance_spectra(blocks, spectra, granularity, options.h) if dominance != "none" else []
+    operator = operator_factors(blocks, options.h) if dominance == "operator" else ()
     prepared = PreparedAudit(
         model=ModelInfo(ref.name, str(ref.path), sha256, len(blocks)),
         options=options,
@@ -346,6 +374,7 @@ def prepare(
         matched_part_only=bool(report.unmatched),
         spectra=tuple(spectra),
         eig_H=tuple(eig_H),
+        operator=operator,
         prefix=prefix,
         items=items,
         notes=tuple(notes),
@@ -354,12 +383,19 @@ def prepare(
 
 
 def measure(
-    prepared: PreparedAudit, graph: OnnxModel, inputs: Inputs, *, threads: int | None = None
+    prepared: PreparedAudit,
+    graph: OnnxModel,
+    inputs: Inputs,
+    *,
+    threads: int | None = None,
+    first_input: int = 0,
 ) -> Measurement:
     """Run the audit's session on ``inputs``: every metric per (input, layer), every dominance case.
 
     The cores of onnxruntime and of the host work are ``prepared.options.threads`` when set, else
     ``threads`` (a cluster worker's share of its host), else every core this process may use.
+    ``first_input`` is the number of the first of ``inputs`` among all the audit's inputs (a
+    shard's start): the operator dominance runs on the audit's first ``operator_inputs`` only.
     """
     options = prepared.options
     threads = options.threads or threads or default_threads()
@@ -377,10 +413,12 @@ def measure(
     shape = (inputs.batch_size, len(session.plan.layers))  # the layers, then the sublayers
     per_input = {name: np.full(shape, np.nan) for name in METRICS}
     batches = session.batches(prepared.items, progress=options.progress)
+    remaining = options.operator_inputs - first_input
+    plan = OperatorPlan(prepared.operator, remaining) if prepared.operator and remaining > 0 else None
     measure_batch = functools.partial(
-        batch_work, session, prepared.blocks, prepared.eig_H, options.tie_rtol, per_input
+        batch_work, session, prepared.blocks, prepared.eig_H, options.tie_rtol, per_input, plan
     )
-    cases = pipelined(batches, measure_batch, threads)
+    cases, exact = pipelined(batches, measure_batch, threads)
     runner = session.runner
     provider = ProviderInfo(options.provider, tuple(runner.provider_used), runner.provider_note)
     n_layers, n_blocks = len(session.layers), len(prepared.blocks)
@@ -388,7 +426,7 @@ def measure(
     for name, values in per_input.items():
         attention_part[name][:, session.sublayers] = values[:, n_layers:]
     layers = {name: values[:, :n_layers] for name, values in per_input.items()}
-    return Measurement(layers, cases, provider, runner.provenance(), attention_part)
+    return Measurement(layers, cases, provider, runner.provenance(), attention_part, exact)
 
 
 def audit_result(
@@ -416,12 +454,14 @@ def audit_result(
         blocks=blocks,
         metrics=measurement.metrics,
         attention_part=measurement.attention_part,
+        operator=measurement.operator,
         dominance=measurement.dominance,
         spectra=spectrum_rows(prepared.spectra),
         config=AuditConfig(
             batch_size=options.batch_size,
             exclude_prefix=prepared.prefix,
             dominance=options.dominance,
+            operator_inputs=options.operator_inputs if options.dominance == "operator" else 0,
             h=options.h,
             tie_rtol=options.tie_rtol,
             metrics=tuple(m for m in METRICS if options.spectral or m not in SPECTRAL_METRICS),
@@ -462,6 +502,7 @@ def audit(
     batch_size: int = 4,
     exclude_prefix: bool | int = False,
     dominance: Granularity = "head",
+    operator_inputs: int = OPERATOR_INPUTS,
     h: HChoice = "effective",
     spectral: bool = True,
     partial: bool = False,
@@ -490,6 +531,7 @@ def audit(
         batch_size=batch_size,
         exclude_prefix=exclude_prefix,
         dominance=dominance,
+        operator_inputs=operator_inputs,
         h=h,
         spectral=spectral,
         partial=partial,

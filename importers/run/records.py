@@ -20,6 +20,7 @@ LAYER_COLUMNS, DOMINANCE_COLUMNS
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -142,6 +143,7 @@ class AuditConfig(Record):
     batch_size: int
     exclude_prefix: int
     dominance: str
+    operator_inputs: int
     h: str
     tie_rtol: float
     metrics: tuple[str, ...]
@@ -195,6 +197,56 @@ class DominanceCase(Record):
         return dict(zip(DOMINANCE_COLUMNS, self.row(), strict=True))
 
 
+#: Columns of ``operator.csv``: one row per (input, block).
+OPERATOR_COLUMNS = (
+    "input",
+    "block",
+    "kind",
+    "rho_lfc",
+    "rho_quotient",
+    "eigenvalue_real",
+    "eigenvalue_imag",
+    "iterations",
+    "n_tokens",
+)
+
+
+@dataclass(frozen=True)
+class OperatorCase(Record):
+    """The dominating eigenvalue of one block's whole operator on one input.
+
+    ``kind`` is ``"perron"`` when ``rho_lfc`` (the low-frequency subspace, ``1 + eig(Σ_h M_h)``)
+    exceeds ``rho_quotient`` (the rest of T) beyond the tie tolerance, ``"non-perron"`` the other
+    way round, ``"balanced"`` within it; ``eigenvalue`` dominates the winning side.
+    """
+
+    input: int
+    block: int
+    kind: str
+    rho_lfc: float
+    rho_quotient: float
+    eigenvalue: complex
+    iterations: int
+    n_tokens: int
+
+    def row(self) -> tuple[Any, ...]:
+        """The ``operator.csv`` row, in :data:`OPERATOR_COLUMNS` order."""
+        return (
+            self.input,
+            self.block,
+            self.kind,
+            self.rho_lfc,
+            self.rho_quotient,
+            self.eigenvalue.real,
+            self.eigenvalue.imag,
+            self.iterations,
+            self.n_tokens,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(zip(OPERATOR_COLUMNS, self.row(), strict=True))
+
+
 @dataclass(frozen=True)
 class BlockVerdict(Record):
     """One attention block: its dominance fractions against what it did to the stream.
@@ -233,6 +285,69 @@ class DominanceSummary(Record):
     non_perron: float | None
     balanced: float | None
     per_block: tuple[BlockVerdict, ...]
+    operator: OperatorSummary | None = None
+
+
+@dataclass(frozen=True)
+class OperatorBlock(Record):
+    """One block's exact operator dominance against the per-head rule, on the same inputs.
+
+    ``agreement`` is the share of its (input, block) cases where the operator's kind (perron or
+    not) equals the per-head rule's: perron when at least half the block's heads are.
+    """
+
+    block: int
+    cases: int
+    perron: float
+    per_head_perron: float
+    agreement: float
+
+
+@dataclass(frozen=True)
+class OperatorSummary(Record):
+    """The exact operator dominance over its (input, block) cases, overall and per block."""
+
+    inputs: int
+    cases: int
+    perron: float
+    non_perron: float
+    balanced: float
+    agreement: float
+    per_block: tuple[OperatorBlock, ...]
+
+
+def _operator_summary(
+    operator: Sequence[OperatorCase], dominance: Sequence[DominanceCase]
+) -> OperatorSummary | None:
+    """Fractions of the operator cases and their agreement with the per-head majority rule."""
+    if not operator:
+        return None
+    heads: dict[tuple[int, int], list[bool]] = {}
+    for case in dominance:
+        heads.setdefault((case.input, case.block), []).append(case.kind == "perron")
+    exact = np.array([case.kind == "perron" for case in operator])
+    majority = np.array([np.mean(heads[case.input, case.block]) >= 0.5 for case in operator])
+    blocks = np.array([case.block for case in operator])
+    kinds = np.array([case.kind for case in operator])
+    per_block = tuple(
+        OperatorBlock(
+            block=int(block),
+            cases=int(np.sum(blocks == block)),
+            perron=float(np.mean(exact[blocks == block])),
+            per_head_perron=float(np.mean(majority[blocks == block])),
+            agreement=float(np.mean(exact[blocks == block] == majority[blocks == block])),
+        )
+        for block in np.unique(blocks)
+    )
+    return OperatorSummary(
+        inputs=len({case.input for case in operator}),
+        cases=len(operator),
+        perron=float(np.mean(exact)),
+        non_perron=float(1.0 - np.mean(exact)),
+        balanced=float(np.mean(kinds == "balanced")),
+        agreement=float(np.mean(exact == majority)),
+        per_block=per_block,
+    )
 
 
 def _fractions(kinds: np.ndarray) -> tuple[float, float, float]:
@@ -335,6 +450,7 @@ class AuditResult:
     provenance: Provenance
     notes: list[Note] = field(default_factory=list)
     attention_part: dict[str, np.ndarray] = field(default_factory=dict)
+    operator: list[OperatorCase] = field(default_factory=list)
 
     @property
     def n_layers(self) -> int:
@@ -371,7 +487,12 @@ class AuditResult:
             _verdict(int(block), kinds[blocks == block], means, attention)
             for block in np.unique(blocks)
         )
-        return DominanceSummary(int(kinds.size), *_fractions(kinds), per_block)
+        return DominanceSummary(
+            int(kinds.size),
+            *_fractions(kinds),
+            per_block,
+            _operator_summary(self.operator, self.dominance),
+        )
 
     def spectra_summary(self) -> dict[str, Any]:
         """Per spectrum kind: count, negative fraction, skewness, spectral radius."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+from simulator.operator import HeadFactors
 from threadpoolctl import threadpool_limits
 
 from importers.errors import ImporterError, ImporterInputError, LayerStreamError
@@ -31,6 +32,7 @@ from importers.match import AttentionBlock
 from importers.run.batching import run_batches
 from importers.run.dominance import PendingCases, dominance_problems
 from importers.run.feeds import Inputs
+from importers.run.operator_step import OperatorCase, operator_cases
 from importers.run.records import DominanceCase
 from importers.run.reductions import Gram, ReductionPlan, plan_reductions
 from importers.run.runner import Runner
@@ -40,6 +42,8 @@ from simulator.statistics import SPECTRAL_METRICS, metrics_from_statistics
 __all__ = [
     "LOOKAHEAD_BATCHES",
     "AuditSession",
+    "Cases",
+    "OperatorPlan",
     "attention_sublayer_tensor",
     "audit_session",
     "batch_work",
@@ -297,21 +301,43 @@ def _measure_layers(
     return batch
 
 
-class _BatchWork:
-    """The host work of one batch running on a thread pool: its metrics and dominance cases."""
+@dataclass(frozen=True)
+class OperatorPlan:
+    """What the exact layer dominance needs: every block's head factors, and the inputs it runs on
+    (those numbered below ``inputs``)."""
 
-    def __init__(self, metrics: Future[int], dominance: PendingCases | None) -> None:
+    factors: tuple[HeadFactors, ...]
+    inputs: int
+
+
+#: A batch's cases: per (input, block, head), and per (input, block) of the whole operator.
+Cases = tuple[list[DominanceCase], list[OperatorCase]]
+
+
+class _BatchWork:
+    """The host work of one batch running on a thread pool: metrics, dominance and operator cases."""
+
+    def __init__(
+        self,
+        metrics: Future[int],
+        dominance: PendingCases | None,
+        operator: Future[list[OperatorCase]] | None = None,
+    ) -> None:
         self._metrics = metrics
         self._dominance = dominance
+        self._operator = operator
 
-    def result(self) -> list[DominanceCase]:
+    def result(self) -> Cases:
         self._metrics.result()
-        return self._dominance.result() if self._dominance is not None else []
+        cases = self._dominance.result() if self._dominance is not None else []
+        return cases, self._operator.result() if self._operator is not None else []
 
     def cancel(self) -> None:
         self._metrics.cancel()
         if self._dominance is not None:
             self._dominance.cancel()
+        if self._operator is not None:
+            self._operator.cancel()
 
 
 def batch_work(
@@ -320,24 +346,29 @@ def batch_work(
     eig_H: Sequence[np.ndarray],
     tie_rtol: float,
     per_input: dict[str, np.ndarray],
+    operator: OperatorPlan | None,
     pool: ThreadPoolExecutor,
     batch: Inputs,
     start: int,
     outputs: dict[str, np.ndarray],
 ) -> _BatchWork:
-    """Start a batch's host work: its layer metrics (into ``per_input``) and dominance cases."""
+    """Start a batch's host work: its layer metrics (into ``per_input``), its dominance cases, and
+    the operator cases of its inputs below ``operator.inputs``."""
     metrics = pool.submit(_measure_layers, outputs, session.plan, start, per_input, batch.labels)
     if not session.attention:
         return _BatchWork(metrics, None)
     problems = dominance_problems(outputs, blocks, session.attention, batch, start, eig_H)
-    return _BatchWork(metrics, PendingCases(problems, tie_rtol, pool))
+    exact = None
+    if operator is not None and start < operator.inputs:
+        exact = pool.submit(operator_cases, problems, operator.factors, tie_rtol, operator.inputs)
+    return _BatchWork(metrics, PendingCases(problems, tie_rtol, pool), exact)
 
 
 def pipelined(
     batches: Iterator[tuple[Inputs, dict[str, np.ndarray]]],
     measure: Callable[[ThreadPoolExecutor, Inputs, int, dict[str, np.ndarray]], _BatchWork],
     threads: int,
-) -> list[DominanceCase]:
+) -> Cases:
     """Run every batch's host work on worker threads while onnxruntime runs the next batches.
 
     At most :data:`LOOKAHEAD_BATCHES` batches' work is pending when the next one is started, so
@@ -347,8 +378,15 @@ def pipelined(
     work not yet started is cancelled.
     """
     cases: list[DominanceCase] = []
+    exact: list[OperatorCase] = []
     pending: deque[_BatchWork] = deque()
     start = 0
+
+    def collect(work: _BatchWork) -> None:
+        per_head, whole = work.result()
+        cases.extend(per_head)
+        exact.extend(whole)
+
     with threadpool_limits(limits=1, user_api="blas"):
         pool = ThreadPoolExecutor(max_workers=threads)
         try:
@@ -356,11 +394,11 @@ def pipelined(
                 pending.append(measure(pool, batch, start, outputs))
                 start += batch.batch_size
                 while len(pending) > LOOKAHEAD_BATCHES:
-                    cases += pending.popleft().result()
+                    collect(pending.popleft())
             while pending:
-                cases += pending.popleft().result()
+                collect(pending.popleft())
         finally:
             for work in pending:
                 work.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
-    return cases
+    return cases, exact

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from importers.defaults import OPERATOR_INPUTS
 from importers.errors import ImporterInputError
 from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, ZooModel, lookup
 from oversmooth.commands.common import add_scheduler_options, positive_int
@@ -113,9 +114,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--dominance",
-        choices=("head", "layer", "none"),
+        choices=("head", "layer", "operator", "none"),
         default="head",
-        help="H per head (default) or whole layer for the dominance table, or skip it",
+        help="H per head (default) or whole layer for the dominance table, or skip it; "
+        "operator: per head plus the exact dominance of each block's whole multi-head operator "
+        "on the first --operator-inputs inputs (operator.csv)",
+    )
+    p.add_argument(
+        "--operator-inputs",
+        type=positive_int,
+        metavar="N",
+        help=f"inputs of --dominance operator (default {OPERATOR_INPUTS}: about a minute for "
+        "DINOv2 on 2 cores)",
     )
     p.add_argument(
         "--h",
@@ -269,6 +279,7 @@ def audit_options(args: argparse.Namespace) -> AuditOptions:
         batch_size=args.batch_size,
         exclude_prefix=args.exclude_prefix,
         dominance=args.dominance,
+        operator_inputs=args.operator_inputs or OPERATOR_INPUTS,
         h=args.h,
         spectral=not args.no_spectral,
         partial=args.partial,

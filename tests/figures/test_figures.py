@@ -142,9 +142,11 @@ def test_unknown_only_name_exits_2_and_writes_nothing(
 def test_table1_markdown_sits_next_to_the_csv(quick_run: QuickRun) -> None:
     out = _script(quick_run, "table1_dominance")
     text = (out / "table1_dominance.md").read_text(encoding="utf-8")
-    from figures.table1_dominance import OURS, PAPER
+    from figures.table1_dominance import OPERATOR_ROWS, OURS, PAPER
 
-    assert text.count("\n| ") == 2 * 1 + len(OURS) + len(PAPER)  # two headers and the rows
+    # three headers and the rows
+    assert text.count("\n| ") == 3 * 1 + len(OURS) + len(OPERATOR_ROWS) + len(PAPER)
+    assert "The whole operator of each block" in text
     for _, _, perron, non_perron in PAPER:
         assert f"{perron:.2f}%" in text
         assert f"{non_perron:.2f}%" in text
@@ -161,12 +163,30 @@ def test_table1_fractions_are_complementary(quick_run: QuickRun) -> None:
 
 
 @pytest.mark.realmodel
+def test_table1_operator_rows_count_input_block_cases(quick_run: QuickRun) -> None:
+    """The whole-operator rows: one case per (input, block) of the first input (quick run), their
+    agreement with the per-head rule a share."""
+    from importers.zoo import get_model
+
+    rows = _rows(_script(quick_run, "table1_dominance") / "table1_dominance.csv")
+    totals = [r for r in rows if r["unit"] == "operator" and r["block"] == "all"]
+    assert {r["model"] for r in totals} == {"dinov2-vits14", "minilm-l6-int8", "minilm-l3"}
+    for row in totals:
+        assert int(row["cases"]) == get_model(row["model"]).n_layers  # 1 input x every block
+        assert 0.0 <= float(row["agreement_pct"]) <= 100.0
+
+
+@pytest.mark.realmodel
 def test_table1_reparameterised_products_follow_s5_and_s6(quick_run: QuickRun) -> None:
     """Plumbing check: with H the very product the ± transform sets (the effective one; both
     where nothing is folded), Λ > 0 gives Perron-type dominance for any A (S6), Λ in [-1, 0)
     never (S5)."""
     rows = _rows(_script(quick_run, "table1_dominance") / "table1_dominance.csv")
-    ours = [r for r in rows if r["source"] == "ours" and r["h"] in ("effective", "both")]
+    ours = [
+        r
+        for r in rows
+        if r["source"] == "ours" and r["h"] in ("effective", "both") and r["unit"] == "head"
+    ]
     expected = {"plus": 100.0, "minus": 0.0}
     checked = [r for r in ours if r["transform"] in expected]
     assert checked

@@ -1,0 +1,106 @@
+"""The audit's exact layer dominance (``dominance="operator"``) against an independent recomputation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from importers.graph import load_model
+from importers.run.audit import AuditOptions, audit, run_audit
+from importers.run.sources import random_inputs
+from oversmooth.executor import LocalExecutor
+from oversmooth.sharding import sharded_audit
+from simulator import tolerances as tol
+from simulator.operator import HeadFactors, operator_dominance
+from tests.importers.builders import assemble
+from tests.importers.reference import forward_trace
+from tests.importers.test_audit import builder_inputs, real_tokens
+
+SEED = 5
+NAME = "vit_prenorm_layerscale"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("operator") / f"{NAME}.onnx"
+    onnx.save(assemble(NAME, SEED).built.model, path)
+    return path
+
+
+def _effective_factors(block) -> HeadFactors:
+    """Every head's ``C diag(γ) W_V^h`` and ``W_O^h diag(s)`` from the builder's own parameters."""
+    d = block.d_head
+    lefts, rights = [], []
+    for head in range(block.n_heads):
+        kv = head // (block.n_heads // block.n_kv_heads)
+        left = block.gamma[:, None] * block.W_V[:, kv * d : (kv + 1) * d]
+        lefts.append(left - left.mean(axis=0, keepdims=True))
+        rights.append(block.W_O[head * d : (head + 1) * d, :] * block.layer_scale[None, :])
+    return HeadFactors(np.stack(lefts), np.stack(rights))
+
+
+def test_operator_cases_equal_a_recomputation_from_numpy_attention(model: Path) -> None:
+    assembly = assemble(NAME, SEED)
+    inputs = builder_inputs(assembly)
+    result = audit(model, inputs, provider="cpu", dominance="operator", operator_inputs=1)
+    trace = forward_trace(assembly)
+    keep = real_tokens(assembly)
+    assert {case.input for case in result.operator} == {0}
+    assert len(result.operator) == len(assembly.built.blocks)
+    for case in result.operator:
+        block = assembly.built.blocks[case.block]
+        real = np.flatnonzero(keep[case.input])
+        A = trace.attention[case.block][case.input][:, real][:, :, real]
+        A = A / A.sum(axis=-1, keepdims=True)
+        want = operator_dominance(A, _effective_factors(block))
+        assert case.kind == want.kind
+        assert case.rho_lfc == pytest.approx(want.rho_lfc, rel=tol.ORT_RTOL)
+        assert case.rho_quotient == pytest.approx(want.rho_quotient, rel=tol.ORT_RTOL)
+    summary = result.dominance_summary().operator
+    assert summary is not None
+    assert summary.cases == len(result.operator)
+    assert 0.0 <= summary.agreement <= 1.0
+
+
+def test_the_operator_runs_on_the_audits_first_inputs_wherever_the_shards_start(
+    model: Path,
+) -> None:
+    graph = load_model(model)
+    inputs = random_inputs(graph.inputs, seed=2, batch=5, seq=6, vocab_size=50)
+    options = AuditOptions(provider="cpu", batch_size=1, dominance="operator", operator_inputs=3)
+    one = run_audit(graph, inputs, options)
+    merged = sharded_audit(graph, inputs, options, executor=LocalExecutor(), shards=5)
+    assert {case.input for case in one.operator} == {0, 1, 2}
+    assert [(c.input, c.block, c.kind) for c in merged.operator] == [
+        (c.input, c.block, c.kind) for c in one.operator
+    ]
+
+
+def test_operator_mode_writes_operator_csv_and_reports_the_agreement(
+    model: Path, tmp_path: Path
+) -> None:
+    from oversmooth.report import save_audit
+
+    result = audit(
+        model,
+        builder_inputs(assemble(NAME, SEED)),
+        provider="cpu",
+        dominance="operator",
+        operator_inputs=1,
+    )
+    folder = save_audit(result, tmp_path / "audit")
+    header = (folder / "operator.csv").read_text(encoding="utf-8").splitlines()[0]
+    assert header.startswith("input,block,kind,rho_lfc,rho_quotient")
+    report = (folder / "report.md").read_text(encoding="utf-8")
+    assert "The whole operator of each block" in report
+    assert "per-head rule" in report
+
+
+def test_operator_inputs_must_be_positive() -> None:
+    from importers.errors import ImporterInputError
+
+    with pytest.raises(ImporterInputError, match="operator_inputs"):
+        AuditOptions(dominance="operator", operator_inputs=0)
