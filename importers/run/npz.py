@@ -27,7 +27,7 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,6 +42,7 @@ from importers.run.feeds import (
 )
 from simulator.errors import OversmoothError, one_line
 from simulator.limits import check_elements
+from simulator.npzfile import read_npy_data, read_npy_header
 from simulator.validation import regular_file
 
 __all__ = ["from_npz"]
@@ -86,24 +87,15 @@ class _Member:
         return self.info.compress_type == zipfile.ZIP_STORED
 
 
-def _npy_header(handle: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
-    version = np.lib.format.read_magic(handle)
-    read = (
-        np.lib.format.read_array_header_1_0
-        if version == (1, 0)
-        else np.lib.format.read_array_header_2_0
-    )
-    return read(handle)
-
-
 def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> _Member:
     """Read one member's ``.npy`` header (not its data) and check the size it declares."""
-    with archive.open(info) as handle:
-        shape, fortran, dtype = _npy_header(handle)
-        header_bytes = handle.tell()
     label = f"array {info.filename!r} of `inputs`"
-    if dtype.hasobject:
-        raise ValueError(f"{label} holds Python objects (dtype {dtype}), which are not read")
+    with archive.open(info) as handle:
+        try:
+            shape, fortran, dtype = read_npy_header(handle)
+        except ValueError as err:
+            raise ValueError(f"{label}: {err}") from None
+        header_bytes = handle.tell()
     check_elements(shape[1:], f"one item of {label}", error=ImporterInputError)
     declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
     if info.file_size != header_bytes + declared:
@@ -112,6 +104,13 @@ def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> _Member:
             f"{info.file_size - header_bytes:,} bytes"
         )
     return _Member(info, tuple(shape), dtype, fortran, header_bytes)
+
+
+def _read_whole(archive: zipfile.ZipFile, member: _Member) -> np.ndarray:
+    """All of one member's data (its header was checked when the archive was opened)."""
+    with archive.open(member.info) as handle:
+        read_npy_header(handle)
+        return read_npy_data(handle, member.shape, member.fortran, member.dtype)
 
 
 def _members(path: Path) -> dict[str, _Member]:
@@ -156,8 +155,7 @@ class _Shard:
         member = self.members[name]
         if member.fortran and not member.stored:  # rows are not contiguous: read it whole, once
             if name not in self.whole:
-                with self.archive.open(member.info) as handle:
-                    self.whole[name] = np.lib.format.read_array(handle, allow_pickle=False)
+                self.whole[name] = _read_whole(self.archive, member)
             return np.array(self.whole[name][start:stop])
         if member.stored:
             mapped = np.memmap(
@@ -234,12 +232,8 @@ class _NpzReader:
         """Items ``[start, stop)`` of one feed."""
         member = self.shards[0][1][name]
         if not member.shape:  # a scalar feed is the same for every item
-            with (
-                _reading(self.shards[0][0]),
-                zipfile.ZipFile(self.shards[0][0]) as archive,
-                archive.open(member.info) as handle,
-            ):
-                return np.lib.format.read_array(handle, allow_pickle=False)
+            with _reading(self.shards[0][0]), zipfile.ZipFile(self.shards[0][0]) as archive:
+                return _read_whole(archive, member)
         parts = []
         for index, a, b in self._pieces(start, stop):
             with _reading(self.shards[index][0]):
@@ -307,8 +301,9 @@ def _read_members(file: Path) -> dict[str, _Member]:
 def _labels(file: Path, member: _Member | None, n_rows: int, first: int) -> list[str]:
     if member is None:
         return [f"item-{first + index}" for index in range(n_rows)]
-    with _reading(file), zipfile.ZipFile(file) as archive, archive.open(member.info) as handle:
-        values = np.lib.format.read_array(handle, allow_pickle=False)
+    check_elements(member.shape, "array 'labels' of `inputs`", error=ImporterInputError)
+    with _reading(file), zipfile.ZipFile(file) as archive:
+        values = _read_whole(archive, member)
     labels = [str(label) for label in np.asarray(values).reshape(-1)]
     if len(labels) != n_rows:
         raise ImporterInputError(
