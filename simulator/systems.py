@@ -336,6 +336,10 @@ def draw_system(
     d = check_positive_int(d, label["d"])
     if n < 2:
         raise InputError(f"`{label['n']}` must be at least 2 (tokens); got {n}")
+    # every array drawn below, checked before any is allocated
+    check_elements((n, n), f"A of {label['n']} {n}")
+    check_elements((n, d), f"X0 of {label['n']} {n} and {label['d']} {d}")
+    check_elements((d, d), f"H of {label['d']} {d}")
     check_choice(a_kind, label["a_kind"], A_KINDS)
     low, high = _h_interval(h_spectrum, label["h_spectrum"])
     if not np.isfinite(scale):

@@ -135,3 +135,20 @@ def test_a_hostile_system_file_is_one_line_before_any_allocation(tmp_path: Path,
     with pytest.raises(InputError, match=message) as info:
         load_system(path, label="--system")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        pytest.param({"n": 10**9}, "`A of n 1000000000", id="n-billion"),
+        pytest.param({"n": 40}, "`A of n 40", id="n-squared"),
+        pytest.param({"d": 40}, "`H of d 40", id="d-squared"),
+        pytest.param({"n": 2, "d": 600}, "`X0 of n 2 and d 600", id="n-by-d"),
+    ],
+)
+def test_drawn_sizes_are_checked_against_the_limits_before_drawing(change, named, monkeypatch):
+    """Each array a draw makes is checked first: A (n, n), X0 (n, d), H (d, d)."""
+    monkeypatch.setenv("OVERSMOOTH_MAX_ELEMENTS", "1000")
+    with pytest.raises(InputError, match=f"{named} .*OVERSMOOTH_MAX_ELEMENTS") as info:
+        draw_system(**{**_DRAW, **change})
+    assert "\n" not in str(info.value)
