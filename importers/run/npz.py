@@ -8,7 +8,8 @@ same per-item shapes) is one sequence of inputs, the shards in name order, opene
 Opening checks every member's header (dtype, a declared size that the stored bytes hold, one item
 within :func:`simulator.limits.check_elements`), the shapes against the graph inputs, then reads
 every member once, piece by piece, for the digest and the token values
-(:func:`~importers.run.feeds.check_values`): a damaged file is refused before anything runs.
+(:func:`~importers.run.feeds.check_values`) and that its floats are finite
+(:func:`~importers.run.feeds.check_finite`): a damaged file is refused before anything runs.
 
 Public API
 ----------
@@ -38,6 +39,7 @@ from importers.run.feeds import (
     DIGEST_CHUNK_BYTES,
     Inputs,
     check_feeds,
+    check_finite,
     check_values,
 )
 from simulator.errors import OversmoothError, one_line
@@ -247,8 +249,9 @@ class _NpzReader:
         mask = feeds.get(self.mask_name) if self.mask_name else None
         return feeds, None if mask is None or mask.ndim != 2 else mask.astype(bool)
 
-    def check_and_digest(self, expected: Sequence[GraphInput]) -> str:
-        """Read every feed once, in pieces: check its token values, return the feeds' digest."""
+    def check_and_digest(self, expected: Sequence[GraphInput], labels: Sequence[str]) -> str:
+        """Read every feed once, in pieces: check its token values and that its floats are finite
+        (``labels`` name the items), return the feeds' digest."""
         digest = hashlib.sha256()
         for name in sorted(self.names):
             member = self.shards[0][1][name]
@@ -258,6 +261,7 @@ class _NpzReader:
             for start in range(0, max(self.n_items, 1) if member.shape else 1, step):
                 piece = np.ascontiguousarray(self.read_feed(name, start, start + step))
                 check_values({name: piece}, expected)
+                check_finite({name: piece}, labels[start : start + step], start)
                 digest.update(piece.tobytes())
         self._digest = digest.hexdigest()
         return self._digest
@@ -374,5 +378,5 @@ def from_npz(path: str | os.PathLike[str], graph: Sequence[GraphInput]) -> Input
     names = [name for name in first if name != _LABELS]
     mask_name = next((spec.name for spec in graph if "mask" in spec.name.lower()), None)
     reader = _NpzReader(shards, sizes, names, mask_name)
-    digest = reader.check_and_digest(graph)
+    digest = reader.check_and_digest(graph, labels)
     return Inputs(reader=reader, labels=labels, source=f"npz:{digest[:12]}", digest=digest)
