@@ -25,6 +25,7 @@ in float64.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -223,7 +224,7 @@ def block_weights(model: OnnxModel, block: AttentionBlock) -> BlockWeights:
     norm = block.norm_match
     d = block.d_model
     structure = {item.name: getattr(block, item.name) for item in fields(AttentionBlock)}
-    weights = {
+    weights: dict[str, Any] = {  # FloatArray or None each, as BlockWeights types them
         "W_Q": _frozen(W_q[:, block.q_columns]),
         "W_K": _frozen(W_k[:, block.k_columns]),
         "W_V": _frozen(W_v[:, block.v_columns]),
