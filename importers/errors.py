@@ -16,6 +16,7 @@ ImporterError
     ExtractionError: a matched block's weights cannot be read
     TransformError: a transform that cannot be applied to this model
     LayerStreamError (exit 1): an audit layer would not be the residual stream the contract defines
+    NonFiniteModelError (exit 1): finite inputs made the model produce NaN or infinite values
     ModelMissingError, ModelChangedError, FetchError: the zoo's pinned models
     RunnerError: onnxruntime could not load or run the model
         ProviderError: the requested execution provider cannot be used
@@ -41,6 +42,7 @@ __all__ = [
     "ModelChangedError",
     "ModelFileError",
     "ModelMissingError",
+    "NonFiniteModelError",
     "ProviderError",
     "RunnerError",
     "TransformError",
@@ -104,6 +106,18 @@ class LayerStreamError(ImporterError):
     established from the graph's structure, or when block i-1's output is not the stream block i
     reads and the importer cannot follow what lies between them: never a number (exit status 1:
     the model is well-formed, the importer cannot audit it).
+    """
+
+    exit_code = 1
+
+
+class NonFiniteModelError(ImporterError):
+    """Finite inputs made the model produce NaN or infinite values (a hidden state or attention
+    probabilities); the message names the first input and the first layer that went non-finite.
+
+    Exit status 1: the inputs were checked finite before the model ran (non-finite feeds are an
+    :class:`ImporterInputError`), so the model itself (its weights, or its precision overflowing)
+    produced them; no metric or dominating eigenvalue can be computed from them.
     """
 
     exit_code = 1

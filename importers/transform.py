@@ -127,9 +127,16 @@ def _read(stored: _Stored) -> np.ndarray:
     return array.T if stored.transpose else array
 
 
-def _write(stored: _Stored, matrix: np.ndarray) -> None:
+def _write(stored: _Stored, matrix: np.ndarray, what: str) -> None:
+    """Store ``matrix`` in the initializer, in its dtype; refused where an entry does not fit."""
     dtype = numpy_helper.to_array(stored.tensor).dtype
-    array = (matrix.T if stored.transpose else matrix).astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # checked just below, in one line
+        array = (matrix.T if stored.transpose else matrix).astype(dtype)
+    if not np.all(np.isfinite(array)):
+        raise TransformError(
+            f"{what} ({stored.tensor.name!r}) would not be finite in {dtype}: the scale it absorbs "
+            "is too small to divide by; reparameterise the stored product (`h='stored'`) instead"
+        )
     stored.tensor.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(array), stored.tensor.name))
 
 
@@ -219,6 +226,9 @@ def _reparameterize_block(
         )
     v, o = _stored(model, block.v, "value"), _stored(model, block.o, "output")
     W_v, W_o = _read(v), _read(o)
+    for name, weight in (("W_V", W_v), ("W_O", W_o)):  # block_weights checked them; as stored here
+        if not np.all(np.isfinite(weight)):
+            raise TransformError(f"block {block.index}'s stored {name} must be finite")
     d = block.d_head
     effective = h == "effective"
     ones = np.ones(block.d_model)
@@ -227,17 +237,30 @@ def _reparameterize_block(
     for head in range(block.n_heads):
         cols = block.v_columns[head * d : (head + 1) * d]
         rows = block.o_rows[head * d : (head + 1) * d]
-        if effective:
-            left, right = block.effective_value_head(head)
-            Q, lam = nearest_signed_factors(left @ right, d, sign, basis)
+        left, right = (
+            block.effective_value_head(head) if effective else (W_v[:, cols], W_o[rows, :])
+        )
+        Q, lam = nearest_signed_factors(_head_product(left, right, block, head), d, sign, basis)
+        with np.errstate(over="ignore"):  # an overflow is refused by _write, in one line
             W_v[:, cols] = Q / scale_in[:, None]
             W_o[rows, :] = (lam[:, None] * Q.T) / scale_out[None, :]
-        else:
-            Q, lam = nearest_signed_factors(W_v[:, cols] @ W_o[rows, :], d, sign)
-            W_v[:, cols] = Q
-            W_o[rows, :] = lam[:, None] * Q.T
-    _write(v, W_v)
-    _write(o, W_o)
+    _write(v, W_v, f"block {block.index}'s reparameterised W_V")
+    _write(o, W_o, f"block {block.index}'s reparameterised W_O")
+
+
+def _head_product(
+    left: np.ndarray, right: np.ndarray, block: BlockWeights, head: int
+) -> np.ndarray:
+    """``left @ right`` (head ``head``'s product), refused in one line where it overflows float64
+    (no RuntimeWarning, and nothing non-finite reaches the eigensolver)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        product = left @ right
+    if not np.all(np.isfinite(product)):
+        raise TransformError(
+            f"block {block.index} head {head}: W_V^h W_O^h overflows float64; its weights are "
+            "too large to reparameterise"
+        )
+    return product
 
 
 def _matched_with_weights(

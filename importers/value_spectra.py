@@ -49,7 +49,9 @@ from dataclasses import dataclass
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from importers.errors import ExtractionError
 from importers.weights import BlockWeights
+from simulator.errors import InputError
 from simulator.theory import value_spectrum
 
 __all__ = [
@@ -185,9 +187,12 @@ def block_spectra(block: BlockWeights) -> BlockSpectra:
     """Every kind of :data:`SPECTRUM_KINDS` for one block (the effective kinds computed only
     where the block folds a factor; else they are the stored ones)."""
     kinds = []
-    for h in ("stored", "effective") if block.folded() else ("stored",):
-        heads = np.stack([head_eigenvalues(block, i, h=h) for i in range(block.n_heads)])
-        kinds.append((heads, layer_eigenvalues(block, h=h)))
+    try:
+        for h in ("stored", "effective") if block.folded() else ("stored",):
+            heads = np.stack([head_eigenvalues(block, i, h=h) for i in range(block.n_heads)])
+            kinds.append((heads, layer_eigenvalues(block, h=h)))
+    except InputError as err:  # a product that overflows float64 never reaches the eigensolver
+        raise ExtractionError(f"block {block.index}'s value product: {err}") from None
     return BlockSpectra(block.index, *kinds[0], *kinds[-1])
 
 

@@ -25,6 +25,7 @@ in float64.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -206,7 +207,7 @@ def extract(model: OnnxModel, *, partial: bool = False) -> list[BlockWeights]:
     IncompleteMatchError
         Some attention was not matched and ``partial`` is not set.
     ExtractionError
-        A matched weight has an unexpected size.
+        A matched weight has an unexpected size, or a NaN or infinite entry.
     """
     report = find_attention_blocks(model)
     check_complete(report, partial=partial)
@@ -223,21 +224,54 @@ def block_weights(model: OnnxModel, block: AttentionBlock) -> BlockWeights:
     norm = block.norm_match
     d = block.d_model
     structure = {item.name: getattr(block, item.name) for item in fields(AttentionBlock)}
-    return BlockWeights(
-        **structure,
-        W_Q=_frozen(W_q[:, block.q_columns]),
-        W_K=_frozen(W_k[:, block.k_columns]),
-        W_V=_frozen(W_v[:, block.v_columns]),
-        W_O=_frozen(W_o[block.o_rows, :]),
-        b_Q=_select(b_q, block.q_columns),
-        b_K=_select(b_k, block.k_columns),
-        b_V=_select(b_v, block.v_columns),
-        b_O=None if b_o is None else _frozen(b_o),
-        gamma=_vector(index, norm.gamma if norm else None, d, "gamma"),
-        beta=_vector(index, norm.beta if norm else None, d, "beta"),
-        layer_scale=_vector(index, block.layer_scale_name, d, "layer_scale"),
-        eps=norm.eps if norm else None,
-    )
+    weights: dict[str, Any] = {  # FloatArray or None each, as BlockWeights types them
+        "W_Q": _frozen(W_q[:, block.q_columns]),
+        "W_K": _frozen(W_k[:, block.k_columns]),
+        "W_V": _frozen(W_v[:, block.v_columns]),
+        "W_O": _frozen(W_o[block.o_rows, :]),
+        "b_Q": _select(b_q, block.q_columns),
+        "b_K": _select(b_k, block.k_columns),
+        "b_V": _select(b_v, block.v_columns),
+        "b_O": None if b_o is None else _frozen(b_o),
+        "gamma": _vector(index, norm.gamma if norm else None, d, "gamma"),
+        "beta": _vector(index, norm.beta if norm else None, d, "beta"),
+        "layer_scale": _vector(index, block.layer_scale_name, d, "layer_scale"),
+    }
+    _check_finite(block, weights)
+    return BlockWeights(**structure, **weights, eps=norm.eps if norm else None)
+
+
+def _check_finite(block: AttentionBlock, weights: dict[str, FloatArray | None]) -> None:
+    """Refuse a NaN or infinite weight (the model file is bad input): nothing computed from it
+    (value spectra, the effective H, a reparameterisation) could mean anything, and LAPACK would
+    fail on it with a traceback instead of a line."""
+    norm = block.norm_match
+    tensors = {
+        "W_Q": block.q.weight,
+        "W_K": block.k.weight,
+        "W_V": block.v.weight,
+        "W_O": block.o.weight,
+        "b_Q": block.q.bias,
+        "b_K": block.k.bias,
+        "b_V": block.v.bias,
+        "b_O": block.o.bias,
+        "gamma": norm.gamma if norm else None,
+        "beta": norm.beta if norm else None,
+        "layer_scale": block.layer_scale_name,
+    }
+    for key, value in weights.items():
+        if value is None:
+            continue
+        finite = np.isfinite(value)
+        if not finite.all():
+            bad = value[~finite]
+            kinds = sorted(
+                {"NaN" if np.isnan(x) else "+inf" if x > 0 else "-inf" for x in bad[:64]}
+            )
+            raise ExtractionError(
+                f"block {block.index}'s {key} ({tensors[key]!r}) must be finite; got "
+                f"{'/'.join(kinds)} in {bad.size} of its {value.size} entries"
+            )
 
 
 def linear_weights(index: GraphIndex, linear: LinearMatch) -> tuple[FloatArray, FloatArray | None]:

@@ -1,8 +1,10 @@
 """The fixed systems ``(A, W_V, W_proj, X0[, gamma, beta])`` that ``oversmooth simulate`` runs.
 
 A system is read from an ``.npz`` archive of named arrays, drawn from a few synthetic options, or
-saved for a later run. Only the structure is checked here (keys, numeric finite arrays, ranks); the
-rule built on a system checks that its sizes agree (:func:`simulator.updates.rule_from_system`).
+saved for a later run. Only the structure is checked here (keys, numeric finite non-empty arrays,
+ranks, and every size against :mod:`simulator.limits` before it is allocated: a member's declared
+shape before its data is read, a drawn array's before it is drawn); the rule built on a system
+checks that its sizes agree (:func:`simulator.updates.rule_from_system`).
 
 Public API
 ----------
@@ -18,8 +20,11 @@ REQUIRED_KEYS, OPTIONAL_KEYS, A_KINDS, H_SPECTRA
 
 from __future__ import annotations
 
+import math
 import os
+import struct
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -27,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from simulator.errors import InputError
+from simulator.errors import InputError, one_line
+from simulator.limits import check_elements
+from simulator.npzfile import read_npy_data, read_npy_header
 from simulator.output import atomic_output, npz_members
 from simulator.spectra import (
     attention_doubly_stochastic,
@@ -63,6 +70,16 @@ OPTIONAL_KEYS = ("gamma", "beta")
 A_KINDS = ("symmetric", "doubly-stochastic", "general")
 #: Named H spectra: eigenvalues drawn uniformly in these intervals (claims 9 and 10).
 H_SPECTRA = {"negative": (-1.0, -0.05), "positive": (0.05, 1.0)}
+#: What reading a damaged member of a system archive raises inside NumPy and zipfile.
+_NPZ_ERRORS = (
+    OSError,
+    ValueError,
+    EOFError,
+    KeyError,
+    zipfile.BadZipFile,
+    zlib.error,
+    struct.error,
+)
 #: Rank of each array of a system file.
 _NDIM = {"A": 2, "W_V": 2, "W_proj": 2, "X0": 2, "gamma": 1, "beta": 1}
 
@@ -124,52 +141,84 @@ def load_system(path: str | os.PathLike[str], *, label: str = "system") -> Syste
     ------
     InputError
         The file is missing, not a regular file, not an npz archive, lacks a key, or holds an
-        array that is not real, finite and of the right rank.
+        array that is not real, finite, non-empty and of the right rank, whose header cannot be
+        parsed, or that declares more elements than :func:`simulator.limits.check_elements`
+        allows (checked before its data is read).
     """
     shown = os.fspath(path)
-    arrays = _read_npz(path, label)
+    arrays, members = _read_npz(path, label)
     missing = [key for key in REQUIRED_KEYS if key not in arrays]
     if missing:
         raise InputError(
             f"`{label}` must contain the keys {', '.join(REQUIRED_KEYS)}; {shown!r} lacks "
-            f"{', '.join(missing)} (has {', '.join(sorted(arrays)) or 'no arrays'})"
+            f"{', '.join(missing)} (has {', '.join(sorted(members)) or 'no arrays'})"
         )
-    known = {f.name for f in fields(System)}
-    checked = {
-        key: _array(value, key, shown, label) for key, value in arrays.items() if key in known
-    }
+    checked = {key: _array(value, key, shown, label) for key, value in arrays.items()}
     for key, ndim in _NDIM.items():
         if key in checked and checked[key].ndim != ndim:
             what = "a single 2-D matrix" if ndim == 2 else "a 1-D vector (one per feature)"
             raise InputError(
                 f"`{key}` in {label} {shown!r} must be {what}; got shape {checked[key].shape}"
             )
+        if key in checked and checked[key].size == 0:
+            raise InputError(
+                f"`{key}` in {label} {shown!r} must not be empty; got shape {checked[key].shape}"
+            )
     return System(**checked)
 
 
-def _read_npz(path: str | os.PathLike[str], label: str) -> dict[str, object]:
+def _read_npz(path: str | os.PathLike[str], label: str) -> tuple[dict[str, object], list[str]]:
+    """The archive's arrays under the keys of :class:`System` (no other member is read), and the
+    names of all its members. Each member's header is checked (:func:`_read_member`) before its
+    data is read."""
     shown = os.fspath(path)
-    file = regular_file(path, label)  # before np.load: its InputError is a ValueError too
+    file = regular_file(path, label)  # before opening: a pipe or a device is refused
     try:
-        data = np.load(file, allow_pickle=False)
+        archive = zipfile.ZipFile(file)
     except OSError as err:
         raise InputError(
             f"`{label}` must be a readable .npz file; got {shown!r} ({err.strerror or err})"
         ) from None
     except (ValueError, EOFError, zipfile.BadZipFile):
-        raise InputError(f"`{label}` must be a NumPy .npz archive; got {shown!r}") from None
-    if not isinstance(data, np.lib.npyio.NpzFile):
-        raise InputError(
-            f"`{label}` must be an .npz archive of named arrays; got .npy data {shown!r}"
+        with open(file, "rb") as handle:
+            npy = handle.read(6) == b"\x93NUMPY"
+        what = (
+            "an .npz archive of named arrays; got .npy data" if npy else "a NumPy .npz archive; got"
         )
+        raise InputError(f"`{label}` must be {what} {shown!r}") from None
+    known = {f.name for f in fields(System)}
+    arrays: dict[str, object] = {}
+    key = ""
     try:
-        with data:
-            return {key: data[key] for key in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        with archive:
+            members = {name.removesuffix(".npy"): name for name in archive.namelist()}
+            for key, name in members.items():
+                if key in known:  # other keys are ignored, so never read
+                    arrays[key] = _read_member(archive, name, key, shown, label)
+    except InputError:
+        raise
+    except _NPZ_ERRORS as err:
         raise InputError(
             f"`{label}` must hold plain numeric arrays; {shown!r} has an unreadable entry "
-            f"({type(err).__name__})"
+            f"{key!r} ({type(err).__name__}: {one_line(err)[:160]})"
         ) from None
+    return arrays, list(members)
+
+
+def _read_member(archive: zipfile.ZipFile, name: str, key: str, shown: str, label: str) -> object:
+    """Member ``name``'s array: its ``.npy`` header is read first, and the size it declares must be
+    within :func:`simulator.limits.check_elements` and held by the member before any data is read."""
+    info = archive.getinfo(name)
+    with archive.open(info) as handle:
+        shape, fortran, dtype = read_npy_header(handle)
+        check_elements(shape, f"{key} in {label} {shown!r}")
+        declared = math.prod(shape) * dtype.itemsize
+        if info.file_size != handle.tell() + declared:
+            raise InputError(
+                f"`{key}` in {label} {shown!r} declares shape {shape} of {dtype} "
+                f"({declared:,} bytes) but holds {info.file_size - handle.tell():,} bytes"
+            )
+        return read_npy_data(handle, shape, fortran, dtype)
 
 
 def _array(value: object, key: str, shown: str, label: str) -> FloatArray:
@@ -287,6 +336,10 @@ def draw_system(
     d = check_positive_int(d, label["d"])
     if n < 2:
         raise InputError(f"`{label['n']}` must be at least 2 (tokens); got {n}")
+    # every array drawn below, checked before any is allocated
+    check_elements((n, n), f"A of {label['n']} {n}")
+    check_elements((n, d), f"X0 of {label['n']} {n} and {label['d']} {d}")
+    check_elements((d, d), f"H of {label['d']} {d}")
     check_choice(a_kind, label["a_kind"], A_KINDS)
     low, high = _h_interval(h_spectrum, label["h_spectrum"])
     if not np.isfinite(scale):

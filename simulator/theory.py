@@ -25,7 +25,7 @@ from numpy.typing import ArrayLike, NDArray
 from simulator.errors import InputError
 from simulator.metrics import hfc_lfc_limit
 from simulator.tolerances import TIE_RTOL
-from simulator.validation import as_float_array, as_row_stochastic, as_square
+from simulator.validation import FloatArray, as_float_array, as_row_stochastic, as_square
 
 __all__ = [
     "KINDS",
@@ -67,10 +67,24 @@ def value_spectrum(W_V: ArrayLike, W_proj: ArrayLike) -> ComplexArray:
             f"`W_proj` must have shape ({d_v}, {d}) to follow `W_V` {W_V.shape}; got {W_proj.shape}"
         )
     if d_v >= d:
-        return np.linalg.eigvals(W_V @ W_proj).astype(np.complex128)
-    small = np.linalg.eigvals(W_proj @ W_V).astype(np.complex128)
+        return np.linalg.eigvals(_finite_product(W_V, W_proj)).astype(np.complex128)
+    small = np.linalg.eigvals(_finite_product(W_proj, W_V)).astype(np.complex128)
     zeros = np.zeros((*small.shape[:-1], d - d_v), dtype=np.complex128)
     return np.concatenate([small, zeros], axis=-1)
+
+
+def _finite_product(left: FloatArray, right: FloatArray) -> FloatArray:
+    """``left @ right``, refused in one line where it overflows float64 (finite factors, an
+    infinite product): the eigensolver would fail on it with a LinAlgError."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        product = left @ right
+    if not np.all(np.isfinite(product)):
+        raise InputError(
+            f"`W_V @ W_proj` must be finite in float64; the product of shapes {left.shape} and "
+            f"{right.shape} overflows (largest factor entries {np.abs(left).max():.3g} and "
+            f"{np.abs(right).max():.3g})"
+        )
+    return product
 
 
 def kron_eigenvalues(eig_A: ArrayLike, eig_H: ArrayLike) -> ComplexArray:

@@ -13,6 +13,7 @@ external_data_path
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
@@ -38,6 +39,8 @@ class GraphIndex:
         Folder that external-data locations are relative to (the model's folder).
     opset_import : sequence of onnx.OperatorSetIdProto
         The model's opset imports (for ONNX shape inference on the graph; empty: none run).
+    model_path : Path or None
+        The model file itself, which no external-data location may name.
     """
 
     def __init__(
@@ -45,9 +48,11 @@ class GraphIndex:
         graph: onnx.GraphProto,
         base_dir: Path | None = None,
         opset_import: Sequence[onnx.OperatorSetIdProto] = (),
+        model_path: Path | None = None,
     ) -> None:
         self.graph = graph
         self.base_dir = base_dir
+        self.model_path = model_path
         self.opset_import = tuple(opset_import)
         self.nodes = [Node(position, proto) for position, proto in enumerate(graph.node)]
         self.initializers = {tensor.name: tensor for tensor in graph.initializer}
@@ -192,7 +197,9 @@ class GraphIndex:
 
     def _with_external_bytes(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
         info = {entry.key: entry.value for entry in tensor.external_data}
-        path = external_data_path(self.base_dir, info.get("location", ""), tensor.name)
+        path = external_data_path(
+            self.base_dir, info.get("location", ""), tensor.name, model=self.model_path
+        )
         offset = _byte_count(info.get("offset") or "0", "offset", tensor.name)
         length = _byte_count(info["length"], "length", tensor.name) if info.get("length") else -1
         if not path.is_file():
@@ -251,13 +258,18 @@ def _expected_nbytes(tensor: onnx.TensorProto) -> int | None:
     return math.prod(tensor.dims) * dtype.itemsize
 
 
-def external_data_path(base_dir: Path | None, location: str, tensor_name: str) -> Path:
-    """Resolve an external-data ``location``; it must be a relative path inside ``base_dir``.
+def external_data_path(
+    base_dir: Path | None, location: str, tensor_name: str, *, model: Path | None = None
+) -> Path:
+    """Resolve an external-data ``location``; it must be a relative path inside ``base_dir``, and
+    not the ``model`` file itself (its bytes are protobuf, not tensor data: read as floats they
+    would be a silent wrong answer).
 
     Raises
     ------
     ExternalDataError
-        Empty, absolute, containing ``..``, or resolving (through links) outside ``base_dir``.
+        Empty, absolute, containing ``..``, resolving (through links) outside ``base_dir``, or
+        naming the model file (through links, hard links included).
     """
     if base_dir is None:
         raise ExternalDataError(
@@ -287,7 +299,20 @@ def external_data_path(base_dir: Path | None, location: str, tensor_name: str) -
             f"external data location of initializer {tensor_name!r} must stay inside the "
             f"model's folder; got {location!r}, which resolves outside it"
         )
+    if model is not None and _same_file(path, model):
+        raise ExternalDataError(
+            f"external data location of initializer {tensor_name!r} must be a data file next to "
+            f"the model; got {location!r}, which is the model file itself"
+        )
     return path
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    """Whether two paths name one file (symbolic and hard links followed)."""
+    try:
+        return path == other.resolve() or os.path.samefile(path, other)
+    except (OSError, ValueError):  # one of them does not exist: not the same file
+        return False
 
 
 def graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:

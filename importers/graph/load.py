@@ -140,7 +140,8 @@ def load_model(path: str | os.PathLike[str]) -> OnnxModel:
     UnsupportedModelError
         Default-domain opset outside :data:`SUPPORTED_OPSETS`.
     ExternalDataError
-        An external-data location is absolute, contains ``..`` or escapes the folder.
+        An external-data location is absolute, contains ``..``, escapes the folder or names the
+        model file itself.
     """
     file = Path(path)
     if not file.exists():
@@ -177,7 +178,8 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
         )
     _check_versions_and_domains(proto, where)
     opset = _default_opset(proto, where)
-    index = GraphIndex(proto.graph, path.parent if path is not None else None, proto.opset_import)
+    base_dir = path.parent if path is not None else None
+    index = GraphIndex(proto.graph, base_dir, proto.opset_import, model_path=path)
     if not index.nodes:
         raise ModelFileError(f"`model` must contain a graph with nodes; {where} has none")
     for node, name in index.undefined_inputs():
@@ -188,11 +190,11 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
     for tensor in graph_tensors(proto.graph):  # every tensor, wherever it sits
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             info = {entry.key: entry.value for entry in tensor.external_data}
-            external_data_path(index.base_dir, info.get("location", ""), tensor.name)
+            external_data_path(index.base_dir, info.get("location", ""), tensor.name, model=path)
     defusion = defuse_attention(proto, index)
     if defusion.proto is not None:
         proto = defusion.proto
-        index = GraphIndex(proto.graph, index.base_dir, proto.opset_import)
+        index = GraphIndex(proto.graph, base_dir, proto.opset_import, model_path=path)
     return OnnxModel(
         path=path,
         proto=proto,

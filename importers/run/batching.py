@@ -41,7 +41,7 @@ import numpy as np
 
 from importers.errors import ImporterInputError
 from importers.graph import GraphInput, OnnxModel
-from importers.run.feeds import Inputs
+from importers.run.feeds import Inputs, check_finite
 from simulator.limits import check_elements
 
 __all__ = [
@@ -285,7 +285,8 @@ def run_batches(
     The outputs of the last ``keep`` batches stay valid; older batches' arrays are written over
     (``Runner.run(reuse_outputs=keep)``), so memory does not grow with the number of inputs.
     ``extra_feeds(batch)`` adds feeds (the audit's token mask). ``items`` must not exceed a batch
-    size the graph fixes (:func:`items_per_call`), so a batch is one call.
+    size the graph fixes (:func:`items_per_call`), so a batch is one call. Each batch's float
+    feeds must be finite (:func:`~importers.run.feeds.check_finite`), checked before it runs.
     """
     batches: Any = inputs.batches(items)
     if progress:
@@ -295,6 +296,7 @@ def run_batches(
         batches = tqdm(batches, desc="onnxruntime", unit="batch", total=total)
     start = 0
     for batch in batches:
+        check_finite(batch.feeds, batch.labels, start)  # a NaN input is bad input, not the model's
         feeds = {**batch.feeds, **extra_feeds(batch)}
         for outputs in runner.run(feeds, batch_size=items, reuse_outputs=keep, first_item=start):
             yield batch, outputs

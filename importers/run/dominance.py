@@ -12,6 +12,8 @@ dominance_spectra
     Per block, the (n_heads, k) H eigenvalues the dominance step uses, from the value spectra.
 DominanceProblem, dominance_problems
     The heads of one (input, layer), and all of one batch of onnxruntime outputs.
+nonfinite_attention
+    Which inputs' attention probabilities hold NaN or infinities on their real tokens.
 stacks, stacked_cases
     Problems of one token count and H width, solved in one stacked call.
 PendingCases
@@ -42,6 +44,7 @@ __all__ = [
     "attention_by_head",
     "dominance_problems",
     "dominance_spectra",
+    "nonfinite_attention",
     "stacked_cases",
     "stacks",
 ]
@@ -97,6 +100,22 @@ def attention_by_head(array: np.ndarray, name: str, n_heads: int) -> np.ndarray:
             f"attention probabilities {name!r} must have shape (batch, {n_heads}, T, T); got {array.shape}"
         )
     return array
+
+
+def nonfinite_attention(array: np.ndarray, name: str, n_heads: int, inputs: Inputs) -> np.ndarray:
+    """(batch,) bool: which inputs' attention probabilities ``array`` (a block's Softmax output)
+    hold a NaN or an infinity among their real tokens' rows and columns (what the dominance step
+    reads; padding is never read). Probabilities lie in [0, 1], so a sum is finite exactly when
+    every term is: nothing as large as the probabilities is allocated."""
+    probs = attention_by_head(array, name, n_heads)
+    masks = _token_masks(inputs, probs.shape[0], probs.shape[-1])
+    if masks.all():
+        return ~np.isfinite(probs.reshape(len(probs), -1).sum(axis=1, dtype=np.float64))
+    bad = np.zeros(len(probs), dtype=bool)
+    for b, mask in enumerate(masks):
+        keep = np.flatnonzero(mask)
+        bad[b] = not np.isfinite(probs[b][:, keep[:, None], keep].sum(dtype=np.float64))
+    return bad
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ FeedReader
     What reads items ``[start, stop)`` of inputs not held in memory.
 check_feeds, check_values
     Check feeds against graph inputs; check only their token values (ids >= 0, masks 0/1).
+check_finite
+    Refuse float feeds holding NaN or infinities, naming the feed and the input.
 for_graph
     Rename, cast, pad (a fixed sequence length) and check canonical feeds against a model's inputs.
 feeds_digest, streamed_digest
@@ -45,6 +47,7 @@ __all__ = [
     "TEXT_FEEDS",
     "Inputs",
     "check_feeds",
+    "check_finite",
     "expected_inputs_text",
     "feeds_digest",
     "for_graph",
@@ -355,6 +358,45 @@ def check_values(feeds: Mapping[str, np.ndarray], expected: Sequence[GraphInput]
     for spec in expected:
         if spec.name in feeds:
             _check_token_values(np.asarray(feeds[spec.name]), spec, expected)
+
+
+def check_finite(feeds: Mapping[str, np.ndarray], labels: Sequence[str], first: int = 0) -> None:
+    """Refuse float feeds holding NaN or infinities, naming the feed and the first such input.
+
+    ``labels`` name the items of ``feeds`` (batch first), the first of them numbered ``first``.
+    Checked on every batch before the model runs: a non-finite input would make every metric and
+    eigenvalue of its layers NaN (or LAPACK fail on them), so it is refused as bad input, and a
+    non-finite hidden state found later is the model's own (:class:`NonFiniteModelError`).
+
+    Raises
+    ------
+    ImporterInputError
+        A float feed with a NaN or infinite entry.
+    """
+    for name, array in feeds.items():
+        array = np.asarray(array)
+        if array.dtype.kind not in "fc" or array.size == 0:
+            continue
+        finite = np.isfinite(array)
+        if finite.all():
+            continue
+        if not array.ndim:
+            raise ImporterInputError(
+                f"inputs must be finite; feed {name!r} (one value for every input) is {array}"
+            )
+        item = int(np.flatnonzero(~finite.reshape(len(array), -1).all(axis=1))[0])
+        label = labels[item] if item < len(labels) else f"item-{first + item}"
+        row = np.atleast_1d(array[item])
+        bad = row[~np.isfinite(row)]
+        kinds = "/".join(sorted({"NaN" if np.isnan(x) else "inf" for x in bad[:64]}))
+        raise ImporterInputError(
+            f"inputs must be finite; feed {name!r} of input {_short(label)!r} (item "
+            f"{first + item}) holds {bad.size} {kinds} value(s)"
+        )
+
+
+def _short(label: str) -> str:
+    return label if len(label) <= 40 else label[:37] + "..."
 
 
 def _check_token_values(

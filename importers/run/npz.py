@@ -8,7 +8,8 @@ same per-item shapes) is one sequence of inputs, the shards in name order, opene
 Opening checks every member's header (dtype, a declared size that the stored bytes hold, one item
 within :func:`simulator.limits.check_elements`), the shapes against the graph inputs, then reads
 every member once, piece by piece, for the digest and the token values
-(:func:`~importers.run.feeds.check_values`): a damaged file is refused before anything runs.
+(:func:`~importers.run.feeds.check_values`) and that its floats are finite
+(:func:`~importers.run.feeds.check_finite`): a damaged file is refused before anything runs.
 
 Public API
 ----------
@@ -27,7 +28,7 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -38,10 +39,12 @@ from importers.run.feeds import (
     DIGEST_CHUNK_BYTES,
     Inputs,
     check_feeds,
+    check_finite,
     check_values,
 )
 from simulator.errors import OversmoothError, one_line
 from simulator.limits import check_elements
+from simulator.npzfile import read_npy_data, read_npy_header
 from simulator.validation import regular_file
 
 __all__ = ["from_npz"]
@@ -86,24 +89,15 @@ class _Member:
         return self.info.compress_type == zipfile.ZIP_STORED
 
 
-def _npy_header(handle: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
-    version = np.lib.format.read_magic(handle)
-    read = (
-        np.lib.format.read_array_header_1_0
-        if version == (1, 0)
-        else np.lib.format.read_array_header_2_0
-    )
-    return read(handle)
-
-
 def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> _Member:
     """Read one member's ``.npy`` header (not its data) and check the size it declares."""
-    with archive.open(info) as handle:
-        shape, fortran, dtype = _npy_header(handle)
-        header_bytes = handle.tell()
     label = f"array {info.filename!r} of `inputs`"
-    if dtype.hasobject:
-        raise ValueError(f"{label} holds Python objects (dtype {dtype}), which are not read")
+    with archive.open(info) as handle:
+        try:
+            shape, fortran, dtype = read_npy_header(handle)
+        except ValueError as err:
+            raise ValueError(f"{label}: {err}") from None
+        header_bytes = handle.tell()
     check_elements(shape[1:], f"one item of {label}", error=ImporterInputError)
     declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
     if info.file_size != header_bytes + declared:
@@ -112,6 +106,13 @@ def _member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> _Member:
             f"{info.file_size - header_bytes:,} bytes"
         )
     return _Member(info, tuple(shape), dtype, fortran, header_bytes)
+
+
+def _read_whole(archive: zipfile.ZipFile, member: _Member) -> np.ndarray:
+    """All of one member's data (its header was checked when the archive was opened)."""
+    with archive.open(member.info) as handle:
+        read_npy_header(handle)
+        return read_npy_data(handle, member.shape, member.fortran, member.dtype)
 
 
 def _members(path: Path) -> dict[str, _Member]:
@@ -156,8 +157,7 @@ class _Shard:
         member = self.members[name]
         if member.fortran and not member.stored:  # rows are not contiguous: read it whole, once
             if name not in self.whole:
-                with self.archive.open(member.info) as handle:
-                    self.whole[name] = np.lib.format.read_array(handle, allow_pickle=False)
+                self.whole[name] = _read_whole(self.archive, member)
             return np.array(self.whole[name][start:stop])
         if member.stored:
             mapped = np.memmap(
@@ -234,12 +234,8 @@ class _NpzReader:
         """Items ``[start, stop)`` of one feed."""
         member = self.shards[0][1][name]
         if not member.shape:  # a scalar feed is the same for every item
-            with (
-                _reading(self.shards[0][0]),
-                zipfile.ZipFile(self.shards[0][0]) as archive,
-                archive.open(member.info) as handle,
-            ):
-                return np.lib.format.read_array(handle, allow_pickle=False)
+            with _reading(self.shards[0][0]), zipfile.ZipFile(self.shards[0][0]) as archive:
+                return _read_whole(archive, member)
         parts = []
         for index, a, b in self._pieces(start, stop):
             with _reading(self.shards[index][0]):
@@ -253,8 +249,9 @@ class _NpzReader:
         mask = feeds.get(self.mask_name) if self.mask_name else None
         return feeds, None if mask is None or mask.ndim != 2 else mask.astype(bool)
 
-    def check_and_digest(self, expected: Sequence[GraphInput]) -> str:
-        """Read every feed once, in pieces: check its token values, return the feeds' digest."""
+    def check_and_digest(self, expected: Sequence[GraphInput], labels: Sequence[str]) -> str:
+        """Read every feed once, in pieces: check its token values and that its floats are finite
+        (``labels`` name the items), return the feeds' digest."""
         digest = hashlib.sha256()
         for name in sorted(self.names):
             member = self.shards[0][1][name]
@@ -264,6 +261,7 @@ class _NpzReader:
             for start in range(0, max(self.n_items, 1) if member.shape else 1, step):
                 piece = np.ascontiguousarray(self.read_feed(name, start, start + step))
                 check_values({name: piece}, expected)
+                check_finite({name: piece}, labels[start : start + step], start)
                 digest.update(piece.tobytes())
         self._digest = digest.hexdigest()
         return self._digest
@@ -307,8 +305,9 @@ def _read_members(file: Path) -> dict[str, _Member]:
 def _labels(file: Path, member: _Member | None, n_rows: int, first: int) -> list[str]:
     if member is None:
         return [f"item-{first + index}" for index in range(n_rows)]
-    with _reading(file), zipfile.ZipFile(file) as archive, archive.open(member.info) as handle:
-        values = np.lib.format.read_array(handle, allow_pickle=False)
+    check_elements(member.shape, "array 'labels' of `inputs`", error=ImporterInputError)
+    with _reading(file), zipfile.ZipFile(file) as archive:
+        values = _read_whole(archive, member)
     labels = [str(label) for label in np.asarray(values).reshape(-1)]
     if len(labels) != n_rows:
         raise ImporterInputError(
@@ -379,5 +378,5 @@ def from_npz(path: str | os.PathLike[str], graph: Sequence[GraphInput]) -> Input
     names = [name for name in first if name != _LABELS]
     mask_name = next((spec.name for spec in graph if "mask" in spec.name.lower()), None)
     reader = _NpzReader(shards, sizes, names, mask_name)
-    digest = reader.check_and_digest(graph)
+    digest = reader.check_and_digest(graph, labels)
     return Inputs(reader=reader, labels=labels, source=f"npz:{digest[:12]}", digest=digest)

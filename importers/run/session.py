@@ -11,6 +11,8 @@ LOOKAHEAD_BATCHES
 batch_work, pipelined
     One batch's host work (its metrics, its dominance cases) started on a thread pool, and every
     batch's, overlapped with inference.
+check_finite_outputs
+    Refuse a batch whose layer statistics or attention probabilities went NaN or infinite.
 """
 
 from __future__ import annotations
@@ -22,22 +24,27 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from simulator.operator import HeadFactors
 from threadpoolctl import threadpool_limits
 
-from importers.errors import ImporterError, ImporterInputError, LayerStreamError
+from importers.errors import (
+    ImporterError,
+    ImporterInputError,
+    LayerStreamError,
+    NonFiniteModelError,
+)
 from importers.graph import OnnxModel
 from importers.graph.shapes import ShapeContext
 from importers.match import AttentionBlock
 from importers.run.batching import run_batches
-from importers.run.dominance import PendingCases, dominance_problems
+from importers.run.dominance import PendingCases, dominance_problems, nonfinite_attention
 from importers.run.feeds import Inputs
 from importers.run.operator_step import OperatorCase, operator_cases
 from importers.run.records import DominanceCase
 from importers.run.reductions import Gram, ReductionPlan, plan_reductions
 from importers.run.runner import Runner
 from simulator.metrics import METRICS
-from simulator.statistics import SPECTRAL_METRICS, metrics_from_statistics
+from simulator.operator import HeadFactors
+from simulator.statistics import SPECTRAL_METRICS, TokenStatistics, metrics_from_statistics
 
 __all__ = [
     "LOOKAHEAD_BATCHES",
@@ -47,6 +54,7 @@ __all__ = [
     "attention_sublayer_tensor",
     "audit_session",
     "batch_work",
+    "check_finite_outputs",
     "layer_tensors",
     "pipelined",
 ]
@@ -340,6 +348,69 @@ class _BatchWork:
             self._operator.cancel()
 
 
+def _bad_items(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """(batch,) bool: which items hold a NaN or an infinity in any of ``arrays`` (batch first)."""
+    bad = np.zeros(len(arrays[0]), dtype=bool)
+    for array in arrays:
+        bad |= ~np.isfinite(np.asarray(array).reshape(len(array), -1)).all(axis=1)
+    return bad
+
+
+def check_finite_outputs(
+    session: AuditSession,
+    blocks: Sequence[AttentionBlock],
+    outputs: dict[str, np.ndarray],
+    batch: Inputs,
+    start: int,
+) -> None:
+    """Refuse a batch whose layer statistics or attention probabilities hold NaN or infinities,
+    naming the first input and the first place in depth order that went non-finite.
+
+    Depth order: layer i (the stream entering block i), block i's attention probabilities, the
+    stream after block i's attention sublayer, layer i + 1. The feeds were checked finite before
+    the batch ran (:func:`~importers.run.feeds.check_finite`), so the model produced these values;
+    nothing computed from them (Gram eigenvalues, dominating eigenvalues) would mean anything,
+    and LAPACK would fail on them.
+
+    Raises
+    ------
+    NonFiniteModelError
+        Exit status 1.
+    """
+    plan, n_layers = session.plan, len(session.layers)
+    found: list[tuple[int, str, np.ndarray]] = []
+    for layer in range(len(plan.layers)):
+        scalars = outputs[plan.scalars_name(layer)]
+        _check_counted_tokens(TokenStatistics.from_packed(scalars).n_tokens, batch.labels)
+        arrays = [scalars] + ([outputs[plan.gram_name(layer)]] if plan.gram != "none" else [])
+        bad = _bad_items(arrays)
+        if not bad.any():
+            continue
+        if layer >= n_layers:
+            i = session.sublayers[layer - n_layers]
+            where = f"the stream after block {blocks[i].index}'s attention sublayer"
+            found.append((3 * i + 2, where, bad))
+        elif layer == 0:
+            found.append((0, f"layer 0 (the stream entering block {blocks[0].index})", bad))
+        else:
+            where = f"layer {layer} (the output of block {blocks[layer - 1].index})"
+            found.append((3 * layer, where, bad))
+    for i, name in enumerate(session.attention):
+        bad = nonfinite_attention(outputs[name], name, blocks[i].n_heads, batch)
+        if bad.any():
+            found.append((3 * i + 1, f"block {blocks[i].index}'s attention probabilities", bad))
+    if found:
+        _, where, bad = min(found, key=lambda entry: entry[0])
+        item = int(np.flatnonzero(bad)[0])
+        label = batch.labels[item]
+        label = label if len(label) <= 40 else label[:37] + "..."
+        raise NonFiniteModelError(
+            f"the model produced NaN or infinite values from finite input {label!r} (item "
+            f"{start + item}): first at {where}; its weights or its precision cannot carry "
+            "this input, and no metric or eigenvalue can be computed from such values"
+        )
+
+
 def batch_work(
     session: AuditSession,
     blocks: Sequence[AttentionBlock],
@@ -353,7 +424,9 @@ def batch_work(
     outputs: dict[str, np.ndarray],
 ) -> _BatchWork:
     """Start a batch's host work: its layer metrics (into ``per_input``), its dominance cases, and
-    the operator cases of its inputs below ``operator.inputs``."""
+    the operator cases of its inputs below ``operator.inputs``, once its outputs are checked
+    finite (:func:`check_finite_outputs`)."""
+    check_finite_outputs(session, blocks, outputs, batch, start)
     metrics = pool.submit(_measure_layers, outputs, session.plan, start, per_input, batch.labels)
     if not session.attention:
         return _BatchWork(metrics, None)

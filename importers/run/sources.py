@@ -147,9 +147,21 @@ def _check_image_header(path: Path, size: int) -> None:
 
 
 def _check_normalisation(mean: Sequence[float], std: Sequence[float]) -> None:
-    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+    """Three finite means and three finite positive stds, with every normalised pixel
+    ``(x - mean) / std`` (x in [0, 1]) finite in float32."""
+    values = np.asarray([*mean, *std], dtype=np.float64)
+    if len(mean) != 3 or len(std) != 3 or not np.all(np.isfinite(values)) or min(std) <= 0:
         raise ImporterInputError(
-            f"`mean` and `std` must have 3 entries with std > 0; got {tuple(mean)}, {tuple(std)}"
+            f"`mean` and `std` must have 3 finite entries each, with std > 0; got {tuple(mean)}, "
+            f"{tuple(std)}"
+        )
+    m, s = values[:3], values[3:]
+    with np.errstate(over="ignore"):
+        extreme = np.maximum(np.abs(m), np.abs(1.0 - m)) / s
+    if np.any(extreme > np.finfo(np.float32).max):
+        raise ImporterInputError(
+            f"`mean` and `std` must keep the normalised pixels (x - mean) / std finite in float32; "
+            f"got {tuple(mean)}, {tuple(std)}"
         )
 
 

@@ -3,11 +3,17 @@
 A :class:`Case` builds its files in a fresh folder and returns the argv; the test runs it and checks
 the CLI contract: the expected exit status, exactly one stderr line without a traceback, and no
 output left behind. Families: unreadable models, output paths that are not ours, unreadable or
-oversized inputs, absurd sizes and options, for every subcommand that takes them.
+oversized inputs, absurd sizes and options, for every subcommand that takes them; system archives
+with every key broken every way (a header declaring 2^40 elements, garbage headers, empty arrays)
+and garbage member headers in ``--inputs``; non-finite feeds, normalisation and weights (exit 2)
+and a model that overflows on finite inputs (exit 1); external data that is the model itself.
 """
 
 from __future__ import annotations
 
+import io
+import itertools
+import math
 import os
 import struct
 import zipfile
@@ -19,7 +25,8 @@ import numpy as np
 import onnx
 from PIL import Image
 
-from tests.importers.builders import assemble
+from tests.importers.builders import assemble, poisoned
+from tests.importers.family_corpus import fixture_bytes
 
 SEED = 3
 #: Subcommands that read one model and write one file or folder with --out.
@@ -149,11 +156,13 @@ def output_cases() -> Iterator[Case]:
 
 # -- audit inputs ---------------------------------------------------------------------------------
 def _audit(folder: Path, *options: str) -> list[str]:
+    # --vocab-size only with --random: with another source it is refused before that source is
+    # read (`--vocab-size` applies to random inputs), and the case would test nothing else
+    vocabulary = ["--vocab-size", "40"] if "--random" in options else []
     return [
         "audit",
         str(text_model(folder)),
-        "--vocab-size",
-        "40",
+        *vocabulary,
         "--out",
         str(folder / "report"),
         *options,
@@ -286,7 +295,16 @@ def input_cases() -> Iterator[Case]:
 # -- the simulator's commands ---------------------------------------------------------------------
 def simulator_cases() -> Iterator[Case]:
     def simulate(*options: str) -> Callable[[Path], list[str]]:
-        return lambda folder: ["simulate", "--out", str(folder / "t.csv"), *options]
+        # with --layers (required): else every case stops at argparse. A case's own --layers comes
+        # later and wins (argparse keeps the last).
+        return lambda folder: [
+            "simulate",
+            "--out",
+            str(folder / "t.csv"),
+            "--layers",
+            "3",
+            *options,
+        ]
 
     absurd = {
         "n-zero": ["--n", "0"],
@@ -325,6 +343,227 @@ def simulator_cases() -> Iterator[Case]:
         yield Case(f"verify-{name}", lambda folder, options=options: ["verify", *options])
 
 
+# -- simulate --system archives: every key with every defect -------------------------------------
+def _npy(header: str, data: bytes = b"") -> bytes:
+    """A raw ``.npy`` member: ``header`` as its header text (padded as NumPy pads it), then ``data``."""
+    raw = header.encode("latin1")
+    raw += b" " * (63 - (10 + len(raw)) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(raw)) + raw + data
+
+
+def _npy_of(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+#: A valid system (A, W_V, W_proj, X0, gamma); each defect replaces one member.
+_SYSTEM = {
+    "A": np.full((4, 4), 0.25),
+    "W_V": np.eye(3),
+    "W_proj": -0.5 * np.eye(3),
+    "X0": np.arange(12.0).reshape(4, 3),
+    "gamma": np.ones(3),
+}
+_F8 = "{'descr': '<f8', 'fortran_order': False, 'shape': %s, }"
+
+
+def _shape(ndim: int, side: int) -> str:
+    return str((side,) * ndim)
+
+
+#: Defects of one member: its header declares 2^40 elements (or more), or garbage that NumPy's
+#: tokenizer or literal parser chokes on, or a negative shape; or the array is empty.
+_MEMBER_DEFECTS: dict[str, Callable[[np.ndarray], bytes]] = {
+    "declares-2^40": lambda a: _npy(_F8 % _shape(a.ndim, 2 ** (40 // a.ndim))),
+    "header-unclosed": lambda a: _npy(_F8 % "(2, "),
+    "header-unclosed-string": lambda a: _npy(_F8 % "'''(2, }"),
+    "header-deep-nesting": lambda a: _npy("(" * 400),
+    "negative-shape": lambda a: _npy(_F8 % _shape(a.ndim, -1)),
+    "empty": lambda a: _npy_of(np.zeros((0,) * a.ndim, a.dtype)),
+}
+
+
+def _system_archive(path: Path, key: str, member: bytes) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, array in _SYSTEM.items():
+            archive.writestr(f"{name}.npy", member if name == key else _npy_of(array))
+    return path
+
+
+def system_file_cases() -> Iterator[Case]:
+    for key, array in _SYSTEM.items():
+        for defect, make in _MEMBER_DEFECTS.items():
+            member = make(array)
+
+            def build(folder: Path, key=key, member=member) -> list[str]:
+                system = _system_archive(folder / "s.npz", key, member)
+                out = str(folder / "t.csv")
+                return [
+                    "simulate",
+                    "--layers",
+                    "2",
+                    "--rule",
+                    "pre-ln",
+                    "--system",
+                    str(system),
+                    "--out",
+                    out,
+                ]
+
+            yield Case(f"simulate-system-{key}-{defect}", build)
+
+
+def garbage_header_input_cases() -> Iterator[Case]:
+    """``audit --inputs`` whose ids member is broken in each way above."""
+    ids = np.zeros((2, 6), np.int64)
+    for defect, make in _MEMBER_DEFECTS.items():
+        member = make(ids)
+
+        def build(folder: Path, member=member) -> list[str]:
+            with zipfile.ZipFile(folder / "x.npz", "w") as archive:
+                archive.writestr("input_ids.npy", member)
+                archive.writestr("attention_mask.npy", _npy_of(np.ones((2, 6), np.int64)))
+            return _audit(folder, "--inputs", str(folder / "x.npz"))
+
+        yield Case(f"audit-npz-member-{defect}", build)
+
+
+# -- non-finite values: inputs, normalisation, weights, and a model that overflows -----------------
+VIT = "vit_prenorm_layerscale"
+NON_FINITE = (float("nan"), float("inf"), float("-inf"))
+
+
+def _vit_model(folder: Path, proto: onnx.ModelProto | None = None) -> Path:
+    onnx.save(proto or assemble(VIT, SEED).built.model, folder / "vit.onnx")
+    return folder / "vit.onnx"
+
+
+def _vit_audit(folder: Path, model: Path, *options: str) -> list[str]:
+    return ["audit", str(model), "--out", str(folder / "report"), "--no-progress", *options]
+
+
+def _image_audit(folder: Path, *options: str) -> list[str]:
+    """``audit`` of the ViT image fixture on one picture."""
+    (folder / "img").mkdir()
+    Image.new("RGB", (32, 32), (10, 200, 30)).save(folder / "img" / "a.png")
+    (folder / "vit.onnx").write_bytes(fixture_bytes("vit/legacy_eager.onnx.xz"))
+    return _vit_audit(folder, folder / "vit.onnx", "--images", str(folder / "img"), *options)
+
+
+def non_finite_input_cases() -> Iterator[Case]:
+    """NaN and infinities in a float feed (varied items and tokens), and a ``--mean``/``--std``
+    that is not finite, not positive, or overflows the normalised pixels in float32: exit 2."""
+    feeds = assemble(VIT, SEED).built.inputs["embeddings"]
+    for index, value in enumerate(NON_FINITE * 2):
+        item, token = index % len(feeds), index % feeds.shape[1]
+
+        def build(folder: Path, value=value, item=item, token=token) -> list[str]:
+            poisoned_feeds = feeds.copy()
+            poisoned_feeds[item, token, -1] = value
+            np.savez(folder / "x.npz", embeddings=poisoned_feeds)
+            return _vit_audit(folder, _vit_model(folder), "--inputs", str(folder / "x.npz"))
+
+        yield Case(f"audit-npz-{value}-item{item}-token{token}", build)
+    # a non-finite value, a std that is not positive, values whose pixels overflow float32 (no
+    # "-inf" or "-3e38": argparse would read them as options)
+    normalisations = {
+        "--mean": ("nan", "inf", "3e38"),
+        "--std": ("nan", "inf", "0", "-1", "1e-45"),
+    }
+    for option, value in ((o, v) for o, values in normalisations.items() for v in values):
+        values = [value] * 3 if value == "inf" else [value, "0.5", "0.5"]
+        yield Case(
+            f"audit-images{option}-{value}",
+            lambda folder, option=option, values=values: _image_audit(folder, option, *values),
+        )
+
+
+#: Tensors of the ViT builder to poison: projections by "block.role", then norm and scale vectors.
+_POISON_TARGETS = (
+    "0.q",
+    "1.k",
+    "0.v",
+    "1.o",
+    "encoder.layer.0.norm1.weight",
+    "encoder.layer.1.layer_scale1.lambda1",
+)
+_WEIGHT_COMMANDS = {
+    "weights": ["--out", "{out}/w.npz"],
+    "spectra": ["--out", "{out}/s.csv"],
+    "audit": ["--random", "1", "--out", "{out}/report", "--no-progress"],
+    "transform-minus": ["--reparam", "minus", "--out", "{out}/t.onnx"],
+    "transform-plus": ["--reparam", "plus", "--out", "{out}/t.onnx"],
+}
+
+
+def non_finite_weight_cases() -> Iterator[Case]:
+    """A NaN or infinite weight (one entry, or all) for every weight-reading command: exit 2, the
+    line naming block and weight, nothing computed from it; a model whose finite weights overflow
+    float32 on finite inputs: exit 1, naming the input and layer; a γ too small to absorb."""
+    for c, (command, extra) in enumerate(_WEIGHT_COMMANDS.items()):
+        for t, tensor in enumerate(_POISON_TARGETS):  # varied: each value, one entry or all
+            value, count = NON_FINITE[(c + t) % 3], (1, -1)[(c + t) % 2]
+
+            def build(
+                folder: Path, command=command, extra=extra, tensor=tensor, value=value, count=count
+            ) -> list[str]:
+                model = _vit_model(folder, poisoned(VIT, SEED, tensor, value, count=count))
+                options = [a.replace("{out}", str(folder / "out")) for a in extra]
+                return [command.split("-")[0], str(model), *options]
+
+            yield Case(f"{command}-weight-{tensor}-{value}-{'one' if count == 1 else 'all'}", build)
+    for options in ([], ["--dominance", "none"], ["--no-spectral", "--dominance", "layer"]):
+
+        def overflowing(folder: Path, options=options) -> list[str]:
+            model = _vit_model(folder, poisoned(VIT, SEED, "0.v", 1.7e38, count=-1))
+            return _vit_audit(folder, model, "--random", "2", *options)
+
+        name = "-".join(["audit-model-overflows", *(o.strip("-") for o in options)])
+        yield Case(name, overflowing, exits=(1,))
+
+    def gamma_too_small(folder: Path) -> list[str]:
+        model = _vit_model(folder, poisoned(VIT, SEED, "encoder.layer.0.norm1.weight", 1e-40))
+        return ["transform", str(model), "--reparam", "minus", "--out", str(folder / "t.onnx")]
+
+    yield Case("transform-reparam-gamma-too-small-to-absorb", gamma_too_small)
+
+
+# -- external data that is the model file itself -------------------------------------------------
+def _self_external(folder: Path, alias: str) -> Path:
+    """The text model with one initializer stored "externally" in the model file itself, named
+    directly or through a symbolic or hard link next to it."""
+    model = assemble("bert_legacy", SEED).built.model
+    tensor = next(t for t in model.graph.initializer if math.prod(t.dims) > 16)
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", "model.onnx" if alias == "name" else "w.bin"
+    path = folder / "model.onnx"
+    path.write_bytes(b"")
+    if alias == "symlink":
+        (folder / "w.bin").symlink_to(path)
+    elif alias == "hardlink":
+        os.link(path, folder / "w.bin")
+    with open(path, "r+b") as handle:  # in place: the links keep naming it
+        handle.write(model.SerializeToString())
+    return path
+
+
+def self_external_data_cases() -> Iterator[Case]:
+    aliases = itertools.cycle(("name", "symlink", "hardlink"))
+    for command, extra in MODEL_COMMANDS.items():
+        alias = next(aliases)
+
+        def build(folder: Path, command=command, extra=extra, alias=alias) -> list[str]:
+            path = _self_external(folder, alias)
+            out = folder / "out" / FILE_OUTPUTS.get(command, "report")
+            return [command, str(path), *(a.format(out=out) for a in extra)]
+
+        yield Case(f"{command}-external-data-is-the-model-{alias}", build)
+
+
 def _transform_onto_its_input(folder: Path) -> list[str]:
     model = text_model(folder)
     return ["transform", str(model), "--random-init", "--out", str(model)]
@@ -347,4 +586,9 @@ def all_cases() -> list[Case]:
         *input_cases(),
         *simulator_cases(),
         *overwrite_cases(),
+        *system_file_cases(),
+        *garbage_header_input_cases(),
+        *non_finite_input_cases(),
+        *non_finite_weight_cases(),
+        *self_external_data_cases(),
     ]

@@ -84,6 +84,7 @@ __all__ = [
     "Reference",
     "assemble",
     "assemble_near_miss",
+    "poisoned",
 ]
 
 F64 = np.ndarray
@@ -671,6 +672,28 @@ def assemble(name: str, seed: int) -> Assembly:
     if name == "dynamic_quant":
         return _dynamic_quant(seed)
     return _assemble(RECIPES[name], seed)
+
+
+def poisoned(name: str, seed: int, tensor: str, value: float, *, count: int = 1) -> onnx.ModelProto:
+    """Variant ``name`` with ``count`` entries of one float32 initializer set to ``value``.
+
+    ``tensor`` is an initializer name, or ``"<block>.<role>"`` (role ``q``/``k``/``v``/``o``) for a
+    projection weight (float32 recipes: the initializer itself), e.g. ``"0.q"``; ``count=-1``
+    sets every entry. A NaN γ, a W_Q of inf or a W_V near float32's maximum, for the hostile tests.
+    """
+    assembly = assemble(name, seed)
+    model = assembly.built.model
+    block, _, role = tensor.partition(".")
+    if block.isdigit() and role in ("q", "k", "v", "o"):
+        tensor = assembly.weight_names[int(block)][role]
+    for index, initializer in enumerate(model.graph.initializer):
+        if initializer.name == tensor:
+            array = numpy_helper.to_array(initializer).astype(np.float32)
+            flat = array.reshape(-1)
+            flat[: flat.size if count < 0 else count] = value
+            model.graph.initializer[index].CopyFrom(numpy_helper.from_array(array, tensor))
+            return model
+    raise KeyError(f"{name} has no initializer {tensor!r}")
 
 
 #: tag -> (variant it breaks, description). Block 0 is the broken one; block 1 stays intact.

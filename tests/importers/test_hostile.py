@@ -269,6 +269,35 @@ def test_external_data_linked_outside_the_folder_is_refused(tmp_path):
         load_model(path)
 
 
+def _alias(folder: Path, kind: str) -> str:
+    """A name in ``folder`` for ``model.onnx`` itself: the name, or a symbolic or hard link."""
+    if kind == "symlink":
+        (folder / "weights.bin").symlink_to(folder / "model.onnx")
+    elif kind == "hardlink":
+        os.link(folder / "model.onnx", folder / "weights.bin")
+    return {"name": "model.onnx", "dot-name": "./model.onnx"}.get(kind, "weights.bin")
+
+
+@pytest.mark.skipif(not hasattr(os, "link"), reason="needs links")
+@pytest.mark.parametrize("kind", ["name", "dot-name", "symlink", "hardlink"])
+def test_external_data_in_the_model_file_itself_is_refused(tmp_path, capsys, kind):
+    """Tensor bytes read out of the protobuf would be a silent wrong answer (exit 0, NaN weights)."""
+    path = tmp_path / "model.onnx"
+    model = with_external_location("model.onnx")
+    path.write_bytes(model.SerializeToString())
+    location = _alias(tmp_path, kind)
+    tensor = next(t for t in model.graph.initializer if t.external_data)
+    tensor.external_data[0].value = location
+    path.write_bytes(model.SerializeToString())  # in place: the links still name it
+    with pytest.raises(ExternalDataError, match="the model file itself"):
+        load_model(path)
+    out_file = tmp_path / "w.npz"
+    status, _, err = run_cli(capsys, "weights", path, "--out", out_file)
+    assert status == 2
+    assert_one_line_error(err, "external data location", repr(location), "model file itself")
+    assert not out_file.exists()
+
+
 def save_with_external_data(folder: Path) -> tuple[Path, Path]:
     built = VARIANTS["vit_prenorm_layerscale"](0)
     path = folder / "model.onnx"

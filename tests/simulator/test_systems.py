@@ -3,6 +3,9 @@ naming the argument as the caller labels it."""
 
 from __future__ import annotations
 
+import io
+import struct
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -74,3 +77,78 @@ def test_load_names_the_file_by_its_label(tmp_path: Path):
         load_system(path)
     with pytest.raises(InputError, match="`system` must be an existing file"):
         load_system(tmp_path / "absent.npz")
+
+
+# -- hostile sizes and shapes: one line, checked before anything is allocated ---------------------
+def _npy(header: str, data: bytes = b"\0" * 8) -> bytes:
+    """An ``.npy`` member with ``header`` as its header text, then ``data``."""
+    raw = header.encode("latin1")
+    raw += b" " * (63 - (10 + len(raw)) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(raw)) + raw + data
+
+
+def _system_file(path: Path, **members: bytes | np.ndarray) -> Path:
+    """A system archive: a valid (A, W_V, W_proj, X0), each member replaceable by raw bytes."""
+    arrays: dict[str, bytes | np.ndarray] = {
+        "A": np.full((4, 4), 0.25),
+        "W_V": np.eye(3),
+        "W_proj": -0.5 * np.eye(3),
+        "X0": np.arange(12.0).reshape(4, 3),
+        **members,
+    }
+    with zipfile.ZipFile(path, "w") as archive:
+        for key, value in arrays.items():
+            if isinstance(value, np.ndarray):
+                buffer = io.BytesIO()
+                np.save(buffer, value)
+                value = buffer.getvalue()
+            archive.writestr(f"{key}.npy", value)
+    return path
+
+
+_F8 = "{'descr': '<f8', 'fortran_order': False, 'shape': %s, }"
+HOSTILE_SYSTEMS = {
+    "header-declares-2^40": ({"A": _npy(_F8 % "(1048576, 1048576)")}, "OVERSMOOTH_MAX_ELEMENTS"),
+    "header-declares-more-than-held": ({"A": _npy(_F8 % "(4, 4)")}, "declares shape"),
+    "header-negative-shape": ({"A": _npy(_F8 % "(-4, -4)")}, "non-negative sizes"),
+    "header-unclosed-tuple": ({"A": _npy(_F8 % "(2, ")}, r"unreadable entry 'A' .*TokenError"),
+    "header-unclosed-string": ({"A": _npy(_F8 % "'''(2, }")}, "unreadable entry 'A'"),
+    "header-object-dtype": (
+        {"A": _npy("{'descr': '|O', 'fortran_order': False, 'shape': (4, 4), }")},
+        "Python objects",
+    ),
+    "unused-member-declares-2^40": (None, None),
+    "empty-A": ({"A": np.zeros((0, 0))}, "`A` in --system .* must not be empty"),
+    "empty-X0": ({"X0": np.zeros((0, 3))}, "`X0` in --system .* must not be empty"),
+    "empty-gamma": ({"gamma": np.zeros(0)}, "`gamma` in --system .* must not be empty"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_SYSTEMS)
+def test_a_hostile_system_file_is_one_line_before_any_allocation(tmp_path: Path, name: str):
+    members, message = HOSTILE_SYSTEMS[name]
+    if members is None:  # a member that is not a system key is never read
+        path = _system_file(tmp_path / "s.npz", junk=_npy(_F8 % "(1048576, 1048576)"))
+        assert load_system(path).A.shape == (4, 4)
+        return
+    path = _system_file(tmp_path / "s.npz", **members)
+    with pytest.raises(InputError, match=message) as info:
+        load_system(path, label="--system")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        pytest.param({"n": 10**9}, "`A of n 1000000000", id="n-billion"),
+        pytest.param({"n": 40}, "`A of n 40", id="n-squared"),
+        pytest.param({"d": 40}, "`H of d 40", id="d-squared"),
+        pytest.param({"n": 2, "d": 600}, "`X0 of n 2 and d 600", id="n-by-d"),
+    ],
+)
+def test_drawn_sizes_are_checked_against_the_limits_before_drawing(change, named, monkeypatch):
+    """Each array a draw makes is checked first: A (n, n), X0 (n, d), H (d, d)."""
+    monkeypatch.setenv("OVERSMOOTH_MAX_ELEMENTS", "1000")
+    with pytest.raises(InputError, match=f"{named} .*OVERSMOOTH_MAX_ELEMENTS") as info:
+        draw_system(**{**_DRAW, **change})
+    assert "\n" not in str(info.value)
