@@ -559,7 +559,7 @@ def test_an_initializer_of_unknown_data_type_is_one_line(tmp_path, capsys):
 def test_a_static_reshape_declaring_huge_sizes_is_not_probed_at_that_size(tmp_path, capsys):
     """A head-split Reshape spelling out batch 2^20 x sequence 2^20 ends in a rejection with its
     reason (the probe is not retried at that size: MAX_PROBE_TOKENS)."""
-    from tests.importers.test_variants import freeze_shapes
+    from tests.importers.match.test_variants import freeze_shapes
 
     case = VARIANTS["bert_legacy"](0)
     model = freeze_shapes(case.model, {k: v[:1] for k, v in case.inputs.items()}, fix_inputs=False)

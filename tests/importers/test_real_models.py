@@ -20,7 +20,7 @@ from importers.run.sources import random_inputs
 from importers.value_spectra import LAYER_HEAD, head_eigenvalues, model_spectra, summarize_spectra
 from importers.weights import BlockWeights, extract
 from simulator import tolerances as tol
-from tests.importers.test_variants import (
+from tests.importers.match.test_variants import (
     attention_branch,
     attention_probabilities,
     normed,

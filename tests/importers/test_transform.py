@@ -42,7 +42,7 @@ from oversmooth.commands import transform as cmd_transform
 from simulator import tolerances as tol
 from simulator.errors import InputError
 from tests.importers.builders import assemble
-from tests.importers.test_audit import builder_inputs
+from tests.importers.run.test_audit import builder_inputs
 from tests.realmodels import require_real_model
 
 SEED = 5

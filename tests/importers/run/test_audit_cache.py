@@ -31,7 +31,7 @@ from importers.value_spectra import BlockSpectra, blocks_spectra, model_spectra,
 from importers.weights import BlockWeights, extract
 from importers.zoo import file_sha256
 from tests.importers.builders import assemble
-from tests.importers.test_audit import builder_inputs
+from tests.importers.run.test_audit import builder_inputs
 
 SEED = 5
 #: Pre-LN with γ: every kind of spectrum, γ-folded ones included.

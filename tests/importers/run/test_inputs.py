@@ -406,7 +406,7 @@ def test_subset_and_token_mask_for() -> None:
 
 
 def _script():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "make_bundled_inputs.py"
+    path = Path(__file__).resolve().parents[3] / "scripts" / "make_bundled_inputs.py"
     spec = importlib.util.spec_from_file_location("make_bundled_inputs", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

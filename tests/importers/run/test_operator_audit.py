@@ -17,7 +17,7 @@ from simulator import tolerances as tol
 from simulator.operator import HeadFactors, operator_dominance
 from tests.importers.builders import assemble
 from tests.importers.reference import forward_trace
-from tests.importers.test_audit import builder_inputs, real_tokens
+from tests.importers.run.test_audit import builder_inputs, real_tokens
 
 SEED = 5
 NAME = "vit_prenorm_layerscale"
