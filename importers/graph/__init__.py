@@ -16,6 +16,8 @@ shapes
     :class:`ShapeContext`: static shapes and shape arithmetic under assumed batch/sequence sizes.
 node
     :class:`Node`: one node with its position.
+kv_cache
+    Key/value cache inputs of a decoder exported for generation, found by structure (fed empty).
 defuse, defuse_parts
     Fused attention operators rewritten into standard ONNX when a model is loaded.
 """

@@ -27,6 +27,7 @@ from google.protobuf.message import DecodeError
 from importers.errors import ModelFileError, UnsupportedModelError
 from importers.graph.defuse import Declined, Defused, defuse_attention
 from importers.graph.index import GraphIndex, external_data_path, graph_tensors
+from importers.graph.kv_cache import cache_inputs
 from importers.graph.node import DEFAULT_DOMAINS
 
 __all__ = ["SUPPORTED_OPSETS", "GraphInput", "OnnxModel", "load_model", "model_from_proto"]
@@ -49,19 +50,24 @@ class GraphInput:
         Element type.
     shape : tuple of (int or str or None)
         Fixed dims as ints, symbolic dims as their names, unknown dims as None.
+    past_axis : int or None
+        For a key/value cache input (:mod:`importers.graph.kv_cache`), the axis of the past
+        tokens, which the audit feeds empty (the model without a cache); None for other inputs.
     """
 
     name: str
     dtype: np.dtype
     shape: tuple[Dim, ...]
+    past_axis: int | None = None
 
     def describe(self) -> str:
-        """One line: ``name: dtype [dim, ...]``."""
+        """One line: ``name: dtype [dim, ...]`` (and, for a KV cache, the axis fed empty)."""
         dims = ", ".join("?" if dim is None else str(dim) for dim in self.shape)
-        return f"{self.name}: {self.dtype} [{dims}]"
+        cache = "" if self.past_axis is None else f" (KV cache: axis {self.past_axis} fed empty)"
+        return f"{self.name}: {self.dtype} [{dims}]{cache}"
 
 
-def _graph_input(value: onnx.ValueInfoProto) -> GraphInput:
+def _graph_input(value: onnx.ValueInfoProto, past_axis: int | None = None) -> GraphInput:
     tensor = value.type.tensor_type
     try:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type))
@@ -76,7 +82,7 @@ def _graph_input(value: onnx.ValueInfoProto) -> GraphInput:
             dims.append(int(dim.dim_value))
         else:
             dims.append(dim.dim_param or None)
-    return GraphInput(value.name, dtype, tuple(dims))
+    return GraphInput(value.name, dtype, tuple(dims), past_axis)
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,10 +115,14 @@ class OnnxModel:
 
     @property
     def inputs(self) -> tuple[GraphInput, ...]:
-        """The graph inputs a caller must feed (initializers excluded), in graph order."""
+        """The graph inputs a caller must feed (initializers excluded), in graph order; a key/value
+        cache input carries its past axis (:func:`~importers.graph.kv_cache.cache_inputs`)."""
         constants = set(self.index.initializers)
+        caches = cache_inputs(self.index)
         return tuple(
-            _graph_input(value) for value in self.proto.graph.input if value.name not in constants
+            _graph_input(value, caches.get(value.name))
+            for value in self.proto.graph.input
+            if value.name not in constants
         )
 
     @property
