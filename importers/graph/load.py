@@ -25,6 +25,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from importers.errors import ModelFileError, UnsupportedModelError
+from importers.graph.branches import CacheBranch, read_no_cache_branch
 from importers.graph.defuse import Declined, Defused, defuse_attention
 from importers.graph.index import GraphIndex, external_data_path, graph_tensors
 from importers.graph.kv_cache import cache_inputs
@@ -104,6 +105,9 @@ class OnnxModel:
         ``proto`` and ``index`` are the rewritten graph.
     declined : tuple of Declined
         The fused attention nodes left fused, each with the feature that stopped the rewrite.
+    branches : tuple of CacheBranch
+        The ``If`` nodes of a merged decoder read through their no-cache branch
+        (:mod:`importers.graph.branches`); ``proto`` and ``index`` hold the branch inlined.
     """
 
     path: Path | None
@@ -112,6 +116,7 @@ class OnnxModel:
     index: GraphIndex = field(repr=False)
     defused: tuple[Defused, ...] = ()
     declined: tuple[Declined, ...] = ()
+    branches: tuple[CacheBranch, ...] = ()
 
     @property
     def inputs(self) -> tuple[GraphInput, ...]:
@@ -175,7 +180,9 @@ def load_model(path: str | os.PathLike[str]) -> OnnxModel:
 def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> OnnxModel:
     """Check an already parsed model, defuse its fused attention nodes and index it.
 
-    ``path`` locates external data. Fused attention operators are rewritten into the
+    ``path`` locates external data. A merged decoder's ``If`` on its key/value cache is replaced by
+    its no-cache branch (:func:`importers.graph.branches.read_no_cache_branch`). Fused attention
+    operators are rewritten into the
     standard-ONNX subgraph they stand for (:func:`importers.graph.defuse.defuse_attention`; the
     caller's ``proto`` is left unchanged): every later step sees, and runs, that graph.
     """
@@ -199,6 +206,10 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             info = {entry.key: entry.value for entry in tensor.external_data}
             external_data_path(index.base_dir, info.get("location", ""), tensor.name)
+    inlined, branches = read_no_cache_branch(proto, index)
+    if inlined is not None:
+        proto = inlined
+        index = GraphIndex(proto.graph, index.base_dir, proto.opset_import)
     defusion = defuse_attention(proto, index)
     if defusion.proto is not None:
         proto = defusion.proto
@@ -210,6 +221,7 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
         index=index,
         defused=defusion.defused,
         declined=defusion.declined,
+        branches=branches,
     )
 
 

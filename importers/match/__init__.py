@@ -103,7 +103,6 @@ __all__ = [
 ]
 
 
-
 def find_attention_blocks(model: OnnxModel) -> MatchReport:
     """Match every Softmax of ``model`` as a self-attention block.
 
@@ -152,11 +151,10 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
             failures.append(MatchFailure(softmax.label, reason, (), RejectCode.MALFORMED))
     if not blocks:
         raise NoAttentionBlocksError.from_failures(failures + fused)
-    notes = {item.softmax: item.note() for item in model.defused}
+    defused = {item.softmax: (item.note(),) for item in model.defused}
+    merged = tuple(item.note() for item in model.branches)  # a merged decoder's cache branch
     blocks = [
-        dataclasses.replace(block, notes=(notes[block.softmax], *block.notes))
-        if block.softmax in notes
-        else block
+        dataclasses.replace(block, notes=(*merged, *defused.get(block.softmax, ()), *block.notes))
         for block in blocks
     ]
     return MatchReport(blocks=blocks, failures=failures + fused, n_softmax=len(softmaxes))
