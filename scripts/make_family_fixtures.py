@@ -19,6 +19,9 @@ Per family it writes, under ``<out>/<family>/`` (each ONNX file finally compress
   shipped for generation: key/value cache inputs ``past_key_values.*``, ``present.*`` outputs,
   logits), for a few decoders; its truth is the family's, whose feeds then include the empty
   caches (the model audited at past length 0 is the model without a cache);
+* ``merged.onnx`` — the decoder without a cache (``present.*`` outputs, no past inputs) and the
+  ``with_past`` one merged by optimum's ``merge_decoders`` into one graph with an ``If`` on
+  ``use_cache_branch`` (the ``decoder_model_merged.onnx`` of older optimum exports), for GPT-2;
 * ``optimized.onnx`` — ``onnxruntime.transformers.optimizer.optimize_model`` of ``legacy_eager``
   (of ``optimum.onnx`` where the plain legacy export fails);
 * ``int8.onnx`` — ``onnxruntime.quantization.quantize_dynamic`` (int8 weights) of the same;
@@ -90,6 +93,9 @@ NBITS_BLOCK = 16
 #: 95 kB compressed and the corpus has a 20 MiB limit).
 WITH_PAST_FAMILIES = frozenset({"gpt2", "llama", "phi3"})
 WITH_PAST_TASK = "text-generation-with-past"
+#: Decoders also exported merged (``merged``: optimum's older ``decoder_model_merged.onnx``, an
+#: ``If`` on ``use_cache_branch`` between the decoder without a cache and the one with it).
+MERGED_FAMILIES = frozenset({"gpt2"})
 
 Weights = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
@@ -1100,9 +1106,8 @@ def export_with_past(model: nn.Module, path: Path) -> None:
     shipped for generation (``past_key_values.*`` inputs concatenated with the new keys and
     values, ``present.*`` outputs, logits), not merged (``no_post_process``: one graph, no ``If``).
 
-    The task loads the model's ``*ForCausalLM`` from the saved base model; the saved config ties
-    the LM head to the token embedding, so nothing is drawn at random and no second vocabulary
-    matrix is stored (the logits are not part of the truth).
+    The task loads the model's ``*ForCausalLM`` from the saved base model, its LM head tied to
+    the token embedding (:func:`_save_tied`; the logits are not part of the truth).
     """
     import shutil
     import tempfile
@@ -1110,12 +1115,8 @@ def export_with_past(model: nn.Module, path: Path) -> None:
     from optimum.exporters.onnx import main_export
 
     with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(f"{tmp}/model")
-        config_path = Path(tmp) / "model" / "config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-        config_path.write_text(json.dumps(config | {"tie_word_embeddings": True}), encoding="utf-8")
         main_export(
-            f"{tmp}/model",
+            _save_tied(model, Path(tmp)),
             output=f"{tmp}/onnx",
             task=WITH_PAST_TASK,
             opset=LEGACY_OPSET,
@@ -1124,6 +1125,53 @@ def export_with_past(model: nn.Module, path: Path) -> None:
             library_name="transformers",
         )
         shutil.copyfile(f"{tmp}/onnx/model.onnx", path)
+
+
+def export_merged(model: nn.Module, path: Path) -> None:
+    """optimum's older ``decoder_model_merged.onnx``: the decoder without a cache input (but with
+    ``present.*`` outputs: optimum's ONNX config with ``use_past_in_inputs=False``) and the
+    ``with_past`` decoder, exported as :func:`export_with_past` does, joined by
+    ``optimum.onnx.merge_decoders`` (shared weights, an ``If`` on ``use_cache_branch``)."""
+    import tempfile
+
+    from optimum.exporters.onnx import main_export
+    from optimum.exporters.tasks import TasksManager
+    from optimum.onnx import merge_decoders
+
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = _save_tied(model, Path(tmp))
+        config = tf.AutoConfig.from_pretrained(saved)
+        constructor = TasksManager.get_exporter_config_constructor(
+            "onnx", task=WITH_PAST_TASK, model_type=config.model_type, library_name="transformers"
+        )
+        no_cache = constructor(
+            config, task="text-generation", use_past=True, use_past_in_inputs=False
+        )
+        for folder, custom in (("no_cache", {"model": no_cache}), ("with_cache", None)):
+            main_export(
+                saved,
+                output=f"{tmp}/{folder}",
+                task=WITH_PAST_TASK,
+                opset=LEGACY_OPSET,
+                do_validation=False,
+                no_post_process=True,
+                library_name="transformers",
+                custom_onnx_configs=custom,
+            )
+        merge_decoders(
+            f"{tmp}/no_cache/model.onnx", f"{tmp}/with_cache/model.onnx", save_path=str(path)
+        )
+
+
+def _save_tied(model: nn.Module, folder: Path) -> str:
+    """Save ``model`` under ``folder/model`` with its LM head tied to the token embedding (the
+    generation tasks load ``*ForCausalLM``: nothing is drawn at random, no second vocabulary
+    matrix is stored); returns the folder."""
+    model.save_pretrained(folder / "model")
+    config_path = folder / "model" / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config_path.write_text(json.dumps(config | {"tie_word_embeddings": True}), encoding="utf-8")
+    return str(folder / "model")
 
 
 def _strip_debug_metadata(path: Path) -> None:
@@ -1394,6 +1442,12 @@ def build_with_past_only(corpus: Corpus, family: Family) -> None:
 def _with_past_variant(corpus: Corpus, family: Family, model: nn.Module, truth_file: str) -> None:
     if family.name not in WITH_PAST_FAMILIES:
         return
+    if family.name in MERGED_FAMILIES:
+        merged = corpus.out / family.name / "merged.onnx"
+        if _attempt(corpus, family, "merged", lambda: export_merged(model, merged)):
+            corpus.add(
+                family, "merged", "optimum+merge_decoders", LEGACY_OPSET, merged, truth=truth_file
+            )
     path = corpus.out / family.name / "with_past.onnx"
     if _attempt(corpus, family, "with_past", lambda: export_with_past(model, path)):
         corpus.add(

@@ -4,7 +4,8 @@ optimum's ``text-generation-with-past`` exports (the corpus' ``with_past`` fixtu
 ``past_key_values.*`` inputs with the new keys and values. Fed a cache of length 0 the graph is the
 model without a cache: the matcher passes that ``Concat`` as the identity, the probe sizes the past
 axis 0, every input source feeds the caches empty (and position ids counted over the tokens), and
-the audit says so in a note.
+the audit says so in a note. A merged decoder (the ``merged`` fixture: an ``If`` on
+``use_cache_branch``) is read through its no-cache branch.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from importers.errors import FeedError
-from importers.graph import GraphInput, ShapeContext, model_from_proto
+from importers.graph import GraphIndex, GraphInput, ShapeContext, model_from_proto
+from importers.graph.branches import read_no_cache_branch
 from importers.graph.kv_cache import cache_inputs
 from importers.match import find_attention_blocks
 from importers.run import sources
@@ -189,13 +191,97 @@ def test_a_cache_with_another_open_axis_cannot_be_sized() -> None:
         empty_cache(unsized, 2)
 
 
+# -- a merged decoder ------------------------------------------------------------------------------
+
+
+def test_a_merged_decoder_is_read_through_its_no_cache_branch() -> None:
+    model = load_fixture("gpt2/merged.onnx.xz")
+    (branch,) = model.branches
+    assert (branch.switch, branch.branch, branch.caches) == (
+        "use_cache_branch",
+        "else",
+        tuple(CACHES),
+    )
+    assert [spec.name for spec in model.inputs] == ["input_ids", "attention_mask", "position_ids"]
+    assert not model.index.nodes_of_type("If")
+    report = find_attention_blocks(model)
+    assert len(report.blocks) == 2
+    assert all(branch.note() in block.notes for block in report.blocks)
+
+
+def _if_graph(*, switch: str, then_reads: str) -> onnx.ModelProto:
+    """``If(switch)`` whose else branch returns ``x · W`` and whose then branch returns
+    ``Concat(then_reads, x · W)``; ``switch`` is ``"input"`` (a bool graph input) or
+    ``"computed"`` (``x`` compared with 0)."""
+    weight = helper.make_tensor("W", TensorProto.FLOAT, [4, 4], np.eye(4, dtype=np.float32).ravel())
+
+    def branch(name: str, nodes: list) -> onnx.GraphProto:
+        out = helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, None)
+        return helper.make_graph(nodes, name, [], [out])
+
+    plain = branch("plain", [helper.make_node("MatMul", ["x", "W"], ["plain_out"])])
+    cached = branch(
+        "cached",
+        [
+            helper.make_node("MatMul", ["x", "W"], ["cached_new"]),
+            helper.make_node("Concat", [then_reads, "cached_new"], ["cached_out"], axis=2),
+        ],
+    )
+    nodes = []
+    condition = "use_cache"
+    if switch == "computed":
+        nodes.append(helper.make_node("ReduceMax", ["x"], ["top"], keepdims=0))
+        nodes.append(helper.make_node("Greater", ["top", "W_zero"], ["use_cache"]))
+    nodes.append(helper.make_node("If", [condition], ["y"], then_branch=cached, else_branch=plain))
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 1, "t", 4]),
+        helper.make_tensor_value_info("past", TensorProto.FLOAT, ["b", 1, "p", 4]),
+    ]
+    if switch == "input":
+        inputs.append(helper.make_tensor_value_info("use_cache", TensorProto.BOOL, [1]))
+    zero = helper.make_tensor("W_zero", TensorProto.FLOAT, [], [0.0])
+    graph = helper.make_graph(
+        nodes,
+        "merged",
+        inputs,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [weight, zero],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(
+    ("switch", "then_reads", "rewritten"),
+    [
+        ("input", "past", True),  # the cache switch: read through the plain branch
+        ("input", "x", False),  # both branches read the same inputs: nothing to choose
+        ("computed", "past", False),  # a condition the graph computes is no caller's switch
+    ],
+)
+def test_only_an_if_switching_a_cache_on_a_graph_input_is_inlined(
+    switch: str, then_reads: str, rewritten: bool
+) -> None:
+    proto = _if_graph(switch=switch, then_reads=then_reads)
+    model = model_from_proto(proto)
+    inlined, done = read_no_cache_branch(proto, GraphIndex(proto.graph))
+    assert (inlined is not None) == rewritten == bool(model.branches)
+    if rewritten:
+        assert done[0].caches == ("past",)
+        assert [spec.name for spec in model.inputs] == ["x"]
+        assert [node.op_type for node in model.index.nodes] == ["MatMul", "Identity"]  # -> y
+
+
 # -- the audit ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_the_audit_at_past_length_0_is_the_audit_of_the_model_without_a_cache(family: str) -> None:
-    """The same token ids through the with-past export and the cache-free (feature-extraction)
-    export of the same model give the same layer metrics."""
+@pytest.mark.parametrize(
+    ("family", "variant"), [("gpt2", "with_past"), ("llama", "with_past"), ("gpt2", "merged")]
+)
+def test_the_audit_at_past_length_0_is_the_audit_of_the_model_without_a_cache(
+    family: str, variant: str
+) -> None:
+    """The same token ids through the with-past (or merged) export and the cache-free
+    (feature-extraction) export of the same model give the same layer metrics."""
     ids = np.random.default_rng(3).integers(3, 128, size=(3, 7), dtype=np.int64)
     canonical = Inputs(
         feeds={"input_ids": ids, "attention_mask": np.ones_like(ids)},
@@ -204,8 +290,8 @@ def test_the_audit_at_past_length_0_is_the_audit_of_the_model_without_a_cache(fa
         source="test",
     )
     results = []
-    for variant in ("with_past", "optimum"):
-        model = load_fixture(f"{family}/{variant}.onnx.xz")
+    for name in (variant, "optimum"):
+        model = load_fixture(f"{family}/{name}.onnx.xz")
         results.append(audit(model, for_graph(canonical, model.inputs), provider="cpu"))
     cached, plain = results
     for metric, values in plain.metrics.items():
