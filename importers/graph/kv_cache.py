@@ -49,7 +49,11 @@ def cache_view(index: GraphIndex, name: str, axis: int) -> tuple[str, int] | Non
             return None
         if node.op_type == "Transpose":
             perm = node.attr("perm")
-            perms.append([int(p) for p in perm] if perm is not None else None)
+            if perm is not None and not (
+                isinstance(perm, list) and all(isinstance(p, int) for p in perm)
+            ):
+                return None  # a malformed perm: no view this module can follow
+            perms.append(perm)
         name = node.input(0)
     else:
         return None
