@@ -15,6 +15,13 @@ Per family it writes, under ``<out>/<family>/`` (each ONNX file finally compress
 * ``dynamo_eager.onnx`` — ``torch.onnx.export(dynamo=True)``, opset 18 (dynamic axes where the
   exporter accepts them, else the fixed sizes of the sample input);
 * ``optimum.onnx`` — optimum's exporter (``main_export``, task feature-extraction, opset 17);
+* ``with_past.onnx`` — optimum's exporter with task ``text-generation-with-past`` (the decoder as
+  shipped for generation: key/value cache inputs ``past_key_values.*``, ``present.*`` outputs,
+  logits), for a few decoders; its truth is the family's, whose feeds then include the empty
+  caches (the model audited at past length 0 is the model without a cache);
+* ``merged.onnx`` — the decoder without a cache (``present.*`` outputs, no past inputs) and the
+  ``with_past`` one merged by optimum's ``merge_decoders`` into one graph with an ``If`` on
+  ``use_cache_branch`` (the ``decoder_model_merged.onnx`` of older optimum exports), for GPT-2;
 * ``optimized.onnx`` — ``onnxruntime.transformers.optimizer.optimize_model`` of ``legacy_eager``
   (of ``optimum.onnx`` where the plain legacy export fails);
 * ``int8.onnx`` — ``onnxruntime.quantization.quantize_dynamic`` (int8 weights) of the same;
@@ -37,6 +44,7 @@ exporter, opset, variant, file, sha256, truth file and architectural features.
 Usage::
 
     python scripts/make_family_fixtures.py [--out tests/fixtures/families] [--only bert,gpt2]
+    python scripts/make_family_fixtures.py --only gpt2,llama --with-past-only
 """
 
 from __future__ import annotations
@@ -79,6 +87,15 @@ OPSET14_FAMILIES = frozenset({"bert", "vit", "whisper_encoder", "t5_encoder", "g
 OLD_LEGACY_OPSET = 14
 #: Codes per block along the input axis (d_model 32: two blocks per weight column).
 NBITS_BLOCK = 16
+#: Decoders also exported as shipped for generation, with key/value cache inputs (``with_past``):
+#: GPT-2 (fused Conv1D QKV, no GQA), Llama (separate projections, rotary, GQA), Phi-3 (fused QKV
+#: sliced, rotary, GQA). Qwen2 and Mistral read the same way (checked, not kept: each file is about
+#: 95 kB compressed and the corpus has a 20 MiB limit).
+WITH_PAST_FAMILIES = frozenset({"gpt2", "llama", "phi3"})
+WITH_PAST_TASK = "text-generation-with-past"
+#: Decoders also exported merged (``merged``: optimum's older ``decoder_model_merged.onnx``, an
+#: ``If`` on ``use_cache_branch`` between the decoder without a cache and the one with it).
+MERGED_FAMILIES = frozenset({"gpt2"})
 
 Weights = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
@@ -935,12 +952,18 @@ def truth(family: Family, model: nn.Module, feeds: dict[str, np.ndarray]) -> dic
 
 
 def _extra_feeds(family: Family) -> dict[str, np.ndarray]:
-    """Inputs some exports add (optimum's ``position_ids``, ``token_type_ids``) with the values
-    the model uses when they are not given; the tests feed only the graph's own inputs."""
+    """Inputs some exports add (optimum's ``position_ids``, ``token_type_ids``, and the key/value
+    caches of a ``with_past`` export, empty) with the values the model uses when they are not
+    given; the tests feed only the graph's own inputs."""
     if family.inputs != "text":
         return {}
     positions = np.broadcast_to(np.arange(TOKENS, dtype=np.int64), (BATCH, TOKENS)).copy()
-    return {"position_ids": positions, "token_type_ids": np.zeros((BATCH, TOKENS), np.int64)}
+    extra = {"position_ids": positions, "token_type_ids": np.zeros((BATCH, TOKENS), np.int64)}
+    if family.name in WITH_PAST_FAMILIES:  # optimum's cache inputs: (batch, kv heads, past, d_head)
+        empty = np.zeros((BATCH, family.n_kv, 0, D_MODEL // N_HEADS), np.float32)
+        for layer in range(N_LAYERS):
+            extra |= {f"past_key_values.{layer}.{kind}": empty for kind in ("key", "value")}
+    return extra
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1076,6 +1099,79 @@ def export_optimum(model: nn.Module, path: Path) -> None:
             library_name="transformers",
         )
         shutil.copyfile(f"{tmp}/onnx/model.onnx", path)
+
+
+def export_with_past(model: nn.Module, path: Path) -> None:
+    """optimum's ``main_export`` with task ``text-generation-with-past``, opset 17: the decoder as
+    shipped for generation (``past_key_values.*`` inputs concatenated with the new keys and
+    values, ``present.*`` outputs, logits), not merged (``no_post_process``: one graph, no ``If``).
+
+    The task loads the model's ``*ForCausalLM`` from the saved base model, its LM head tied to
+    the token embedding (:func:`_save_tied`; the logits are not part of the truth).
+    """
+    import shutil
+    import tempfile
+
+    from optimum.exporters.onnx import main_export
+
+    with tempfile.TemporaryDirectory() as tmp:
+        main_export(
+            _save_tied(model, Path(tmp)),
+            output=f"{tmp}/onnx",
+            task=WITH_PAST_TASK,
+            opset=LEGACY_OPSET,
+            do_validation=False,
+            no_post_process=True,
+            library_name="transformers",
+        )
+        shutil.copyfile(f"{tmp}/onnx/model.onnx", path)
+
+
+def export_merged(model: nn.Module, path: Path) -> None:
+    """optimum's older ``decoder_model_merged.onnx``: the decoder without a cache input (but with
+    ``present.*`` outputs: optimum's ONNX config with ``use_past_in_inputs=False``) and the
+    ``with_past`` decoder, exported as :func:`export_with_past` does, joined by
+    ``optimum.onnx.merge_decoders`` (shared weights, an ``If`` on ``use_cache_branch``)."""
+    import tempfile
+
+    from optimum.exporters.onnx import main_export
+    from optimum.exporters.tasks import TasksManager
+    from optimum.onnx import merge_decoders
+
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = _save_tied(model, Path(tmp))
+        config = tf.AutoConfig.from_pretrained(saved)
+        constructor = TasksManager.get_exporter_config_constructor(
+            "onnx", task=WITH_PAST_TASK, model_type=config.model_type, library_name="transformers"
+        )
+        no_cache = constructor(
+            config, task="text-generation", use_past=True, use_past_in_inputs=False
+        )
+        for folder, custom in (("no_cache", {"model": no_cache}), ("with_cache", None)):
+            main_export(
+                saved,
+                output=f"{tmp}/{folder}",
+                task=WITH_PAST_TASK,
+                opset=LEGACY_OPSET,
+                do_validation=False,
+                no_post_process=True,
+                library_name="transformers",
+                custom_onnx_configs=custom,
+            )
+        merge_decoders(
+            f"{tmp}/no_cache/model.onnx", f"{tmp}/with_cache/model.onnx", save_path=str(path)
+        )
+
+
+def _save_tied(model: nn.Module, folder: Path) -> str:
+    """Save ``model`` under ``folder/model`` with its LM head tied to the token embedding (the
+    generation tasks load ``*ForCausalLM``: nothing is drawn at random, no second vocabulary
+    matrix is stored); returns the folder."""
+    model.save_pretrained(folder / "model")
+    config_path = folder / "model" / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config_path.write_text(json.dumps(config | {"tie_word_embeddings": True}), encoding="utf-8")
+    return str(folder / "model")
 
 
 def _strip_debug_metadata(path: Path) -> None:
@@ -1324,6 +1420,45 @@ def build_family(corpus: Corpus, family: Family) -> None:
             source = source or path
     if source is not None:
         _derived_variants(corpus, family, model, feeds, source)
+    _with_past_variant(corpus, family, model, truth_file)
+
+
+def build_with_past_only(corpus: Corpus, family: Family) -> None:
+    """Only the ``with_past`` export of one family, and its truth file given the empty caches
+    among its feeds: the arrays an existing truth file holds are kept as they are (a recomputed
+    hidden state can differ from them in the last bit), the ones it lacks added."""
+    _log(f"{family.name} (with_past only)")
+    folder = corpus.out / family.name
+    folder.mkdir(parents=True, exist_ok=True)
+    model = family.make("eager")
+    arrays = truth(family, model, sample_feeds(family))
+    if (folder / "truth.npz").exists():
+        with np.load(folder / "truth.npz") as old:
+            arrays |= {key: old[key] for key in old.files}
+    truth_file = f"{family.name}/{_save_truth(folder / 'truth.npz', arrays)}"
+    _with_past_variant(corpus, family, model, truth_file)
+
+
+def _with_past_variant(corpus: Corpus, family: Family, model: nn.Module, truth_file: str) -> None:
+    if family.name not in WITH_PAST_FAMILIES:
+        return
+    if family.name in MERGED_FAMILIES:
+        merged = corpus.out / family.name / "merged.onnx"
+        if _attempt(corpus, family, "merged", lambda: export_merged(model, merged)):
+            corpus.add(
+                family, "merged", "optimum+merge_decoders", LEGACY_OPSET, merged, truth=truth_file
+            )
+    path = corpus.out / family.name / "with_past.onnx"
+    if _attempt(corpus, family, "with_past", lambda: export_with_past(model, path)):
+        corpus.add(
+            family,
+            "with_past",
+            "optimum",
+            LEGACY_OPSET,
+            path,
+            truth=truth_file,
+            task=WITH_PAST_TASK,
+        )
 
 
 def _sdpa_variant(
@@ -1413,8 +1548,12 @@ def _compress(out: Path, entry: dict[str, Any]) -> None:
     entry["onnx_sha256"] = hashlib.sha256(data).hexdigest()
 
 
-def write_manifest(corpus: Corpus) -> None:
-    """``manifest.json``: the fixtures (sorted by id) and the exports that failed."""
+def write_manifest(corpus: Corpus, *, whole_families: bool = True) -> None:
+    """``manifest.json``: the fixtures (sorted by id) and the exports that failed.
+
+    ``whole_families``: the families built replace every entry of theirs; otherwise (a route
+    added to families already there) only the entries of the ids built are replaced.
+    """
     path = corpus.out / "manifest.json"
     old: dict[str, Any] = {"fixtures": [], "export_failures": []}
     if path.exists():
@@ -1425,8 +1564,14 @@ def write_manifest(corpus: Corpus) -> None:
     for entry in corpus.entries:  # the manifest is written after every family: new files only
         if not entry["file"].endswith(".xz"):
             _compress(corpus.out, entry)
-    keep = [e for e in old["fixtures"] if e["family"] not in families]
-    keep_failed = [s for s in old["export_failures"] if s["id"].split("-")[0] not in families]
+    ids = {e["id"] for e in corpus.entries} | {s["id"] for s in corpus.skipped}
+    replaced = families if whole_families else set()
+    keep = [e for e in old["fixtures"] if e["family"] not in replaced and e["id"] not in ids]
+    keep_failed = [
+        s
+        for s in old["export_failures"]
+        if s["id"].split("-")[0] not in replaced and s["id"] not in ids
+    ]
     manifest = {
         "generator": "scripts/make_family_fixtures.py",
         "versions": _versions(),
@@ -1456,6 +1601,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "families")
     parser.add_argument("--only", default="", help="comma-separated family names")
+    parser.add_argument(
+        "--with-past-only",
+        action="store_true",
+        help="only the with_past route (and the truth files) of the chosen families",
+    )
     args = parser.parse_args(argv)
     chosen = set(filter(None, args.only.split(",")))
     unknown = chosen - {f.name for f in FAMILIES}
@@ -1463,10 +1613,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown families: {sorted(unknown)}")
     torch.set_num_threads(1)
     corpus = Corpus(args.out)
+    build = build_with_past_only if args.with_past_only else build_family
     for family in FAMILIES:
+        if args.with_past_only and family.name not in WITH_PAST_FAMILIES:
+            continue
         if not chosen or family.name in chosen:
-            if _attempt(corpus, family, "model", lambda f=family: build_family(corpus, f)):
-                write_manifest(corpus)
+            if _attempt(corpus, family, "model", lambda f=family: build(corpus, f)):
+                write_manifest(corpus, whole_families=not args.with_past_only)
     return 0
 
 

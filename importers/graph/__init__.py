@@ -16,6 +16,10 @@ shapes
     :class:`ShapeContext`: static shapes and shape arithmetic under assumed batch/sequence sizes.
 node
     :class:`Node`: one node with its position.
+branches
+    A merged decoder's ``If`` on its key/value cache read through its no-cache branch.
+kv_cache
+    Key/value cache inputs of a decoder exported for generation, found by structure (fed empty).
 defuse, defuse_parts
     Fused attention operators rewritten into standard ONNX when a model is loaded.
 """

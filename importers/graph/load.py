@@ -25,8 +25,10 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from importers.errors import ModelFileError, UnsupportedModelError
+from importers.graph.branches import CacheBranch, read_no_cache_branch
 from importers.graph.defuse import Declined, Defused, defuse_attention
 from importers.graph.index import GraphIndex, external_data_path, graph_tensors
+from importers.graph.kv_cache import cache_inputs
 from importers.graph.node import DEFAULT_DOMAINS
 
 __all__ = ["SUPPORTED_OPSETS", "GraphInput", "OnnxModel", "load_model", "model_from_proto"]
@@ -49,19 +51,24 @@ class GraphInput:
         Element type.
     shape : tuple of (int or str or None)
         Fixed dims as ints, symbolic dims as their names, unknown dims as None.
+    past_axis : int or None
+        For a key/value cache input (:mod:`importers.graph.kv_cache`), the axis of the past
+        tokens, which the audit feeds empty (the model without a cache); None for other inputs.
     """
 
     name: str
     dtype: np.dtype
     shape: tuple[Dim, ...]
+    past_axis: int | None = None
 
     def describe(self) -> str:
-        """One line: ``name: dtype [dim, ...]``."""
+        """One line: ``name: dtype [dim, ...]`` (and, for a KV cache, the axis fed empty)."""
         dims = ", ".join("?" if dim is None else str(dim) for dim in self.shape)
-        return f"{self.name}: {self.dtype} [{dims}]"
+        cache = "" if self.past_axis is None else f" (KV cache: axis {self.past_axis} fed empty)"
+        return f"{self.name}: {self.dtype} [{dims}]{cache}"
 
 
-def _graph_input(value: onnx.ValueInfoProto) -> GraphInput:
+def _graph_input(value: onnx.ValueInfoProto, past_axis: int | None = None) -> GraphInput:
     tensor = value.type.tensor_type
     try:
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type))
@@ -76,7 +83,7 @@ def _graph_input(value: onnx.ValueInfoProto) -> GraphInput:
             dims.append(int(dim.dim_value))
         else:
             dims.append(dim.dim_param or None)
-    return GraphInput(value.name, dtype, tuple(dims))
+    return GraphInput(value.name, dtype, tuple(dims), past_axis)
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,6 +105,9 @@ class OnnxModel:
         ``proto`` and ``index`` are the rewritten graph.
     declined : tuple of Declined
         The fused attention nodes left fused, each with the feature that stopped the rewrite.
+    branches : tuple of CacheBranch
+        The ``If`` nodes of a merged decoder read through their no-cache branch
+        (:mod:`importers.graph.branches`); ``proto`` and ``index`` hold the branch inlined.
     """
 
     path: Path | None
@@ -106,13 +116,18 @@ class OnnxModel:
     index: GraphIndex = field(repr=False)
     defused: tuple[Defused, ...] = ()
     declined: tuple[Declined, ...] = ()
+    branches: tuple[CacheBranch, ...] = ()
 
     @property
     def inputs(self) -> tuple[GraphInput, ...]:
-        """The graph inputs a caller must feed (initializers excluded), in graph order."""
+        """The graph inputs a caller must feed (initializers excluded), in graph order; a key/value
+        cache input carries its past axis (:func:`~importers.graph.kv_cache.cache_inputs`)."""
         constants = set(self.index.initializers)
+        caches = cache_inputs(self.index)
         return tuple(
-            _graph_input(value) for value in self.proto.graph.input if value.name not in constants
+            _graph_input(value, caches.get(value.name))
+            for value in self.proto.graph.input
+            if value.name not in constants
         )
 
     @property
@@ -166,7 +181,9 @@ def load_model(path: str | os.PathLike[str]) -> OnnxModel:
 def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> OnnxModel:
     """Check an already parsed model, defuse its fused attention nodes and index it.
 
-    ``path`` locates external data. Fused attention operators are rewritten into the
+    ``path`` locates external data. A merged decoder's ``If`` on its key/value cache is replaced by
+    its no-cache branch (:func:`importers.graph.branches.read_no_cache_branch`). Fused attention
+    operators are rewritten into the
     standard-ONNX subgraph they stand for (:func:`importers.graph.defuse.defuse_attention`; the
     caller's ``proto`` is left unchanged): every later step sees, and runs, that graph.
     """
@@ -191,6 +208,10 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             info = {entry.key: entry.value for entry in tensor.external_data}
             external_data_path(index.base_dir, info.get("location", ""), tensor.name, model=path)
+    inlined, branches = read_no_cache_branch(proto, index)
+    if inlined is not None:
+        proto = inlined
+        index = GraphIndex(proto.graph, index.base_dir, proto.opset_import, model_path=path)
     defusion = defuse_attention(proto, index)
     if defusion.proto is not None:
         proto = defusion.proto
@@ -202,6 +223,7 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
         index=index,
         defused=defusion.defused,
         declined=defusion.declined,
+        branches=branches,
     )
 
 

@@ -24,6 +24,7 @@ import onnx
 
 from importers.errors import ImporterError, ImporterInputError
 from importers.graph.index import GraphIndex
+from importers.graph.kv_cache import cache_inputs
 from importers.graph.node import Node
 from importers.graph.ops import OPS, fold
 from importers.graph.shape_rules import Shape
@@ -44,7 +45,9 @@ class ShapeContext:
     """Static tensor shapes and small integer values, assuming concrete batch and sequence sizes.
 
     Symbolic graph-input dimensions take ``batch`` (axis 0) or ``sequence`` (other axes) unless the
-    same symbol was seen before. Shapes may also be pinned with :meth:`set_shape`. Evaluation is
+    same symbol was seen before; the past axis of a key/value cache input
+    (:func:`~importers.graph.kv_cache.cache_inputs`) is 0, the length the audit feeds. Shapes may
+    also be pinned with :meth:`set_shape`. Evaluation is
     iterative (no recursion) and memoised. A shape no rule here gives is taken from
     :func:`concrete_shapes` (ONNX shape inference, run once, with the graph inputs pinned to the
     same concrete sizes); None where neither knows.
@@ -57,6 +60,7 @@ class ShapeContext:
         self._memo: dict[tuple[str, str], Any] = {}
         self._symbols: dict[str, int] = {}
         self._inferred: dict[str, tuple[int, ...]] | None = None
+        self.cache_axes = cache_inputs(index)
 
     def set_shape(self, name: str, shape: tuple[int, ...]) -> None:
         """Pin the shape of ``name`` (used for tensors computed by a probe)."""
@@ -138,7 +142,11 @@ class ShapeContext:
         if not value_type.HasField("tensor_type") or not value_type.tensor_type.HasField("shape"):
             return None
         dims = []
+        past = self.cache_axes.get(name)
         for axis, dim in enumerate(value_type.tensor_type.shape.dim):
+            if axis == past:  # a key/value cache is audited empty (past length 0)
+                dims.append(0)
+                continue
             if dim.HasField("dim_value"):
                 dims.append(int(dim.dim_value))
                 continue

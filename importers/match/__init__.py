@@ -24,7 +24,9 @@ How a block is matched (names are never used, only op types, constants and shape
    that keep the (query, key) axes) to the ·V ``MatMul``.
 3. Back from Q, K and V through head-split layout ops (Reshape, Transpose, Squeeze, Unsqueeze, Expand,
    Tile, and Split/Slice/Gather of a fused QKV), scalar scaling, rotary embeddings
-   (:mod:`importers.match.rotary`), Q/K norms and constant clips to a projection:
+   (:mod:`importers.match.rotary`), Q/K norms, constant clips and the ``Concat`` of an empty
+   key/value cache input with the new keys or values (the identity at past length 0, where the
+   audit runs a decoder exported for generation: :mod:`importers.graph.kv_cache`) to a projection:
    ``MatMul`` with a constant weight (+ bias ``Add``), ``Gemm``, ``FusedMatMul``, or
    ``DynamicQuantizeLinear``→``MatMulInteger``. Weight constants may be folded chains (see
    :meth:`importers.graph.GraphIndex.constant_value`).
@@ -103,7 +105,6 @@ __all__ = [
 ]
 
 
-
 def find_attention_blocks(model: OnnxModel) -> MatchReport:
     """Match every Softmax of ``model`` as a self-attention block.
 
@@ -152,11 +153,10 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
             failures.append(MatchFailure(softmax.label, reason, (), RejectCode.MALFORMED))
     if not blocks:
         raise NoAttentionBlocksError.from_failures(failures + fused)
-    notes = {item.softmax: item.note() for item in model.defused}
+    defused = {item.softmax: (item.note(),) for item in model.defused}
+    merged = tuple(item.note() for item in model.branches)  # a merged decoder's cache branch
     blocks = [
-        dataclasses.replace(block, notes=(notes[block.softmax], *block.notes))
-        if block.softmax in notes
-        else block
+        dataclasses.replace(block, notes=(*merged, *defused.get(block.softmax, ()), *block.notes))
         for block in blocks
     ]
     return MatchReport(blocks=blocks, failures=failures + fused, n_softmax=len(softmaxes))

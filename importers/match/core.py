@@ -62,6 +62,7 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
             + self.rotary_notes(q, k)
             + self.qk_norm_notes(q, k)
             + self.clip_notes(q, k, v)
+            + self.cache_notes(k, v)
             + self.soft_cap_notes(score_sum.capped)
             + bias.notes
         )
@@ -215,6 +216,19 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
             f"projections clipped before the attention ({'; '.join(clipped)}): a clipped Q or K "
             f"changes only how A is computed (A is measured); clipped values make the update "
             f"X + A clip(X W_V) W_O, the linear one only while no value reaches a bound",
+        )
+
+    @staticmethod
+    def cache_notes(k: Trace, v: Trace) -> tuple[str, ...]:
+        """A note for keys and values concatenated with a key/value cache (a decoder exported for
+        generation): the block is read, and the audit runs it, at past length 0."""
+        caches = [name for trace in (k, v) for name in trace.cache]
+        if not caches:
+            return ()
+        return (
+            f"keys and values are concatenated with the KV cache input(s) "
+            f"{', '.join(map(repr, caches))}: audited at past length 0, those inputs fed empty, "
+            f"where the concatenation is the identity (the model without a cache)",
         )
 
     @staticmethod

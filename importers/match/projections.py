@@ -18,6 +18,12 @@ Clipping (OLMo's ``clip_qkv``: ``Clip`` of the Q, K and V projections to constan
 from its input too, recorded on the trace: on Q or K it changes only how A is computed (a note);
 on V it makes the update ``X + A clip(X W_V) W_O``, equal to the linear one only while no value
 reaches a bound (a departure of the block, :data:`~importers.match.results.DEPARTURES`).
+
+A key/value cache (a decoder exported for generation): K and V are the ``Concat`` of a cache input
+(:mod:`importers.graph.kv_cache`) with the new keys or values along the cache's past axis. The
+audit runs such a graph at past length 0, where that ``Concat`` is the identity on the new keys:
+it is a step from them, checked to be the identity at the probe's sizes (the cache operands empty
+along the axis), and recorded on the trace for the block's notes.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from importers.graph import Node
+from importers.graph.kv_cache import cache_view
 from importers.match.codes import RejectCode, projection_code
 from importers.match.limits import MAX_WALK
 from importers.match.results import LinearMatch
@@ -63,6 +70,7 @@ class Trace:
     rotary_width: int | None = None  # columns rotated per head by a partial one; None: all
     norm: str = ""  # the Q/K norm passed (kind and nodes, for notes); "" when there is none
     clipped: str = ""  # the Clip passed (node and bounds, for notes); "" when there is none
+    cache: tuple[str, ...] = ()  # the key/value cache inputs concatenated (empty at past length 0)
 
 
 class ProjectionFinder(RotaryMatcher):
@@ -74,12 +82,13 @@ class ProjectionFinder(RotaryMatcher):
         steps: list[Step] = []
         scale, rope, start, rotary, norm_text, clipped = 1.0, False, name, "", "", ""
         width: int | None = None
+        cache: tuple[str, ...] = ()
         for _ in range(MAX_WALK):
             linear = self.linear_ending_at(name, role)
             if linear is not None:
                 steps_back = tuple(reversed(steps))
                 return Trace(
-                    role, linear, steps_back, scale, rope, rotary, width, norm_text, clipped
+                    role, linear, steps_back, scale, rope, rotary, width, norm_text, clipped, cache
                 )
             node = self.producer(name)
             if node is None:
@@ -110,6 +119,11 @@ class ProjectionFinder(RotaryMatcher):
                 steps.append(Step(node, node.input(0), name, skip=True))
                 name = node.input(0)
                 continue
+            cached = self.cache_concat(node) if op == "Concat" and not cache else None
+            if cached is not None:
+                name, cache = cached
+                steps.append(Step(node, name, node.outputs[0], skip=True))
+                continue
             partial = self.partial_rotary(node) if op == "Concat" else None
             if partial is not None:
                 rope, (source, rotary, width) = True, partial
@@ -137,6 +151,30 @@ class ProjectionFinder(RotaryMatcher):
         raise RejectError(
             projection_code(role, "projection_missing"), f"{role} projection not found: path too long"
         )
+
+    def cache_concat(self, node: Node) -> tuple[str, tuple[str, ...]] | None:
+        """``(new keys or values, cache inputs)`` for a ``Concat`` of key/value cache inputs
+        (:func:`~importers.graph.kv_cache.cache_inputs`, along their past axis) with one computed
+        tensor, when the caches are empty along the axis at the probe's sizes (past length 0: the
+        ``Concat`` is the identity on that tensor); else None."""
+        axis = node.attr("axis")
+        operands = [operand for operand in node.inputs if operand]
+        if not isinstance(axis, int) or len(operands) < 2:
+            return None
+        caches: list[str] = []
+        data: list[str] = []
+        for operand in operands:
+            view = cache_view(self.index, operand, axis)
+            if view is None or self.context.cache_axes.get(view[0]) != view[1]:
+                data.append(operand)
+                continue
+            shape = self.context.shape(operand)
+            if shape is None or not -len(shape) <= axis < len(shape) or shape[axis] != 0:
+                return None
+            caches.append(view[0])
+        if len(data) != 1 or not caches:
+            return None
+        return data[0], tuple(caches)
 
     def clip_bounds(self, node: Node) -> tuple[float, float] | None:
         """``(low, high)`` of a ``Clip`` whose bounds are constants (an absent one is infinite;
@@ -405,6 +443,8 @@ def describe_linear(trace: Trace) -> str:
     layout = [f"{step.node.op_type}" for step in trace.steps if not step.skip]
     if layout:
         extra.append("layout " + "/".join(layout))
+    if trace.cache:
+        extra.append(f"concatenated after the empty KV cache {', '.join(map(repr, trace.cache))}")
     tail = f"; {', '.join(extra)}" if extra else ""
     return f"{linear.kind} {', '.join(linear.nodes)} (weight {linear.weight!r}{tail})"
 

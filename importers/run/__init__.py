@@ -6,6 +6,8 @@ feeds
     :class:`Inputs` (feeds plus provenance) and checking feeds against a model's graph inputs.
 sources
     Where inputs come from: bundled photographs and sentences, ``.npz``, images, text, noise.
+decoder_feeds
+    Feeds of a decoder exported for generation: key/value caches fed empty, position ids.
 npz
     ``.npz`` feeds (one file or a folder of shards), read batch by batch.
 batching

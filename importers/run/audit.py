@@ -62,7 +62,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from simulator.operator import HeadFactors
 
 from importers.defaults import OPERATOR_INPUTS
 from importers.errors import ImporterInputError
@@ -104,6 +103,7 @@ from importers.value_spectra import H_CHOICES, BlockSpectra, spectrum_rows
 from importers.weights import BlockWeights, block_weights
 from importers.zoo import ModelRef, ZooModel, file_sha256, lookup
 from simulator.metrics import METRICS
+from simulator.operator import HeadFactors
 from simulator.output import package_versions
 from simulator.statistics import SPECTRAL_METRICS
 from simulator.tolerances import TIE_RTOL
@@ -314,6 +314,17 @@ def open_model(
     return ref, load_model(ref.path)
 
 
+def cache_note(caches: Sequence[str]) -> str:
+    """The note of an audit of a model with key/value cache inputs (``caches``, graph input names)."""
+    named = ", ".join(map(repr, caches[:4]))
+    named += f" and {len(caches) - 4} more" if len(caches) > 4 else ""
+    return (
+        f"audited at past length 0: the {len(caches)} KV cache input(s) {named} were fed empty, so "
+        f"the model computes without a cache (the attention covers the given tokens only); its "
+        f"present key/value outputs are ignored"
+    )
+
+
 def prepare(
     ref: ModelRef,
     graph: OnnxModel,
@@ -343,6 +354,9 @@ def prepare(
     notes = [Note("partial", missing_blocks_note(report))] if report.unmatched else []
     departed = departures_note(report.blocks)
     notes += [Note("departure", departed)] if departed else []
+    caches = [spec.name for spec in graph.inputs if spec.past_axis is not None]
+    notes += [Note("kv-cache", cache_note(caches))] if caches else []
+    notes += [Note("kv-cache", item.note()) for item in graph.branches]
     inputs = default_inputs(graph.inputs, ref.entry) if inputs is None else inputs
     if inputs.batch_size == 0:
         raise ImporterInputError("`inputs` must hold at least one item; got none")

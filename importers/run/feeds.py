@@ -41,6 +41,7 @@ from numpy.typing import NDArray
 
 from importers.errors import FeedError, ImporterInputError
 from importers.graph import GraphInput
+from importers.run.decoder_feeds import positions, takes_positions, with_empty_caches
 
 __all__ = [
     "IMAGE_FEED",
@@ -302,6 +303,14 @@ def _check_one(
             expected,
         )
     for axis, (dim, size) in enumerate(zip(spec.shape, array.shape, strict=True)):
+        if axis == spec.past_axis:
+            if size != 0:
+                raise _feed_error(
+                    f"feed {spec.name!r} is a KV cache: the audit runs the model without a cache "
+                    f"(past length 0), so its axis {axis} must be 0; got shape {array.shape}",
+                    expected,
+                )
+            continue
         if isinstance(dim, int) and dim != size and not (any_batch and axis == 0):
             raise _feed_error(
                 f"feed {spec.name!r} axis {axis} must be {dim}; got shape {array.shape}", expected
@@ -419,6 +428,8 @@ def _text_source_for(spec: GraphInput, available: Mapping[str, np.ndarray]) -> s
     if spec.name in available:
         return spec.name
     lowered = spec.name.lower()
+    if "position" in lowered:  # position ids are counted from the mask, never token ids
+        return None
     for canonical, alias in _TEXT_ALIASES.items():
         if canonical in available and alias in lowered:
             return canonical
@@ -449,8 +460,16 @@ def _map_image(
 def _map_text(
     feeds: Mapping[str, np.ndarray], expected: Sequence[GraphInput]
 ) -> dict[str, np.ndarray]:
+    """Text feeds onto the graph's inputs: ids, mask and types by name, position ids counted from
+    the mask (:func:`positions`); key/value caches are added later (:func:`with_empty_caches`)."""
     mapped: dict[str, np.ndarray] = {}
     for spec in expected:
+        if spec.past_axis is not None and spec.name not in feeds:
+            continue
+        if takes_positions(spec) and spec.name not in feeds:
+            mask = feeds.get("attention_mask", np.ones_like(feeds["input_ids"]))
+            mapped[spec.name] = positions(mask).astype(spec.dtype)
+            continue
         source = _text_source_for(spec, feeds)
         if source is None:
             raise _feed_error(f"no text feed fits graph input {spec.name!r}", expected)
@@ -515,8 +534,9 @@ def _map_feeds(
             (spec.name for spec in expected if _text_source_for(spec, feeds) == "attention_mask"),
             None,
         )
-        return _fit_sequence(_map_text(feeds, expected), token_mask, expected, mask_name)
-    return dict(feeds), token_mask
+        fitted, mask = _fit_sequence(_map_text(feeds, expected), token_mask, expected, mask_name)
+        return with_empty_caches(fitted, expected), mask
+    return with_empty_caches(feeds, expected), token_mask
 
 
 class _MappedReader:

@@ -10,6 +10,7 @@ within :func:`simulator.limits.check_elements`), the shapes against the graph in
 every member once, piece by piece, for the digest and the token values
 (:func:`~importers.run.feeds.check_values`) and that its floats are finite
 (:func:`~importers.run.feeds.check_finite`): a damaged file is refused before anything runs.
+A key/value cache input the file leaves out is fed empty (the model without a cache).
 
 Public API
 ----------
@@ -35,6 +36,7 @@ from numpy.typing import NDArray
 
 from importers.errors import FeedError, ImporterInputError
 from importers.graph import GraphInput
+from importers.run.decoder_feeds import with_empty_caches
 from importers.run.feeds import (
     DIGEST_CHUNK_BYTES,
     Inputs,
@@ -195,7 +197,9 @@ class _NpzReader:
         sizes: Sequence[int],
         names: Sequence[str],
         mask_name: str | None,
+        graph: Sequence[GraphInput] = (),
     ) -> None:
+        self.graph = tuple(graph)
         self.shards = list(shards)
         self.names = tuple(names)
         self.mask_name = mask_name
@@ -247,7 +251,8 @@ class _NpzReader:
     def read(self, start: int, stop: int) -> tuple[dict[str, np.ndarray], NDArray[np.bool_] | None]:
         feeds = {name: self.read_feed(name, start, stop) for name in self.names}
         mask = feeds.get(self.mask_name) if self.mask_name else None
-        return feeds, None if mask is None or mask.ndim != 2 else mask.astype(bool)
+        token_mask = None if mask is None or mask.ndim != 2 else mask.astype(bool)
+        return with_empty_caches(feeds, self.graph), token_mask
 
     def check_and_digest(self, expected: Sequence[GraphInput], labels: Sequence[str]) -> str:
         """Read every feed once, in pieces: check its token values and that its floats are finite
@@ -328,7 +333,7 @@ def _check_shapes(
         for name, member in members.items()
         if name != _LABELS
     }
-    check_feeds(views, graph, any_batch=True, values=False)
+    check_feeds(with_empty_caches(views, graph), graph, any_batch=True, values=False)
     sizes = {int(view.shape[0]) for view in views.values() if view.ndim}
     if len(sizes) > 1:
         raise FeedError(
@@ -377,6 +382,6 @@ def from_npz(path: str | os.PathLike[str], graph: Sequence[GraphInput]) -> Input
         labels += _labels(file, members.get(_LABELS), sizes[-1], len(labels))
     names = [name for name in first if name != _LABELS]
     mask_name = next((spec.name for spec in graph if "mask" in spec.name.lower()), None)
-    reader = _NpzReader(shards, sizes, names, mask_name)
+    reader = _NpzReader(shards, sizes, names, mask_name, graph)
     digest = reader.check_and_digest(graph, labels)
     return Inputs(reader=reader, labels=labels, source=f"npz:{digest[:12]}", digest=digest)

@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 
 from importers.errors import FeedError, ImporterInputError, MissingDependencyError
 from importers.graph import GraphInput
+from importers.run.decoder_feeds import takes_positions
 from importers.run.feeds import IMAGE_FEED, TEXT_FEEDS, Inputs, for_graph, streamed_digest
 from importers.run.npz import from_npz
 from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, ZooModel
@@ -422,8 +423,12 @@ def _takes_token_ids(spec: GraphInput) -> bool:
 
 
 def _random_row(spec: GraphInput, seq: int) -> tuple[int, ...]:
-    """One item's shape: fixed axes their size, symbolic ones ``seq`` (axis 0 is the item axis)."""
-    return tuple(dim if isinstance(dim, int) else seq for dim in spec.shape[1:])
+    """One item's shape: fixed axes their size, symbolic ones ``seq`` (axis 0 is the item axis),
+    the past axis of a key/value cache 0 (the audit runs the model without a cache)."""
+    return tuple(
+        0 if axis == spec.past_axis else dim if isinstance(dim, int) else seq
+        for axis, dim in enumerate(spec.shape[1:], start=1)
+    )
 
 
 def _random_feed(
@@ -431,7 +436,9 @@ def _random_feed(
 ) -> np.ndarray:
     if _takes_token_ids(spec):
         return rng.integers(0, vocab_size, size=shape).astype(spec.dtype)
-    if spec.dtype.kind in "iu":  # a mask is ones, token types and positions zeros
+    if takes_positions(spec) and shape:
+        return np.broadcast_to(np.arange(shape[-1], dtype=spec.dtype), shape).copy()
+    if spec.dtype.kind in "iu":  # a mask is ones, token types zeros
         return (np.ones if "mask" in spec.name.lower() else np.zeros)(shape, dtype=spec.dtype)
     if spec.dtype.kind == "f":
         return rng.standard_normal(shape).astype(spec.dtype)
@@ -498,9 +505,10 @@ def random_inputs(
     """``batch`` labelled random items for the graph inputs (``random=True``; not real data).
 
     Axis 0 is the item axis (a batch size the graph fixes is met by the runner, which fills its
-    batches), other symbolic axes get ``seq``, fixed axes their size. Integer inputs whose name
-    contains ``mask`` are ones, ``type``/``position`` zeros, others ids drawn uniformly from
-    ``[0, vocab_size)``; float inputs are standard normal. Item ``i`` is drawn from its own
+    batches), other symbolic axes get ``seq``, fixed axes their size, and the past axis of a
+    key/value cache input 0 (the model without a cache). Integer inputs whose name contains
+    ``mask`` are ones, ``type`` zeros, ``position`` the positions 0, 1, ... along their last axis,
+    others ids drawn uniformly from ``[0, vocab_size)``; float inputs are standard normal. Item ``i`` is drawn from its own
     generator seeded ``(seed, i)``, when it is read: the same item whatever the batch it is read
     in, and memory does not grow with ``batch``.
     """
