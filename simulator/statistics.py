@@ -42,13 +42,19 @@ from simulator.validation import FloatArray, as_tokens, check_choice
 __all__ = [
     "SCALAR_FIELDS",
     "SPECTRAL_METRICS",
+    "SPECTRAL_NORM_METRIC",
     "TokenStatistics",
+    "centred_gram_top",
     "metrics_from_statistics",
     "token_statistics",
 ]
 
 #: Metrics that need the singular values (the Gram eigenvalues); the others need scalars only.
 SPECTRAL_METRICS: tuple[str, ...] = tuple(_FROM_SINGULAR_VALUES)
+
+#: HFC/LFC in the spectral norm (the poster's variant, :func:`simulator.metrics.hfc_lfc` with
+#: ``norm="spectral"``): from :attr:`TokenStatistics.hfc_top`; computed only when asked for.
+SPECTRAL_NORM_METRIC = "hfc_lfc_spectral"
 
 #: The scalar statistics, in the order a packed ``(..., 8)`` array holds them.
 SCALAR_FIELDS: tuple[str, ...] = (
@@ -82,6 +88,9 @@ class TokenStatistics:
     gram_eigenvalues : ndarray of shape (..., k), optional
         Eigenvalues of ``X Xᵀ`` or ``Xᵀ X`` (any order; extra zeros are harmless), needed only by
         :data:`SPECTRAL_METRICS`.
+    hfc_top : ndarray, optional
+        ``||X - 1 x̄ᵀ||_2²``, the largest eigenvalue of the centred Gram matrix
+        (:func:`centred_gram_top`), needed only by :data:`SPECTRAL_NORM_METRIC`.
     """
 
     n_tokens: FloatArray
@@ -93,6 +102,7 @@ class TokenStatistics:
     dong_num_sq: FloatArray
     dong_den_sq: FloatArray
     gram_eigenvalues: FloatArray | None = None
+    hfc_top: FloatArray | None = None
 
     @classmethod
     def from_packed(
@@ -129,7 +139,8 @@ def token_statistics(
         Rows to count (default all). Masked-out rows are treated as absent: X restricted to the
         kept rows has the same statistics (its Gram has extra zero eigenvalues, which no metric sees).
     gram : {"tokens", "features", "none"}
-        Eigenvalues of ``X Xᵀ`` (n×n), of ``Xᵀ X`` (d×d), or none (no spectral metric then).
+        Eigenvalues of ``X Xᵀ`` (n×n), of ``Xᵀ X`` (d×d), or none (no spectral metric then); with
+        a Gram matrix, ``hfc_top`` too (the centred one's largest eigenvalue).
 
     Returns
     -------
@@ -148,10 +159,13 @@ def token_statistics(
     norms = np.linalg.norm(Xm, axis=-1)
     unit = np.divide(Xm, norms[..., None], out=np.zeros_like(Xm), where=norms[..., None] > 0)
     eig: FloatArray | None = None
+    top: FloatArray | None = None
     if gram == "tokens":
         eig = np.asarray(np.linalg.eigvalsh(Xm @ np.swapaxes(Xm, -1, -2)), dtype=np.float64)
     elif gram == "features":
         eig = np.asarray(np.linalg.eigvalsh(np.swapaxes(Xm, -1, -2) @ Xm), dtype=np.float64)
+    if gram != "none":
+        top = np.linalg.eigvalsh(np.swapaxes(centered, -1, -2) @ centered)[..., -1]
     return TokenStatistics(
         n_tokens=n,
         hfc_sq=np.sum(centered**2, axis=(-2, -1)),
@@ -162,7 +176,54 @@ def token_statistics(
         dong_num_sq=_norm_1_inf_sq(np.abs(centered)),
         dong_den_sq=_norm_1_inf_sq(np.abs(Xm)),
         gram_eigenvalues=eig,
+        hfc_top=top,
     )
+
+
+def centred_gram_top(
+    gram: ArrayLike,
+    orientation: Literal["tokens", "features"],
+    *,
+    weights: ArrayLike | None = None,
+    totals: ArrayLike | None = None,
+    n_tokens: ArrayLike | None = None,
+) -> FloatArray:
+    """``||X - 1 x̄ᵀ||_2²`` over the counted rows, from the Gram matrix of the masked rows ``Xm``.
+
+    With ``w`` the 0/1 token weights, ``n = Σ w`` and ``s = Xmᵀ w`` the sum of the counted rows,
+    the centred rows are ``C = Xm - w x̄ᵀ`` (``x̄ = s / n``), and
+
+    - tokens, ``G = Xm Xmᵀ``: ``C Cᵀ = P G P`` with ``P = I - w wᵀ / n`` (needs ``weights``);
+    - features, ``G = Xmᵀ Xm``: ``Cᵀ C = G - s sᵀ / n`` (needs ``totals`` s and ``n_tokens``).
+
+    Parameters
+    ----------
+    gram : (..., k, k) array_like
+    orientation : {"tokens", "features"}
+    weights : (..., n) array_like, optional
+    totals : (..., d) array_like, optional
+    n_tokens : (...) array_like, optional
+
+    Returns
+    -------
+    (...) ndarray
+        The largest eigenvalue of the centred Gram matrix (float64).
+    """
+    G = np.asarray(gram, dtype=np.float64)
+    if orientation == "tokens":
+        if weights is None:
+            raise InputError("`weights` must be given with a tokens Gram matrix; got none")
+        w = np.asarray(weights, dtype=np.float64)
+        n = w.sum(axis=-1)[..., None, None]
+        P = np.eye(G.shape[-1]) - w[..., :, None] * w[..., None, :] / n
+        centred = P @ G @ P
+    else:
+        if totals is None or n_tokens is None:
+            raise InputError("`totals` and `n_tokens` must be given with a features Gram matrix")
+        t = np.asarray(totals, dtype=np.float64)
+        n = np.asarray(n_tokens, dtype=np.float64)[..., None, None]
+        centred = G - t[..., :, None] * t[..., None, :] / n
+    return np.asarray(np.linalg.eigvalsh(centred)[..., -1], dtype=np.float64)
 
 
 def _singular_values_from_gram(eig: FloatArray) -> FloatArray:
@@ -192,9 +253,10 @@ def metrics_from_statistics(
         ``gram_eigenvalues``.
     """
     wanted = list(METRICS) if names is None else list(names)
-    unknown = [name for name in wanted if name not in METRICS]
+    known = (*METRICS, SPECTRAL_NORM_METRIC)
+    unknown = [name for name in wanted if name not in known]
     if unknown:
-        raise InputError(f"metric names must be among {', '.join(METRICS)}; got {unknown[0]!r}")
+        raise InputError(f"metric names must be among {', '.join(known)}; got {unknown[0]!r}")
     if np.any(np.asarray(stats.n_tokens) < 2):
         raise InputError(
             "every token matrix must have at least 2 tokens (rows) for a smoothing metric; got "
@@ -210,6 +272,11 @@ def metrics_from_statistics(
     for name in wanted:
         if name == "hfc_lfc":
             values[name] = _safe_divide(np.sqrt(stats.hfc_sq), np.sqrt(stats.lfc_sq))
+        elif name == SPECTRAL_NORM_METRIC:
+            if stats.hfc_top is None:
+                raise InputError(f"metric {name!r} needs `hfc_top`; got none")
+            top = np.sqrt(np.maximum(stats.hfc_top, 0.0))
+            values[name] = _safe_divide(top, np.sqrt(stats.lfc_sq))
         elif name == "cosine":
             m = np.asarray(stats.n_nonzero, dtype=np.float64)
             pairs = _safe_divide(stats.unit_sum_sq - stats.unit_trace, m * (m - 1))

@@ -105,7 +105,7 @@ from importers.zoo import ModelRef, ZooModel, file_sha256, lookup
 from simulator.metrics import METRICS
 from simulator.operator import HeadFactors
 from simulator.output import package_versions
-from simulator.statistics import SPECTRAL_METRICS
+from simulator.statistics import SPECTRAL_METRICS, SPECTRAL_NORM_METRIC
 from simulator.tolerances import TIE_RTOL
 from simulator.validation import check_choice, check_positive_int
 
@@ -156,6 +156,10 @@ class AuditOptions:
     h : {"effective", "stored"}
         The H of the dominance step: the effective product of every linear factor of the branch
         (default), or ``W_V W_O`` as the checkpoint stores it (the paper's protocol).
+    spectral_norm : bool
+        Also the HFC/LFC in the spectral norm (the poster's variant, metric ``hfc_lfc_spectral``:
+        ``||X − 𝟙x̄ᵀ||₂ / ||𝟙x̄ᵀ||₂``, from the Gram matrix the spectral metrics already reduce);
+        needs ``spectral``.
     spectral : bool
         Compute the singular-value metrics (sigma_ratio, rank1_residual, effective_rank). They
         need one min(T, D)² Gram matrix per input and layer from the device, most of what an
@@ -184,6 +188,7 @@ class AuditOptions:
     operator_inputs: int = OPERATOR_INPUTS
     h: HChoice = "effective"
     spectral: bool = True
+    spectral_norm: bool = False
     partial: bool = False
     tie_rtol: float = TIE_RTOL
     progress: bool = False
@@ -194,6 +199,10 @@ class AuditOptions:
         check_choice(self.dominance, "dominance", DOMINANCE_MODES, error=ImporterInputError)
         check_choice(self.h, "h", H_CHOICES, error=ImporterInputError)
         check_positive_int(self.operator_inputs, "operator_inputs", error=ImporterInputError)
+        if self.spectral_norm and not self.spectral:
+            raise ImporterInputError(
+                "`spectral_norm` needs the Gram matrices of the spectral metrics; got spectral False"
+            )
         check_positive_int(self.batch_size, "batch_size", error=ImporterInputError)
         if self.threads is not None:
             check_positive_int(self.threads, "threads", error=ImporterInputError)
@@ -423,9 +432,11 @@ def measure(
         provider=options.provider,
         threads=threads,
         partial=prepared.matched_part_only,
+        spectral_norm=options.spectral_norm,
     )
     shape = (inputs.batch_size, len(session.plan.layers))  # the layers, then the sublayers
-    per_input = {name: np.full(shape, np.nan) for name in METRICS}
+    names = [*METRICS, *([SPECTRAL_NORM_METRIC] if options.spectral_norm else [])]
+    per_input = {name: np.full(shape, np.nan) for name in names}
     batches = session.batches(prepared.items, progress=options.progress)
     remaining = options.operator_inputs - first_input
     plan = OperatorPlan(prepared.operator, remaining) if prepared.operator and remaining > 0 else None
@@ -436,7 +447,7 @@ def measure(
     runner = session.runner
     provider = ProviderInfo(options.provider, tuple(runner.provider_used), runner.provider_note)
     n_layers, n_blocks = len(session.layers), len(prepared.blocks)
-    attention_part = {name: np.full((inputs.batch_size, n_blocks), np.nan) for name in METRICS}
+    attention_part = {name: np.full((inputs.batch_size, n_blocks), np.nan) for name in names}
     for name, values in per_input.items():
         attention_part[name][:, session.sublayers] = values[:, n_layers:]
     layers = {name: values[:, :n_layers] for name, values in per_input.items()}
@@ -478,7 +489,8 @@ def audit_result(
             operator_inputs=options.operator_inputs if options.dominance == "operator" else 0,
             h=options.h,
             tie_rtol=options.tie_rtol,
-            metrics=tuple(m for m in METRICS if options.spectral or m not in SPECTRAL_METRICS),
+            metrics=tuple(m for m in METRICS if options.spectral or m not in SPECTRAL_METRICS)
+            + ((SPECTRAL_NORM_METRIC,) if options.spectral_norm else ()),
         ),
         provenance=Provenance(
             python=platform.python_version(),
@@ -519,6 +531,7 @@ def audit(
     operator_inputs: int = OPERATOR_INPUTS,
     h: HChoice = "effective",
     spectral: bool = True,
+    spectral_norm: bool = False,
     partial: bool = False,
     tie_rtol: float = TIE_RTOL,
     progress: bool = False,
@@ -548,6 +561,7 @@ def audit(
         operator_inputs=operator_inputs,
         h=h,
         spectral=spectral,
+        spectral_norm=spectral_norm,
         partial=partial,
         tie_rtol=tie_rtol,
         progress=progress,

@@ -32,6 +32,7 @@ MASK_INPUT
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -42,7 +43,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from importers.errors import ImporterInputError
 from importers.graph import GraphInput, OnnxModel
-from simulator.statistics import SCALAR_FIELDS, TokenStatistics
+from simulator.statistics import SCALAR_FIELDS, TokenStatistics, centred_gram_top
 
 __all__ = ["MASK_INPUT", "GraphExtension", "ReductionPlan", "plan_reductions"]
 
@@ -107,12 +108,19 @@ class ReductionPlan:
         Whether the caller feeds :data:`MASK_INPUT`.
     extension : GraphExtension
         What to append to the graph.
+    prefix : int
+        Leading tokens left out of every statistic.
+    spectral_norm : bool
+        Also the centred Gram's largest eigenvalue (``hfc_top``, for the spectral-norm HFC/LFC):
+        each layer's sum of counted rows comes back too when the Gram is D×D.
     """
 
     layers: tuple[str, ...]
     gram: Gram
     masked: bool
     extension: GraphExtension = field(repr=False)
+    prefix: int = 0
+    spectral_norm: bool = False
 
     def scalars_name(self, layer: int) -> str:
         return f"{_PREFIX}.{layer}.scalars"
@@ -124,15 +132,37 @@ class ReductionPlan:
         """The extra feed for a ``(B, T)`` boolean token mask (empty when not ``masked``)."""
         return {MASK_INPUT: np.asarray(token_mask, dtype=np.float64)} if self.masked else {}
 
-    def statistics(self, outputs: Mapping[str, np.ndarray], layer: int) -> TokenStatistics:
+    def totals_name(self, layer: int) -> str:
+        return f"{_PREFIX}.{layer}.totals"
+
+    def statistics(
+        self,
+        outputs: Mapping[str, np.ndarray],
+        layer: int,
+        token_mask: np.ndarray | None = None,
+    ) -> TokenStatistics:
         """The :class:`~simulator.statistics.TokenStatistics` of one layer for one batch.
 
-        Gram eigenvalues are computed here (``eigvalsh`` in float64, batched).
+        Gram eigenvalues are computed here (``eigvalsh`` in float64, batched); with
+        ``spectral_norm``, the centred Gram's largest one too
+        (:func:`~simulator.statistics.centred_gram_top`: from the T×T Gram and the token weights,
+        ``token_mask`` (B, T) with the prefix left out, or from the D×D Gram and the rows' sum).
         """
         eig = None
         if self.gram != "none":
-            eig = np.linalg.eigvalsh(np.asarray(outputs[self.gram_name(layer)], np.float64))
-        return TokenStatistics.from_packed(outputs[self.scalars_name(layer)], eig)
+            gram = np.asarray(outputs[self.gram_name(layer)], np.float64)
+            eig = np.linalg.eigvalsh(gram)
+        stats = TokenStatistics.from_packed(outputs[self.scalars_name(layer)], eig)
+        if not self.spectral_norm or self.gram == "none":
+            return stats
+        if self.gram == "tokens":
+            weights = np.ones(gram.shape[:2]) if token_mask is None else token_mask.astype(float)
+            weights[:, : self.prefix] = 0.0
+            top = centred_gram_top(gram, "tokens", weights=weights)
+        else:
+            totals = outputs[self.totals_name(layer)]
+            top = centred_gram_top(gram, "features", totals=totals, n_tokens=stats.n_tokens)
+        return dataclasses.replace(stats, hfc_top=top)
 
 
 class _Builder:
@@ -216,10 +246,18 @@ def _norm_1_inf_sq(b: _Builder, absolute: str, hint: str) -> str:
 
 
 def _layer_nodes(
-    b: _Builder, x: str, layer: int, mask: str | None, prefix: int, gram: Gram, time_major: bool
+    b: _Builder,
+    x: str,
+    layer: int,
+    mask: str | None,
+    prefix: int,
+    gram: Gram,
+    time_major: bool,
+    totals: bool = False,
 ) -> None:
     """Append the statistics nodes of one layer tensor ``x`` (B, T, D), or (T, B, D) when
-    ``time_major`` (transposed to (B, T, D) first)."""
+    ``time_major`` (transposed to (B, T, D) first); with ``totals``, the (B, D) sum of the
+    counted rows is an output too."""
     if time_major:
         x = b.op("Transpose", [x], f"{layer}.batch_first", perm=[1, 0, 2])
     xd = b.op("Cast", [x], f"{layer}.x64", to=_DOUBLE)
@@ -227,11 +265,10 @@ def _layer_nodes(
     w3 = b.unsqueeze(w, 2, f"{layer}.w3")
     xm = b.op("Mul", [xd, w3], f"{layer}.xm")
     n = b.reduce("ReduceSum", w, [1], f"{layer}.n")
-    mean = b.op(
-        "Div",
-        [b.reduce("ReduceSum", xm, [1], f"{layer}.total"), b.unsqueeze(n, 1, f"{layer}.n2")],
-        f"{layer}.mean",
-    )
+    total = b.reduce("ReduceSum", xm, [1], f"{layer}.total")
+    if totals:
+        b.output("Identity", [total], f"{_PREFIX}.{layer}.totals")
+    mean = b.op("Div", [total, b.unsqueeze(n, 1, f"{layer}.n2")], f"{layer}.mean")
     centered = b.op(
         "Mul",
         [b.op("Sub", [xd, b.unsqueeze(mean, 1, f"{layer}.mean3")], f"{layer}.dev"), w3],
@@ -283,6 +320,7 @@ def plan_reductions(
     masked: bool = False,
     gram: Gram = "tokens",
     time_major: Sequence[bool] = (),
+    spectral_norm: bool = False,
 ) -> ReductionPlan:
     """Plan the in-graph statistics of ``layers`` (each a (B, T, D) tensor of ``model``).
 
@@ -302,6 +340,8 @@ def plan_reductions(
     time_major : sequence of bool
         Per layer, whether it is (T, B, D) instead (:attr:`AttentionBlock.time_major`); empty:
         every layer is batch-first.
+    spectral_norm : bool
+        Also return what the spectral-norm HFC/LFC needs (:attr:`ReductionPlan.spectral_norm`).
 
     Returns
     -------
@@ -321,16 +361,19 @@ def plan_reductions(
             f"`time_major` needs one flag per layer ({len(layers)}); got {len(time_major)}"
         )
     for layer, name in enumerate(layers):
+        totals = spectral_norm and gram == "features"
         _layer_nodes(
-            builder, name, layer, mask, prefix, gram, bool(time_major and time_major[layer])
+            builder, name, layer, mask, prefix, gram, bool(time_major and time_major[layer]), totals
         )
         outputs.append(_typed(f"{_PREFIX}.{layer}.scalars", ["batch", len(SCALAR_FIELDS)]))
         if gram != "none":
             outputs.append(_typed(f"{_PREFIX}.{layer}.gram", ["batch", "k", "k"]))
+        if totals:
+            outputs.append(_typed(f"{_PREFIX}.{layer}.totals", ["batch", "d"]))
     extension = GraphExtension(
         nodes=tuple(builder.nodes),
         initializers=tuple(builder.initializers.values()),
         inputs=(_typed(MASK_INPUT, ["batch", "tokens"]),) if masked else (),
         outputs=tuple(outputs),
     )
-    return ReductionPlan(tuple(layers), gram, masked, extension)
+    return ReductionPlan(tuple(layers), gram, masked, extension, prefix, spectral_norm)

@@ -44,7 +44,12 @@ from importers.run.reductions import Gram, ReductionPlan, plan_reductions
 from importers.run.runner import Runner
 from simulator.metrics import METRICS
 from simulator.operator import HeadFactors
-from simulator.statistics import SPECTRAL_METRICS, TokenStatistics, metrics_from_statistics
+from simulator.statistics import (
+    SPECTRAL_METRICS,
+    SPECTRAL_NORM_METRIC,
+    TokenStatistics,
+    metrics_from_statistics,
+)
 
 __all__ = [
     "LOOKAHEAD_BATCHES",
@@ -227,6 +232,7 @@ def audit_session(
     provider: Literal["auto", "cpu", "cuda"] = "auto",
     threads: int | None = None,
     partial: bool = False,
+    spectral_norm: bool = False,
 ) -> AuditSession:
     """Build the session the audit runs: layer statistics reduced in the graph, attention exposed.
 
@@ -252,6 +258,7 @@ def audit_session(
         masked=first.token_mask is not None,
         gram=gram,
         time_major=time_major,
+        spectral_norm=spectral_norm,
     )
     runner = Runner(
         graph, expose=probs, extension=plan.extension, provider=provider, threads=threads
@@ -291,6 +298,7 @@ def _measure_layers(
     start: int,
     per_input: dict[str, np.ndarray],
     labels: Sequence[str],
+    token_mask: np.ndarray | None = None,
 ) -> int:
     """Fill ``per_input[metric][item, layer]`` for one batch from its in-graph statistics.
 
@@ -298,9 +306,10 @@ def _measure_layers(
     batch size.
     """
     names = [name for name in METRICS if plan.gram != "none" or name not in SPECTRAL_METRICS]
+    names += [SPECTRAL_NORM_METRIC] if plan.spectral_norm and plan.gram != "none" else []
     batch = 0
     for layer in range(len(plan.layers)):
-        statistics = plan.statistics(outputs, layer)
+        statistics = plan.statistics(outputs, layer, token_mask)
         _check_counted_tokens(statistics.n_tokens, labels)
         values = metrics_from_statistics(statistics, names)
         for metric, value in values.items():
@@ -427,7 +436,9 @@ def batch_work(
     the operator cases of its inputs below ``operator.inputs``, once its outputs are checked
     finite (:func:`check_finite_outputs`)."""
     check_finite_outputs(session, blocks, outputs, batch, start)
-    metrics = pool.submit(_measure_layers, outputs, session.plan, start, per_input, batch.labels)
+    metrics = pool.submit(
+        _measure_layers, outputs, session.plan, start, per_input, batch.labels, batch.token_mask
+    )
     if not session.attention:
         return _BatchWork(metrics, None)
     problems = dominance_problems(outputs, blocks, session.attention, batch, start, eig_H)

@@ -142,6 +142,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "what a GPU audit copies back)",
     )
     p.add_argument(
+        "--spectral-hfc",
+        action="store_true",
+        help="also HFC/LFC in the spectral norm (hfc_lfc_spectral in layers.csv and "
+        "attention.csv: the poster's variant), from the Gram matrices the spectral metrics reduce",
+    )
+    p.add_argument(
         "--partial",
         action="store_true",
         help="audit a model whose attention is only partly matched (the output says first what "
@@ -282,6 +288,7 @@ def audit_options(args: argparse.Namespace) -> AuditOptions:
         operator_inputs=args.operator_inputs or OPERATOR_INPUTS,
         h=args.h,
         spectral=not args.no_spectral,
+        spectral_norm=args.spectral_hfc,
         partial=args.partial,
         progress=not args.no_progress and sys.stderr.isatty(),
         cache=not args.no_cache,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -9,11 +11,13 @@ from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 
 from simulator.errors import InputError
-from simulator.metrics import METRICS, all_metrics
+from simulator.metrics import METRICS, all_metrics, hfc_lfc
 from simulator.statistics import (
     SCALAR_FIELDS,
     SPECTRAL_METRICS,
+    SPECTRAL_NORM_METRIC,
     TokenStatistics,
+    centred_gram_top,
     metrics_from_statistics,
     token_statistics,
 )
@@ -98,3 +102,35 @@ def test_fewer_than_two_tokens_and_missing_gram_are_refused() -> None:
         TokenStatistics.from_packed(np.zeros((2, 7)))
     with pytest.raises(InputError, match="mask"):
         token_statistics(X, np.ones((1, 2), dtype=bool))
+
+
+@given(
+    batch=st.integers(1, 3),
+    n=st.integers(2, 9),
+    d=st.integers(1, 7),
+    seed=seeds,
+    gram=grams,
+    smooth=st.sampled_from([0.0, 3.0]),
+)
+def test_the_spectral_norm_hfc_lfc_from_either_gram_is_the_metric_of_the_counted_rows(
+    batch: int, n: int, d: int, seed: int, gram: str, smooth: float
+) -> None:
+    """``hfc_top`` from the masked rows' Gram (with the weights, or with the rows' sum) gives
+    simulator.metrics.hfc_lfc(X, norm="spectral") of the counted rows."""
+    X, mask = _masked_batch(batch, n, d, seed, smooth)
+    stats = token_statistics(X, mask, gram=gram)  # type: ignore[arg-type]
+    Xm = X * mask[..., None]
+    if gram == "tokens":
+        top = centred_gram_top(Xm @ np.swapaxes(Xm, -1, -2), "tokens", weights=mask)
+    else:
+        top = centred_gram_top(
+            np.swapaxes(Xm, -1, -2) @ Xm, "features", totals=Xm.sum(axis=1), n_tokens=mask.sum(1)
+        )
+    assert stats.hfc_top is not None
+    assert_allclose(top, stats.hfc_top, rtol=GRAM_RTOL, atol=GRAM_ATOL * np.max(stats.hfc_top))
+    got = metrics_from_statistics(
+        dataclasses.replace(stats, hfc_top=top), [SPECTRAL_NORM_METRIC]
+    )[SPECTRAL_NORM_METRIC]
+    for b in range(batch):
+        expected = hfc_lfc(X[b][mask[b]], norm="spectral")
+        assert_allclose(got[b], expected, rtol=GRAM_RTOL, atol=GRAM_ATOL)

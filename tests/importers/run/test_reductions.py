@@ -411,3 +411,36 @@ def test_zoo_audits_reduce_the_token_gram_matrix(name: str) -> None:
     interpolation); MiniLM: the bundled sentences' mask."""
     model, inputs, _ = _zoo(name)
     assert _planned_gram(model, inputs) == "tokens"
+
+
+@pytest.mark.parametrize("orientation", ["tokens", "features"])
+@pytest.mark.parametrize("name", ["bert_legacy", "vit_prenorm_layerscale"])
+def test_the_spectral_norm_hfc_lfc_equals_numpy_on_the_forward_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, orientation: str
+) -> None:
+    """``--spectral-hfc``: from either Gram orientation (T×T with the token weights, D×D with
+    the rows' sum), equal to simulator.metrics.hfc_lfc(X, norm="spectral") of the counted tokens;
+    every other metric and layers.csv's metrics unchanged."""
+    from simulator.metrics import hfc_lfc
+    from simulator.statistics import SPECTRAL_NORM_METRIC
+    from tests.importers.reference import forward_trace
+    from tests.importers.run.test_audit import real_tokens
+
+    session_module = importlib.import_module("importers.run.session")
+    monkeypatch.setattr(session_module, "_gram_orientation", lambda *args: orientation)
+    assembly = assemble(name, 3)
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(assembly.built.model, path)
+    _, inputs = _builder(name)
+    with_norm = audit(path, inputs, provider="cpu", spectral_norm=True, exclude_prefix=1)
+    plain = audit(path, inputs, provider="cpu", exclude_prefix=1)
+    keep = real_tokens(assembly)
+    keep[:, :1] = False  # the excluded prefix token
+    for layer, hidden in enumerate(forward_trace(assembly).hidden):
+        expected = [hfc_lfc(hidden[b][keep[b]], norm="spectral") for b in range(len(hidden))]
+        assert_allclose(
+            with_norm.metrics[SPECTRAL_NORM_METRIC][:, layer], expected, rtol=ORT_RTOL, atol=ORT_ATOL
+        )
+    for metric in METRICS:
+        np.testing.assert_array_equal(with_norm.metrics[metric], plain.metrics[metric])
+    assert SPECTRAL_NORM_METRIC not in plain.metrics
