@@ -225,13 +225,38 @@ def _image_files(directory: Path) -> list[Path]:
     return files
 
 
+#: The image side when neither the caller, the zoo entry nor the graph gives one.
+DEFAULT_IMAGE_SIZE = 224
+
+
+def image_settings(
+    graph: Sequence[GraphInput] | None = None,
+    entry: ZooModel | None = None,
+    *,
+    size: int | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+) -> tuple[int, Sequence[float], Sequence[float]]:
+    """The side, mean and std for a model's images: each as given, else the zoo entry's, else
+    (the side) the graph's fixed image side, else :data:`DEFAULT_IMAGE_SIZE` and ImageNet's."""
+    if size is None and entry is not None:
+        size = entry.image_size or DEFAULT_IMAGE_SIZE
+    if size is None:
+        sides = [spec.shape[-1] for spec in graph or () if len(spec.shape) == 4]
+        size = sides[0] if sides and isinstance(sides[0], int) else DEFAULT_IMAGE_SIZE
+    mean = mean or (entry.mean if entry is not None and entry.mean else None) or IMAGENET_MEAN
+    std = std or (entry.std if entry is not None and entry.std else None) or IMAGENET_STD
+    return size, mean, std
+
+
 def from_images(
     directory: str | os.PathLike[str],
     *,
-    size: int = 224,
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
+    size: int | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
     graph: Sequence[GraphInput] | None = None,
+    entry: ZooModel | None = None,
 ) -> Inputs:
     """Every image in a folder (sorted by name), as normalised NCHW float32 inputs.
 
@@ -244,12 +269,15 @@ def from_images(
     ----------
     directory : path-like
         Folder of ``.png``/``.jpg``/... files.
-    size : int
-        Output side in pixels.
-    mean, std : sequence of 3 floats
-        Per-channel normalisation (ImageNet by default).
+    size : int, optional
+        Output side in pixels (default :func:`image_settings`: the zoo entry's, the graph's
+        fixed side, else 224).
+    mean, std : sequence of 3 floats, optional
+        Per-channel normalisation (default: the zoo entry's, else ImageNet's).
     graph : sequence of GraphInput, optional
         Map and check the feed against these graph inputs.
+    entry : ZooModel, optional
+        The zoo entry of the model the images are for (its preprocessing).
 
     Returns
     -------
@@ -257,6 +285,7 @@ def from_images(
         Read per batch: ``feeds`` of ``(B, 3, size, size)`` float32; ``labels`` are file names.
     """
     folder = Path(directory)
+    size, mean, std = image_settings(graph, entry, size=size, mean=mean, std=std)
     inputs = _image_inputs(_image_files(folder), size, mean, std, f"images:{folder}")
     return _maybe_for_graph(inputs, graph)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from importers.defaults import OPERATOR_INPUTS
 from importers.errors import ImporterInputError
-from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, ZooModel, lookup
+from importers.zoo import ZooModel, lookup
 from oversmooth.commands.common import add_scheduler_options, positive_int
 
 if TYPE_CHECKING:  # types only: the audit's modules (onnx, the matcher) load when the command runs
@@ -170,16 +170,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _image_size(entry: ZooModel | None, graph: Sequence[GraphInput], requested: int | None) -> int:
-    if requested is not None:
-        return requested
-    if entry is not None:
-        return entry.image_size or 224
-    shapes = [g.shape for g in graph if len(g.shape) == 4]
-    side = shapes[0][-1] if shapes else 224
-    return side if isinstance(side, int) else 224
-
-
 #: Options that shape one input source, and the source they need (given without it, they would
 #: be ignored: an audit of other inputs than the user asked for).
 SOURCE_OPTIONS = {
@@ -209,10 +199,14 @@ def _inputs(
     if args.inputs:
         return sources.from_npz(args.inputs, graph)
     if args.images:
-        size = _image_size(entry, graph, args.image_size)
-        mean = args.mean or (entry and entry.mean) or IMAGENET_MEAN
-        std = args.std or (entry and entry.std) or IMAGENET_STD
-        return sources.from_images(args.images, size=size, mean=mean, std=std, graph=graph)
+        return sources.from_images(
+            args.images,
+            size=args.image_size,
+            mean=args.mean,
+            std=args.std,
+            graph=graph,
+            entry=entry,
+        )
     if args.text:
         if not args.tokenizer:
             raise ImporterInputError(
