@@ -23,6 +23,16 @@ EIG_TOL = 1e-9
 #: Relative modulus under which two eigenvalues |mu| count as tied (Definition 4 allows ties).
 TIE_RTOL = 1e-9
 
+#: ARPACK's relative residual for the quotient map's dominating eigenvalue (simulator.operator):
+#: an eigenvalue's error is about its condition number times this, so a kind decided against
+#: TIE_RTOL stays right for condition numbers up to about 1e3.
+ARPACK_TOL = 1e-12
+
+#: ARPACK's residual on its retry. A tight cluster at the top of the quotient (several near-1
+#: eigenvalues of A times one eigenvalue of M) converges in value long before its vectors do; at
+#: this residual the moduli of such clusters came out within 2e-9 (relative) of the dense ones.
+ARPACK_RETRY_TOL = 1e-8
+
 #: A certified perron case (simulator.perron) keeps this relative distance from the tie threshold,
 #: so that the dense path, whose eigenvalues carry round-off (a few digits more for non-normal A),
 #: finds the same kind.
