@@ -136,7 +136,12 @@ ARPACK_SEED = 20240109
 
 
 class QuotientConvergenceError(OversmoothError):
-    """ARPACK did not converge on the quotient map, and the problem is too large to solve dense."""
+    """ARPACK did not converge on the quotient map, and the problem is too large to solve dense.
+
+    Not the input's fault: exit status 1, like a failed check.
+    """
+
+    exit_code = 1
 
 
 @dataclass(frozen=True)
