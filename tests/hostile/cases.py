@@ -579,6 +579,49 @@ def overwrite_cases() -> Iterator[Case]:
     yield Case("simulate-out-someone-elses-file", simulate_over_a_file)
 
 
+# -- declared sizes beyond the limits: reasoned about, never allocated ---------------------------
+def _declared(folder: Path, axis: int) -> Path:
+    """bert_legacy with axis ``axis`` of every graph input fixed at 2^40 (a declared size)."""
+    from tests.importers.graph.test_declared_sizes import fixed_axis_model
+
+    path = folder / f"declared-{axis}.onnx"
+    onnx.save(fixed_axis_model(axis), path)
+    return path
+
+
+def _huge_intermediate(folder: Path, op: str) -> Path:
+    """bert_legacy whose mask term passes through a 2^40-element ``op`` on the way to the scores."""
+    from tests.importers.graph.test_declared_sizes import huge_intermediate_model
+
+    path = folder / f"huge-{op}.onnx"
+    onnx.save(huge_intermediate_model(op), path)
+    return path
+
+
+def declared_size_cases() -> Iterator[Case]:
+    """Every model command on a graph input declared at 2^40 along the batch or the token axis
+    (refused by name before any probe is built), and the audit of graphs whose ConstantOfShape,
+    Tile or Expand reaches 2^40 elements on the way to the scores (matched by shape arithmetic;
+    the run is refused in one line by onnxruntime)."""
+    for command, extra in MODEL_COMMANDS.items():
+        for axis in (0, 1):
+
+            def build(folder: Path, command=command, extra=extra, axis=axis) -> list[str]:
+                out = folder / "out" / FILE_OUTPUTS.get(command, "report")
+                model = _declared(folder, axis)
+                return [command, str(model), *(a.format(out=out) for a in extra)]
+
+            yield Case(f"{command}-declared-axis-{axis}-2^40", build)
+    for op in ("ConstantOfShape", "Tile", "Expand"):
+
+        def build_audit(folder: Path, op=op) -> list[str]:
+            out = folder / "out" / "report"
+            model = _huge_intermediate(folder, op)
+            return ["audit", str(model), *(a.format(out=out) for a in MODEL_COMMANDS["audit"])]
+
+        yield Case(f"audit-huge-{op}-on-the-way-to-the-scores", build_audit)
+
+
 def all_cases() -> list[Case]:
     return [
         *model_cases(),
@@ -591,4 +634,5 @@ def all_cases() -> list[Case]:
         *non_finite_input_cases(),
         *non_finite_weight_cases(),
         *self_external_data_cases(),
+        *declared_size_cases(),
     ]

@@ -32,7 +32,7 @@ def _bert() -> onnx.ModelProto:
     return assemble("bert_legacy", SEED).built.model
 
 
-def _fixed_axis(axis: int) -> onnx.ModelProto:
+def fixed_axis_model(axis: int) -> onnx.ModelProto:
     """bert_legacy with axis ``axis`` of every graph input fixed at 2^40."""
     model = _bert()
     for graph_input in model.graph.input:
@@ -42,7 +42,7 @@ def _fixed_axis(axis: int) -> onnx.ModelProto:
     return model
 
 
-def _huge_mask_term(op: str) -> onnx.ModelProto:
+def huge_intermediate_model(op: str) -> onnx.ModelProto:
     """bert_legacy whose mask term passes through a 2^40-element ``op`` and a ReduceMax back to
     its own shape before it is added to the scores: a valid graph with a huge intermediate."""
     model = _bert()
@@ -83,7 +83,7 @@ def test_a_graph_input_declared_beyond_the_limit_is_refused_by_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], axis: int, command: str
 ) -> None:
     path = tmp_path / "big.onnx"
-    onnx.save(_fixed_axis(axis), path)
+    onnx.save(fixed_axis_model(axis), path)
     out = [] if command == "inspect" else ["--out", str(tmp_path / "w.npz")]
     assert main([command, str(path), *out]) == 2
     err = capsys.readouterr().err
@@ -97,7 +97,7 @@ def test_a_graph_input_declared_beyond_the_limit_is_refused_by_name(
 @pytest.mark.parametrize("op", ["ConstantOfShape", "Tile", "Expand"])
 def test_a_huge_intermediate_on_the_way_to_the_scores_is_reasoned_about_not_built(op: str) -> None:
     """The blocks are matched (the huge tensor's shape is arithmetic, its value unknown)."""
-    model = model_from_proto(_huge_mask_term(op))
+    model = model_from_proto(huge_intermediate_model(op))
     report = find_attention_blocks(model)
     assert len(report.blocks) == 2
     context = ShapeContext(model.index, batch=2, sequence=6)
