@@ -622,6 +622,48 @@ def declared_size_cases() -> Iterator[Case]:
         yield Case(f"audit-huge-{op}-on-the-way-to-the-scores", build_audit)
 
 
+# -- the default model ----------------------------------------------------------------------------
+DEFAULT_MODEL = "dinov2-vits14"
+
+
+def _default_audit(folder: Path, *options: str) -> list[str]:
+    """``audit`` of the default zoo model (installed by ``make venv``) on one picture."""
+    from tests.realmodels import require_real_model
+
+    require_real_model(DEFAULT_MODEL)  # a skip outside CI, a failure in it
+    (folder / "img").mkdir()
+    Image.new("RGB", (40, 30), (120, 20, 200)).save(folder / "img" / "a.png")
+    out = str(folder / "report")
+    return ["audit", DEFAULT_MODEL, "--out", out, "--no-progress", *options]
+
+
+def _nan_pixels(folder: Path) -> list[str]:
+    pixels = np.zeros((1, 3, 224, 224), np.float32)
+    pixels[0, 1, 100, 7] = np.nan
+    return _default_audit(folder, "--inputs", _npz(folder, input_image=pixels))
+
+
+def default_model_cases() -> Iterator[Case]:
+    """The code paths added since the last hardening round, on the default model: the input
+    checks, the normalisation checks, the H and operator options, the spectral-norm metric."""
+    for name, options in (
+        ("std-inf", ["--images", "{img}", "--std", "inf", "inf", "inf"]),
+        ("mean-nan", ["--images", "{img}", "--mean", "nan", "0", "0"]),
+        ("std-zero", ["--images", "{img}", "--std", "0.2", "0", "0.2"]),
+        ("operator-inputs-0", ["--dominance", "operator", "--operator-inputs", "0"]),
+        ("h-unknown", ["--h", "folded"]),
+        ("spectral-hfc-without-gram", ["--spectral-hfc", "--no-spectral"]),
+        ("exclude-prefix-negative", ["--exclude-prefix", "-1"]),
+    ):
+
+        def build(folder: Path, options=options) -> list[str]:
+            args = _default_audit(folder)
+            return [*args, *(o.format(img=folder / "img") for o in options)]
+
+        yield Case(f"audit-default-model-{name}", build)
+    yield Case("audit-default-model-nan-pixels", _nan_pixels)
+
+
 def all_cases() -> list[Case]:
     return [
         *model_cases(),
@@ -635,4 +677,5 @@ def all_cases() -> list[Case]:
         *non_finite_weight_cases(),
         *self_external_data_cases(),
         *declared_size_cases(),
+        *default_model_cases(),
     ]
