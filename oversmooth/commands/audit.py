@@ -274,6 +274,11 @@ def audit_options(args: argparse.Namespace) -> AuditOptions:
     """The :class:`~importers.run.audit.AuditOptions` the command line asks for."""
     from importers.run.audit import AuditOptions
 
+    if args.operator_inputs is not None and args.dominance != "operator":
+        raise ImporterInputError(
+            "`--operator-inputs` applies to `--dominance operator`; got dominance "
+            f"{args.dominance!r}"
+        )
     return AuditOptions(
         provider=args.provider,
         batch_size=args.batch_size,

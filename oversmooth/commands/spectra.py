@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``spectra`` to the dispatcher."""
     parser = subparsers.add_parser(
         "spectra",
-        help="write the eigenvalues of W_V W_O per head and per layer to CSV",
+        help="write the eigenvalues of the value products per head and per layer, stored and "
+        "effective, to CSV",
         description=__doc__.splitlines()[0],
     )
     add_model_argument(parser)

@@ -328,6 +328,8 @@ def test_provider_cuda_without_a_usable_gpu_is_bad_input(
         ),
         (["--text", "sentences.txt"], "--tokenizer"),
         (["--h", "folded"], "argument --h: invalid choice"),
+        (["--operator-inputs", "3"], "`--operator-inputs` applies to `--dominance operator`"),
+        (["--spectral-hfc", "--no-spectral"], "`spectral_norm` needs the Gram matrices"),
     ],
 )
 def test_bad_options_are_named(
