@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from simulator.operator import HeadFactors, operator_dominance
 
 from importers.run.dominance import DominanceProblem
 from importers.run.records import OperatorCase
 from importers.weights import BlockWeights
+from simulator.operator import HeadFactors, operator_dominance
 
 __all__ = ["operator_cases", "operator_factors"]
 
