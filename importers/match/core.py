@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from importers.graph import Node
+from importers.graph import GraphIndex, Node, ShapeContext
 from importers.match.codes import RejectCode
 from importers.match.layout import Layout, LayoutProbe
 from importers.match.limits import VALUE_MATMUL_STEPS
@@ -27,11 +27,20 @@ SCALE_RTOL = 1e-3
 _PROBABILITY_VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 
 
-class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
+class Matcher(ScoreMatcher):
     """Pattern matching over one graph (one shape context, shared across candidates).
 
-    ``batch`` and ``sequence`` are the sizes assumed for symbolic dimensions while probing.
+    ``batch`` and ``sequence`` are the sizes assumed for symbolic dimensions while probing. The
+    walk back from the Softmax (scores, projections, rotary, norms) is this class's one line of
+    descent; the head-layout probe (:attr:`layout`) and the residual-stream walk (:attr:`stream`)
+    are components over the same index and the same shape context.
     """
+
+    def __init__(self, index: GraphIndex, batch: int, sequence: int) -> None:
+        context = ShapeContext(index, batch=batch, sequence=sequence)
+        super().__init__(index, context)
+        self.layout = LayoutProbe(index, context)
+        self.stream = StreamMatcher(index, context)
 
     # -- the whole block --------------------------------------------------------------------------
     def match(self, softmax: Node, index: int) -> AttentionBlock:
@@ -41,10 +50,10 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         k = self.trace(scores.input(1), "K")
         v = self.trace(value_matmul.input(1), "V")
         self.check_self_attention(q, k, v)
-        layout = self.probe_heads(q, k, v)
+        layout = self.layout.probe_heads(q, k, v)
         self.check_whole_sequence(softmax, self.stream_tensor(q.linear.x), layout.time_major)
         self.check_softmax_axis(softmax, len(layout.lead) + 2)
-        columns = self.head_columns(layout.q, layout.k, layout.v)
+        columns = self.layout.head_columns(layout.q, layout.k, layout.v)
         n_heads, d_head = layout.q.columns.shape
         o, o_rows = self.output_projection(value_matmul, layout)
         d_model = q.linear.d_in
@@ -67,7 +76,7 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
             + bias.notes
         )
         rotary, rotary_width = self.rotary_form(q, k, d_head)
-        stream = self.block_stream(q.linear.x, o)
+        stream = self.stream.block_stream(q.linear.x, o)
         notes += stream.pop("notes")
         if layout.time_major:
             notes += (
@@ -314,4 +323,4 @@ class Matcher(ScoreMatcher, LayoutProbe, StreamMatcher):
         """Forward from the ·V MatMul through the head merge to W_O; returns (W_O, canonical rows)."""
         name = value_matmul.outputs[0]
         linear, steps = self.find_output_linear(name)
-        return linear, self.merge_rows(name, steps, linear, layout)
+        return linear, self.layout.merge_rows(name, steps, linear, layout)

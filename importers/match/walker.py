@@ -3,8 +3,9 @@
 :class:`GraphWalker` holds one graph and one shape context and answers the small questions every
 part of the match asks (constant value, producer, consumers, scalar factor, where a tensor comes
 from). The parts of the matcher (:mod:`importers.match.projections`, :mod:`importers.match.layout`,
-:mod:`importers.match.norms`, :mod:`importers.match.core`) extend it. :class:`RejectError` abandons
-the current Softmax candidate with a reason.
+:mod:`importers.match.norms`, :mod:`importers.match.core`) extend it, each along one line of
+descent, over one shared index and shape context. :class:`RejectError` abandons the current
+Softmax candidate with a reason.
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ class RejectError(Exception):
 class GraphWalker:
     """Graph queries over one graph (one shape context, shared across candidates).
 
-    ``batch`` and ``sequence`` are the sizes assumed for symbolic dimensions while probing.
+    ``context`` is the shape context at the probe's sizes; the parts of one matcher share the same
+    one, so a shape one part pins is the shape every other part reads.
     """
 
-    def __init__(self, index: GraphIndex, batch: int, sequence: int) -> None:
+    def __init__(self, index: GraphIndex, context: ShapeContext) -> None:
         self.index = index
-        self.context = ShapeContext(index, batch=batch, sequence=sequence)
+        self.context = context
 
     # -- helpers ----------------------------------------------------------------------------------
     def const(self, name: str) -> np.ndarray | None:
