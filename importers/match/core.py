@@ -31,8 +31,8 @@ class Matcher(ScoreMatcher):
     """Pattern matching over one graph (one shape context, shared across candidates).
 
     ``batch`` and ``sequence`` are the sizes assumed for symbolic dimensions while probing. The
-    walk back from the Softmax (scores, projections, rotary, norms) is this class's one line of
-    descent; the head-layout probe (:attr:`layout`) and the residual-stream walk (:attr:`stream`)
+    walk back from the Softmax (scores, projections, norms) is this class's one line of descent;
+    the head-layout probe (:attr:`layout`) and the residual-stream walk (:attr:`stream`)
     are components over the same index and the same shape context.
     """
 

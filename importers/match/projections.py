@@ -32,10 +32,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from importers.graph import Node
+from importers.graph import GraphIndex, Node, ShapeContext
 from importers.graph.kv_cache import cache_view
 from importers.match.codes import RejectCode, projection_code
 from importers.match.limits import MAX_WALK
+from importers.match.norms import NormMatcher
 from importers.match.results import LinearMatch
 from importers.match.rotary import RotaryMatcher
 from importers.match.walker import VALUE_PRESERVING, RejectError
@@ -73,8 +74,16 @@ class Trace:
     cache: tuple[str, ...] = ()  # the key/value cache inputs concatenated (empty at past length 0)
 
 
-class ProjectionFinder(RotaryMatcher):
-    """Find the Q/K/V projections behind the attention operands and W_O after the head merge."""
+class ProjectionFinder(NormMatcher):
+    """Find the Q/K/V projections behind the attention operands and W_O after the head merge.
+
+    The rotary forms on the way back are recognised by :attr:`rotary`, a component over the same
+    index and shape context.
+    """
+
+    def __init__(self, index: GraphIndex, context: ShapeContext) -> None:
+        super().__init__(index, context)
+        self.rotary = RotaryMatcher(index, context)
 
     # -- Q, K, V: back from the attention operands ------------------------------------------------
     def trace(self, name: str, role: str) -> Trace:
@@ -108,14 +117,14 @@ class ProjectionFinder(RotaryMatcher):
                 steps.append(Step(node, data, name, skip=True))
                 name = data
                 continue
-            match = self.rope_match(node) if op == "Add" else None
+            match = self.rotary.rope_match(node) if op == "Add" else None
             if match is not None:
                 rope, rotary = True, rotary or f"full {match[1]}"
                 steps.append(Step(node, match[0], name, skip=True))
                 name = match[0]
                 continue
             if op == "RotaryEmbedding":  # ONNX opset 23 / com.microsoft: rotates x in place
-                rope, rotary, width = True, *self.rotary_op(node)
+                rope, rotary, width = True, *self.rotary.rotary_op(node)
                 steps.append(Step(node, node.input(0), name, skip=True))
                 name = node.input(0)
                 continue
@@ -124,7 +133,7 @@ class ProjectionFinder(RotaryMatcher):
                 name, cache = cached
                 steps.append(Step(node, name, node.outputs[0], skip=True))
                 continue
-            partial = self.partial_rotary(node) if op == "Concat" else None
+            partial = self.rotary.partial_rotary(node) if op == "Concat" else None
             if partial is not None:
                 rope, (source, rotary, width) = True, partial
                 steps.append(Step(node, source, name, skip=True))

@@ -20,8 +20,7 @@ from importers.graph import Node
 from importers.match.codes import RejectCode
 from importers.match.layout_ops import apply_layout
 from importers.match.limits import MAX_WALK
-from importers.match.norms import NormMatcher
-from importers.match.walker import RejectError
+from importers.match.walker import GraphWalker, RejectError
 
 #: Ops followed back from the pieces of a partial rotary embedding's Concat.
 _ROTARY_PATH_OPS = frozenset(
@@ -29,7 +28,7 @@ _ROTARY_PATH_OPS = frozenset(
 )
 
 
-class RotaryMatcher(NormMatcher):
+class RotaryMatcher(GraphWalker):
     """Recognise rotary embeddings (full, partial, interleaved, operators) by structure."""
 
     def rope_match(self, node: Node) -> tuple[str, str] | None:

@@ -15,6 +15,7 @@ import importers.match
 from importers.graph import model_from_proto
 from importers.match.core import Matcher
 from importers.match.layout import LayoutProbe
+from importers.match.rotary import RotaryMatcher
 from importers.match.stream import StreamMatcher
 from tests.importers.builders import VARIANTS, assemble
 
@@ -48,6 +49,7 @@ def test_components_share_the_matchers_index_and_shape_context() -> None:
     matcher = Matcher(model.index, 2, 7)
     assert isinstance(matcher.layout, LayoutProbe)
     assert isinstance(matcher.stream, StreamMatcher)
-    for part in (matcher.layout, matcher.stream):
+    assert isinstance(matcher.rotary, RotaryMatcher)
+    for part in (matcher.layout, matcher.stream, matcher.rotary):
         assert part.index is matcher.index
         assert part.context is matcher.context
