@@ -153,10 +153,14 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
             failures.append(MatchFailure(softmax.label, reason, (), RejectCode.MALFORMED))
     if not blocks:
         raise NoAttentionBlocksError.from_failures(failures + fused)
-    defused = {item.softmax: (item.note(),) for item in model.defused}
+    defused = {item.softmax: item.note() for item in model.defused}
     merged = tuple(item.note() for item in model.branches)  # a merged decoder's cache branch
     blocks = [
-        dataclasses.replace(block, notes=(*merged, *defused.get(block.softmax, ()), *block.notes))
+        dataclasses.replace(
+            block,
+            notes=(*merged, *filter(None, [defused.get(block.softmax)]), *block.notes),
+            defused_from=defused.get(block.softmax),
+        )
         for block in blocks
     ]
     return MatchReport(blocks=blocks, failures=failures + fused, n_softmax=len(softmaxes))

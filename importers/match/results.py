@@ -172,6 +172,8 @@ class AttentionBlock:
         The stream that ``input_name`` adds terms to that do not depend on the inputs' values
         (YOLOS adds position embeddings between blocks), where it adds any: the previous block's
         output may be this tensor rather than ``input_name``.
+    defused_from : str or None
+        The fused operator the block was rewritten from at load (its note), else None.
     departures : tuple of str
         How the block departs from the linear update ``X + A X W_V W_O`` the theory is about, in
         short (:data:`DEPARTURES`); each has a note. A is still the Softmax output the graph
@@ -217,6 +219,7 @@ class AttentionBlock:
     departures: tuple[str, ...] = ()
     input_base: str | None = None
     time_major: bool = False
+    defused_from: str | None = None
 
     @property
     def sources(self) -> dict[str, str]:

@@ -79,9 +79,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"model: {model.path} (opset {model.opset})")
     print(_table(report.blocks))
     for block in report.blocks:  # the rewrite of fused operators is said, never silent
-        for note in block.notes:
-            if note.startswith("defused from"):
-                print(f"block {block.index}: {note}")
+        if block.defused_from is not None:
+            print(f"block {block.index}: {block.defused_from}")
     from importers.match import departures_note
 
     departed = departures_note(report.blocks)
