@@ -132,6 +132,9 @@ class Family:
     optimum : bool
         Whether to export with optimum's ``main_export`` (not for an encoder taken out of an
         encoder-decoder model).
+    legacy_only : bool
+        Whether only ``legacy_eager.onnx`` (and the truth) is made: for a family kept for one
+        structure (the corpus has a 20 MiB limit).
     """
 
     name: str
@@ -145,6 +148,7 @@ class Family:
     optimizer: str | None = "bert"
     repeat: int = 1
     optimum: bool = True
+    legacy_only: bool = False
 
 
 def _features(
@@ -758,6 +762,29 @@ FAMILIES: tuple[Family, ...] = (
     # Gemma-2: scores soft-capped by a Tanh, sliding-window attention in every other layer, and
     # norms both before and after each branch.
     _llama_like("gemma2", "Gemma2", _decoder(head_dim=D_MODEL // N_HEADS, sliding_window=4)),
+    # Qwen2-MoE: a mixture-of-experts MLP (a router, the top 2 of 4 experts, a gated shared
+    # expert) between the attention blocks. Only the legacy export is kept (size).
+    Family(
+        "qwen2_moe",
+        _hf(
+            "Qwen2MoeModel",
+            "Qwen2MoeConfig",
+            _decoder(
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=D_FF,
+                tie_word_embeddings=True,
+            ),
+        ),
+        "layers",
+        (*_SELF_ATTN, "self_attn.o_proj"),
+        "text",
+        _ROPE_GQA,
+        n_kv=N_KV,
+        optimizer="gpt2",
+        legacy_only=True,
+    ),
     # YOLOS: a ViT that adds position embeddings to the stream between blocks, and 4 detection
     # tokens after the patches.
     _vit_like(
@@ -1399,6 +1426,8 @@ def build_family(corpus: Corpus, family: Family) -> None:
         corpus, family, "legacy_eager", lambda: export_legacy(model, family, feeds, legacy)
     ):
         corpus.add(family, "legacy_eager", "torchscript", LEGACY_OPSET, legacy, truth=truth_file)
+    if family.legacy_only:
+        return
     old_opset = folder / "legacy_opset14.onnx"
     if family.name in OPSET14_FAMILIES and _attempt(
         corpus,

@@ -15,8 +15,9 @@ computed from the same stream without attention. Pre-LN and norm-free blocks con
 post-LN blocks on its norm; the MLP residual is the next sum on that stream whose other summand is
 a branch computed from it (or, for parallel blocks, none is sought), and the block output is that
 sum (pre-LN) or its norm (post-LN), in the layout of the block input. A branch is told from the
-next block's attention by walking back from it: a branch reaches the stream without meeting a
-Softmax. What cannot be established is recorded in ``stream_error``, one line naming what was not
+next block's attention by walking back from it: a branch reaches the stream without meeting an
+attention Softmax (scores from a product of two activations); a mixture-of-experts router's Softmax
+(scores ``x W``), TopK, gathers and scatters are part of the MLP branch. What cannot be established is recorded in ``stream_error``, one line naming what was not
 found; the audit refuses such a block instead of reading a guess.
 
 Two variations are followed. A norm reading the attention output itself (Gemma-2, OLMo-2:
@@ -31,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from importers.graph import Node
+from importers.match.coverage import is_attention_softmax
 from importers.match.limits import MAX_BRANCH_NODES, MAX_SUM_CHAIN, VIEW_FORWARD_DEPTH, VIEW_STEPS
 from importers.match.norms import SKIP_NORMS, SKIP_SUM_OUTPUT, NormMatcher
 from importers.match.results import LinearMatch, NormMatch
@@ -134,8 +136,12 @@ class StreamMatcher(NormMatcher):
     def branch_kind(self, term: str, streams: set[str]) -> str:
         """Whether ``term`` is computed from ``streams`` without attention: ``"branch"``,
         ``"attention"`` (a Softmax on the way), ``"other"`` (it never reaches them) or
-        ``"unknown"`` (too long to tell). Shape arithmetic is not followed; a fused skip norm
-        whose sum is one of ``streams`` counts as reaching it (the branch reads its norm)."""
+        ``"unknown"`` (too long to tell). Attention is a Softmax of scores from a product of
+        two activations (``Q Kᵀ``, :func:`~importers.match.coverage.is_attention_softmax`); a
+        Softmax of scores ``x W`` (a mixture-of-experts router) is part of the branch, as is
+        whatever else it contains (TopK, gathers, scatters, shared experts). Shape arithmetic is
+        not followed; a fused skip norm whose sum is one of ``streams`` counts as reaching it
+        (the branch reads its norm)."""
         frontier, seen, reached = [term], set(), False
         while frontier:
             tensor = frontier.pop()
@@ -149,7 +155,7 @@ class StreamMatcher(NormMatcher):
                 reached = True
                 continue
             seen.add(node.position)
-            if node.op_type == "Softmax":
+            if node.op_type == "Softmax" and is_attention_softmax(self.index, node):
                 return "attention"
             if len(seen) > MAX_BRANCH_NODES:
                 return "unknown"

@@ -79,9 +79,9 @@ def _blocks(model: OnnxModel, n_layers: int) -> list[BlockWeights] | str:
         report = find_attention_blocks(model)
     except NoAttentionBlocksError as err:
         return one_line(err)
-    if report.failures:
-        first = report.failures[0]
-        return f"{len(report.failures)} of {report.n_softmax} Softmax rejected: {first.reason}"
+    if report.unmatched:  # a classifier's Softmax (a mixture-of-experts router) is not attention
+        first = report.unmatched[0]
+        return f"{len(report.unmatched)} of {report.n_softmax} Softmax rejected: {first.reason}"
     if len(report.blocks) != n_layers:
         return f"found {len(report.blocks)} blocks; the model has {n_layers}"
     return [block_weights(model, block) for block in report.blocks]

@@ -26,7 +26,19 @@ from importers.weights import BlockWeights, block_weights
 D, HEADS, HIDDEN, EPS = 8, 2, 16, 1e-5
 #: ``bare``: the attention reads the stream unnormalised and the MLP is pre-LN (ModernBERT's first
 #: layer); ``skip_bare`` the same with the sum and the MLP's norm fused into one skip norm.
-LAYOUTS = ("pre", "post", "parallel", "no_mlp", "skip_pre", "skip_post", "bare", "skip_bare")
+#: ``moe``: pre-LN with a mixture-of-experts MLP (a Softmax router over two experts and a
+#: sigmoid-gated shared expert), whose router Softmax is not attention.
+LAYOUTS = (
+    "pre",
+    "post",
+    "parallel",
+    "no_mlp",
+    "skip_pre",
+    "skip_post",
+    "bare",
+    "skip_bare",
+    "moe",
+)
 
 
 class _Graph:
@@ -96,6 +108,33 @@ def _mlp(g: _Graph, x: str) -> tuple[str, object]:
     return out, lambda h: np.maximum(h @ w1, 0) @ w2
 
 
+def _moe(g: _Graph, x: str) -> tuple[str, object]:
+    """A mixture-of-experts MLP: Softmax(x W_r) weighs two experts, plus a shared expert gated by
+    sigmoid(x w_s)."""
+    logits, wr = g.linear(x, D, 2)
+    probs = g.op("Softmax", [logits], axis=-1)[0]
+    (e0, f0), (e1, f1), (shared, fs) = _mlp(g, x), _mlp(g, x), _mlp(g, x)
+    gate_logit, wg = g.linear(x, D, 1)
+    gate = g.op("Sigmoid", [gate_logit])[0]
+    axis = g.const(np.array([-1], dtype=np.int64), "axis")
+
+    def weight(e: int) -> str:
+        start, end = (g.const(np.array([v], dtype=np.int64), "idx") for v in (e, e + 1))
+        return g.op("Slice", [probs, start, end, axis])[0]
+
+    routed = g.op("Add", [g.op("Mul", [e0, weight(0)])[0], g.op("Mul", [e1, weight(1)])[0]])[0]
+    out = g.op("Add", [routed, g.op("Mul", [shared, gate])[0]])[0]
+
+    def forward(h: np.ndarray) -> np.ndarray:
+        z = h @ wr
+        p = np.exp(z - z.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        shared_gate = 1.0 / (1.0 + np.exp(-(h @ wg)))
+        return f0(h) * p[..., :1] + f1(h) * p[..., 1:] + fs(h) * shared_gate  # type: ignore[operator]
+
+    return out, forward
+
+
 def _norm(g: _Graph, x: str) -> str:
     ones, zeros = np.ones(D, dtype=np.float32), np.zeros(D, dtype=np.float32)
     return g.op("LayerNormalization", [x, g.const(ones, "g"), g.const(zeros, "b")], epsilon=EPS)[0]
@@ -118,7 +157,7 @@ def _block(
 ) -> tuple[str, str, object]:
     """One block on stream ``s``; ``normed`` is a fused norm of ``s`` already computed (skip
     layouts). Returns (stream out, normed stream out or "", NumPy block)."""
-    if layout in ("pre", "no_mlp", "parallel"):
+    if layout in ("pre", "no_mlp", "parallel", "moe"):
         a = _norm(g, s)
         attn, f_attn = _attention(g, a)
         if layout == "parallel":
@@ -128,7 +167,7 @@ def _block(
         r = g.op("Add", [s, attn])[0]
         if layout == "no_mlp":
             return r, "", lambda h: h + f_attn(_ln(h))
-        mlp, f_mlp = _mlp(g, _norm(g, r))
+        mlp, f_mlp = (_moe if layout == "moe" else _mlp)(g, _norm(g, r))
         out = g.op("Add", [r, mlp])[0]
         return out, "", lambda h: (h + f_attn(_ln(h))) + f_mlp(_ln(h + f_attn(_ln(h))))
     if layout == "post":
