@@ -17,8 +17,9 @@ a branch computed from it (or, for parallel blocks, none is sought), and the blo
 sum (pre-LN) or its norm (post-LN), in the layout of the block input. A branch is told from the
 next block's attention by walking back from it: a branch reaches the stream without meeting an
 attention Softmax (scores from a product of two activations); a mixture-of-experts router's Softmax
-(scores ``x W``), TopK, gathers and scatters are part of the MLP branch. What cannot be established is recorded in ``stream_error``, one line naming what was not
-found; the audit refuses such a block instead of reading a guess.
+(scores ``x W``), TopK, gathers and scatters are part of the MLP branch. What cannot be established
+is recorded in ``stream_error``, one line naming what was not found; the audit refuses such a block
+instead of reading a guess.
 
 Two variations are followed. A norm reading the attention output itself (Gemma-2, OLMo-2:
 ``h + norm(attention(h))``) is passed before the residual sum is sought, and the block lists it in
