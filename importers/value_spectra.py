@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -60,6 +61,7 @@ __all__ = [
     "SPECTRA_COLUMNS",
     "SPECTRUM_KINDS",
     "BlockSpectra",
+    "HChoice",
     "SpectrumRow",
     "SpectrumSummary",
     "block_spectra",
@@ -73,7 +75,8 @@ __all__ = [
 
 SPECTRUM_KINDS = ("head", "layer", "head-effective", "layer-effective")
 #: Which H a spectrum, a dominance step or a figure uses.
-H_CHOICES = ("effective", "stored")
+HChoice = Literal["effective", "stored"]
+H_CHOICES: tuple[HChoice, ...] = ("effective", "stored")
 #: Columns of ``spectra.csv``: one eigenvalue per row.
 SPECTRA_COLUMNS = ("block", "head", "kind", "real", "imag")
 #: The ``head`` value of layer-level rows.
@@ -121,7 +124,7 @@ class SpectrumSummary:
     spectral_radius: float
 
 
-def head_eigenvalues(block: BlockWeights, head: int, *, h: str = "stored") -> np.ndarray:
+def head_eigenvalues(block: BlockWeights, head: int, *, h: HChoice = "stored") -> np.ndarray:
     """The d_head eigenvalues of head ``head``'s product, stored or effective.
 
     Parameters
@@ -144,7 +147,7 @@ def head_eigenvalues(block: BlockWeights, head: int, *, h: str = "stored") -> np
     return value_spectrum(W_O, W_V)
 
 
-def layer_eigenvalues(block: BlockWeights, *, h: str = "stored") -> np.ndarray:
+def layer_eigenvalues(block: BlockWeights, *, h: HChoice = "stored") -> np.ndarray:
     """The d eigenvalues of the whole-layer ``Σ_h M_h`` (key/value heads expanded), stored or
     effective."""
     if h == "effective":
@@ -174,11 +177,11 @@ class BlockSpectra:
     head_effective: np.ndarray
     layer_effective: np.ndarray
 
-    def heads(self, *, h: str) -> np.ndarray:
+    def heads(self, *, h: HChoice) -> np.ndarray:
         """The per-head eigenvalues of the ``h`` H (:data:`H_CHOICES`)."""
         return self.head_effective if h == "effective" else self.head
 
-    def whole_layer(self, *, h: str) -> np.ndarray:
+    def whole_layer(self, *, h: HChoice) -> np.ndarray:
         """The whole-layer eigenvalues of the ``h`` H (:data:`H_CHOICES`)."""
         return self.layer_effective if h == "effective" else self.layer
 

@@ -99,7 +99,7 @@ from importers.run.session import (
     pipelined,
 )
 from importers.run.sources import default_inputs
-from importers.value_spectra import H_CHOICES, BlockSpectra, spectrum_rows
+from importers.value_spectra import H_CHOICES, BlockSpectra, HChoice, spectrum_rows
 from importers.weights import BlockWeights, block_weights
 from importers.zoo import ModelRef, ZooModel, file_sha256, lookup
 from simulator.metrics import METRICS
@@ -113,6 +113,7 @@ __all__ = [
     "DOMINANCE_MODES",
     "OPERATOR_INPUTS",
     "AuditOptions",
+    "HChoice",
     "Measurement",
     "PreparedAudit",
     "audit",
@@ -127,7 +128,6 @@ Granularity = Literal["head", "layer", "operator", "none"]
 DOMINANCE_MODES: tuple[Granularity, ...] = ("head", "layer", "operator", "none")
 
 Provider = Literal["auto", "cpu", "cuda"]
-HChoice = Literal["effective", "stored"]
 _PACKAGES = ("oversmooth", "numpy", "scipy", "onnx", "onnxruntime", "onnxruntime-gpu")
 
 
@@ -264,7 +264,8 @@ class PreparedAudit:
     notes: tuple[Note, ...]
 
     def structure(self) -> PreparedAudit:
-        """This value with every block's weights dropped: what a worker needs to measure."""
+        """This value with every block's weights dropped: what a worker needs to measure (with
+        ``dominance="operator"`` it keeps :attr:`operator`, the heads' factored products)."""
         kept = [item.name for item in dataclasses.fields(AttentionBlock)]
         blocks = tuple(
             AttentionBlock(**{name: getattr(block, name) for name in kept}) for block in self.blocks

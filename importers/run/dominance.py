@@ -32,7 +32,7 @@ from importers.errors import ImporterInputError
 from importers.match import AttentionBlock
 from importers.run.feeds import Inputs
 from importers.run.records import DominanceCase
-from importers.value_spectra import BlockSpectra
+from importers.value_spectra import BlockSpectra, HChoice
 from importers.weights import BlockWeights
 from simulator.perron import dominating_modes
 from simulator.theory import KINDS
@@ -58,7 +58,7 @@ def dominance_spectra(
     blocks: Sequence[BlockWeights],
     spectra: Sequence[BlockSpectra],
     granularity: str,
-    h: str,
+    h: HChoice,
 ) -> list[np.ndarray]:
     """Per block a (n_heads, k) array of H eigenvalues used for dominance.
 

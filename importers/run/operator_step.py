@@ -26,12 +26,13 @@ import numpy as np
 
 from importers.run.dominance import DominanceProblem
 from importers.run.records import OperatorCase
+from importers.value_spectra import HChoice
 from importers.weights import BlockWeights
 from simulator.operator import HeadFactors, operator_dominance
 
 __all__ = ["operator_cases", "operator_factors"]
 
-def operator_factors(blocks: Sequence[BlockWeights], h: str) -> tuple[HeadFactors, ...]:
+def operator_factors(blocks: Sequence[BlockWeights], h: HChoice) -> tuple[HeadFactors, ...]:
     """Per block, ``M_h = W_V[h] @ W_O[h]`` of every query head, effective or stored.
 
     ``W_V`` is (heads, d, d_head) and ``W_O`` (heads, d_head, d), float64; ``h`` as
