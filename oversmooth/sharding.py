@@ -210,7 +210,11 @@ def _merged(parts: Sequence[Measurement], where: Mapping[str, object]) -> Measur
     runner = {**parts[0].runner, "executor": dict(where), "shards": len(parts)}
     cases = [case for part in parts for case in part.dominance]
     exact = [case for part in parts for case in part.operator]
-    return Measurement(metrics, cases, parts[0].provider, runner, attention_part, exact)
+    to_host = {
+        key: sum(part.attention_to_host.get(key, 0) for part in parts)
+        for key in parts[0].attention_to_host
+    }
+    return Measurement(metrics, cases, parts[0].provider, runner, attention_part, exact, to_host)
 
 
 def _provider_notes(parts: Sequence[Measurement]) -> list[Note]:

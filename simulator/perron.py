@@ -73,11 +73,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from simulator.backend import array_module, to_numpy
 from simulator.theory import dominance_kinds, kron_eigenvalues
 from simulator.tolerances import EPS, PERRON_MARGIN, STOCHASTIC_ATOL, TIE_RTOL
 
@@ -117,6 +118,7 @@ _U = EPS / 2
 _TINY = float(np.finfo(np.float64).smallest_subnormal)
 #: Heads taken together through a squaring's product and O(n²) passes (a 257×257 float64 head is
 #: 0.5 MiB: a chunk is still in cache for the passes after its product; 12 % less CPU on DINOv2).
+#: On a device every head of a stack goes at once: there each pass is one kernel launch.
 _CHUNK_HEADS = 4
 #: Rescale by at most 2^±this per squaring (float64 holds 2^±1022 in its normal range).
 _RESCALE_LIMIT = 900
@@ -172,6 +174,18 @@ def perron_targets(eig_H: ArrayLike, *, tie_rtol: float = TIE_RTOL) -> PerronTar
     return PerronTargets(radius, best, lam_H, threshold)
 
 
+def _targets_in(xp: Any, targets: PerronTargets) -> PerronTargets:
+    """``targets`` as arrays of ``xp`` (on the device of the attention matrices they meet)."""
+    if xp is np:
+        return targets
+    return PerronTargets(
+        xp.asarray(targets.radius),
+        xp.asarray(targets.best),
+        xp.asarray(targets.eig_H),
+        xp.asarray(targets.threshold),
+    )
+
+
 def _ambiguous_top(
     lam_H: NDArray[np.complex128],
     moduli: NDArray[np.float64],
@@ -199,13 +213,26 @@ class _Residual(NamedTuple):
 
     def bound(self, power: int) -> NDArray[np.float64]:
         """``‖B_exact‖^(1/power)``, rounded up."""
-        root = np.exp2(self.scale / power) * (self.norm + self.error) ** (1.0 / power)
+        xp = array_module(self.norm)
+        root = xp.exp2(self.scale / power) * (self.norm + self.error) ** (1.0 / power)
         return root * (1.0 + 8.0 * _U)
 
 
 def _gamma(n: int) -> float:
     """``γ_n = n u / (1 − n u)``: the relative error of a sum of n nonnegative products."""
     return n * _U / (1.0 - n * _U)
+
+
+def _chunk_heads(xp: Any, heads: int) -> int:
+    """Heads per pass: :data:`_CHUNK_HEADS` on the host (cache), all of them on a device."""
+    return _CHUNK_HEADS if xp is np else max(heads, 1)
+
+
+def _as_float64(A: Any) -> NDArray[np.float64]:
+    """``A`` as float64 in its own library (a host array_like becomes a NumPy array; a CuPy
+    array stays one: typed as NumPy's, whose API it shares)."""
+    xp = array_module(A)
+    return np.asarray(A, dtype=np.float64) if xp is np else A.astype(xp.float64, copy=False)
 
 
 def _deflate_in_place(Y: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -226,26 +253,28 @@ def _first_residual(
     the residual of every listed head (meaningless where it does not qualify). The heads go
     :data:`_CHUNK_HEADS` at a time, each chunk's passes over it made while it is in cache.
     """
+    xp = array_module(A)
     n = A.shape[-1]
-    B = np.empty((heads.size, n, n))
-    sums = np.empty((heads.size, n))
-    lowest = np.empty(heads.size)
-    norm = np.empty(heads.size)
+    B = xp.empty((heads.size, n, n))
+    sums = xp.empty((heads.size, n))
+    lowest = xp.empty(heads.size)
+    norm = xp.empty(heads.size)
+    step = _chunk_heads(xp, heads.size)
+    diagonal = xp.arange(n)
     with np.errstate(invalid="ignore", over="ignore"):  # heads that do not qualify
-        for start in range(0, heads.size, _CHUNK_HEADS):
-            part = slice(start, start + _CHUNK_HEADS)
+        for start in range(0, heads.size, step):
+            part = slice(start, start + step)
             chunk = B[part]
             chunk[...] = A[heads[part]]
             sums[part] = chunk.sum(axis=-1)
             lowest[part] = chunk.min(axis=(-2, -1))
-            if np.any(shift[part]):
-                diagonal = np.einsum("hii->hi", chunk)  # a writable view of every diagonal
-                diagonal -= shift[part, None]
+            if bool(shift[part].any()):  # X̂ = fl(Â − αI): only the diagonal changes
+                chunk[:, diagonal, diagonal] -= shift[part, None]
             norm[part] = _deflate_in_place(chunk)
-        normalisation = (np.abs(sums - 1.0) + 2.0 * _gamma(n) * sums).max(axis=-1)
-    qualifies = (lowest >= 0) & (np.abs(sums - 1.0) <= STOCHASTIC_ATOL).all(axis=-1)
-    error = normalisation + _U * (1.0 + np.abs(shift)) + 2.0 * _U * norm
-    return qualifies, _Residual(B, norm, error, np.zeros_like(norm))
+        normalisation = (xp.abs(sums - 1.0) + 2.0 * _gamma(n) * sums).max(axis=-1)
+    qualifies = (lowest >= 0) & (xp.abs(sums - 1.0) <= STOCHASTIC_ATOL).all(axis=-1)
+    error = normalisation + _U * (1.0 + xp.abs(shift)) + 2.0 * _U * norm
+    return qualifies, _Residual(B, norm, error, xp.zeros_like(norm))
 
 
 def _squared(state: _Residual) -> _Residual:
@@ -257,23 +286,25 @@ def _squared(state: _Residual) -> _Residual:
     product still in cache. (float32 products would take half the time, but their errors,
     relative to the undeflated square, cost about a tenth of DINOv2's certificates.)
     """
+    xp = array_module(state.B)
     n = state.B.shape[-1]
     b, e = state.norm, state.error
-    Y = np.empty_like(state.B)
-    norm = np.empty_like(b)
-    error = np.empty_like(b)
-    exponent = np.empty(b.shape, dtype=np.intc)  # as np.frexp gives it
-    for start in range(0, b.size, _CHUNK_HEADS):
-        part = slice(start, start + _CHUNK_HEADS)
-        np.matmul(state.B[part], state.B[part], out=Y[part])
+    Y = xp.empty_like(state.B)
+    norm = xp.empty_like(b)
+    error = xp.empty_like(b)
+    exponent = xp.empty(b.shape, dtype=np.intc)  # as frexp gives it
+    step = _chunk_heads(xp, b.size)
+    for start in range(0, b.size, step):
+        part = slice(start, start + step)
+        xp.matmul(state.B[part], state.B[part], out=Y[part])
         norm[part] = _deflate_in_place(Y[part])
         error[part] = _squared_error(b[part], e[part], norm[part], n)
         # norm + error = m 2^exponent, m in [0.5, 1): after scaling, no term can overflow.
-        exponent[part] = np.clip(
-            np.frexp(norm[part] + error[part])[1], -_RESCALE_LIMIT, _RESCALE_LIMIT
+        exponent[part] = xp.clip(
+            xp.frexp(norm[part] + error[part])[1], -_RESCALE_LIMIT, _RESCALE_LIMIT
         )
-        Y[part] *= np.ldexp(1.0, -exponent[part])[:, None, None]
-    down = np.ldexp(1.0, -exponent)
+        Y[part] *= xp.ldexp(1.0, -exponent[part])[:, None, None]
+    down = xp.ldexp(1.0, -exponent)
     # Scaling is exact except where an entry lands among the subnormals: one step each.
     error = error * down + n * _TINY
     return _Residual(Y, norm * down, error, 2.0 * state.scale + exponent)
@@ -301,7 +332,8 @@ def _start(
     A head qualifies with a nonnegative A whose rows sum to 1 within
     :data:`~simulator.tolerances.STOCHASTIC_ATOL` (NaN and inf fail these tests).
     """
-    heads = np.flatnonzero(candidates) if A.shape[-1] else np.zeros(0, dtype=np.intp)
+    xp = array_module(A)
+    heads = xp.flatnonzero(candidates) if A.shape[-1] else xp.zeros(0, dtype=np.intp)
     qualifies, state = _first_residual(A, heads, shift[heads])
     return heads[qualifies], _select(state, qualifies)
 
@@ -310,9 +342,10 @@ def _stalled(
     rho: NDArray[np.float64], previous: NDArray[np.float64], radius: NDArray[np.float64]
 ) -> NDArray[np.bool_]:
     """The bound, extrapolated from its last step, stays above the target radius."""
+    xp = array_module(rho)
     with np.errstate(divide="ignore"):
-        step = np.log(previous) - np.log(rho)
-        return np.log(rho) - _STALL_STEPS * step >= np.log(radius)
+        step = xp.log(previous) - xp.log(rho)
+        return xp.log(rho) - _STALL_STEPS * step >= xp.log(radius)
 
 
 def _radius_bounds(
@@ -331,21 +364,22 @@ def _radius_bounds(
     ``radius``. ``triage``, given the heads still squaring after :data:`_HOPELESS_SQUARINGS`
     squarings, says which of them go on.
     """
-    bounds = np.full(A.shape[0], np.inf)
+    xp = array_module(A)
+    bounds = xp.full(A.shape[0], np.inf)
     heads, state = _start(A, radius >= 0, shift)
-    best = np.full(heads.size, np.inf)
+    best = xp.full(heads.size, np.inf)
     for s in range(max_squarings + 1):
         if heads.size == 0:
             break
         if s:
             state = _squared(state)
         previous = best
-        best = np.minimum(best, state.bound(2**s))
+        best = xp.minimum(best, state.bound(2**s))
         bounds[heads] = best
         keep = (best >= radius[heads]) & (state.norm > 0)
         if give_up and s >= _STALL_AFTER:
             keep &= ~_stalled(best, previous, radius[heads])
-        if triage is not None and s == _HOPELESS_SQUARINGS and keep.any():
+        if triage is not None and s == _HOPELESS_SQUARINGS and bool(keep.any()):
             keep[keep] = triage(heads[keep])
         heads, state, best = heads[keep], _select(state, keep), best[keep]
     return bounds
@@ -359,7 +393,8 @@ def nonperron_radius(
     Parameters
     ----------
     A : (heads, n, n) array_like
-        Row-stochastic matrices (rows summing to 1 within STOCHASTIC_ATOL, entries >= 0).
+        Row-stochastic matrices (rows summing to 1 within STOCHASTIC_ATOL, entries >= 0); a
+        device array (CuPy) is bounded on its device.
     squarings : int
         The bound is the least of ``τ(X^k)^{1/k}``, ``X = A − shift·I``,
         ``k = 1, 2, 4, …, 2^squarings``, with every rounding error counted (module docstring).
@@ -370,11 +405,13 @@ def nonperron_radius(
     -------
     (heads,) float ndarray
         The bound for the exact row normalisation of each A; inf where A is not stochastic or
-        nonnegative. With ``shift=0`` and below 1 it also proves the Perron root simple.
+        nonnegative. With ``shift=0`` and below 1 it also proves the Perron root simple. In A's
+        library (on A's device).
     """
-    A = np.asarray(A, dtype=np.float64)
-    shift = np.broadcast_to(np.asarray(shift, dtype=np.float64), A.shape[:1])
-    return _radius_bounds(A, np.zeros(A.shape[0]), shift, squarings, give_up=False)
+    A = _as_float64(A)
+    xp = array_module(A)
+    centres: NDArray[np.float64] = xp.broadcast_to(xp.asarray(shift, dtype=np.float64), A.shape[:1])
+    return _radius_bounds(A, xp.zeros(A.shape[0]), centres, squarings, give_up=False)
 
 
 def _shifted_target(
@@ -388,15 +425,16 @@ def _shifted_target(
     Every j whose disk bound ``1 + |λ^H_j| ρ`` fails needs ``|1 + λ^H_j α| + |λ^H_j| R`` below the
     threshold; -1 where some j cannot (no R would do).
     """
+    xp = array_module(heads)
     lam = targets.eig_H[heads]
-    size = np.abs(lam)
+    size = xp.abs(lam)
     threshold = targets.threshold[heads][:, None]
     failing = 1.0 + size * rho[:, None] >= threshold
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        room = (threshold - np.abs(1.0 + lam * shift[:, None])) / size
-    room = np.where(failing, room, np.inf)
+        room = (threshold - xp.abs(1.0 + lam * shift[:, None])) / size
+    room = xp.where(failing, room, np.inf)
     radius = room.min(axis=-1)
-    return np.where(np.isfinite(radius) & (radius > 0), radius, -1.0)
+    return xp.where(xp.isfinite(radius) & (radius > 0), radius, -1.0)
 
 
 def perron_certified(
@@ -416,7 +454,8 @@ def perron_certified(
     Parameters
     ----------
     A : (heads, n, n) array_like
-        Row-stochastic attention matrices (rows summing to 1 up to round-off).
+        Row-stochastic attention matrices (rows summing to 1 up to round-off). A device array
+        (CuPy) is certified on its device, in float64: the same steps, the same bounds.
     targets : PerronTargets
         From :func:`perron_targets` of the heads' H spectra, shape ``(heads,)``.
     max_squarings : int
@@ -427,13 +466,15 @@ def perron_certified(
     -------
     (heads,) bool ndarray
         True where the kind is perron for certain (module docstring); False means undecided, not
-        non-perron.
+        non-perron. In A's library.
     """
-    A = np.asarray(A, dtype=np.float64)
+    A = _as_float64(A)
+    xp = array_module(A)
+    targets = _targets_in(xp, targets)
     radius = targets.radius
-    candidates = np.where(radius > 0, radius, -1.0)  # -1: never a candidate
-    no_shift = np.zeros(A.shape[0])
-    estimate = np.full(A.shape[0], np.inf)
+    candidates = xp.where(radius > 0, radius, -1.0)  # -1: never a candidate
+    no_shift = xp.zeros(A.shape[0])
+    estimate = xp.full(A.shape[0], np.inf)
 
     def hopeful(heads: NDArray[np.intp]) -> NDArray[np.bool_]:
         estimate[heads] = _nonperron_estimate(A[heads], no_shift[heads])
@@ -441,8 +482,8 @@ def perron_certified(
 
     rho = _radius_bounds(A, candidates, no_shift, max_squarings, give_up=True, triage=hopeful)
     certified = rho < radius
-    heads = np.flatnonzero((candidates > 0) & np.isfinite(rho) & ~certified)
-    unestimated = heads[np.isinf(estimate[heads])]  # stopped before the triage squaring
+    heads = xp.flatnonzero((candidates > 0) & xp.isfinite(rho) & ~certified)
+    unestimated = heads[xp.isinf(estimate[heads])]  # stopped before the triage squaring
     if unestimated.size:
         estimate[unestimated] = _nonperron_estimate(A[unestimated], no_shift[unestimated])
     if heads.size:
@@ -464,9 +505,10 @@ def _shifted_disk_certified(
     ``|λ|`` (:func:`_nonperron_estimate`). A head whose estimated largest ``|λ − α|`` already
     exceeds its target R skips the squarings (it goes to the dense path).
     """
-    shift = np.zeros(A.shape[0])
-    shift[heads] = np.minimum(estimate[heads], 1.0) / 2.0
-    radius = np.full(A.shape[0], -1.0)
+    xp = array_module(A)
+    shift = xp.zeros(A.shape[0])
+    shift[heads] = xp.minimum(estimate[heads], 1.0) / 2.0
+    radius = xp.full(A.shape[0], -1.0)
     radius[heads] = _shifted_target(targets, heads, shift[heads], rho[heads])
     hopeful = heads[radius[heads] > 0]
     if hopeful.size:
@@ -495,18 +537,20 @@ def _nonperron_estimate(A: NDArray[np.float64], shift: NDArray[np.float64]) -> N
     -------
     (heads,) float ndarray
     """
+    xp = array_module(A)
     n = A.shape[-1]
     alpha = shift[:, None, None]
-    x = np.broadcast_to(np.random.default_rng(n).standard_normal((n, 1)), (A.shape[0], n, 1))
-    logs = np.zeros((_ESTIMATE_ITERATIONS + 1, A.shape[0]))
+    start = xp.asarray(np.random.default_rng(n).standard_normal((n, 1)))
+    x = xp.broadcast_to(start, (A.shape[0], n, 1))
+    logs = xp.zeros((_ESTIMATE_ITERATIONS + 1, A.shape[0]))
     for step in range(1, _ESTIMATE_ITERATIONS + 1):
         y = A @ x - alpha * x
         y -= y.mean(axis=1, keepdims=True)
-        norm = np.linalg.norm(y, axis=(1, 2))
+        norm = xp.linalg.norm(y, axis=(1, 2))
         exhausted = norm == 0  # the estimate then tends to 0
-        logs[step] = logs[step - 1] + np.log(np.where(exhausted, _TINY, norm))
-        x = y / np.where(exhausted, 1.0, norm)[:, None, None]
-    return np.exp((logs[-1] - logs[-1 - _ESTIMATE_WINDOW]) / _ESTIMATE_WINDOW)
+        logs[step] = logs[step - 1] + xp.log(xp.where(exhausted, _TINY, norm))
+        x = y / xp.where(exhausted, 1.0, norm)[:, None, None]
+    return xp.exp((logs[-1] - logs[-1 - _ESTIMATE_WINDOW]) / _ESTIMATE_WINDOW)
 
 
 @dataclass(frozen=True)
@@ -537,13 +581,16 @@ def dominating_modes(
     certify: bool = True,
     targets: PerronTargets | None = None,
     min_order: int = CERTIFY_MIN_ORDER,
+    to_host: Callable[[Any], NDArray[Any]] = to_numpy,
 ) -> DominatingModes:
     """Kind and dominating eigenvalue of ``I + H_h ⊗ A_h`` for every head h.
 
     Parameters
     ----------
     A : (heads, n, n) array_like
-        Row-stochastic attention matrices.
+        Row-stochastic attention matrices: NumPy, or a device library's (CuPy) — then the
+        certificate runs on the device and only the matrices it leaves undecided come to the
+        host (through ``to_host``) for their dense spectra.
     eig_H : (heads, d) array_like
         Spectra of the heads' H.
     tie_rtol : float
@@ -555,13 +602,18 @@ def dominating_modes(
     min_order : int
         Certify only matrices of at least this order (n); smaller ones are cheaper dense
         (:data:`CERTIFY_MIN_ORDER`).
+    to_host : callable
+        Brings the undecided heads' matrices ``A[dense]`` to the host as NumPy (e.g. a
+        :class:`simulator.backend.HostCopies`, which counts the bytes); the only large array
+        that leaves A's device.
 
     Returns
     -------
     DominatingModes
-        The same kinds as the dense path; μ, λ^A and λ^H equal to round-off.
+        The same kinds as the dense path; μ, λ^A and λ^H equal to round-off. NumPy arrays.
     """
-    A = np.asarray(A, dtype=np.float64)
+    A = _as_float64(A)
+    xp = array_module(A)
     lam_H = np.asarray(eig_H, dtype=np.complex128)
     n_heads = A.shape[0]
     kinds = np.zeros(n_heads, dtype=np.intp)
@@ -572,14 +624,15 @@ def dominating_modes(
     if certify and A.shape[-1] >= min_order:
         if targets is None:
             targets = perron_targets(lam_H, tie_rtol=tie_rtol)
-        certified = perron_certified(A, targets)
+        certified = to_numpy(perron_certified(A, targets))
         heads = np.flatnonzero(certified)
         lam_H_mode[heads] = lam_H[heads, targets.best[heads]]
         mu[heads] = 1.0 + lam_H_mode[heads]
     dense = ~certified
     if dense.any():
+        undecided = A if dense.all() else A[dense if xp is np else xp.asarray(dense)]
         kinds[dense], mu[dense], lam_A[dense], lam_H_mode[dense] = _dense_modes(
-            A[dense], lam_H[dense], tie_rtol
+            to_host(undecided), lam_H[dense], tie_rtol
         )
     return DominatingModes(kinds, mu, lam_A, lam_H_mode, certified)
 

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from simulator.backend import array_module, to_numpy
 from simulator.errors import InputError
 from simulator.metrics import _FROM_SINGULAR_VALUES, METRICS, _safe_divide
 from simulator.validation import FloatArray, as_tokens, check_choice
@@ -45,6 +46,7 @@ __all__ = [
     "SPECTRAL_NORM_METRIC",
     "TokenStatistics",
     "centred_gram_top",
+    "gram_eigenvalues",
     "metrics_from_statistics",
     "token_statistics",
 ]
@@ -224,6 +226,27 @@ def centred_gram_top(
         n = np.asarray(n_tokens, dtype=np.float64)[..., None, None]
         centred = G - t[..., :, None] * t[..., None, :] / n
     return np.asarray(np.linalg.eigvalsh(centred)[..., -1], dtype=np.float64)
+
+
+def gram_eigenvalues(gram: Any) -> FloatArray:
+    """Ascending eigenvalues of symmetric Gram matrices, in float64, where the matrices are.
+
+    Parameters
+    ----------
+    gram : (..., k, k) array
+        NumPy, or a device library's (CuPy): then the batched symmetric eigensolver of that
+        library runs on the device (cuSOLVER, float64) and only the ``(..., k)`` eigenvalues
+        come to the host.
+
+    Returns
+    -------
+    (..., k) float64 ndarray
+        On the host.
+    """
+    xp = array_module(gram)
+    if xp is np:
+        return np.linalg.eigvalsh(np.asarray(gram, np.float64))
+    return to_numpy(xp.linalg.eigvalsh(gram.astype(xp.float64, copy=False)))
 
 
 def _singular_values_from_gram(eig: FloatArray) -> FloatArray:

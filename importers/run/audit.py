@@ -290,6 +290,10 @@ class Measurement:
         (:func:`~importers.run.session.attention_sublayer_tensor`); NaN for blocks without one.
     operator : list of OperatorCase
         The exact dominance of each block's operator, per (input, block), for the inputs it ran on.
+    attention_to_host : dict of str to int
+        What the dominance step handed to the host's dense eigensolver: ``bytes`` and ``arrays``
+        (the undecided heads' matrices), and ``device_bytes``, the part copied from a GPU
+        (:class:`~simulator.backend.HostCopies`).
     """
 
     metrics: dict[str, np.ndarray]
@@ -298,6 +302,7 @@ class Measurement:
     runner: dict[str, Any]
     attention_part: dict[str, np.ndarray]
     operator: list[OperatorCase] = dataclasses.field(default_factory=list)
+    attention_to_host: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def shifted(self, start: int) -> Measurement:
         """The same measurement with its cases' inputs counted from ``start``."""
@@ -452,7 +457,11 @@ def measure(
     for name, values in per_input.items():
         attention_part[name][:, session.sublayers] = values[:, n_layers:]
     layers = {name: values[:, :n_layers] for name, values in per_input.items()}
-    return Measurement(layers, cases, provider, runner.provenance(), attention_part, exact)
+    copies = session.copies
+    to_host = {"bytes": copies.bytes, "arrays": copies.arrays, "device_bytes": copies.device_bytes}
+    return Measurement(
+        layers, cases, provider, runner.provenance(), attention_part, exact, to_host
+    )
 
 
 def audit_result(

@@ -15,6 +15,10 @@ loaded_cuda_libraries
     Which CUDA/cuDNN/cuBLAS shared objects this process has loaded, and from where.
 gpu_info
     GPU name, driver and memory from ``nvidia-smi``, when there is one.
+device_arrays
+    CuPy, when it is installed and sees a GPU (the ``gpu`` extra): outputs can then stay there.
+device_view
+    An onnxruntime output on the GPU as a CuPy array over the same memory (no copy).
 """
 
 from __future__ import annotations
@@ -27,12 +31,26 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GPU_INSTALL_HINT", "gpu_info", "loaded_cuda_libraries", "preload_cuda_libraries"]
+__all__ = [
+    "GPU_INSTALL_HINT",
+    "device_arrays",
+    "device_view",
+    "gpu_info",
+    "loaded_cuda_libraries",
+    "preload_cuda_libraries",
+]
 
 #: The command that installs the CUDA libraries onnxruntime-gpu loads.
 GPU_INSTALL_HINT = "pip install 'oversmooth[gpu]'  (in a checkout: make venv GPU=1)"
 _LIBRARY_PREFIXES = ("libcudart", "libcublas", "libcublasLt", "libcudnn", "libcufft", "libcurand")
 _PRELOADED: list[bool] = []
+_CUPY: list[Any] = []
+#: onnxruntime's element type names of the outputs that can stay on the GPU.
+_DEVICE_DTYPES = {
+    "tensor(float)": "float32",
+    "tensor(double)": "float64",
+    "tensor(float16)": "float16",
+}
 
 
 def preload_cuda_libraries(ort: Any) -> None:
@@ -83,3 +101,42 @@ def gpu_info(timeout_s: float = 10.0) -> list[dict[str, str]]:
         if len(parts) == 3:
             gpus.append({"name": parts[0], "driver": parts[1], "memory": parts[2]})
     return gpus
+
+
+def device_arrays() -> Any:
+    """The ``cupy`` module when it imports and sees a CUDA device, else None (checked once).
+
+    With it the audit keeps its large outputs (attention probabilities, Gram matrices) on the GPU
+    and computes on them there (:mod:`simulator.backend`); without it they are copied to the host
+    as before, and the runner's provenance says so.
+    """
+    if not _CUPY:
+        try:
+            import cupy
+
+            usable = cupy.cuda.runtime.getDeviceCount() > 0
+        except Exception:  # not installed, no driver, no device: the host path
+            usable = False
+        _CUPY.append(cupy if usable else None)
+    return _CUPY[0]
+
+
+def device_view(value: Any) -> Any:
+    """A CuPy array over an onnxruntime ``OrtValue``'s GPU memory; None where it cannot be one.
+
+    The array holds a reference to ``value``, so onnxruntime's buffer lives as long as the array.
+    None (the caller copies to the host instead) without CuPy, for a value not on CUDA, or for an
+    element type other than float32, float64 and float16.
+    """
+    cupy = device_arrays()
+    dtype = _DEVICE_DTYPES.get(value.data_type())
+    if cupy is None or dtype is None or value.device_name().lower() != "cuda":
+        return None
+    shape = tuple(int(size) for size in value.shape())
+    count = 1
+    for size in shape:
+        count *= size
+    if count == 0:
+        return cupy.empty(shape, dtype=dtype)
+    memory = cupy.cuda.UnownedMemory(value.data_ptr(), count * cupy.dtype(dtype).itemsize, value)
+    return cupy.ndarray(shape, dtype=dtype, memptr=cupy.cuda.MemoryPointer(memory, 0))

@@ -22,9 +22,10 @@ PendingCases
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,10 +35,12 @@ from importers.run.feeds import Inputs
 from importers.run.records import DominanceCase
 from importers.value_spectra import BlockSpectra, HChoice
 from importers.weights import BlockWeights
+from simulator.backend import array_module, on_host, to_numpy
 from simulator.perron import dominating_modes
 from simulator.theory import KINDS
 
 __all__ = [
+    "MAX_DEVICE_STACK_ELEMENTS",
     "MAX_STACK_ELEMENTS",
     "DominanceProblem",
     "PendingCases",
@@ -52,6 +55,9 @@ __all__ = [
 #: Attention entries (float64) of one stack at most: 2^21 (16 MiB), e.g. 31 heads of 257 tokens.
 #: The certificate holds about three such arrays per stack, one stack per worker thread.
 MAX_STACK_ELEMENTS = 2**21
+#: The same for attention held on a device (GPU): 2^27 entries (1 GiB of float64), e.g. 2,032
+#: heads of 257 tokens: each of the certificate's passes is one kernel over the whole stack.
+MAX_DEVICE_STACK_ELEMENTS = 2**27
 
 
 def dominance_spectra(
@@ -84,8 +90,9 @@ def _token_masks(inputs: Inputs, batch: int, n_tokens: int) -> np.ndarray:
     return inputs.token_mask_for(n_tokens)[:batch]
 
 
-def attention_by_head(array: np.ndarray, name: str, n_heads: int) -> np.ndarray:
-    """A block's Softmax output ``name`` as (batch, n_heads, T, T) probabilities.
+def attention_by_head(array: Any, name: str, n_heads: int) -> Any:
+    """A block's Softmax output ``name`` as (batch, n_heads, T, T) probabilities (a view, in the
+    array's own library: NumPy, or CuPy for probabilities kept on the GPU).
 
     (batch · n_heads, T, T) probabilities are split batch-major; any other shape is refused.
 
@@ -102,19 +109,21 @@ def attention_by_head(array: np.ndarray, name: str, n_heads: int) -> np.ndarray:
     return array
 
 
-def nonfinite_attention(array: np.ndarray, name: str, n_heads: int, inputs: Inputs) -> np.ndarray:
+def nonfinite_attention(array: Any, name: str, n_heads: int, inputs: Inputs) -> np.ndarray:
     """(batch,) bool: which inputs' attention probabilities ``array`` (a block's Softmax output)
     hold a NaN or an infinity among their real tokens' rows and columns (what the dominance step
     reads; padding is never read). Probabilities lie in [0, 1], so a sum is finite exactly when
-    every term is: nothing as large as the probabilities is allocated."""
+    every term is: nothing as large as the probabilities is allocated. Device probabilities are
+    summed on their device; only the (batch,) answer comes to the host."""
     probs = attention_by_head(array, name, n_heads)
+    xp = array_module(probs)
     masks = _token_masks(inputs, probs.shape[0], probs.shape[-1])
     if masks.all():
-        return ~np.isfinite(probs.reshape(len(probs), -1).sum(axis=1, dtype=np.float64))
+        return ~to_numpy(xp.isfinite(probs.reshape(len(probs), -1).sum(axis=1, dtype=np.float64)))
     bad = np.zeros(len(probs), dtype=bool)
     for b, mask in enumerate(masks):
-        keep = np.flatnonzero(mask)
-        bad[b] = not np.isfinite(probs[b][:, keep[:, None], keep].sum(dtype=np.float64))
+        keep = xp.asarray(np.flatnonzero(mask))
+        bad[b] = not bool(xp.isfinite(probs[b][:, keep[:, None], keep].sum(dtype=np.float64)))
     return bad
 
 
@@ -126,7 +135,8 @@ class DominanceProblem:
     ----------
     item, layer : int
     probs : (heads, T, T) ndarray
-        The block's attention probabilities for this input (all positions).
+        The block's attention probabilities for this input (all positions): NumPy, or CuPy when
+        they stayed on the GPU (then the stacks and the certificate stay there too).
     token_mask : (T,) bool ndarray
         The real tokens.
     eig_H : (heads, k) complex ndarray
@@ -134,20 +144,22 @@ class DominanceProblem:
 
     item: int
     layer: int
-    probs: np.ndarray
+    probs: Any
     token_mask: np.ndarray
     eig_H: np.ndarray
 
-    def attention(self, out: np.ndarray | None = None) -> np.ndarray:
+    def attention(self, out: Any = None) -> Any:
         """A (heads, n, n): the real tokens' rows and columns, rows renormalised (float64).
 
-        Written into ``out`` (float64, that shape) when given, e.g. a slice of a stack.
+        Written into ``out`` (float64, that shape, in the library of :attr:`probs`) when given,
+        e.g. a slice of a stack. In the library (on the device) of :attr:`probs`.
         """
+        xp = array_module(self.probs)
         source = self.probs  # images: no copy of a submatrix (10x faster at T = 257)
         if not self.token_mask.all():
-            keep = np.flatnonzero(self.token_mask)
+            keep = xp.asarray(np.flatnonzero(self.token_mask))
             source = self.probs[:, keep[:, None], keep]
-        A = np.empty(source.shape, dtype=np.float64) if out is None else out
+        A = xp.empty(source.shape, dtype=np.float64) if out is None else out
         A[...] = source
         A /= A.sum(axis=-1, keepdims=True)
         return A
@@ -163,7 +175,11 @@ class DominanceProblem:
 
 
 def stacked_cases(
-    problems: Sequence[DominanceProblem], tie_rtol: float, *, certify: bool = True
+    problems: Sequence[DominanceProblem],
+    tie_rtol: float,
+    *,
+    certify: bool = True,
+    to_host: Callable[[Any], np.ndarray] = to_numpy,
 ) -> list[list[DominanceCase]]:
     """The cases of problems with equal token counts and H widths, from one stacked call.
 
@@ -174,6 +190,10 @@ def stacked_cases(
     same CPU time: the certificate's passes go a few heads at a time, in cache). Each head's
     answer does not depend on the others of its stack.
 
+    Problems whose probabilities are on a device are stacked and certified there; ``to_host``
+    (e.g. a :class:`simulator.backend.HostCopies`) brings only the undecided heads' matrices to
+    the host for their dense spectra.
+
     Returns
     -------
     list of list of DominanceCase
@@ -181,12 +201,12 @@ def stacked_cases(
     """
     eig_H = np.concatenate([problem.eig_H for problem in problems])
     n = problems[0].n_tokens
-    A = np.empty((eig_H.shape[0], n, n))
+    A = array_module(problems[0].probs).empty((eig_H.shape[0], n, n))
     first = 0
     for problem in problems:  # each written into its place: no copy of the whole stack
         problem.attention(out=A[first : first + problem.eig_H.shape[0]])
         first += problem.eig_H.shape[0]
-    modes = dominating_modes(A, eig_H, tie_rtol=tie_rtol, certify=certify)
+    modes = dominating_modes(A, eig_H, tie_rtol=tie_rtol, certify=certify, to_host=to_host)
     cases = []
     first = 0
     for problem in problems:
@@ -239,7 +259,8 @@ def stacks(problems: Sequence[DominanceProblem]) -> list[list[int]]:
     """Indices of ``problems`` grouped for :func:`stacked_cases`, in order.
 
     A stack holds problems with the same number of real tokens and the same H width, of any
-    layers, at most :data:`MAX_STACK_ELEMENTS` attention entries (bounding a task's memory). Text
+    layers, at most :data:`MAX_STACK_ELEMENTS` attention entries (bounding a task's memory;
+    :data:`MAX_DEVICE_STACK_ELEMENTS` for probabilities on a device). Text
     inputs give one token count per sentence, so stacking across layers makes the stacks of a
     batch as many as its distinct lengths instead of lengths × layers: the per-call overhead of
     the small dense problems counts there (MiniLM-L6: 6× fewer calls).
@@ -258,7 +279,8 @@ def _even_runs(problems: Sequence[DominanceProblem], group: list[int]) -> list[l
     """
     n = problems[group[0]].n_tokens
     largest = max(problems[i].eig_H.shape[0] for i in group) * n * n
-    per_run = max(1, MAX_STACK_ELEMENTS // max(largest, 1))
+    limit = MAX_STACK_ELEMENTS if on_host(problems[group[0]].probs) else MAX_DEVICE_STACK_ELEMENTS
+    per_run = max(1, limit // max(largest, 1))
     count = -(-len(group) // per_run)
     return [run.tolist() for run in np.array_split(np.asarray(group), count)]
 
@@ -270,15 +292,22 @@ class PendingCases:
     (:func:`stacks`) and the stacks spread over ``pool``'s threads (matrix products and LAPACK
     release the GIL); the caller goes on (runs the next batch). :meth:`result` waits for them
     and returns them in (layer, input, head) order, whatever the stacking and the thread count.
+    ``to_host`` brings the undecided heads' matrices to the host (:func:`stacked_cases`).
     """
 
     def __init__(
-        self, problems: Sequence[DominanceProblem], tie_rtol: float, pool: Executor
+        self,
+        problems: Sequence[DominanceProblem],
+        tie_rtol: float,
+        pool: Executor,
+        to_host: Callable[[Any], np.ndarray] = to_numpy,
     ) -> None:
         self._count = len(problems)
         self._stacks = stacks(problems)
         self._futures = [
-            pool.submit(stacked_cases, [problems[i] for i in stack], tie_rtol)
+            pool.submit(
+                stacked_cases, [problems[i] for i in stack], tie_rtol, to_host=to_host
+            )
             for stack in self._stacks
         ]
 

@@ -28,6 +28,7 @@ from importers.run.dominance import DominanceProblem
 from importers.run.records import OperatorCase
 from importers.value_spectra import HChoice
 from importers.weights import BlockWeights
+from simulator.backend import to_numpy
 from simulator.operator import HeadFactors, operator_dominance
 
 __all__ = ["operator_cases", "operator_factors"]
@@ -59,14 +60,15 @@ def operator_cases(
     """The operator cases of ``problems`` whose input is among the first ``inputs``, in order.
 
     Each problem's attention (real tokens, rows renormalised: :meth:`DominanceProblem.attention`)
-    meets its block's factors.
+    meets its block's factors, on the host (attention kept on a GPU is copied for these few
+    inputs).
     """
     cases = []
     for problem in problems:
         if problem.item >= inputs:
             continue
         result = operator_dominance(
-            problem.attention(), factors[problem.layer], tie_rtol=tie_rtol
+            to_numpy(problem.attention()), factors[problem.layer], tie_rtol=tie_rtol
         )
         cases.append(
             OperatorCase(

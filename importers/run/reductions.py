@@ -43,7 +43,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from importers.errors import ImporterInputError
 from importers.graph import GraphInput, OnnxModel
-from simulator.statistics import SCALAR_FIELDS, TokenStatistics, centred_gram_top
+from simulator.backend import to_numpy
+from simulator.statistics import (
+    SCALAR_FIELDS,
+    TokenStatistics,
+    centred_gram_top,
+    gram_eigenvalues,
+)
 
 __all__ = ["MASK_INPUT", "GraphExtension", "ReductionPlan", "plan_reductions"]
 
@@ -143,18 +149,20 @@ class ReductionPlan:
     ) -> TokenStatistics:
         """The :class:`~simulator.statistics.TokenStatistics` of one layer for one batch.
 
-        Gram eigenvalues are computed here (``eigvalsh`` in float64, batched); with
-        ``spectral_norm``, the centred Gram's largest one too
-        (:func:`~simulator.statistics.centred_gram_top`: from the T×T Gram and the token weights,
-        ``token_mask`` (B, T) with the prefix left out, or from the D×D Gram and the rows' sum).
+        Gram eigenvalues are computed here (``eigvalsh`` in float64, batched, where the Gram
+        matrices are: on the GPU when the session kept them there,
+        :func:`~simulator.statistics.gram_eigenvalues`); with ``spectral_norm``, the centred
+        Gram's largest one too (:func:`~simulator.statistics.centred_gram_top`, on the host: from
+        the T×T Gram and the token weights, ``token_mask`` (B, T) with the prefix left out, or
+        from the D×D Gram and the rows' sum).
         """
         eig = None
         if self.gram != "none":
-            gram = np.asarray(outputs[self.gram_name(layer)], np.float64)
-            eig = np.linalg.eigvalsh(gram)
+            eig = gram_eigenvalues(outputs[self.gram_name(layer)])
         stats = TokenStatistics.from_packed(outputs[self.scalars_name(layer)], eig)
         if not self.spectral_norm or self.gram == "none":
             return stats
+        gram = np.asarray(to_numpy(outputs[self.gram_name(layer)]), np.float64)
         if self.gram == "tokens":
             weights = np.ones(gram.shape[:2]) if token_mask is None else token_mask.astype(float)
             weights[:, : self.prefix] = 0.0

@@ -43,7 +43,7 @@ from importers.graph import GraphInput, OnnxModel
 from importers.graph.index import uses_external_data
 from importers.graph.shapes import inferred_types
 from importers.run.batching import batch_count, call_size, calls, drop_filler, fixed_batch
-from importers.run.cuda import preload_cuda_libraries
+from importers.run.cuda import device_arrays, device_view, preload_cuda_libraries
 from importers.run.feeds import Inputs, check_feeds
 from importers.run.reductions import GraphExtension
 from importers.zoo import file_sha256
@@ -372,6 +372,10 @@ class Runner:
         are fed like the model's own.
     optimization : {"disable", "basic", "extended", "all"}
         onnxruntime graph optimisation level.
+    device_outputs : sequence of str
+        Outputs to leave on the GPU when the session runs on CUDA and CuPy sees the GPU
+        (:func:`~importers.run.cuda.device_arrays`): :meth:`run` yields them as CuPy arrays over
+        onnxruntime's own device buffers, never copied. Ignored on the CPU (NumPy arrays).
 
     Attributes
     ----------
@@ -383,6 +387,8 @@ class Runner:
         ``session.get_providers()``: what onnxruntime actually runs.
     provider_note : str
         Why this provider was chosen.
+    on_device : frozenset of str
+        The outputs :meth:`run` yields on the GPU (empty on the CPU or without CuPy).
     """
 
     def __init__(
@@ -395,6 +401,7 @@ class Runner:
         include_outputs: bool = False,
         extension: GraphExtension | None = None,
         optimization: Optimization = "all",
+        device_outputs: Sequence[str] = (),
     ) -> None:
         self.model_path = model.path
         self.provider = _check_provider(provider)
@@ -434,6 +441,9 @@ class Runner:
         self._run_options.log_severity_level = 4
         self.provider_used: list[str] = list(self.session.get_providers())
         self._on_cuda = self.provider_used[0] == _CUDA
+        wanted = [name for name in self.output_names if name in set(device_outputs)]
+        keep = self._on_cuda and bool(wanted) and device_arrays() is not None
+        self.on_device: frozenset[str] = frozenset(wanted if keep else ())
         self._ortvalue = ort.OrtValue
         self._host_buffers: dict[tuple[Any, ...], list[list[np.ndarray]]] = {}
 
@@ -448,6 +458,7 @@ class Runner:
             "provider_used": list(self.provider_used),
             "provider_note": self.provider_note,
             "io_binding": self._on_cuda,
+            "kept_on_device": sorted(self.on_device),
             "provider_options": self.session.get_provider_options().get(self.provider_used[0], {}),
             "onnxruntime": self._ort_version,
             "session_options": self._options.as_dict(),
@@ -465,7 +476,7 @@ class Runner:
             outputs = self.session.run(self.output_names, dict(feeds), self._run_options)
         return dict(zip(self.output_names, outputs, strict=True))
 
-    def _run_bound(self, feeds: Mapping[str, np.ndarray], reuse: int) -> list[np.ndarray]:
+    def _run_bound(self, feeds: Mapping[str, np.ndarray], reuse: int) -> list[Any]:
         """IOBinding: on CUDA, inputs copied to the GPU once and intermediates never leave it.
 
         Outputs are computed where the model runs and copied to host memory once. With ``reuse``
@@ -486,7 +497,7 @@ class Runner:
         buffers = ring[0] if ring and len(ring) >= reuse else None  # every set made: the oldest
         device = "cuda" if self._on_cuda else "cpu"
         for i, name in enumerate(self.output_names):
-            if buffers is None:
+            if buffers is None or name in self.on_device:
                 binding.bind_output(name, device, 0)
             else:
                 out = buffers[i]
@@ -500,11 +511,27 @@ class Runner:
                 self._host_buffers = {}
                 return self._run_bound(feeds, reuse)
             self._host_buffers = {signature: [*ring[1:], buffers]}  # now the newest
+            self._fill_device_outputs(binding, buffers)
             return buffers
-        outputs = [np.ascontiguousarray(array) for array in binding.copy_outputs_to_cpu()]
+        outputs: list[Any]
+        if self.on_device:
+            outputs = [None] * len(self.output_names)
+            self._fill_device_outputs(binding, outputs, host=True)
+        else:
+            outputs = [np.ascontiguousarray(array) for array in binding.copy_outputs_to_cpu()]
         if reuse:  # one input signature kept: memory stays ``reuse`` batches of outputs
             self._host_buffers = {signature: [*ring, outputs]}
         return outputs
+
+    def _fill_device_outputs(self, binding: Any, outputs: list[Any], host: bool = False) -> None:
+        """Put the :attr:`on_device` outputs of a bound run into ``outputs`` as CuPy views (and,
+        with ``host``, every other output as a host copy)."""
+        for i, (name, value) in enumerate(zip(self.output_names, binding.get_outputs(), strict=True)):
+            if name in self.on_device:
+                view = device_view(value)
+                outputs[i] = np.ascontiguousarray(value.numpy()) if view is None else view
+            elif host:
+                outputs[i] = np.ascontiguousarray(value.numpy())
 
     def run(
         self,

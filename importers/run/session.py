@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -42,6 +42,7 @@ from importers.run.operator_step import OperatorCase, operator_cases
 from importers.run.records import DominanceCase
 from importers.run.reductions import Gram, ReductionPlan, plan_reductions
 from importers.run.runner import Runner
+from simulator.backend import HostCopies, array_module, to_numpy
 from simulator.metrics import METRICS
 from simulator.operator import HeadFactors
 from simulator.statistics import (
@@ -184,6 +185,10 @@ class AuditSession:
         What the session runs on (held in memory or read per batch).
     notes : list of str
         Notes on the layer choice.
+    copies : HostCopies
+        Counts the attention matrices the dominance step brings to the host: on a GPU (the
+        attention kept there, :attr:`Runner.on_device`) only the heads the certificate leaves
+        undecided; on the CPU the same heads (nothing is copied, the count is the same).
     """
 
     layers: list[str]
@@ -193,6 +198,7 @@ class AuditSession:
     runner: Runner
     inputs: Inputs
     notes: list[str]
+    copies: HostCopies = field(default_factory=HostCopies)
 
     def batch_feeds(self, batch: Inputs) -> dict[str, np.ndarray]:
         """A batch's feeds plus the token mask the reductions read (padding never counts)."""
@@ -239,8 +245,10 @@ def audit_session(
     Only the reductions' outputs come back per layer (:mod:`importers.run.reductions`): eight
     scalars, plus the smaller Gram matrix when ``spectral`` (the singular-value metrics need it);
     the attention probabilities are fetched only when ``attention`` (the dominance step needs
-    them). ``partial``: ``blocks`` are only the matched part of the model (see
-    :func:`layer_tensors`).
+    them). On a GPU with CuPy the Gram matrices and the attention probabilities stay there
+    (:attr:`Runner.on_device`): their eigenvalues and the perron certificate are computed there
+    and only small records come back. ``partial``: ``blocks`` are only the matched part of the
+    model (see :func:`layer_tensors`).
     """
     notes: list[str] = []
     layers = layer_tensors(blocks, notes, partial=partial)
@@ -260,8 +268,14 @@ def audit_session(
         time_major=time_major,
         spectral_norm=spectral_norm,
     )
+    grams = [plan.gram_name(layer) for layer in range(len(plan.layers))] if spectral else []
     runner = Runner(
-        graph, expose=probs, extension=plan.extension, provider=provider, threads=threads
+        graph,
+        expose=probs,
+        extension=plan.extension,
+        provider=provider,
+        threads=threads,
+        device_outputs=[*probs, *grams],
     )
     return AuditSession(layers, probs, sublayers, plan, runner, inputs, notes)
 
@@ -357,11 +371,13 @@ class _BatchWork:
             self._operator.cancel()
 
 
-def _bad_items(arrays: Sequence[np.ndarray]) -> np.ndarray:
-    """(batch,) bool: which items hold a NaN or an infinity in any of ``arrays`` (batch first)."""
+def _bad_items(arrays: Sequence[Any]) -> np.ndarray:
+    """(batch,) bool: which items hold a NaN or an infinity in any of ``arrays`` (batch first;
+    arrays on a device are tested there)."""
     bad = np.zeros(len(arrays[0]), dtype=bool)
     for array in arrays:
-        bad |= ~np.isfinite(np.asarray(array).reshape(len(array), -1)).all(axis=1)
+        xp = array_module(array)
+        bad |= ~to_numpy(xp.isfinite(xp.asarray(array).reshape(len(array), -1)).all(axis=1))
     return bad
 
 
@@ -445,7 +461,8 @@ def batch_work(
     exact = None
     if operator is not None and start < operator.inputs:
         exact = pool.submit(operator_cases, problems, operator.factors, tie_rtol, operator.inputs)
-    return _BatchWork(metrics, PendingCases(problems, tie_rtol, pool), exact)
+    pending = PendingCases(problems, tie_rtol, pool, to_host=session.copies)
+    return _BatchWork(metrics, pending, exact)
 
 
 def pipelined(
