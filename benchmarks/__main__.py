@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "scheduler": "benchmarks.bench_scheduler",
     "memory": "benchmarks.bench_memory",
     "operator": "benchmarks.bench_operator",
+    "device": "benchmarks.bench_device",
 }
 
 

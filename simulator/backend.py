@@ -35,11 +35,17 @@ __all__ = ["HostCopies", "array_module", "on_host", "to_numpy"]
 def on_host(array: Any) -> bool:
     """True unless ``array`` belongs to a device library (its type is not defined by NumPy and
     it has no ``__array__`` that NumPy could read without a device copy)."""
-    return isinstance(array, np.ndarray | np.generic) or not _is_device_array(array)
+    return not _is_device_array(array)
+
+
+#: Attributes by which an array declares it lives on a device (the array API, CUDA, DLPack).
+_DEVICE_MARKS = ("__array_namespace__", "__cuda_array_interface__", "__dlpack_device__")
 
 
 def _is_device_array(array: Any) -> bool:
-    return hasattr(array, "__array_namespace__") and not isinstance(array, np.ndarray)
+    if isinstance(array, np.ndarray | np.generic):
+        return False
+    return any(hasattr(array, mark) for mark in _DEVICE_MARKS)
 
 
 def array_module(array: Any) -> ModuleType:
@@ -91,6 +97,11 @@ class HostCopies:
         self.arrays = 0
         self.device_bytes = 0
         self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        """Count from zero again."""
+        with self._lock:
+            self.bytes = self.arrays = self.device_bytes = 0
 
     def __call__(self, array: Any) -> NDArray[Any]:
         """``array`` as a NumPy array, counted."""

@@ -92,6 +92,7 @@ from importers.run.records import (
 )
 from importers.run.runner import default_threads
 from importers.run.session import (
+    AuditSession,
     OperatorPlan,
     audit_session,
     batch_work,
@@ -119,6 +120,7 @@ __all__ = [
     "audit",
     "audit_result",
     "measure",
+    "measure_session",
     "open_model",
     "prepare",
     "run_audit",
@@ -411,24 +413,13 @@ def prepare(
     return prepared, inputs
 
 
-def measure(
-    prepared: PreparedAudit,
-    graph: OnnxModel,
-    inputs: Inputs,
-    *,
-    threads: int | None = None,
-    first_input: int = 0,
-) -> Measurement:
-    """Run the audit's session on ``inputs``: every metric per (input, layer), every dominance case.
-
-    The cores of onnxruntime and of the host work are ``prepared.options.threads`` when set, else
-    ``threads`` (a cluster worker's share of its host), else every core this process may use.
-    ``first_input`` is the number of the first of ``inputs`` among all the audit's inputs (a
-    shard's start): the operator dominance runs on the audit's first ``operator_inputs`` only.
-    """
+def measure_session(
+    prepared: PreparedAudit, graph: OnnxModel, inputs: Inputs, *, threads: int | None = None
+) -> AuditSession:
+    """The onnxruntime session :func:`measure` runs for ``prepared`` on ``inputs`` (built once;
+    a benchmark may run it again through ``measure(..., session=)``)."""
     options = prepared.options
-    threads = options.threads or threads or default_threads()
-    session = audit_session(
+    return audit_session(
         graph,
         prepared.blocks,
         inputs,
@@ -436,10 +427,34 @@ def measure(
         attention=options.dominance != "none",
         spectral=options.spectral,
         provider=options.provider,
-        threads=threads,
+        threads=options.threads or threads or default_threads(),
         partial=prepared.matched_part_only,
         spectral_norm=options.spectral_norm,
     )
+
+
+def measure(
+    prepared: PreparedAudit,
+    graph: OnnxModel,
+    inputs: Inputs,
+    *,
+    threads: int | None = None,
+    first_input: int = 0,
+    session: AuditSession | None = None,
+) -> Measurement:
+    """Run the audit's session on ``inputs``: every metric per (input, layer), every dominance case.
+
+    The cores of onnxruntime and of the host work are ``prepared.options.threads`` when set, else
+    ``threads`` (a cluster worker's share of its host), else every core this process may use.
+    ``first_input`` is the number of the first of ``inputs`` among all the audit's inputs (a
+    shard's start): the operator dominance runs on the audit's first ``operator_inputs`` only.
+    ``session``: one already built by :func:`measure_session` for these inputs.
+    """
+    options = prepared.options
+    threads = options.threads or threads or default_threads()
+    if session is None:
+        session = measure_session(prepared, graph, inputs, threads=threads)
+    session.copies.reset()
     shape = (inputs.batch_size, len(session.plan.layers))  # the layers, then the sublayers
     names = [*METRICS, *([SPECTRAL_NORM_METRIC] if options.spectral_norm else [])]
     per_input = {name: np.full(shape, np.nan) for name in names}

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DEVICE_ARRAYS_VARIABLE",
     "GPU_INSTALL_HINT",
     "device_arrays",
     "device_view",
@@ -45,6 +46,8 @@ GPU_INSTALL_HINT = "pip install 'oversmooth[gpu]'  (in a checkout: make venv GPU
 _LIBRARY_PREFIXES = ("libcudart", "libcublas", "libcublasLt", "libcudnn", "libcufft", "libcurand")
 _PRELOADED: list[bool] = []
 _CUPY: list[Any] = []
+#: Set to 0 to copy every output to the host even where CuPy could keep it on the GPU.
+DEVICE_ARRAYS_VARIABLE = "OVERSMOOTH_DEVICE_ARRAYS"
 #: onnxruntime's element type names of the outputs that can stay on the GPU.
 _DEVICE_DTYPES = {
     "tensor(float)": "float32",
@@ -108,9 +111,13 @@ def device_arrays() -> Any:
 
     With it the audit keeps its large outputs (attention probabilities, Gram matrices) on the GPU
     and computes on them there (:mod:`simulator.backend`); without it they are copied to the host
-    as before, and the runner's provenance says so.
+    as before, and the runner's provenance says so (``kept_on_device``). The environment variable
+    ``OVERSMOOTH_DEVICE_ARRAYS=0`` turns it off (the host path on a GPU, for comparison).
     """
     if not _CUPY:
+        if os.environ.get(DEVICE_ARRAYS_VARIABLE, "1") == "0":
+            _CUPY.append(None)
+            return None
         try:
             import cupy
 

@@ -1,0 +1,168 @@
+"""Inputs per second where the model runs: plain inference, the audit's session, the whole audit.
+
+For each installed zoo model, each provider that works here (the CPU; CUDA where a CUDA session
+can really be created) and each batch size (default 1, 8 and 64), inputs per second of
+
+- ``plain``: the unmodified model returning its own outputs (``session.run``);
+- ``session``: the audit's session without dominance (layer statistics reduced in the graph and
+  their Gram matrices; only these come back, or stay on the GPU with CuPy);
+- ``audit``: the whole measurement with the dominance step (``importers.run.audit.measure``:
+  the layer metrics and every (input, block, head) case, the host work overlapped with the next
+  batch), its session built once beforehand;
+
+and ``to host``: the attention bytes per input the dominance step handed to the host's dense
+eigensolver (the undecided heads; ``device`` where they crossed from a GPU). Each line names the
+device. The session is timed as the audit runs it (outputs reused), alternating with plain, after
+one warm-up each, for at least ``--min-seconds``; the audit runs on ``--batches-per-audit``
+batches of repeated bundled inputs, once after a warm-up run.
+
+Run with ``python -m benchmarks device [--batches 1 8 64] [--providers cpu cuda]
+[--models NAME ...] [--min-seconds S] [--batches-per-audit K]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from benchmarks.bench_runner import _repeated, _timed, available_providers
+from importers import zoo
+from importers.graph import OnnxModel, load_model
+from importers.run.audit import AuditOptions, measure, measure_session, open_model, prepare
+from importers.run.cuda import device_arrays, gpu_info
+from importers.run.feeds import Inputs
+from importers.run.runner import default_threads, plain_session
+from importers.run.sources import default_inputs
+
+__all__ = ["DeviceRates", "main", "rates"]
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """Inputs per second of one (model, provider, batch), and what reached the host."""
+
+    model: str
+    provider: str
+    batch: int
+    device: str
+    plain: float
+    session: float
+    audit: float
+    to_host_per_input: float
+    device_bytes_per_input: float
+
+    def line(self) -> str:
+        return (
+            f"{self.model:<16}{self.provider:<6}{self.batch:>6}{self.plain:>10.1f}"
+            f"{self.session:>10.1f}{self.plain / self.session:>7.2f}{self.audit:>9.2f}"
+            f"{100 * self.audit / self.plain:>8.2f}%{self.to_host_per_input / 2**20:>9.2f}"
+            f"{self.device_bytes_per_input / 2**20:>9.2f}  {self.device}"
+        )
+
+
+HEADER = (
+    f"{'model':<16}{'prov':<6}{'batch':>6}{'plain/s':>10}{'session/s':>10}{'ratio':>7}"
+    f"{'audit/s':>9}{'of plain':>9}{'host MiB':>9}{'dev MiB':>9}  device"
+)
+
+
+def _device_name(provider: str) -> str:
+    if provider == "cuda":
+        gpus = gpu_info()
+        name = gpus[0]["name"] if gpus else "a GPU (nvidia-smi not found)"
+        return f"{name}, {'CuPy' if device_arrays() is not None else 'host copies (no CuPy)'}"
+    return f"CPU, {default_threads()} threads"
+
+
+def rates(
+    graph: OnnxModel,
+    name: str,
+    inputs: Inputs,
+    provider: str,
+    batch: int,
+    *,
+    min_seconds: float,
+    batches_per_audit: int,
+) -> DeviceRates:
+    """Plain, session and whole-audit inputs per second of one model at one batch size."""
+    ref, _ = open_model(name)
+    items = _repeated(inputs, batch)
+    options = AuditOptions(provider=provider, batch_size=batch, exclude_prefix=True)  # type: ignore[arg-type]
+    quiet = AuditOptions(
+        provider=provider,  # type: ignore[arg-type]
+        batch_size=batch,
+        exclude_prefix=True,
+        dominance="none",
+    )
+    without, _ = prepare(ref, graph, items, quiet)
+    session = measure_session(without, graph, items)
+    plain = plain_session(graph, provider=provider)  # type: ignore[arg-type]
+    calls: dict[str, Callable[[], object]] = {
+        "plain": lambda: plain.run(None, items.feeds),
+        "session": lambda: list(session.runner.run(session.feeds, reuse_outputs=2)),
+    }
+    seconds = _timed(calls, min_seconds)
+    many = _repeated(inputs, batch * batches_per_audit)
+    prepared, _ = prepare(ref, graph, many, options)
+    prebuilt = measure_session(prepared, graph, many)
+    measure(prepared, graph, many, session=prebuilt)  # warm-up
+    began = time.perf_counter()
+    measured = measure(prepared, graph, many, session=prebuilt)
+    elapsed = time.perf_counter() - began
+    copied = measured.attention_to_host
+    return DeviceRates(
+        name,
+        provider,
+        batch,
+        _device_name(provider),
+        batch / seconds["plain"],
+        batch / seconds["session"],
+        many.batch_size / elapsed,
+        copied.get("bytes", 0) / many.batch_size,
+        copied.get("device_bytes", 0) / many.batch_size,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
+    """Print one line per model, provider and batch size."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--providers", nargs="+", default=None, help="default: all that work")
+    parser.add_argument("--models", nargs="*", default=[model.name for model in zoo.models()])
+    parser.add_argument("--min-seconds", type=float, default=1.0)
+    parser.add_argument("--batches-per-audit", type=int, default=2)
+    args = parser.parse_args(argv)
+    providers = args.providers or available_providers()
+    print(
+        "ratio = session time / plain time; of plain = audit inputs/s as a share of plain's; "
+        "host/dev MiB = attention per input handed to the host's dense eigensolver / copied "
+        "from the GPU"
+    )
+    print(HEADER)
+    results = []
+    for name in args.models:
+        if zoo.model_status(name) not in ("installed", "cached"):
+            print(f"{name}: not installed or cached (skipped)")
+            continue
+        graph = load_model(zoo.lookup(name, allow_fetch=False).path)
+        inputs = default_inputs(graph.inputs, zoo.get_model(name))
+        for provider in providers:
+            for batch in args.batches:
+                result = rates(
+                    graph,
+                    name,
+                    inputs,
+                    provider,
+                    batch,
+                    min_seconds=args.min_seconds,
+                    batches_per_audit=args.batches_per_audit,
+                )
+                results.append(result)
+                print(result.line(), flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
