@@ -41,7 +41,7 @@ from importers.run.feeds import Inputs
 from importers.run.operator_step import OperatorCase, operator_cases
 from importers.run.records import DominanceCase
 from importers.run.reductions import Gram, ReductionPlan, plan_reductions
-from importers.run.runner import Runner
+from importers.run.runner import Runner, default_threads
 from simulator.backend import HostCopies, array_module, to_numpy
 from simulator.metrics import METRICS
 from simulator.operator import HeadFactors
@@ -185,6 +185,8 @@ class AuditSession:
         What the session runs on (held in memory or read per batch).
     notes : list of str
         Notes on the layer choice.
+    threads : int
+        The host threads of the audit's work (and onnxruntime's intra-op threads).
     copies : HostCopies
         Counts the attention matrices the dominance step brings to the host: on a GPU (the
         attention kept there, :attr:`Runner.on_device`) only the heads the certificate leaves
@@ -198,6 +200,7 @@ class AuditSession:
     runner: Runner
     inputs: Inputs
     notes: list[str]
+    threads: int = 1
     copies: HostCopies = field(default_factory=HostCopies)
 
     def batch_feeds(self, batch: Inputs) -> dict[str, np.ndarray]:
@@ -277,7 +280,9 @@ def audit_session(
         threads=threads,
         device_outputs=[*probs, *grams],
     )
-    return AuditSession(layers, probs, sublayers, plan, runner, inputs, notes)
+    return AuditSession(
+        layers, probs, sublayers, plan, runner, inputs, notes, threads or default_threads()
+    )
 
 
 def attention_sublayer_tensor(block: AttentionBlock) -> str | None:
@@ -461,7 +466,9 @@ def batch_work(
     exact = None
     if operator is not None and start < operator.inputs:
         exact = pool.submit(operator_cases, problems, operator.factors, tie_rtol, operator.inputs)
-    pending = PendingCases(problems, tie_rtol, pool, to_host=session.copies)
+    pending = PendingCases(
+        problems, tie_rtol, pool, to_host=session.copies, parallel=session.threads
+    )
     return _BatchWork(metrics, pending, exact)
 
 

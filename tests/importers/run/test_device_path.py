@@ -195,3 +195,24 @@ def test_gram_eigenvalues_on_the_gpu_give_the_host_metrics() -> None:
     cpu = metrics_from_statistics(TokenStatistics.from_packed(scalars, on_cpu), names)
     for name in names:
         assert_allclose(gpu[name], cpu[name], rtol=GRAM_RTOL, atol=GRAM_ATOL, err_msg=name)
+
+
+class _OnDevice:
+    """Stands for a device array in the stacking (which reads only where the array lives)."""
+
+    __dlpack_device__ = None
+
+
+def test_device_problems_are_cut_into_a_stack_per_thread_at_least() -> None:
+    """Host problems stack by memory alone (one stack here); device problems make at least one
+    stack per worker thread, so that the undecided heads' dense spectra run on every thread."""
+    from importers.run.dominance import stacks
+
+    mask = np.ones(40, dtype=bool)
+    eig_H = np.zeros((6, 3), dtype=complex)
+    host = [DominanceProblem(i, 0, np.zeros((6, 40, 40)), mask, eig_H) for i in range(10)]
+    device = [DominanceProblem(i, 0, _OnDevice(), mask, eig_H) for i in range(10)]
+    assert not on_host(device[0].probs)
+    assert stacks(host, parallel=4) == [list(range(10))]
+    assert [len(stack) for stack in stacks(device, parallel=4)] == [3, 3, 2, 2]
+    assert [len(stack) for stack in stacks(device[:2], parallel=4)] == [1, 1]
