@@ -36,7 +36,7 @@ from importers.run.records import DominanceCase
 from importers.value_spectra import BlockSpectra, HChoice
 from importers.weights import BlockWeights
 from simulator.backend import array_module, on_host, to_numpy
-from simulator.perron import dominating_modes
+from simulator.perron import CERTIFY_MIN_ORDER, dominating_modes
 from simulator.theory import KINDS
 
 __all__ = [
@@ -265,10 +265,14 @@ def stacks(problems: Sequence[DominanceProblem], parallel: int = 1) -> list[list
     batch as many as its distinct lengths instead of lengths × layers: the per-call overhead of
     the small dense problems counts there (MiniLM-L6: 6× fewer calls).
 
-    Problems on a device are cut into at least ``parallel`` stacks (the worker threads): the
-    certificate runs on the device either way, but each stack's undecided heads take their dense
-    spectra on the host in its own thread (one stack per batch left 13 of DINOv2's 16 threads
-    idle on an H100: 6.8 audited inputs/s against 12.0 on the host path).
+    Problems on a device with matrices large enough to certify
+    (:data:`~simulator.perron.CERTIFY_MIN_ORDER`) are cut into at least ``parallel`` stacks (the
+    worker threads): the certificate runs on the device either way, but each stack's undecided
+    heads take their dense spectra on the host in its own thread (one stack per batch left 13 of
+    DINOv2's 16 threads idle on an H100: 6.8 audited inputs/s, against 11.6 on an H200 cut into
+    16). Smaller ones go straight to the dense path, where more stacks only add per-stack
+    overhead (MiniLM-L6 on an H200, 16 stacks per sentence length: 38 inputs/s, against 186 on
+    an H100 with one).
     """
     groups: dict[tuple[int, int], list[int]] = {}
     for index, problem in enumerate(problems):
@@ -280,7 +284,8 @@ def _even_runs(
     problems: Sequence[DominanceProblem], group: list[int], parallel: int = 1
 ) -> list[list[int]]:
     """``group`` cut into the fewest runs within :data:`MAX_STACK_ELEMENTS`, of near-equal length
-    (device problems: within :data:`MAX_DEVICE_STACK_ELEMENTS`, and at least ``parallel``).
+    (device problems: within :data:`MAX_DEVICE_STACK_ELEMENTS`, and at least ``parallel`` runs
+    of matrices large enough to certify).
 
     Equal runs keep the worker threads equally busy (a greedy fill left one short run: 11 % more
     wall time on DINOv2's 72 problems over two threads).
@@ -291,7 +296,7 @@ def _even_runs(
     limit = MAX_STACK_ELEMENTS if host else MAX_DEVICE_STACK_ELEMENTS
     per_run = max(1, limit // max(largest, 1))
     count = -(-len(group) // per_run)
-    if not host:
+    if not host and n >= CERTIFY_MIN_ORDER:
         count = max(count, min(parallel, len(group)))
     return [run.tolist() for run in np.array_split(np.asarray(group), count)]
 

@@ -204,8 +204,9 @@ class _OnDevice:
 
 
 def test_device_problems_are_cut_into_a_stack_per_thread_at_least() -> None:
-    """Host problems stack by memory alone (one stack here); device problems make at least one
-    stack per worker thread, so that the undecided heads' dense spectra run on every thread."""
+    """Host problems stack by memory alone (one stack here); device problems of certifiable size
+    make at least one stack per worker thread, so that the undecided heads' dense spectra run on
+    every thread; smaller ones (dense at once) stack by memory."""
     from importers.run.dominance import stacks
 
     mask = np.ones(40, dtype=bool)
@@ -216,3 +217,6 @@ def test_device_problems_are_cut_into_a_stack_per_thread_at_least() -> None:
     assert stacks(host, parallel=4) == [list(range(10))]
     assert [len(stack) for stack in stacks(device, parallel=4)] == [3, 3, 2, 2]
     assert [len(stack) for stack in stacks(device[:2], parallel=4)] == [1, 1]
+    short = np.ones(8, dtype=bool)
+    small = [DominanceProblem(i, 0, _OnDevice(), short, eig_H) for i in range(10)]
+    assert stacks(small, parallel=4) == [list(range(10))]
