@@ -188,7 +188,8 @@ def test_the_block_is_read_with_its_heads_and_weights(packed: bool) -> None:
     (block,) = find_attention_blocks(model).blocks
     assert (block.n_heads, block.n_kv_heads, block.d_head) == (HEADS, KV_HEADS, HEAD)
     assert (block.rotary, block.rotary_width, block.causal) == ("full", HEAD, True)
-    assert block.defused_from is not None and "GroupQueryAttention 'gqa'" in block.defused_from
+    assert block.defused_from is not None
+    assert "GroupQueryAttention 'gqa'" in block.defused_from
     assert any(note.startswith("scores soft-capped by") for note in block.notes)
     read = block_weights(model, block)
     for role in "qkvo":
