@@ -23,7 +23,7 @@ MS = "com.microsoft"
 OUTPUT_RTOL = 1e-5
 
 
-def _value(name: str, dims: list, elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
+def _value(name: str, dims: list | None, elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem, dims)
 
 
