@@ -18,6 +18,7 @@ from importers.run.audit import audit
 from importers.run.feeds import Inputs, for_graph
 from importers.run.runner import Runner
 from importers.run.session import layer_tensors
+from importers.run.sources import default_inputs
 from importers.weights import block_weights
 from simulator.metrics import all_metrics
 from tests.importers.family_corpus import FIXTURES, MANIFEST, fixture_proto, load_fixture
@@ -164,3 +165,10 @@ def test_a_padded_item_is_audited_as_it_is_alone() -> None:
     alone = run({"input_ids": alone_ids, "attention_mask": np.ones_like(alone_ids)}, mask[1:, :5])
     for metric in ("hfc_lfc", "cosine", "sigma_ratio"):
         np.testing.assert_allclose(batched[metric][1:], alone[metric], rtol=1e-4, err_msg=metric)
+
+
+@pytest.mark.parametrize("file", ["llama/genai_fp32.onnx.xz", "llama/with_past.onnx.xz"])
+def test_a_decoder_with_cache_inputs_gets_the_bundled_sentences_by_default(file: str) -> None:
+    """Its 4-axis float cache inputs are fed empty, not taken for an image input."""
+    inputs = default_inputs(load_fixture(file).inputs)
+    assert inputs.source == "bundled-text"
