@@ -112,6 +112,8 @@ def _qkv(
     assert shape is not None
     if key or value:
         refuse(not (key and value), "with a key but no value (or a value but no key)")
+        ranks = [len(facts.shape(name) or ()) for name in (key, value)]
+        refuse(ranks != [3, 3], "with key/value not of shape (batch, sequence, hidden)")
         refuse(shape[2] % heads, f"with a query width {shape[2]} not a multiple of {heads} heads")
         return query, key, value, shape[2] // heads
     width = heads + 2 * kv_heads

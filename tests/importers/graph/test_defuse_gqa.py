@@ -216,6 +216,18 @@ def test_features_not_rewritten_are_declined_by_name(change: dict, feature: str)
     assert declined.line().startswith("fused com.microsoft GroupQueryAttention 'gqa'")
 
 
+def test_key_and_value_of_another_layout_are_declined() -> None:
+    proto, _ = _gqa_model(packed=False)
+    reshape = helper.make_node("Reshape", ["k", "kv_heads"], ["k4"])
+    proto.graph.initializer.append(
+        numpy_helper.from_array(np.array([0, 0, KV_HEADS, HEAD]), "kv_heads")
+    )
+    proto.graph.node.insert(len(proto.graph.node) - 3, reshape)
+    proto.graph.node[-3].input[1] = "k4"
+    (declined,) = model_from_proto(proto).declined
+    assert "with key/value not of shape (batch, sequence, hidden)" in declined.line()
+
+
 def test_explicit_position_ids_and_head_sinks_are_declined() -> None:
     for position, feature in ((9, "with position_ids"), (11, "with head_sink")):
         proto, _ = _gqa_model()
