@@ -369,9 +369,11 @@ def _rewritten(
         nodes.extend(replaced[node.position].nodes if node.position in replaced else [node.proto])
     del copy.graph.node[:]
     copy.graph.node.extend(nodes)
-    read = {name for node in nodes for name in node.input}
+    read = _names_read(nodes) | {value.name for value in copy.graph.output}
     gone = {name for position in replaced for name in index.nodes[position].inputs} - read
-    gone &= set(index.initializers)
+    gone &= set(index.initializers) | {
+        name for emitter in replaced.values() for name in emitter.unneeded_inputs
+    }
     for container in (copy.graph.initializer, copy.graph.input):
         kept = [item for item in container if item.name not in gone]
         del container[:]
@@ -379,3 +381,15 @@ def _rewritten(
     for emitter in replaced.values():
         copy.graph.initializer.extend(emitter.initializers)
     return copy
+
+
+def _names_read(nodes: list[onnx.NodeProto]) -> set[str]:
+    """The tensors ``nodes`` read, their subgraphs' (If, Loop, Scan) included."""
+    names: set[str] = set()
+    for node in nodes:
+        names.update(node.input)
+        for attribute in node.attribute:
+            graphs = [attribute.g] if attribute.HasField("g") else list(attribute.graphs)
+            for graph in graphs:
+                names |= _names_read(list(graph.node))
+    return names

@@ -19,8 +19,12 @@ embedding. :func:`group_query_attention` rewrites it into the standard subgraph 
   (``j > seqlens_k[b]``) or, with ``local_window_size`` w > 0, out of its window of w keys
   (``j ≤ P + i − w``); ``Softmax``; ·V; head merge.
 
-This is exactly the operator at past length 0 (the audit's case) and with a past for batches
-without padding; ``smooth_softmax``, ``head_sink``, the ``output_qk`` output, explicit
+``seqlens_k`` and ``total_sequence_length`` given as graph inputs (not computed from the attention
+mask, as the builder computes them) are left out, and out of the graph's inputs: at past length 0
+the causal mask hides the padding on the right from every real token.
+
+This is exactly the operator at past length 0 (the audit's case; on the real tokens where the
+lengths are graph inputs) and with a past for batches without padding; ``smooth_softmax``, ``head_sink``, the ``output_qk`` output, explicit
 ``position_ids`` and cos/sin caches of another element type than Q are declined by name.
 
 Public API
@@ -92,7 +96,7 @@ def group_query_attention(node: Node, facts: Facts, softmax: str) -> Emitter:
     group = heads // kv_heads
     k_t = em.op("Transpose", [em.repeat_heads(keys, group)], perm=[0, 1, 3, 2])
     q = em.split_heads(q, heads, (0, 2, 1, 3))
-    biases = [_mask_bias(em, node, q, keys, past)]
+    biases = [_mask_bias(em, node, q, keys, past, _seqlens(em, node, facts))]
     if node.input(_BIAS):
         biases.append(node.input(_BIAS))
     values = em.repeat_heads(values, group)
@@ -185,7 +189,21 @@ def _present(em: Emitter, node: Node, new: str, past_position: int, output: int)
     return em.op("Identity", [new], output=name) if name else new
 
 
-def _mask_bias(em: Emitter, node: Node, q: str, keys: str, past: str) -> str:
+def _seqlens(em: Emitter, node: Node, facts: Facts) -> str:
+    """``seqlens_k`` where the graph computes it (from its attention mask), else "".
+
+    Given as graph inputs, ``seqlens_k`` and ``total_sequence_length`` are left out of the
+    rewrite and of the graph (nothing else reads them): at past length 0 the causal mask already
+    hides the keys past an item's length from its tokens (onnxruntime pads on the right), so only
+    the padding rows, which no metric reads, would differ; no input source has to feed them.
+    """
+    seqlens = node.input(_SEQLENS)
+    given = [name for name in (seqlens, node.input(6)) if name in facts.index.graph_inputs]
+    em.unneeded_inputs.update(given)
+    return "" if seqlens in given else seqlens
+
+
+def _mask_bias(em: Emitter, node: Node, q: str, keys: str, past: str, seqlens: str) -> str:
     """(B, 1, S, T): the lowest float where a key is hidden from a query (later than it, past the
     item's ``seqlens_k``, out of the local window of the last ``local_window_size`` keys), else
     0."""
@@ -199,7 +217,6 @@ def _mask_bias(em: Emitter, node: Node, q: str, keys: str, past: str) -> str:
     if window > 0:
         start = em.op("Sub", [query_positions, em.ints("window", [window - 1])])
         hidden = em.op("Or", [hidden, em.op("Less", [key_positions, start])])
-    seqlens = node.input(_SEQLENS)
     if seqlens:
         lengths = em.op(
             "Unsqueeze",

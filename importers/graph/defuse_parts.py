@@ -145,6 +145,9 @@ class Emitter:
         self.dtype = np.dtype(dtype)
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
+        #: Graph inputs the fused node read that the rewrite does without; dropped from the graph
+        #: when nothing else reads them (so nobody has to feed them).
+        self.unneeded_inputs: set[str] = set()
         self._count = 0
 
     def fresh(self, what: str) -> str:

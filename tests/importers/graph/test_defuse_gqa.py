@@ -36,7 +36,12 @@ def _weights(seed: int, head: int) -> dict[str, np.ndarray]:
 
 
 def _gqa_model(
-    *, packed: bool = True, rotary_width: int = 0, head: int = HEAD, **attrs: object
+    *,
+    packed: bool = True,
+    rotary_width: int = 0,
+    head: int = HEAD,
+    lengths_given: bool = False,
+    **attrs: object,
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """x → projections → GroupQueryAttention (empty-able past) → W_O → + x; weights by role."""
     weights = _weights(rotary_width + len(attrs), head)
@@ -65,6 +70,7 @@ def _gqa_model(
         ]
         attrs.setdefault("do_rotary", 1)
     # seqlens_k and total_sequence_length from the attention mask, as onnxruntime-genai writes them
+    # (with ``lengths_given``: graph inputs of that name, the mask read by nothing else)
     nodes += [
         helper.make_node(
             "ReduceSum", ["attention_mask", const("axis", np.array([1]))], ["sum"], keepdims=0
@@ -75,7 +81,9 @@ def _gqa_model(
         helper.make_node("Gather", ["mask_shape", const("index", np.array(1))], ["total"]),
         helper.make_node("Cast", ["total"], ["total_sequence_length"], to=TensorProto.INT32),
     ]
-    inputs = [*qkv, "past_key", "past_value", "seqlens_k", "total_sequence_length", *rotary]
+    lengths = ["given_seqlens_k", "given_total"] if lengths_given else []
+    inputs = [*qkv, "past_key", "past_value", *(lengths or ["seqlens_k", "total_sequence_length"])]
+    inputs += rotary
     nodes.append(
         helper.make_node(
             "GroupQueryAttention",
@@ -98,6 +106,10 @@ def _gqa_model(
             _value("past_key", ["batch", KV_HEADS, "past", head]),
             _value("past_value", ["batch", KV_HEADS, "past", head]),
             _value("attention_mask", ["batch", "total"], TensorProto.INT64),
+            *[
+                _value(name, dims, TensorProto.INT32)
+                for name, dims in zip(lengths, (["batch"], []), strict=False)
+            ],
         ],
         [_value(name, None) for name in ("y", "present_key", "present_value")],
         inits,
@@ -175,6 +187,23 @@ def test_padded_items_and_a_past_without_padding() -> None:
     # onnxruntime takes a past with several new tokens for one item at a time
     one = {name: value[:1] for name, value in _feeds(past=3).items()}
     _assert_same_outputs(proto, one, real=(SEQ,))
+
+
+def test_lengths_given_as_graph_inputs_are_left_out() -> None:
+    """Where ``seqlens_k`` and ``total_sequence_length`` are graph inputs, the rewrite (and the
+    graph) does without them: at past length 0 the real tokens of a right-padded item compute
+    what the kernel computes."""
+    proto, _ = _gqa_model(rotary_width=HEAD, lengths_given=True)
+    model = model_from_proto(proto)
+    assert {spec.name for spec in model.inputs} == {"x", "past_key", "past_value", "attention_mask"}
+    feeds = _feeds(lengths=(SEQ, SEQ - 2))
+    given = {"given_seqlens_k": np.array([SEQ - 1, SEQ - 3], np.int32)}
+    given["given_total"] = np.array(SEQ, np.int32)
+    fused, defused = _run(proto, feeds | given), _run(model.proto, feeds)
+    for item, length in enumerate((SEQ, SEQ - 2)):
+        np.testing.assert_allclose(
+            defused[0][item, :length], fused[0][item, :length], rtol=1e-5, atol=1e-5
+        )
 
 
 @pytest.mark.parametrize("packed", [True, False])
