@@ -22,6 +22,10 @@ Per family it writes, under ``<out>/<family>/`` (each ONNX file finally compress
 * ``merged.onnx`` — the decoder without a cache (``present.*`` outputs, no past inputs) and the
   ``with_past`` one merged by optimum's ``merge_decoders`` into one graph with an ``If`` on
   ``use_cache_branch`` (the ``decoder_model_merged.onnx`` of older optimum exports), for GPT-2;
+* ``genai_fp32.onnx``, ``genai_int4.onnx`` — onnxruntime-genai's model builder (CPU, fp32 and
+  int4, without the LM head) for Llama, Qwen2, Mistral and Phi-3, each made from the family's own
+  ``*ForCausalLM`` at d_model 64 (the operator's CPU kernel needs 16-wide heads), with
+  ``truth_genai.npz`` and ``truth_genai_int4.npz`` (each weight as the ``MatMulNBits`` multiply);
 * ``optimized.onnx`` — ``onnxruntime.transformers.optimizer.optimize_model`` of ``legacy_eager``
   (of ``optimum.onnx`` where the plain legacy export fails);
 * ``int8.onnx`` — ``onnxruntime.quantization.quantize_dynamic`` (int8 weights) of the same;
@@ -45,14 +49,17 @@ Usage::
 
     python scripts/make_family_fixtures.py [--out tests/fixtures/families] [--only bert,gpt2]
     python scripts/make_family_fixtures.py --only gpt2,llama --with-past-only
+    python scripts/make_family_fixtures.py --only llama,qwen2,mistral,phi3 --genai-only
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import hashlib
+import importlib.metadata
 import io
 import json
 import sys
@@ -93,6 +100,20 @@ NBITS_BLOCK = 16
 #: 95 kB compressed and the corpus has a 20 MiB limit).
 WITH_PAST_FAMILIES = frozenset({"gpt2", "llama", "phi3"})
 WITH_PAST_TASK = "text-generation-with-past"
+#: Decoders also built by onnxruntime-genai's model builder (``genai_fp32``, ``genai_int4``:
+#: ``GroupQueryAttention`` with its KV cache and rotary caches, ``SkipSimplifiedLayerNormalization``,
+#: 4-bit ``MatMulNBits`` for int4), each from its own ``*ForCausalLM`` of d_model
+#: :data:`GENAI_D_MODEL` (onnxruntime's CPU kernel needs a head size that is a multiple of 16),
+#: with the config changes given here (Mistral: a sliding window the operator's
+#: ``local_window_size`` carries).
+GENAI_FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("Llama", {}),
+    "qwen2": ("Qwen2", {}),
+    "mistral": ("Mistral", {"sliding_window": 4}),
+    "phi3": ("Phi3", {"original_max_position_embeddings": 64, "sliding_window": None}),
+}
+GENAI_D_MODEL = 64
+GENAI_EXPORTER = "onnxruntime-genai model builder"
 #: Decoders also exported merged (``merged``: optimum's older ``decoder_model_merged.onnx``, an
 #: ``If`` on ``use_cache_branch`` between the decoder without a cache and the one with it).
 MERGED_FAMILIES = frozenset({"gpt2"})
@@ -134,7 +155,9 @@ class Family:
         encoder-decoder model).
     legacy_only : bool
         Whether only ``legacy_eager.onnx`` (and the truth) is made: for a family kept for one
-        structure (the corpus has a 20 MiB limit).
+        structure (the corpus has a size limit).
+    d_model : int
+        The width of the residual stream (:data:`GENAI_D_MODEL` for the genai routes' models).
     """
 
     name: str
@@ -149,6 +172,7 @@ class Family:
     repeat: int = 1
     optimum: bool = True
     legacy_only: bool = False
+    d_model: int = D_MODEL
 
 
 def _features(
@@ -906,9 +930,11 @@ def _row_weight(module: nn.Module) -> np.ndarray:
     return weight if type(module).__name__ == "Conv1D" else weight.T
 
 
-def _split_fused(kind: str, fused: np.ndarray, n_heads: int, n_kv: int) -> list[np.ndarray]:
+def _split_fused(
+    kind: str, fused: np.ndarray, n_heads: int, n_kv: int, d_model: int
+) -> list[np.ndarray]:
     """Canonical (head-major) W_Q, W_K, W_V from a fused (d_model, ·) weight."""
-    d_head = D_MODEL // n_heads
+    d_head = d_model // n_heads
     if kind == "headwise":
         per_head = fused.reshape(fused.shape[0], n_heads, 3, d_head)
         return [per_head[:, :, i].reshape(fused.shape[0], -1) for i in range(3)]
@@ -928,7 +954,7 @@ def block_weights(family: Family, block: nn.Module) -> Weights:
         return q, k, v, _row_weight(attention.out_proj)
     if kind == "separate":
         return mats[0], mats[1], mats[2], mats[3]
-    q, k, v = _split_fused(kind, mats[0], N_HEADS, family.n_kv)
+    q, k, v = _split_fused(kind, mats[0], N_HEADS, family.n_kv, family.d_model)
     return q, k, v, mats[1]
 
 
@@ -972,7 +998,7 @@ def truth(family: Family, model: nn.Module, feeds: dict[str, np.ndarray]) -> dic
     out |= {
         "n_heads": np.array(N_HEADS),
         "n_kv_heads": np.array(family.n_kv),
-        "d_head": np.array(D_MODEL // N_HEADS),
+        "d_head": np.array(family.d_model // N_HEADS),
         "hidden": np.stack([h.numpy() for h in hidden]).astype(np.float32),
     }
     return out | {f"feed_{name}": value for name, value in (_extra_feeds(family) | feeds).items()}
@@ -986,11 +1012,20 @@ def _extra_feeds(family: Family) -> dict[str, np.ndarray]:
         return {}
     positions = np.broadcast_to(np.arange(TOKENS, dtype=np.int64), (BATCH, TOKENS)).copy()
     extra = {"position_ids": positions, "token_type_ids": np.zeros((BATCH, TOKENS), np.int64)}
-    if family.name in WITH_PAST_FAMILIES:  # optimum's cache inputs: (batch, kv heads, past, d_head)
-        empty = np.zeros((BATCH, family.n_kv, 0, D_MODEL // N_HEADS), np.float32)
-        for layer in range(N_LAYERS):
-            extra |= {f"past_key_values.{layer}.{kind}": empty for kind in ("key", "value")}
+    if family.name in WITH_PAST_FAMILIES:
+        extra |= empty_caches(family)
     return extra
+
+
+def empty_caches(family: Family) -> dict[str, np.ndarray]:
+    """The key/value cache feeds of optimum's and the genai builder's exports at past length 0:
+    ``past_key_values.<layer>.key/value`` of shape (batch, kv heads, 0, d_head)."""
+    empty = np.zeros((BATCH, family.n_kv, 0, family.d_model // N_HEADS), np.float32)
+    return {
+        f"past_key_values.{layer}.{kind}": empty
+        for layer in range(N_LAYERS)
+        for kind in ("key", "value")
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1188,6 +1223,78 @@ def export_merged(model: nn.Module, path: Path) -> None:
         merge_decoders(
             f"{tmp}/no_cache/model.onnx", f"{tmp}/with_cache/model.onnx", save_path=str(path)
         )
+
+
+def genai_model(family: Family) -> tuple[Family, nn.Module]:
+    """The family at d_model :data:`GENAI_D_MODEL` (4 heads of 16, 2 key/value heads) and its
+    seeded ``*ForCausalLM``, the LM head tied to the token embedding (the builder leaves it out)."""
+    prefix, extra = GENAI_FAMILIES[family.name]
+    config = _decoder(hidden_size=GENAI_D_MODEL, tie_word_embeddings=True) | extra
+    model = _build(
+        getattr(tf, f"{prefix}ForCausalLM"), getattr(tf, f"{prefix}Config")(**config), "eager"
+    )
+    return dataclasses.replace(family, d_model=GENAI_D_MODEL), model
+
+
+def export_genai(model: nn.Module, precision: str, path: Path) -> None:
+    """onnxruntime-genai's model builder (``python -m onnxruntime_genai.models.builder``, CPU,
+    ``-p fp32`` or ``-p int4``, ``exclude_lm_head``: the graph ends at the final norm) on the model
+    saved to a temporary folder with a word-level tokenizer of its vocabulary (the builder copies
+    the tokenizer; nothing is downloaded); written as one file, the weights inline."""
+    import subprocess
+    import tempfile
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(f"{tmp}/model")
+        vocab = {f"t{i}": i for i in range(VOCAB)}
+        tokenizer = Tokenizer(WordLevel(vocab, unk_token="t0"))
+        tf.PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(f"{tmp}/model")
+        command = [
+            *(sys.executable, "-m", "onnxruntime_genai.models.builder"),
+            *("-i", f"{tmp}/model", "-o", f"{tmp}/onnx", "-c", f"{tmp}/cache"),
+            *("-p", precision, "-e", "cpu", "--extra_options", "exclude_lm_head=true"),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode:
+            raise RuntimeError(f"model builder: {done.stderr.strip().splitlines()[-1]}")
+        onnx.save(onnx.load(f"{tmp}/onnx/model.onnx"), str(path))
+
+
+def dequantised_by_columns(
+    model: nn.Module, float_path: Path, values: dict[str, np.ndarray]
+) -> nn.Module:
+    """A copy of ``model`` whose linear weights hold what the quantised export multiplies by.
+
+    ``values`` maps a float initializer of ``float_path`` (the builder's ``fp32`` file) to its
+    dequantised (K, N) value. Each column of a torch weight in the row-vector convention (one
+    output unit) is found among the columns of those initializers: the builder packs Q, K and V
+    into one ``MatMul`` and splits Phi-3's fused gate/up projection into two.
+    """
+    import copy
+
+    dequantised: dict[bytes, np.ndarray] = {}
+    for tensor in onnx.load(str(float_path)).graph.initializer:
+        stored = numpy_helper.to_array(tensor)
+        if tensor.name in values and stored.ndim == 2:
+            for column in range(stored.shape[1]):
+                key = np.ascontiguousarray(stored[:, column]).tobytes()
+                dequantised[key] = values[tensor.name][:, column]
+    replaced = copy.deepcopy(model)
+    for param in replaced.parameters():
+        if param.ndim != 2:
+            continue
+        rows = param.detach().numpy()  # (out, in): row j is column j of the row-vector weight
+        found = [dequantised.get(np.ascontiguousarray(row).tobytes()) for row in rows]
+        if all(column is None for column in found):
+            continue
+        if any(column is None for column in found):
+            raise RuntimeError(f"a weight of shape {tuple(rows.shape)} is only partly quantised")
+        with torch.no_grad():
+            param.copy_(torch.from_numpy(np.stack(found).astype(np.float32)))
+    return replaced
 
 
 def _save_tied(model: nn.Module, folder: Path) -> str:
@@ -1450,6 +1557,7 @@ def build_family(corpus: Corpus, family: Family) -> None:
     if source is not None:
         _derived_variants(corpus, family, model, feeds, source)
     _with_past_variant(corpus, family, model, truth_file)
+    _genai_variants(corpus, family)
 
 
 def build_with_past_only(corpus: Corpus, family: Family) -> None:
@@ -1488,6 +1596,50 @@ def _with_past_variant(corpus: Corpus, family: Family, model: nn.Module, truth_f
             truth=truth_file,
             task=WITH_PAST_TASK,
         )
+
+
+def _genai_variants(corpus: Corpus, family: Family) -> None:
+    """onnxruntime-genai's ``genai_fp32`` and ``genai_int4`` files of one family, made from its
+    own model (:func:`genai_model`), with ``truth_genai.npz`` and ``truth_genai_int4.npz`` (the
+    same model with each weight as the int4 file's ``MatMulNBits`` multiplies by it)."""
+    if family.name not in GENAI_FAMILIES:
+        return
+    _log(f"{family.name} (genai)")
+    folder = corpus.out / family.name
+    folder.mkdir(parents=True, exist_ok=True)
+    sized, model = genai_model(family)
+    feeds = sample_feeds(family)
+    caches = {f"feed_{name}": value for name, value in empty_caches(sized).items()}
+    arrays = truth(sized, model.model, feeds) | caches
+    truth_file = f"{family.name}/{_save_truth(folder / 'truth_genai.npz', arrays)}"
+    fp32 = folder / "genai_fp32.onnx"
+    if not _attempt(corpus, family, "genai_fp32", lambda: export_genai(model, "fp32", fp32)):
+        return
+    version = {"onnxruntime_genai": importlib.metadata.version("onnxruntime-genai")}
+    corpus.add(sized, "genai_fp32", GENAI_EXPORTER, _opset(fp32), fp32, truth=truth_file, **version)
+    int4 = folder / "genai_int4.onnx"
+    if _attempt(corpus, family, "genai_int4", lambda: export_genai(model, "int4", int4)):
+        fake = dequantised_by_columns(model, fp32, nbits_weights(int4))
+        arrays = truth(sized, fake.model, feeds) | caches
+        name = _save_truth(folder / "truth_genai_int4.npz", arrays)
+        corpus.add(
+            sized,
+            "genai_int4",
+            GENAI_EXPORTER,
+            _opset(int4),
+            int4,
+            truth=f"{family.name}/{name}",
+            **version,
+        )
+
+
+def _opset(path: Path) -> int:
+    """The default-domain opset a file imports."""
+    return next(
+        int(entry.version)
+        for entry in onnx.load(str(path), load_external_data=False).opset_import
+        if entry.domain in ("", "ai.onnx")
+    )
 
 
 def _sdpa_variant(
@@ -1635,6 +1787,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the with_past route (and the truth files) of the chosen families",
     )
+    parser.add_argument(
+        "--genai-only",
+        action="store_true",
+        help="only the onnxruntime-genai routes (and their truth files) of the chosen families",
+    )
     args = parser.parse_args(argv)
     chosen = set(filter(None, args.only.split(",")))
     unknown = chosen - {f.name for f in FAMILIES}
@@ -1643,12 +1800,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     corpus = Corpus(args.out)
     build = build_with_past_only if args.with_past_only else build_family
+    routes = WITH_PAST_FAMILIES if args.with_past_only else frozenset(GENAI_FAMILIES)
+    if args.genai_only:
+        build = _genai_variants
+    partial = args.with_past_only or args.genai_only
     for family in FAMILIES:
-        if args.with_past_only and family.name not in WITH_PAST_FAMILIES:
+        if partial and family.name not in routes:
             continue
         if not chosen or family.name in chosen:
             if _attempt(corpus, family, "model", lambda f=family: build(corpus, f)):
-                write_manifest(corpus, whole_families=not args.with_past_only)
+                write_manifest(corpus, whole_families=not partial)
     return 0
 
 

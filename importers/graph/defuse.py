@@ -17,11 +17,15 @@ graph. Rewritten, each exactly as the onnxruntime contrib operator spec defines 
   (B, T, N, 3, H); ``key_padding_mask`` as for ``Attention``; ``attention_bias``; ``unidirectional``.
 - ONNX ``Attention`` (opset 23): 3-D or 4-D Q, K, V, grouped key/value heads, boolean or additive
   ``attn_mask``, ``is_causal``, ``scale``.
+- ``com.microsoft`` ``GroupQueryAttention`` (onnxruntime-genai's decoders): packed or separate
+  Q/K/V, its key/value cache (present = past ++ new), ``seqlens_k``, its own rotary embedding,
+  ``local_window_size``, ``softcap`` (:mod:`.defuse_gqa`).
 - ``com.microsoft`` ``RelativePositionBias`` (T5's bucketed position bias, which onnxruntime's CPU
   provider cannot run).
 
-Anything else (past/present state, rotary or softcap inside the op, 4-D Megatron masks, ...) is
-declined: the node stays fused and :class:`Declined` says, in one line, which feature stopped it.
+Anything else (past/present state or rotary inside the other operators, ONNX's softcap, 4-D
+Megatron masks, ...) is declined: the node stays fused and :class:`Declined` says, in one line,
+which feature stopped it.
 
 Public API
 ----------
@@ -33,22 +37,28 @@ Defusion, Defused, Declined
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
-from importers.graph.defuse_parts import DeclinedError, Emitter
+from importers.graph.defuse_gqa import group_query_attention
+from importers.graph.defuse_parts import (
+    BATCH,
+    DeclinedError,
+    Emitter,
+    Facts,
+    attention_scale,
+    num_heads,
+    refuse,
+    refuse_inputs,
+    refuse_outputs,
+)
 from importers.graph.index import GraphIndex
 from importers.graph.node import DEFAULT_DOMAINS, Node
-from importers.graph.shapes import ShapeContext, inferred_types
 
 __all__ = ["Declined", "Defused", "Defusion", "defuse_attention"]
-
-#: Batch and sequence sizes at which mask and input shapes are evaluated to tell their form.
-_BATCH, _SEQUENCE = 2, 3
 
 
 @dataclass(frozen=True)
@@ -85,78 +95,16 @@ class Defusion:
     declined: tuple[Declined, ...] = field(default=())
 
 
-class _Facts:
-    """What the rewrites ask of the original graph: constants, shapes, element types."""
-
-    def __init__(self, proto: onnx.ModelProto, index: GraphIndex) -> None:
-        self.proto = proto
-        self.index = index
-        self.shapes = ShapeContext(index, batch=_BATCH, sequence=_SEQUENCE)
-        self._types: dict[str, onnx.TypeProto] | None = None
-
-    def constant(self, name: str) -> np.ndarray | None:
-        return self.index.constant_value(name) if name else None
-
-    def shape(self, name: str) -> tuple[int, ...] | None:
-        try:
-            return self.shapes.shape(name)
-        except (ValueError, TypeError, IndexError, KeyError):
-            return None
-
-    def elem_type(self, name: str) -> int | None:
-        """The ONNX element type of tensor ``name`` (declared, initializer, Cast or inferred)."""
-        if name in self.index.initializers:
-            return int(self.index.initializers[name].data_type)
-        declared = self.index.graph_inputs.get(name)
-        if declared is not None and declared.type.tensor_type.elem_type:
-            return int(declared.type.tensor_type.elem_type)
-        producer = self.index.producer(name)
-        if producer is not None and producer.op_type == "Cast":
-            return int(producer.attr("to"))
-        if self._types is None:
-            self._types = inferred_types(self.proto)
-        found = self._types.get(name)
-        return int(found.tensor_type.elem_type) if found is not None else None
-
-    def float_dtype(self, name: str, what: str) -> np.dtype:
-        kind = self.elem_type(name)
-        dtype = None if kind is None else onnx.helper.tensor_dtype_to_np_dtype(kind)
-        if dtype is None or dtype.kind != "f":
-            raise DeclinedError(f"with {what} of unknown or non-float element type")
-        return np.dtype(dtype)
-
-
 def _origin(node: Node) -> str:
     return f"{'ai.onnx' if node.domain in DEFAULT_DOMAINS else node.domain} {node.op_type}"
 
 
-def _refuse(condition: object, feature: str) -> None:
-    if condition:
-        raise DeclinedError(feature)
-
-
-def _refuse_inputs(node: Node, positions: dict[int, str]) -> None:
-    for position, feature in positions.items():
-        _refuse(node.input(position), feature)
-
-
-def _refuse_outputs(node: Node, positions: dict[int, str]) -> None:
-    for position, feature in positions.items():
-        _refuse(len(node.outputs) > position and node.outputs[position], feature)
-
-
-def _num_heads(node: Node, name: str = "num_heads") -> int:
-    heads = int(node.attr(name, 0))
-    _refuse(heads <= 0, f"without a positive {name} attribute")
-    return heads
-
-
-def _mask_form(facts: _Facts, mask: str, batch: int) -> str | None:
+def _mask_form(facts: Facts, mask: str, batch: int) -> str | None:
     """The form of an onnxruntime key mask (:data:`defuse_parts.MASK_FORMS`) from its shape."""
     if not mask:
         return None
     shape = facts.shape(mask)
-    _refuse(shape is None, "with a mask of unknown shape")
+    refuse(shape is None, "with a mask of unknown shape")
     assert shape is not None
     if len(shape) == 1 and shape[0] in (batch, 2 * batch):
         return "index"
@@ -169,11 +117,11 @@ def _mask_form(facts: _Facts, mask: str, batch: int) -> str | None:
 
 
 def _mask_biases(
-    em: Emitter, node: Node, facts: _Facts, mask: str, queries: str, keys: str
+    em: Emitter, node: Node, facts: Facts, mask: str, queries: str, keys: str
 ) -> list[str]:
     """The additive biases of a contrib op: key mask, causal mask, ``attention_bias``."""
     filler = float(node.attr("mask_filter_value", -10000.0))
-    batch = (facts.shape(queries) or (_BATCH,))[0]
+    batch = (facts.shape(queries) or (BATCH,))[0]
     form = _mask_form(facts, mask, batch)
     biases = [] if form in (None, "dummy") else [em.key_mask_bias(mask, form, keys, filler)]
     if node.attr("unidirectional", 0):
@@ -183,24 +131,19 @@ def _mask_biases(
     return biases
 
 
-def _scale(node: Node, head_size: int) -> float:
-    scale = node.attr("scale")
-    return float(scale) if scale else 1.0 / math.sqrt(head_size)
-
-
-def _contrib_attention(node: Node, facts: _Facts, softmax: str) -> Emitter:
+def _contrib_attention(node: Node, facts: Facts, softmax: str) -> Emitter:
     """``com.microsoft`` ``Attention``: packed weights (D_in, D_q + D_k + D_v) sliced per role."""
-    _refuse_inputs(node, {4: "with past state", 6: "with past state (past_sequence_length)"})
-    _refuse_outputs(node, {1: "with a present state output"})
-    _refuse(node.attr("do_rotary", 0), "with rotary embedding inside the op (do_rotary)")
-    _refuse(node.attr("past_present_share_buffer", 0), "with past_present_share_buffer")
+    refuse_inputs(node, {4: "with past state", 6: "with past state (past_sequence_length)"})
+    refuse_outputs(node, {1: "with a present state output"})
+    refuse(node.attr("do_rotary", 0), "with rotary embedding inside the op (do_rotary)")
+    refuse(node.attr("past_present_share_buffer", 0), "with past_present_share_buffer")
     weights = facts.constant(node.input(1))
-    _refuse(weights is None, "with weights computed at run time (not a constant)")
+    refuse(weights is None, "with weights computed at run time (not a constant)")
     assert weights is not None
-    _refuse(weights.ndim != 2 or weights.dtype.kind != "f", "with non-float or non-2-D weights")
-    heads = _num_heads(node)
+    refuse(weights.ndim != 2 or weights.dtype.kind != "f", "with non-float or non-2-D weights")
+    heads = num_heads(node)
     sizes = [int(size) for size in node.attr("qkv_hidden_sizes") or [weights.shape[1] // 3] * 3]
-    _refuse(
+    refuse(
         len(sizes) != 3
         or sum(sizes) != weights.shape[1]
         or sizes[0] != sizes[1]
@@ -209,7 +152,7 @@ def _contrib_attention(node: Node, facts: _Facts, softmax: str) -> Emitter:
         f"{heads} heads",
     )
     bias = facts.constant(node.input(2)) if node.input(2) else None
-    _refuse(node.input(2) and bias is None, "with a bias computed at run time (not a constant)")
+    refuse(node.input(2) and bias is None, "with a bias computed at run time (not a constant)")
     em = Emitter(node.label, weights.dtype)
     x, bounds = node.input(0), np.cumsum([0, *sizes])
     parts = [
@@ -223,7 +166,7 @@ def _contrib_attention(node: Node, facts: _Facts, softmax: str) -> Emitter:
     ]
     q, k, v = _split_qkv(em, parts, heads)
     biases = _mask_biases(em, node, facts, node.input(3), x, x)
-    context = em.attend(q, k, v, _scale(node, sizes[0] // heads), biases, softmax)
+    context = em.attend(q, k, v, attention_scale(node, sizes[0] // heads), biases, softmax)
     em.merge_heads(context, node.outputs[0])
     return em
 
@@ -235,9 +178,9 @@ def _split_qkv(em: Emitter, parts: list[str], heads: int) -> tuple[str, str, str
     return q, k, em.split_heads(parts[2], heads, (0, 2, 1, 3))
 
 
-def _multi_head_attention(node: Node, facts: _Facts, softmax: str) -> Emitter:
+def _multi_head_attention(node: Node, facts: Facts, softmax: str) -> Emitter:
     """``com.microsoft`` ``MultiHeadAttention`` without past state."""
-    _refuse_inputs(
+    refuse_inputs(
         node,
         {
             6: "with past state",
@@ -246,18 +189,18 @@ def _multi_head_attention(node: Node, facts: _Facts, softmax: str) -> Emitter:
             9: "with cache_indirection (beam search)",
         },
     )
-    _refuse_outputs(
+    refuse_outputs(
         node,
         {1: "with present state outputs", 2: "with present state outputs", 3: "with a qk output"},
     )
-    heads, query = _num_heads(node), node.input(0)
+    heads, query = num_heads(node), node.input(0)
     em = Emitter(node.label, facts.float_dtype(query, "a query"))
     q_shape = facts.shape(query)
-    _refuse(q_shape is None or len(q_shape) not in (3, 5), "with a query of unknown shape")
+    refuse(q_shape is None or len(q_shape) not in (3, 5), "with a query of unknown shape")
     assert q_shape is not None
     if len(q_shape) == 5:  # packed QKV (B, T, N, 3, H)
-        _refuse(node.input(1) or node.input(2), "with packed QKV and separate key/value")
-        _refuse(node.input(3), "with packed QKV and a bias")
+        refuse(node.input(1) or node.input(2), "with packed QKV and separate key/value")
+        refuse(node.input(3), "with packed QKV and a bias")
         packed = [em.gather(query, index, axis=3) for index in range(3)]
         q = em.op("Transpose", [packed[0]], perm=[0, 2, 1, 3])
         k = em.op("Transpose", [packed[1]], perm=[0, 2, 3, 1])
@@ -266,11 +209,11 @@ def _multi_head_attention(node: Node, facts: _Facts, softmax: str) -> Emitter:
     else:
         key, value = node.input(1), node.input(2)
         ranks = [len(facts.shape(name) or ()) for name in (key, value)]
-        _refuse(not key or not value, "without separate key and value")
-        _refuse(ranks != [3, 3], "with key/value not of shape (batch, sequence, hidden)")
+        refuse(not key or not value, "without separate key and value")
+        refuse(ranks != [3, 3], "with key/value not of shape (batch, sequence, hidden)")
         width = q_shape[2]
         bias = facts.constant(node.input(3)) if node.input(3) else None
-        _refuse(node.input(3) and bias is None, "with a bias computed at run time")
+        refuse(node.input(3) and bias is None, "with a bias computed at run time")
         offsets = [0, width, 2 * width, None]
         parts = [
             em.add_bias(
@@ -281,17 +224,17 @@ def _multi_head_attention(node: Node, facts: _Facts, softmax: str) -> Emitter:
         q, k, v = _split_qkv(em, parts, heads)
         head_size, keys = width // heads, key
     biases = _mask_biases(em, node, facts, node.input(4), query, keys)
-    context = em.attend(q, k, v, _scale(node, head_size), biases, softmax)
+    context = em.attend(q, k, v, attention_scale(node, head_size), biases, softmax)
     em.merge_heads(context, node.outputs[0])
     return em
 
 
-def _onnx_attention(node: Node, facts: _Facts, softmax: str) -> Emitter:
+def _onnx_attention(node: Node, facts: Facts, softmax: str) -> Emitter:
     """ONNX ``Attention`` (opset 23) without past state, softcap or a qk output."""
-    _refuse_inputs(
+    refuse_inputs(
         node, {4: "with past key/value", 5: "with past key/value", 6: "with nonpad_kv_seqlen"}
     )
-    _refuse_outputs(
+    refuse_outputs(
         node,
         {
             1: "with present key/value outputs",
@@ -299,16 +242,16 @@ def _onnx_attention(node: Node, facts: _Facts, softmax: str) -> Emitter:
             3: "with the qk_matmul_output output",
         },
     )
-    _refuse(float(node.attr("softcap", 0.0)) != 0.0, "with softcap")
-    _refuse(node.attr("softmax_precision") is not None, "with softmax_precision")
+    refuse(float(node.attr("softcap", 0.0)) != 0.0, "with softcap")
+    refuse(node.attr("softmax_precision") is not None, "with softmax_precision")
     query, key, value = node.input(0), node.input(1), node.input(2)
     em = Emitter(node.label, facts.float_dtype(query, "a query"))
     shapes = [facts.shape(name) for name in (query, key, value)]
     ranks = {len(shape) for shape in shapes if shape is not None}
-    _refuse(len(ranks) != 1 or None in shapes or ranks - {3, 4}, "with Q/K/V of unknown rank")
+    refuse(len(ranks) != 1 or None in shapes or ranks - {3, 4}, "with Q/K/V of unknown rank")
     q_shape, k_shape, _ = (shape for shape in shapes if shape is not None)
     if ranks == {3}:
-        q_heads, kv_heads = _num_heads(node, "q_num_heads"), _num_heads(node, "kv_num_heads")
+        q_heads, kv_heads = num_heads(node, "q_num_heads"), num_heads(node, "kv_num_heads")
         q = em.split_heads(query, q_heads, (0, 2, 1, 3))
         k = em.split_heads(key, kv_heads, (0, 2, 1, 3))
         v = em.split_heads(value, kv_heads, (0, 2, 1, 3))
@@ -316,7 +259,7 @@ def _onnx_attention(node: Node, facts: _Facts, softmax: str) -> Emitter:
     else:
         q, k, v = query, key, value
         q_heads, kv_heads, head_size = q_shape[1], k_shape[1], q_shape[3]
-    _refuse(q_heads % kv_heads, f"with {q_heads} query heads not a multiple of {kv_heads}")
+    refuse(q_heads % kv_heads, f"with {q_heads} query heads not a multiple of {kv_heads}")
     k = em.op("Transpose", [em.repeat_heads(k, q_heads // kv_heads)], perm=[0, 1, 3, 2])
     v = em.repeat_heads(v, q_heads // kv_heads)
     biases = []
@@ -326,7 +269,7 @@ def _onnx_attention(node: Node, facts: _Facts, softmax: str) -> Emitter:
         biases.append(em.bool_mask_bias(mask) if is_bool else mask)
     if node.attr("is_causal", 0):
         biases.append(em.causal_bias((q, 2), (v, 2), -np.inf))
-    context = em.attend(q, k, v, _scale(node, head_size), biases, softmax)
+    context = em.attend(q, k, v, attention_scale(node, head_size), biases, softmax)
     if ranks == {3}:
         em.merge_heads(context, node.outputs[0])
     else:
@@ -334,10 +277,10 @@ def _onnx_attention(node: Node, facts: _Facts, softmax: str) -> Emitter:
     return em
 
 
-def _relative_position_bias(node: Node, facts: _Facts, _softmax: str) -> Emitter:
+def _relative_position_bias(node: Node, facts: Facts, _softmax: str) -> Emitter:
     """``com.microsoft`` ``RelativePositionBias`` (T5): bucketed table lookup."""
     table = facts.constant(node.input(0))
-    _refuse(table is None or table.ndim != 2, "with a bias table that is not a 2-D constant")
+    refuse(table is None or table.ndim != 2, "with a bias table that is not a 2-D constant")
     assert table is not None
     em = Emitter(node.label, table.dtype)
     n_buckets, n_heads = table.shape
@@ -356,17 +299,17 @@ def _relative_position_bias(node: Node, facts: _Facts, _softmax: str) -> Emitter
     return em
 
 
-_Rewrite = Callable[[Node, _Facts, str], Emitter]
+_Rewrite = Callable[[Node, Facts, str], Emitter]
 #: The rewrites, by (domain, op type); the flag says whether the node is attention (has a Softmax).
 _REWRITES: dict[tuple[str, str], tuple[_Rewrite, bool]] = {
     ("com.microsoft", "Attention"): (_contrib_attention, True),
     ("com.microsoft", "MultiHeadAttention"): (_multi_head_attention, True),
     ("", "Attention"): (_onnx_attention, True),
+    ("com.microsoft", "GroupQueryAttention"): (group_query_attention, True),
     ("com.microsoft", "RelativePositionBias"): (_relative_position_bias, False),
 }
 #: Fused attention operators with no rewrite yet: each is declined with this reason.
 _NOT_REWRITTEN = {
-    "GroupQueryAttention": "(its KV-cache, sequence-length and rotary inputs are not rewritten)",
     "PackedAttention": "(its token-packed batches are not rewritten)",
 }
 
@@ -392,7 +335,7 @@ def defuse_attention(proto: onnx.ModelProto, index: GraphIndex) -> Defusion:
         per fused node. A rewritten node is replaced in place by its subgraph (same output names);
         packed weights no other node reads are dropped.
     """
-    facts = _Facts(proto, index)
+    facts = Facts(proto, index)
     replaced: dict[int, Emitter] = {}
     defused: list[Defused] = []
     declined: list[Declined] = []
@@ -426,9 +369,11 @@ def _rewritten(
         nodes.extend(replaced[node.position].nodes if node.position in replaced else [node.proto])
     del copy.graph.node[:]
     copy.graph.node.extend(nodes)
-    read = {name for node in nodes for name in node.input}
+    read = _names_read(nodes) | {value.name for value in copy.graph.output}
     gone = {name for position in replaced for name in index.nodes[position].inputs} - read
-    gone &= set(index.initializers)
+    gone &= set(index.initializers) | {
+        name for emitter in replaced.values() for name in emitter.unneeded_inputs
+    }
     for container in (copy.graph.initializer, copy.graph.input):
         kept = [item for item in container if item.name not in gone]
         del container[:]
@@ -436,3 +381,15 @@ def _rewritten(
     for emitter in replaced.values():
         copy.graph.initializer.extend(emitter.initializers)
     return copy
+
+
+def _names_read(nodes: list[onnx.NodeProto]) -> set[str]:
+    """The tensors ``nodes`` read, their subgraphs' (If, Loop, Scan) included."""
+    names: set[str] = set()
+    for node in nodes:
+        names.update(node.input)
+        for attribute in node.attribute:
+            graphs = [attribute.g] if attribute.HasField("g") else list(attribute.graphs)
+            for graph in graphs:
+                names |= _names_read(list(graph.node))
+    return names

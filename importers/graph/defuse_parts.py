@@ -12,10 +12,16 @@ Emitter
     Collects the new nodes and constants of one rewrite, with names derived from the fused node.
 DeclinedError
     Raised by a rewrite that meets a feature it does not implement (one line naming it).
+Facts
+    What the rewrites ask of the original graph: constants, shapes (at batch 2, sequence 3),
+    element types.
+refuse, refuse_inputs, refuse_outputs, num_heads, attention_scale
+    The checks every rewrite makes of its node (each raises :class:`DeclinedError`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -23,7 +29,24 @@ import onnx
 from numpy.typing import ArrayLike
 from onnx import helper, numpy_helper
 
-__all__ = ["DeclinedError", "Emitter"]
+from importers.graph.index import GraphIndex
+from importers.graph.node import Node
+from importers.graph.shapes import ShapeContext, inferred_types
+
+__all__ = [
+    "BATCH",
+    "DeclinedError",
+    "Emitter",
+    "Facts",
+    "attention_scale",
+    "num_heads",
+    "refuse",
+    "refuse_inputs",
+    "refuse_outputs",
+]
+
+#: Batch and sequence sizes at which mask and input shapes are evaluated to tell their form.
+BATCH, SEQUENCE = 2, 3
 
 #: Key-padding mask forms of onnxruntime's contrib attention operators, by the mask's shape.
 MASK_FORMS = ("index", "keys", "queries_keys", "dummy")
@@ -32,6 +55,78 @@ MASK_FORMS = ("index", "keys", "queries_keys", "dummy")
 class DeclinedError(Exception):
     """Internal: a fused operator uses a feature its rewrite does not implement (the message names
     it); :func:`importers.graph.defuse.defuse_attention` turns it into a :class:`Declined`."""
+
+
+class Facts:
+    """What the rewrites ask of the original graph: constants, shapes, element types."""
+
+    def __init__(self, proto: onnx.ModelProto, index: GraphIndex) -> None:
+        self.proto = proto
+        self.index = index
+        self.shapes = ShapeContext(index, batch=BATCH, sequence=SEQUENCE)
+        self._types: dict[str, onnx.TypeProto] | None = None
+
+    def constant(self, name: str) -> np.ndarray | None:
+        return self.index.constant_value(name) if name else None
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        try:
+            return self.shapes.shape(name)
+        except (ValueError, TypeError, IndexError, KeyError):
+            return None
+
+    def elem_type(self, name: str) -> int | None:
+        """The ONNX element type of tensor ``name`` (declared, initializer, Cast or inferred)."""
+        if name in self.index.initializers:
+            return int(self.index.initializers[name].data_type)
+        declared = self.index.graph_inputs.get(name)
+        if declared is not None and declared.type.tensor_type.elem_type:
+            return int(declared.type.tensor_type.elem_type)
+        producer = self.index.producer(name)
+        if producer is not None and producer.op_type == "Cast":
+            return int(producer.attr("to"))
+        if self._types is None:
+            self._types = inferred_types(self.proto)
+        found = self._types.get(name)
+        return int(found.tensor_type.elem_type) if found is not None else None
+
+    def float_dtype(self, name: str, what: str) -> np.dtype:
+        kind = self.elem_type(name)
+        dtype = None if kind is None else onnx.helper.tensor_dtype_to_np_dtype(kind)
+        if dtype is None or dtype.kind != "f":
+            raise DeclinedError(f"with {what} of unknown or non-float element type")
+        return np.dtype(dtype)
+
+
+def refuse(condition: object, feature: str) -> None:
+    """Raise :class:`DeclinedError` naming ``feature`` when ``condition`` holds."""
+    if condition:
+        raise DeclinedError(feature)
+
+
+def refuse_inputs(node: Node, positions: dict[int, str]) -> None:
+    """Decline a node that is given any of the optional inputs at ``positions`` (their features)."""
+    for position, feature in positions.items():
+        refuse(node.input(position), feature)
+
+
+def refuse_outputs(node: Node, positions: dict[int, str]) -> None:
+    """Decline a node that emits any of the optional outputs at ``positions`` (their features)."""
+    for position, feature in positions.items():
+        refuse(len(node.outputs) > position and node.outputs[position], feature)
+
+
+def num_heads(node: Node, name: str = "num_heads") -> int:
+    """The node's positive head count attribute ``name``."""
+    heads = int(node.attr(name, 0))
+    refuse(heads <= 0, f"without a positive {name} attribute")
+    return heads
+
+
+def attention_scale(node: Node, head_size: int) -> float:
+    """The ``scale`` attribute, or ``1/sqrt(head_size)`` where it is absent or 0."""
+    scale = node.attr("scale")
+    return float(scale) if scale else 1.0 / math.sqrt(head_size)
 
 
 class Emitter:
@@ -50,6 +145,9 @@ class Emitter:
         self.dtype = np.dtype(dtype)
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
+        #: Graph inputs the fused node read that the rewrite does without; dropped from the graph
+        #: when nothing else reads them (so nobody has to feed them).
+        self.unneeded_inputs: set[str] = set()
         self._count = 0
 
     def fresh(self, what: str) -> str:
@@ -118,10 +216,23 @@ class Emitter:
         return self.op("Gather", [x, self.ints("index", indices)], axis=axis)
 
     def attend(
-        self, q: str, k_t: str, v: str, scale: float, biases: list[str], softmax: str
+        self,
+        q: str,
+        k_t: str,
+        v: str,
+        scale: float,
+        biases: list[str],
+        softmax: str,
+        softcap: float = 0.0,
     ) -> str:
-        """``Softmax(scale · Q Kᵀ + Σ biases) V`` on head-split tensors; the Softmax is named."""
+        """``Softmax(scale · Q Kᵀ + Σ biases) V`` on head-split tensors; the Softmax is named.
+
+        With ``softcap`` c > 0 the scaled scores are capped first: ``c · tanh(s / c)``.
+        """
         scores = self.op("Mul", [self.op("MatMul", [q, k_t]), self.scalar("scale", scale)])
+        if softcap > 0.0:
+            capped = self.op("Tanh", [self.op("Div", [scores, self.scalar("softcap", softcap)])])
+            scores = self.op("Mul", [capped, self.scalar("softcap", softcap)])
         for bias in biases:
             scores = self.op("Add", [scores, bias])
         probabilities = f"{softmax}_output_0"

@@ -564,7 +564,7 @@ def default_inputs(graph: Sequence[GraphInput], entry: ZooModel | None = None) -
 
     A zoo entry says what the model reads and how to preprocess images; without one, a single
     4-axis float input means images (at the graph's side when it is fixed, else 224), anything else
-    text.
+    text; key/value cache inputs (4-axis float, fed empty) are not images.
     """
     if entry is not None:
         if entry.kind == "image":
@@ -576,7 +576,7 @@ def default_inputs(graph: Sequence[GraphInput], entry: ZooModel | None = None) -
                 std=entry.std or IMAGENET_STD,
             )
         return bundled_inputs("text", graph=graph)
-    image = [g for g in graph if g.dtype.kind == "f" and len(g.shape) == 4]
+    image = [g for g in graph if g.dtype.kind == "f" and len(g.shape) == 4 and g.past_axis is None]
     if image:
         side = image[0].shape[-1]
         return bundled_inputs("image", graph=graph, size=side if isinstance(side, int) else 224)

@@ -46,12 +46,17 @@ QUANTISED_LAYER_RTOL = 5e-2
 #: float16 graphs round every activation to 11 significant bits (2^-11 = 4.9e-4 per op); over a
 #: block's few dozen ops that reaches a few 1e-3 (Llama: 4.2e-3 after block 0).
 FLOAT16_LAYER_RTOL = 1e-2
+#: onnxruntime-genai's CPU int4 graphs also round every ``MatMulNBits`` input to int8 at run time
+#: (``accuracy_level`` 4), per block of 32: their layers are compared at the same tolerance
+#: (measured 4.8e-3 to 6.9e-3; exact with float activations, ``test_genai.py``).
+ACTIVATION_ROUNDING_VARIANTS = frozenset({"int8", "genai_int4"})
 #: Beyond that, a quantised layer passes only if every other same-shape tensor of the graph is at
 #: least this many times farther from the true layer (see :func:`_clearly_closest`).
 RIVAL_MARGIN = 2.0
 
-#: The corpus's size limit (issue 11: at most 20 MB in all).
-CORPUS_MIB = 20
+#: The corpus's size limit (issue 11: 20 MiB; 22 MiB since issue 26 added the onnxruntime-genai
+#: routes, 1.75 MiB).
+CORPUS_MIB = 22
 
 #: Fixtures that fail today, with the first line of the failure (see docs/fixtures.md).
 KNOWN_FAILURES: dict[str, str] = {}
@@ -174,7 +179,9 @@ def _layer_problem(
         if found.shape != expected.shape:
             return f"layer {layer} ({name!r}) has shape {found.shape}; expected {expected.shape}"
         error = _relative(found.astype(np.float64), expected.astype(np.float64))
-        rtol = {"int8": QUANTISED_LAYER_RTOL, "fp16": FLOAT16_LAYER_RTOL}.get(variant, LAYER_RTOL)
+        rtol = {"fp16": FLOAT16_LAYER_RTOL}.get(variant, LAYER_RTOL)
+        if variant in ACTIVATION_ROUNDING_VARIANTS:
+            rtol = QUANTISED_LAYER_RTOL
         if error > rtol and not (variant == "int8" and _clearly_closest(model, name, truth, layer)):
             return f"layer {layer} ({name!r}) differs from the residual stream by {error:.1e}"
     return None

@@ -154,6 +154,8 @@ def test_past_state_and_megatron_masks_are_declined_by_name() -> None:
 
 
 def test_group_query_attention_is_declined_not_ignored() -> None:
+    """A GroupQueryAttention the rewrite cannot read (here: no head counts) stays fused and is
+    named (the rewrite itself: ``test_defuse_gqa.py``)."""
     node = helper.make_node("GroupQueryAttention", ["q"], ["y"], domain=MS, name="gqa")
     proto = _model(node, [_value("q", ["batch", "seq", D_MODEL])], [])
     model = model_from_proto(proto)
