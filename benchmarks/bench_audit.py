@@ -230,7 +230,7 @@ def dominance_timing(model: str) -> DominanceTiming:
     session = audit_session(graph, blocks, inputs, provider="cpu", spectral=False)
     outputs = session.runner.collect(session.feeds, batch_size=4)
     spectra = cached_value_spectra(blocks, file_sha256(ref.path))
-    eig_H = dominance_spectra(blocks, spectra, "head", False)
+    eig_H = dominance_spectra(blocks, spectra, "head", "effective")  # as the audit does
     problems = dominance_problems(outputs, blocks, session.attention, inputs, 0, eig_H)
     seconds = {}
     with (
@@ -343,6 +343,7 @@ def audit_against_inference(model: str, n_inputs: int, batch: int) -> AuditRatio
 
     from importers.graph import load_model
     from importers.run import dominance
+    from importers.run import session as session_module
     from importers.run.runner import plain_session
     from importers.run.sources import default_inputs
     from importers.zoo import lookup
@@ -372,7 +373,7 @@ def audit_against_inference(model: str, n_inputs: int, batch: int) -> AuditRatio
         start, cpu = time.perf_counter(), time.process_time()
         with (
             _thread_cpu(dominance, "stacked_cases", totals),
-            _thread_cpu(audit_module, "_measure_layers", totals),
+            _thread_cpu(session_module, "_measure_layers", totals),
         ):
             audit_module.audit(
                 graph,

