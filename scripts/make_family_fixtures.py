@@ -135,6 +135,9 @@ class Family:
     legacy_only : bool
         Whether only ``legacy_eager.onnx`` (and the truth) is made: for a family kept for one
         structure (the corpus has a 20 MiB limit).
+    variants : frozenset of str or None
+        The only variants made besides ``legacy_eager`` (None: every one that applies), for a
+        family kept for one route (the corpus size limit).
     """
 
     name: str
@@ -149,6 +152,11 @@ class Family:
     repeat: int = 1
     optimum: bool = True
     legacy_only: bool = False
+    variants: frozenset[str] | None = None
+
+    def wants(self, variant: str) -> bool:
+        """Whether ``variant`` is made for this family."""
+        return not self.legacy_only and (self.variants is None or variant in self.variants)
 
 
 def _features(
@@ -222,6 +230,30 @@ def _encoder_of(model: str, cfg: str, config: dict[str, Any]) -> Callable[[str],
     def make(attn: str) -> nn.Module:
         whole = _build(getattr(tf, model), getattr(tf, cfg)(**config), attn)
         return whole.get_encoder().eval()
+
+    return make
+
+
+def _stablelm(config: dict[str, Any]) -> Callable[[str], nn.Module]:
+    """A ``make`` function for StableLM: transformers 4.57's ``_init_weights`` zeroes every
+    LayerNorm's bias, and the per-head Q/K LayerNorms of ``qk_layernorm`` have none; here those
+    get only the weight 1 that ``_init_weights`` gives every LayerNorm."""
+
+    def make(attn: str) -> nn.Module:
+        base = tf.StableLmPreTrainedModel
+        original = base._init_weights
+
+        def init(self: Any, module: nn.Module) -> None:
+            if isinstance(module, nn.LayerNorm) and module.bias is None:
+                module.weight.data.fill_(1.0)
+                return
+            original(self, module)
+
+        base._init_weights = init
+        try:
+            return _build(tf.StableLmModel, tf.StableLmConfig(**config), attn)
+        finally:
+            base._init_weights = original
 
     return make
 
@@ -866,6 +898,20 @@ FAMILIES: tuple[Family, ...] = (
     # OLMo (v1): non-parametric LayerNorm, and Q, K and V clipped to ±clip_qkv (the values'
     # clip is a departure from the linear update).
     _llama_like("olmo", "Olmo", _decoder(clip_qkv=4.0)),
+    # StableLM with qk_layernorm: one LayerNorm per head on Q and on K (the heads split apart,
+    # normalised each by its own γ and joined again by a Concat), then partial rotary on a
+    # quarter of each head. Kept for that route: the legacy and dynamo exports.
+    Family(
+        "stablelm",
+        _stablelm(_decoder(qk_layernorm=True)),
+        "layers",
+        (*_SELF_ATTN, "self_attn.o_proj"),
+        "text",
+        _features("pre", rotary="partial", causal=True, gqa=True),
+        n_kv=N_KV,
+        optimizer=None,
+        variants=frozenset({"dynamo_eager"}),
+    ),
     # XGLM: scores as batched (B·H, T, T) products, viewed as (B, H, T, T) for the mask and a
     # floor at finfo.min, then back for the Softmax; sinusoidal positions.
     Family(
@@ -1429,7 +1475,8 @@ def build_family(corpus: Corpus, family: Family) -> None:
     if family.legacy_only:
         return
     old_opset = folder / "legacy_opset14.onnx"
-    if family.name in OPSET14_FAMILIES and _attempt(
+    opset14 = family.name in OPSET14_FAMILIES and family.wants("legacy_opset14")
+    if opset14 and _attempt(
         corpus,
         family,
         "legacy_opset14",
@@ -1438,11 +1485,12 @@ def build_family(corpus: Corpus, family: Family) -> None:
         corpus.add(
             family, "legacy_opset14", "torchscript", OLD_LEGACY_OPSET, old_opset, truth=truth_file
         )
-    if family.sdpa:
+    if family.sdpa and family.wants("legacy_sdpa"):
         _sdpa_variant(corpus, family, feeds, truth_file)
-    _dynamo_variant(corpus, family, model, feeds, truth_file)
+    if family.wants("dynamo_eager"):
+        _dynamo_variant(corpus, family, model, feeds, truth_file)
     source = legacy if legacy.exists() else None
-    if family.optimum:
+    if family.optimum and family.wants("optimum"):
         path = folder / "optimum.onnx"
         if _attempt(corpus, family, "optimum", lambda: export_optimum(model, path)):
             corpus.add(family, "optimum", "optimum", LEGACY_OPSET, path, truth=truth_file)
@@ -1527,7 +1575,7 @@ def _derived_variants(
     origin = {"derived_from": legacy.name}
     folder = corpus.out / family.name
     truth_file = f"{family.name}/truth.npz"
-    if family.optimizer is not None:
+    if family.optimizer is not None and family.wants("optimized"):
         path = folder / "optimized.onnx"
         if _attempt(corpus, family, "optimized", lambda: optimize(family, legacy, path)):
             corpus.add(
@@ -1545,6 +1593,8 @@ def _derived_variants(
         quantisers.append(("nbits", "torchscript+matmul_nbits", quantize_nbits, nbits_weights))
         quantisers.append(("fp16", "torchscript+float16", to_float16, float16_weights))
     for variant, exporter, quantise, dequantised_weights in quantisers:
+        if not family.wants(variant):
+            continue
         path = folder / f"{variant}.onnx"
         if _attempt(corpus, family, variant, functools.partial(quantise, legacy, path)):
             fake = dequantised_model(model, legacy, dequantised_weights(path))

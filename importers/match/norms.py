@@ -179,6 +179,27 @@ class NormMatcher(GraphWalker):
             return None
         return NormMatch(kind, x, output, gamma, beta, eps, tuple(nodes) + tuple(reversed(passed)))
 
+    def split_norms(self, concat: Node) -> tuple[str, NormMatch] | None:
+        """``(tensor split, first norm)`` for a ``Concat`` that joins, in order, one last-axis norm
+        of each output of one ``Split`` along the same axis, which is not the last: per-head
+        norms (StableLM's ``qk_layernorm``: the heads split apart, each normalised with its own γ,
+        joined again). Every entry keeps its place, so the ``Concat`` is a step from the ``Split``
+        input; else None.
+        """
+        found = [self.norm_ending_at(operand) for operand in concat.inputs]
+        norms = [norm for norm in found if norm is not None]
+        if not norms or len(norms) != len(found):
+            return None
+        split = self.producer(self.strip_casts(norms[0].input))
+        rank = len(self.context.shape(concat.outputs[0]) or ())
+        if split is None or split.op_type != "Split" or not rank:
+            return None
+        axes = {int(node.attr("axis", 0)) % rank for node in (split, concat)}
+        inputs = tuple(self.strip_casts(norm.input) for norm in norms)
+        if len(axes) != 1 or axes == {rank - 1} or inputs != tuple(split.outputs):
+            return None
+        return split.input(0), norms[0]
+
     def skip_sum(self, node: Node) -> str:
         """The sum ``input + skip (+ bias)`` of a fused skip norm: its optional fourth output.
 

@@ -14,6 +14,11 @@ norm (:mod:`importers.match.norms`) between the projection and the scores of Q o
 its input. It moves no entry, so the layout probe passes it unchanged; but the scores are then no
 longer bilinear in the stream, which the block's notes say (W_Q and W_K are read before it).
 
+Per-head Q/K norms (StableLM's ``qk_layernorm``): the heads split apart by a ``Split``, each
+normalised with its own γ and joined again by a ``Concat`` in order
+(:meth:`~importers.match.norms.NormMatcher.split_norms`), are one step from the ``Split`` input,
+passed and noted like a norm.
+
 Clipping (OLMo's ``clip_qkv``: ``Clip`` of the Q, K and V projections to constant bounds) is a step
 from its input too, recorded on the trace: on Q or K it changes only how A is computed (a note);
 on V it makes the update ``X + A clip(X W_V) W_O``, equal to the linear one only while no value
@@ -138,6 +143,13 @@ class ProjectionFinder(NormMatcher):
                 rope, (source, rotary, width) = True, partial
                 steps.append(Step(node, source, name, skip=True))
                 name = source
+                continue
+            qk_concat = op == "Concat" and role in ("Q", "K") and not norm_text
+            per_head = self.split_norms(node) if qk_concat else None
+            if per_head is not None:
+                norm_text = f"per-head {per_head[1].kind} {node.label!r}"
+                steps.append(Step(node, per_head[0], name, skip=True))
+                name = per_head[0]
                 continue
             bounds = self.clip_bounds(node) if op == "Clip" and not clipped else None
             if bounds is not None:

@@ -50,8 +50,8 @@ FLOAT16_LAYER_RTOL = 1e-2
 #: least this many times farther from the true layer (see :func:`_clearly_closest`).
 RIVAL_MARGIN = 2.0
 
-#: The corpus's size limit (issue 11: at most 20 MB in all).
-CORPUS_MIB = 20
+#: The corpus's size limit (issue 11: at most 20 MB in all; raised for the routes of issue 26).
+CORPUS_MIB = 25
 
 #: Fixtures that fail today, with the first line of the failure (see docs/fixtures.md).
 KNOWN_FAILURES: dict[str, str] = {}
@@ -240,7 +240,7 @@ def test_fixture_matches_its_truth(entry: dict[str, Any]) -> None:
 #: Families whose blocks depart from the linear update (AttentionBlock.departures), and those whose
 #: Q and K are normalised before the scores (a block note); the manifest predates both.
 DEPARTURES = {"gemma2": ("branch-norm",), "olmo2": ("branch-norm",), "olmo": ("value-clip",)}
-QK_NORMED = frozenset({"qwen3", "olmo2"})
+QK_NORMED = frozenset({"qwen3", "olmo2", "stablelm"})
 
 
 def _features_found(
