@@ -353,6 +353,53 @@ def _torch_encoder(norm_first: bool, batch_first: bool = True) -> Callable[[str]
     return lambda _attn: TorchEncoder(norm_first, batch_first)
 
 
+class DetrEncoder(nn.Module):
+    """DETR's encoder as ``DetrModel`` runs it on an image, without the decoder (its
+    cross-attention is outside the theory): transformers' ResNet backbone (random, 2 stages), the
+    1×1 input projection, and the encoder, whose every attention adds the sine position
+    embedding of the (all-ones) pixel mask to the Q and K inputs, not to V's."""
+
+    def __init__(self, attn: str) -> None:
+        super().__init__()
+        backbone = tf.ResNetConfig(
+            num_channels=3,
+            embedding_size=8,
+            hidden_sizes=[8, 16],
+            depths=[1, 1],
+            out_features=["stage2"],
+        )
+        config = tf.DetrConfig(
+            use_timm_backbone=False,
+            use_pretrained_backbone=False,
+            backbone=None,
+            backbone_config=backbone,
+            d_model=D_MODEL,
+            encoder_layers=N_LAYERS,
+            decoder_layers=1,
+            encoder_attention_heads=N_HEADS,
+            decoder_attention_heads=N_HEADS,
+            encoder_ffn_dim=D_FF,
+            decoder_ffn_dim=D_FF,
+            num_queries=4,
+        )
+        whole = _build(tf.DetrModel, config, attn)
+        self.backbone, self.input_projection = whole.backbone, whole.input_projection
+        self.encoder = whole.encoder
+        self.eval()
+
+    def forward(self, pixel_values: torch.Tensor) -> Any:
+        batch, _, height, width = pixel_values.shape
+        mask = torch.ones((batch, height, width), dtype=torch.long)
+        features, positions = self.backbone(pixel_values, mask)
+        feature_map, small_mask = features[-1]
+        tokens = self.input_projection(feature_map).flatten(2).permute(0, 2, 1)
+        return self.encoder(
+            inputs_embeds=tokens,
+            attention_mask=small_mask.flatten(1),
+            object_queries=positions[-1].flatten(2).permute(0, 2, 1),
+        )
+
+
 FAMILIES: tuple[Family, ...] = (
     Family(
         "bert",
@@ -910,6 +957,20 @@ FAMILIES: tuple[Family, ...] = (
         _features("pre", rotary="partial", causal=True, gqa=True),
         n_kv=N_KV,
         optimizer=None,
+        variants=frozenset({"dynamo_eager"}),
+    ),
+    # DETR's encoder: position embeddings added to the Q and K inputs only (V reads the stream),
+    # post-LN. Not a transformers model of its own (no optimum export); legacy and dynamo kept.
+    Family(
+        "detr_encoder",
+        DetrEncoder,
+        "encoder.layers",
+        (*_SELF_ATTN, "self_attn.out_proj"),
+        "image",
+        _POST,
+        sdpa=False,
+        optimizer=None,
+        optimum=False,
         variants=frozenset({"dynamo_eager"}),
     ),
     # XGLM: scores as batched (B·H, T, T) products, viewed as (B, H, T, T) for the mask and a

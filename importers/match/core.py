@@ -49,9 +49,9 @@ class Matcher(ScoreMatcher):
         q = self.trace(scores.input(0), "Q")
         k = self.trace(scores.input(1), "K")
         v = self.trace(value_matmul.input(1), "V")
-        self.check_self_attention(q, k, v)
+        shift_notes = self.check_self_attention(q, k, v)
         layout = self.layout.probe_heads(q, k, v)
-        self.check_whole_sequence(softmax, self.stream_tensor(q.linear.x), layout.time_major)
+        self.check_whole_sequence(softmax, self.stream_tensor(v.linear.x), layout.time_major)
         self.check_softmax_axis(softmax, len(layout.lead) + 2)
         columns = self.layout.head_columns(layout.q, layout.k, layout.v)
         n_heads, d_head = layout.q.columns.shape
@@ -74,9 +74,10 @@ class Matcher(ScoreMatcher):
             + self.cache_notes(k, v)
             + self.soft_cap_notes(score_sum.capped)
             + bias.notes
+            + shift_notes
         )
         rotary, rotary_width = self.rotary_form(q, k, d_head)
-        stream = self.stream.block_stream(q.linear.x, o)
+        stream = self.stream.block_stream(v.linear.x, o)
         notes += stream.pop("notes")
         if layout.time_major:
             notes += (
@@ -125,10 +126,27 @@ class Matcher(ScoreMatcher):
             **stream,
         )
 
-    def check_self_attention(self, q: Trace, k: Trace, v: Trace) -> None:
+    def check_self_attention(self, q: Trace, k: Trace, v: Trace) -> tuple[str, ...]:
+        """Q, K and V project one stream; returns the notes of a Q/K position shift.
+
+        DETR adds position embeddings to the Q and K inputs and not to V's: Q and K then read the
+        stream V reads plus terms that do not depend on the graph inputs' values
+        (:meth:`~importers.match.stream.StreamMatcher.before_constant_terms`). A is still the
+        Softmax the graph computes and the update ``X + A X W_V W_O``; W_Q and W_K are read on
+        the stream, and a note says that the scores also carry the position terms.
+        """
         readers: dict[str, list[str]] = {}
         for trace in (q, k, v):
             readers.setdefault(self.stream_tensor(trace.linear.x), []).append(trace.role)
+        shifted = self.position_shifted(q, k, v) if len(readers) != 1 else ()
+        if shifted:
+            return (
+                f"Q and K project {', '.join(map(repr, shifted))}: the stream "
+                f"{self.stream_tensor(v.linear.x)!r} plus terms that do not depend on the inputs "
+                f"(position embeddings added to the Q/K input only, as DETR does; V reads the "
+                f"stream): A is measured as the graph computes it and W_Q, W_K are read on the "
+                f"stream, but the scores are not X W_Q W_Kᵀ Xᵀ alone",
+            )
         if len(readers) != 1:
             described = "; ".join(
                 f"{' and '.join(roles)} {'reads' if len(roles) == 1 else 'read'} {source!r}"
@@ -140,6 +158,17 @@ class Matcher(ScoreMatcher):
                 f"and values from another sequence (SegFormer's spatially reduced one); only "
                 f"self-attention, one square A over one stream, is supported",
             )
+        return ()
+
+    def position_shifted(self, q: Trace, k: Trace, v: Trace) -> tuple[str, ...]:
+        """The tensors Q and K project when each is V's stream plus input-independent terms and at
+        least one carries such terms; else ()."""
+        stream = self.stream_tensor(v.linear.x)
+        sources = tuple(self.stream_tensor(trace.linear.x) for trace in (q, k))
+        bases = {self.stream.before_constant_terms(source) for source in sources}
+        if bases != {stream} or set(sources) == {stream}:
+            return ()
+        return tuple(dict.fromkeys(source for source in sources if source != stream))
 
     def check_whole_sequence(self, softmax: Node, x: str, time_major: bool = False) -> None:
         """Decline windowed attention: the projected tokens were folded into the batch axis.

@@ -54,3 +54,45 @@ def test_per_head_norms_joined_out_of_order_are_refused() -> None:
         concat.input[0], concat.input[1] = concat.input[1], concat.input[0]
     with pytest.raises(NoAttentionBlocksError, match="reached Concat"):
         find_attention_blocks(model_from_proto(proto, path=FIXTURES / file))
+
+
+def _qk_position_adds(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The Adds whose output both the Q and the K projection read and V's does not (DETR)."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in proto.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return [
+        node
+        for node in proto.graph.node
+        if node.op_type == "Add"
+        and sum(user.op_type == "MatMul" for user in readers.get(node.output[0], [])) == 2
+    ]
+
+
+@pytest.mark.parametrize("variant", ["legacy_eager", "dynamo_eager"])
+def test_a_position_term_on_the_qk_input_is_read_on_the_stream(variant: str) -> None:
+    """DETR adds its position embeddings to the Q and K inputs, not to V's: each block reads the
+    stream V projects, W_Q and W_K on it, and says so in one note."""
+    report = find_attention_blocks(load_fixture(f"detr_encoder/{variant}.onnx.xz"))
+    assert len(report.blocks) == 2
+    for block in report.blocks:
+        notes = [note for note in block.notes if "position embeddings added to the Q/K" in note]
+        assert len(notes) == 1, block.notes
+        assert repr(block.input_name) in notes[0]
+
+
+def test_a_term_computed_from_the_stream_on_the_qk_input_is_refused() -> None:
+    """The same graph with the position term replaced by the stream itself (Q and K read
+    X + X): a term that depends on the inputs, so Q, K and V project different tensors."""
+    file = "detr_encoder/legacy_eager.onnx.xz"
+    proto = fixture_proto(file)
+    report = find_attention_blocks(load_fixture(file))
+    adds = _qk_position_adds(proto)
+    assert len(adds) == 2
+    for add, block in zip(adds, report.blocks, strict=True):
+        stream = block.input_name
+        assert stream in add.input
+        add.input[1 - list(add.input).index(stream)] = stream
+    with pytest.raises(NoAttentionBlocksError, match="project different tensors"):
+        find_attention_blocks(model_from_proto(proto, path=FIXTURES / file))
