@@ -353,6 +353,28 @@ def _torch_encoder(norm_first: bool, batch_first: bool = True) -> Callable[[str]
     return lambda _attn: TorchEncoder(norm_first, batch_first)
 
 
+class TimmFeatures(nn.Module):
+    """A timm vision model's ``forward_features`` on ``pixel_values`` (timm's models take ``x``);
+    timm is imported only when such a family is built."""
+
+    def __init__(self, name: str, **config: Any) -> None:
+        super().__init__()
+        import timm
+
+        torch.manual_seed(SEED)
+        self.model = timm.create_model(
+            name, pretrained=False, num_classes=0, img_size=IMAGE, patch_size=PATCH, **config
+        )
+        self.eval()
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model.forward_features(pixel_values)
+
+
+def _timm(name: str, **config: Any) -> Callable[[str], nn.Module]:
+    return lambda _attn: TimmFeatures(name, **config)
+
+
 class DetrEncoder(nn.Module):
     """DETR's encoder as ``DetrModel`` runs it on an image, without the decoder (its
     cross-attention is outside the theory): transformers' ResNet backbone (random, 2 stages), the
@@ -973,6 +995,28 @@ FAMILIES: tuple[Family, ...] = (
         optimum=False,
         variants=frozenset({"dynamo_eager"}),
     ),
+    # timm's ConViT: gated positional self-attention (A is the gated mix of the content softmax
+    # and a positional one, renormalised) in both blocks; ConViT concatenates its class token
+    # after the last of them (``local_up_to_layer``), here after the stream the blocks carry.
+    Family(
+        "convit",
+        _timm(
+            "convit_tiny",
+            embed_dim=D_MODEL // N_HEADS,  # ConViT's width is embed_dim per head
+            depth=N_LAYERS,
+            num_heads=N_HEADS,
+            mlp_ratio=D_FF / D_MODEL,
+            local_up_to_layer=N_LAYERS,
+        ),
+        "model.blocks",
+        ("timm", "attn"),
+        "image",
+        _PRE,
+        sdpa=False,
+        optimizer=None,
+        optimum=False,
+        variants=frozenset({"dynamo_eager"}),
+    ),
     # XGLM: scores as batched (B·H, T, T) products, viewed as (B, H, T, T) for the mask and a
     # floor at finfo.min, then back for the Softmax; sinusoidal positions.
     Family(
@@ -1027,7 +1071,7 @@ def _split_fused(kind: str, fused: np.ndarray, n_heads: int, n_kv: int) -> list[
 def block_weights(family: Family, block: nn.Module) -> Weights:
     """``(W_Q, W_K, W_V, W_O)`` of one block in the project's convention."""
     kind, *paths = family.proj
-    mats = [] if kind == "mha" else [_row_weight(_module(block, path)) for path in paths]
+    mats = [] if kind in ("mha", "timm") else [_row_weight(_module(block, path)) for path in paths]
     if kind == "mha":  # nn.MultiheadAttention: in_proj_weight is [W_q; W_k; W_v], each (out, in)
         attention = _module(block, paths[0])
         fused = attention.in_proj_weight.detach().double().numpy()
@@ -1035,6 +1079,14 @@ def block_weights(family: Family, block: nn.Module) -> Weights:
         return q, k, v, _row_weight(attention.out_proj)
     if kind == "separate":
         return mats[0], mats[1], mats[2], mats[3]
+    if kind == "timm":  # timm: fused [q | k | v] (qkv), or [q | k] (qk) and v (ConViT's GPSA)
+        attention = _module(block, paths[0])
+        if hasattr(attention, "qk"):
+            qk = _row_weight(attention.qk)
+            v = _row_weight(attention.v)
+            return qk[:, :D_MODEL], qk[:, D_MODEL:], v, _row_weight(attention.proj)
+        q, k, v = _split_fused("concat", _row_weight(attention.qkv), N_HEADS, N_HEADS)
+        return q, k, v, _row_weight(attention.proj)
     q, k, v = _split_fused(kind, mats[0], N_HEADS, family.n_kv)
     return q, k, v, mats[1]
 

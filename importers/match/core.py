@@ -45,7 +45,7 @@ class Matcher(ScoreMatcher):
     # -- the whole block --------------------------------------------------------------------------
     def match(self, softmax: Node, index: int) -> AttentionBlock:
         score_sum, (scores, score_scale, score_nodes) = self.scores_of(softmax)
-        value_matmul, guard = self.value_matmul(softmax)
+        value_matmul, guard, attention = self.value_matmul(softmax)
         q = self.trace(scores.input(0), "Q")
         k = self.trace(scores.input(1), "K")
         v = self.trace(value_matmul.input(1), "V")
@@ -75,6 +75,7 @@ class Matcher(ScoreMatcher):
             + self.soft_cap_notes(score_sum.capped)
             + bias.notes
             + shift_notes
+            + self.mix_notes(guard)
         )
         rotary, rotary_width = self.rotary_form(q, k, d_head)
         stream = self.stream.block_stream(v.linear.x, o)
@@ -106,7 +107,7 @@ class Matcher(ScoreMatcher):
             d_model=d_model,
             d_head=d_head,
             scale=scale,
-            attention_name=softmax.outputs[0],
+            attention_name=attention,
             q=q.linear,
             k=k.linear,
             v=v.linear,
@@ -300,15 +301,21 @@ class Matcher(ScoreMatcher):
         return (note,)
 
     # -- 2. value MatMul ---------------------------------------------------------------------------
-    def value_matmul(self, softmax: Node) -> tuple[Node, list[str]]:
-        """Walk forward from the Softmax to the MatMul with V; returns (MatMul, guard nodes)."""
-        name = softmax.outputs[0]
+    def value_matmul(self, softmax: Node) -> tuple[Node, list[str], str]:
+        """Walk forward from the Softmax to the MatMul with V; returns (MatMul, the nodes passed,
+        A): A is the Softmax output, or the gated mix that weights V (:meth:`gated_mix`)."""
+        name = attention = softmax.outputs[0]
         passed: list[str] = []
         for _ in range(VALUE_MATMUL_STEPS):
             users = self.consumers(name)
             matmuls = [node for node in users if node.op_type == "MatMul" and node.input(0) == name]
             if len(matmuls) == 1:
-                return matmuls[0], passed
+                return matmuls[0], passed, attention
+            mix = self.gated_mix(name, users) if attention == softmax.outputs[0] else None
+            if mix is not None:
+                passed.append(mix[1])
+                name = attention = mix[0]
+                continue
             guard = self.nan_guard(name, users)
             if guard is not None:
                 passed.append(f"IsNaN/Where guard {guard.label!r}")
@@ -333,6 +340,55 @@ class Matcher(ScoreMatcher):
             RejectCode.VALUE_MATMUL_MISSING,
             f"value MatMul not found: the Softmax output goes to {where}",
             tuple(node.label for node in users),
+        )
+
+    def gated_mix(self, name: str, users: list[Node]) -> tuple[str, str] | None:
+        """``(mix, description)`` for ConViT's gated positional attention on the probabilities
+        ``name``: ``Mul(name, gate)``, ``Add`` of a term, both computed without reading the graph
+        inputs' values (the gate ``1 − σ(g_h)``, the term ``σ(g_h) · softmax(positional scores)``),
+        then divided by its own sum over the keys (``ReduceSum`` on the last axis); else None.
+
+        The mix is row-stochastic and weights V: it is the block's A, measured there, and the
+        update is ``X + A X W_V W_O`` with W_Q W_Kᵀ the content part's projections.
+        """
+        mul = users[0] if len(users) == 1 and users[0].op_type == "Mul" else None
+        gate = next((operand for operand in mul.inputs if operand != name), "") if mul else ""
+        adds = self.consumers(mul.outputs[0]) if mul is not None else []
+        if mul is None or not self.input_free(gate) or len(adds) != 1 or adds[0].op_type != "Add":
+            return None
+        summed = adds[0].outputs[0]
+        term = next((operand for operand in adds[0].inputs if operand != mul.outputs[0]), "")
+        divide = self.renormalised(summed)
+        if not term or not self.input_free(term) or divide is None:
+            return None
+        return divide.outputs[0], (
+            f"gated mix Mul {mul.label!r} (gate {gate!r}), Add {adds[0].label!r} (term {term!r}), "
+            f"renormalised by Div {divide.label!r}"
+        )
+
+    def renormalised(self, name: str) -> Node | None:
+        """The ``Div`` of ``name`` by its own sum over the last axis (a ``ReduceSum`` kept, or
+        unsqueezed, to broadcast), when that sum and the Div are its only readers; else None."""
+        users = self.consumers(name)
+        divides = [node for node in users if node.op_type == "Div" and node.input(0) == name]
+        sums = [node for node in users if node.op_type == "ReduceSum"]
+        if len(users) != 2 or len(divides) != 1 or len(sums) != 1 or not self.last_axis(sums[0]):
+            return None
+        denominator = self.producer(divides[0].input(1))
+        if denominator is not None and denominator.op_type == "Unsqueeze":
+            denominator = self.producer(denominator.input(0))
+        return divides[0] if denominator is sums[0] else None
+
+    @staticmethod
+    def mix_notes(passed: list[str]) -> tuple[str, ...]:
+        """A note for a gated mix on the way to V (ConViT's gated positional attention)."""
+        mixes = [step for step in passed if step.startswith("gated mix")]
+        if not mixes:
+            return ()
+        return (
+            f"gated positional self-attention: the Softmax is mixed with a term that does not "
+            f"depend on the inputs and renormalised ({mixes[0]}); A is that mix, the matrix "
+            f"that weights V, measured there, and W_Q W_Kᵀ describes its content part only",
         )
 
     def nan_guard(self, name: str, users: list[Node]) -> Node | None:

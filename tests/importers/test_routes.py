@@ -7,11 +7,13 @@ edits one of them where it shows that a look-alike graph is still refused.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
 
 from importers.graph import model_from_proto
 from importers.match import NoAttentionBlocksError, find_attention_blocks
+from importers.run.runner import Runner
 from tests.importers.family_corpus import FIXTURES, fixture_proto, load_fixture
 
 
@@ -95,4 +97,47 @@ def test_a_term_computed_from_the_stream_on_the_qk_input_is_refused() -> None:
         assert stream in add.input
         add.input[1 - list(add.input).index(stream)] = stream
     with pytest.raises(NoAttentionBlocksError, match="project different tensors"):
+        find_attention_blocks(model_from_proto(proto, path=FIXTURES / file))
+
+
+@pytest.mark.parametrize("variant", ["legacy_eager", "dynamo_eager"])
+def test_gated_positional_attention_is_read_at_the_mix(variant: str) -> None:
+    """ConViT mixes each head's Softmax with a positional softmax by a learned gate and
+    renormalises: A is that mix (the matrix the audit exposes, rows summing to 1, not the content
+    Softmax), each block says so naming the gate, and the positional Softmaxes are not attention."""
+    file = f"convit/{variant}.onnx.xz"
+    model = load_fixture(file)
+    report = find_attention_blocks(model)
+    assert len(report.blocks) == 2
+    assert not report.unmatched
+    with np.load(FIXTURES / "convit" / "truth.npz") as truth:
+        feeds = {"pixel_values": truth["feed_pixel_values"]}
+    names = [name for block in report.blocks for name in (block.attention_name, block.softmax)]
+    softmax_outputs = {
+        node.name: node.output[0] for node in model.proto.graph.node if node.op_type == "Softmax"
+    }
+    expose = [softmax_outputs.get(name, name) for name in names]
+    values = Runner(model, expose=expose, provider="cpu", threads=1).collect(feeds)
+    for block, (mix, content) in zip(report.blocks, zip(expose[::2], expose[1::2]), strict=True):
+        notes = [note for note in block.notes if note.startswith("gated positional")]
+        assert len(notes) == 1, block.notes
+        assert "gate" in notes[0]
+        np.testing.assert_allclose(values[mix].sum(axis=-1), 1.0, rtol=1e-5)
+        assert not np.allclose(values[mix], values[content], atol=1e-3)
+
+
+def test_a_gate_computed_from_the_inputs_is_refused() -> None:
+    """The same graph with each gate replaced by the content Softmax itself (a gate that depends
+    on the inputs): no gated mix, so the value MatMul is not found and the model is refused."""
+    file = "convit/legacy_eager.onnx.xz"
+    proto = fixture_proto(file)
+    softmaxes = {node.output[0] for node in proto.graph.node if node.op_type == "Softmax"}
+    gated = [
+        node for node in proto.graph.node if node.op_type == "Mul" and softmaxes & set(node.input)
+    ]
+    assert gated
+    for node in gated:
+        probabilities = next(name for name in node.input if name in softmaxes)
+        node.input[1 - list(node.input).index(probabilities)] = probabilities
+    with pytest.raises(NoAttentionBlocksError, match="value MatMul not found"):
         find_attention_blocks(model_from_proto(proto, path=FIXTURES / file))
