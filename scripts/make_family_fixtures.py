@@ -138,6 +138,9 @@ class Family:
     variants : frozenset of str or None
         The only variants made besides ``legacy_eager`` (None: every one that applies), for a
         family kept for one route (the corpus size limit).
+    build : callable or None
+        ``(corpus, family) -> None`` for a family that is no torch model (Keras): it builds,
+        exports and records its own fixtures instead of :func:`build_family`.
     """
 
     name: str
@@ -153,6 +156,7 @@ class Family:
     optimum: bool = True
     legacy_only: bool = False
     variants: frozenset[str] | None = None
+    build: Callable[[Corpus, Family], None] | None = None
 
     def wants(self, variant: str) -> bool:
         """Whether ``variant`` is made for this family."""
@@ -1017,6 +1021,20 @@ FAMILIES: tuple[Family, ...] = (
         optimum=False,
         variants=frozenset({"dynamo_eager"}),
     ),
+    # Keras 3 (torch backend): a post-LN encoder of keras.layers.MultiHeadAttention, whose
+    # projections are EinsumDense (Einsum + bias Add), exported by Keras' own model.export.
+    Family(
+        "keras_mha",
+        lambda _attn: nn.Identity(),
+        "",
+        ("keras",),
+        "text",
+        _POST,
+        sdpa=False,
+        optimizer=None,
+        optimum=False,
+        build=lambda corpus, family: build_keras(corpus, family),
+    ),
     # XGLM: scores as batched (B·H, T, T) products, viewed as (B, H, T, T) for the mask and a
     # floor at finfo.min, then back for the Softmax; sinusoidal positions.
     Family(
@@ -1613,6 +1631,78 @@ def build_family(corpus: Corpus, family: Family) -> None:
     _with_past_variant(corpus, family, model, truth_file)
 
 
+def _keras() -> Any:
+    """Keras 3 on the torch backend (development only, like torch)."""
+    import os
+
+    os.environ["KERAS_BACKEND"] = "torch"
+    import keras
+
+    return keras
+
+
+def _keras_model() -> tuple[Any, Any]:
+    """A Keras 3 encoder on the torch backend (seeded): token embedding, then two post-LN
+    blocks of ``MultiHeadAttention`` and a GELU MLP; returns (model, model of every layer)."""
+    keras = _keras()
+    keras.utils.set_random_seed(SEED)
+    ids = keras.Input(shape=(TOKENS,), batch_size=BATCH, dtype="int64", name="input_ids")
+    stream = keras.layers.Embedding(VOCAB, D_MODEL)(ids)
+    layers = [stream]
+    for _ in range(N_LAYERS):
+        attended = keras.layers.MultiHeadAttention(N_HEADS, D_MODEL // N_HEADS)(stream, stream)
+        stream = keras.layers.LayerNormalization()(stream + attended)
+        hidden = keras.layers.Dense(D_FF, activation="gelu")(stream)
+        stream = keras.layers.LayerNormalization()(stream + keras.layers.Dense(D_MODEL)(hidden))
+        layers.append(stream)
+    return keras.Model(ids, stream), keras.Model(ids, layers)
+
+
+def build_keras(corpus: Corpus, family: Family) -> None:
+    """Keras' own ONNX export (``model.export(format="onnx")``, the sizes fixed by the input
+    signature: Keras then uses torch's dynamo exporter) and the truth from Keras itself."""
+    keras = _keras()
+    _log(family.name)
+    folder = corpus.out / family.name
+    folder.mkdir(parents=True, exist_ok=True)
+    model, every_layer = _keras_model()
+    ids = sample_feeds(family)["input_ids"]
+    hidden = [keras.ops.convert_to_numpy(h) for h in every_layer(ids)]
+    attentions = [
+        layer for layer in model.layers if isinstance(layer, keras.layers.MultiHeadAttention)
+    ]
+    kernels = [
+        [
+            keras.ops.convert_to_numpy(dense.kernel)
+            for dense in (a._query_dense, a._key_dense, a._value_dense, a._output_dense)
+        ]
+        for a in attentions
+    ]
+    arrays = {
+        key: np.stack([k[i].reshape(-1, D_MODEL) if i == 3 else k[i].reshape(D_MODEL, -1)
+                       for k in kernels]).astype(np.float32)
+        for i, key in enumerate(("W_Q", "W_K", "W_V", "W_O"))
+    } | {
+        "n_heads": np.array(N_HEADS),
+        "n_kv_heads": np.array(N_HEADS),
+        "d_head": np.array(D_MODEL // N_HEADS),
+        "hidden": np.stack(hidden).astype(np.float32),
+        "feed_input_ids": ids,
+    }
+    truth_file = f"{family.name}/{_save_truth(folder / 'truth.npz', arrays)}"
+    path = folder / "keras_export.onnx"
+    spec = keras.InputSpec(shape=ids.shape, dtype="int64", name="input_ids")
+    if _attempt(
+        corpus,
+        family,
+        "keras_export",
+        lambda: model.export(str(path), format="onnx", input_signature=[spec], verbose=False),
+    ):
+        _strip_debug_metadata(path)
+        opset = next(o.version for o in onnx.load(str(path)).opset_import if o.domain == "")
+        corpus.add(family, "keras_export", "keras", opset, path, truth=truth_file)
+
+
 def build_with_past_only(corpus: Corpus, family: Family) -> None:
     """Only the ``with_past`` export of one family, and its truth file given the empty caches
     among its feeds: the arrays an existing truth file holds are kept as they are (a recomputed
@@ -1810,7 +1900,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.with_past_only and family.name not in WITH_PAST_FAMILIES:
             continue
         if not chosen or family.name in chosen:
-            if _attempt(corpus, family, "model", lambda f=family: build(corpus, f)):
+            make = family.build or build
+            if _attempt(corpus, family, "model", lambda f=family, m=make: m(corpus, f)):
                 write_manifest(corpus, whole_families=not args.with_past_only)
     return 0
 

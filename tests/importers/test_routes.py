@@ -118,7 +118,8 @@ def test_gated_positional_attention_is_read_at_the_mix(variant: str) -> None:
     }
     expose = [softmax_outputs.get(name, name) for name in names]
     values = Runner(model, expose=expose, provider="cpu", threads=1).collect(feeds)
-    for block, (mix, content) in zip(report.blocks, zip(expose[::2], expose[1::2]), strict=True):
+    pairs = list(zip(expose[::2], expose[1::2], strict=True))
+    for block, (mix, content) in zip(report.blocks, pairs, strict=True):
         notes = [note for note in block.notes if note.startswith("gated positional")]
         assert len(notes) == 1, block.notes
         assert "gate" in notes[0]
@@ -140,4 +141,33 @@ def test_a_gate_computed_from_the_inputs_is_refused() -> None:
         probabilities = next(name for name in node.input if name in softmaxes)
         node.input[1 - list(node.input).index(probabilities)] = probabilities
     with pytest.raises(NoAttentionBlocksError, match="value MatMul not found"):
+        find_attention_blocks(model_from_proto(proto, path=FIXTURES / file))
+
+
+def test_keras_einsum_projections_are_read() -> None:
+    """Keras' EinsumDense (``abc,cde->abde`` and a bias Add; W_O ``abcd,cde->abe``) is a
+    projection: both blocks are found with their heads, W_O reading the heads' two axes."""
+    report = find_attention_blocks(load_fixture("keras_mha/keras_export.onnx.xz"))
+    assert [(block.n_heads, block.d_head) for block in report.blocks] == [(4, 8), (4, 8)]
+    for block in report.blocks:
+        assert {block.q.kind, block.k.kind, block.v.kind, block.o.kind} == {"einsum"}
+        assert block.q.bias is not None
+        assert (block.q.out_dims, block.o.in_axes) == ((4, 8), 2)
+
+
+def test_an_einsum_that_reorders_the_head_axes_is_refused() -> None:
+    """The same graph with the Q projections writing (head size, heads) instead of (heads, head
+    size): no longer the product the head split reads, so Q's projection is not found."""
+    file = "keras_mha/keras_export.onnx.xz"
+    proto = fixture_proto(file)
+    queries = [
+        node
+        for node in proto.graph.node
+        if node.op_type == "Einsum"
+        and onnx.helper.get_attribute_value(node.attribute[0]) == b"abc,cde->abde"
+    ][::3]
+    assert len(queries) == 2
+    for node in queries:
+        node.attribute[0].s = b"abc,cde->abed"
+    with pytest.raises(NoAttentionBlocksError, match="Q projection not found"):
         find_attention_blocks(model_from_proto(proto, path=FIXTURES / file))
