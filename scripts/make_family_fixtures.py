@@ -141,6 +141,12 @@ class Family:
     build : callable or None
         ``(corpus, family) -> None`` for a family that is no torch model (Keras): it builds,
         exports and records its own fixtures instead of :func:`build_family`.
+    channels_first : bool
+        The blocks carry the stream as (batch, features, tokens) (SqueezeBERT): the truth's
+        hidden states are transposed to the project's (batch, tokens, features).
+    hooked : (str, str)
+        The submodules of a block whose input and output are the block's, where the block's own
+        hooks do not fire (SqueezeBERT's encoder calls ``layer.forward`` directly); "": the block.
     """
 
     name: str
@@ -157,6 +163,8 @@ class Family:
     legacy_only: bool = False
     variants: frozenset[str] | None = None
     build: Callable[[Corpus, Family], None] | None = None
+    channels_first: bool = False
+    hooked: tuple[str, str] = ("", "")
 
     def wants(self, variant: str) -> bool:
         """Whether ``variant`` is made for this family."""
@@ -1035,6 +1043,28 @@ FAMILIES: tuple[Family, ...] = (
         optimum=False,
         build=lambda corpus, family: build_keras(corpus, family),
     ),
+    # SqueezeBERT: the stream (batch, features, tokens) between the blocks, every projection a
+    # pointwise grouped Conv1d (4 groups for Q, K and V), post-LN norms over the features
+    # (permuted to the last axis and back).
+    Family(
+        "squeezebert",
+        _hf("SqueezeBertModel", "SqueezeBertConfig", _text(embedding_size=D_MODEL)),
+        "encoder.layers",
+        (
+            "conv",
+            "attention.query",
+            "attention.key",
+            "attention.value",
+            "post_attention.conv1d",
+        ),
+        "text",
+        _POST,
+        sdpa=False,
+        optimizer=None,
+        variants=frozenset({"dynamo_eager"}),
+        channels_first=True,
+        hooked=("attention", "output"),
+    ),
     # XGLM: scores as batched (B·H, T, T) products, viewed as (B, H, T, T) for the mask and a
     # floor at finfo.min, then back for the Softmax; sinusoidal positions.
     Family(
@@ -1075,6 +1105,19 @@ def _row_weight(module: nn.Module) -> np.ndarray:
     return weight if type(module).__name__ == "Conv1D" else weight.T
 
 
+def _conv_weight(module: nn.Module) -> np.ndarray:
+    """``W`` (in, out) of a pointwise ``nn.Conv1d``: the block-diagonal matrix of its groups."""
+    kernels = module.weight.detach().double().numpy()[:, :, 0]
+    groups = module.groups
+    per_in, per_out = kernels.shape[1], kernels.shape[0] // groups
+    dense = np.zeros((per_in * groups, kernels.shape[0]))
+    for g in range(groups):
+        dense[g * per_in : (g + 1) * per_in, g * per_out : (g + 1) * per_out] = kernels[
+            g * per_out : (g + 1) * per_out
+        ].T
+    return dense
+
+
 def _split_fused(kind: str, fused: np.ndarray, n_heads: int, n_kv: int) -> list[np.ndarray]:
     """Canonical (head-major) W_Q, W_K, W_V from a fused (d_model, ·) weight."""
     d_head = D_MODEL // n_heads
@@ -1089,7 +1132,8 @@ def _split_fused(kind: str, fused: np.ndarray, n_heads: int, n_kv: int) -> list[
 def block_weights(family: Family, block: nn.Module) -> Weights:
     """``(W_Q, W_K, W_V, W_O)`` of one block in the project's convention."""
     kind, *paths = family.proj
-    mats = [] if kind in ("mha", "timm") else [_row_weight(_module(block, path)) for path in paths]
+    skip = ("mha", "timm", "conv")
+    mats = [] if kind in skip else [_row_weight(_module(block, path)) for path in paths]
     if kind == "mha":  # nn.MultiheadAttention: in_proj_weight is [W_q; W_k; W_v], each (out, in)
         attention = _module(block, paths[0])
         fused = attention.in_proj_weight.detach().double().numpy()
@@ -1097,6 +1141,8 @@ def block_weights(family: Family, block: nn.Module) -> Weights:
         return q, k, v, _row_weight(attention.out_proj)
     if kind == "separate":
         return mats[0], mats[1], mats[2], mats[3]
+    if kind == "conv":  # Conv1d(kernel_size=1, groups=g) weights (out, in / g, 1)
+        return tuple(_conv_weight(_module(block, path)) for path in paths)  # type: ignore[return-value]
     if kind == "timm":  # timm: fused [q | k | v] (qkv), or [q | k] (qk) and v (ConViT's GPSA)
         attention = _module(block, paths[0])
         if hasattr(attention, "qk"):
@@ -1114,8 +1160,11 @@ def _first(value: Any) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _boundaries(blocks: nn.ModuleList) -> Iterator[tuple[list[torch.Tensor], list[torch.Tensor]]]:
-    """Record each block call's input hidden states and output (in call order)."""
+def _boundaries(
+    starts: list[nn.Module], ends: list[nn.Module]
+) -> Iterator[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """Record the input hidden states of each call of ``starts`` and the output of each call of
+    ``ends`` (in call order): each block's, or of the submodules that begin and end it."""
     inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
 
@@ -1125,8 +1174,8 @@ def _boundaries(blocks: nn.ModuleList) -> Iterator[tuple[list[torch.Tensor], lis
     def after(_module: nn.Module, _args: tuple, output: Any) -> None:
         outputs.append(_first(output).detach().clone())
 
-    handles = [b.register_forward_pre_hook(before, with_kwargs=True) for b in blocks]
-    handles += [b.register_forward_hook(after) for b in blocks]
+    handles = [b.register_forward_pre_hook(before, with_kwargs=True) for b in starts]
+    handles += [b.register_forward_hook(after) for b in ends]
     try:
         yield inputs, outputs
     finally:
@@ -1138,10 +1187,18 @@ def truth(family: Family, model: nn.Module, feeds: dict[str, np.ndarray]) -> dic
     """Weights per attention layer, head sizes, hidden states and feeds of one model."""
     model.eval()
     blocks = _module(model, family.blocks)
-    with torch.no_grad(), _boundaries(blocks) as (inputs, outputs):
+    first, last = family.hooked
+    ends = [_module(b, first) if first else b for b in blocks]
+    ends += [_module(b, last) if last else b for b in blocks]
+    with torch.no_grad(), _boundaries(ends[: len(blocks)], ends[len(blocks) :]) as (
+        inputs,
+        outputs,
+    ):
         _call(model, family, feeds)
     weights = [block_weights(family, b) for b in blocks for _ in range(family.repeat)]
     hidden = [inputs[0], *outputs]
+    if family.channels_first:
+        hidden = [h.transpose(1, 2) for h in hidden]
     out = {
         key: np.stack([w[i] for w in weights]).astype(np.float32)
         for i, key in enumerate(("W_Q", "W_K", "W_V", "W_O"))

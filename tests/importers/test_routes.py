@@ -171,3 +171,39 @@ def test_an_einsum_that_reorders_the_head_axes_is_refused() -> None:
         node.attribute[0].s = b"abc,cde->abed"
     with pytest.raises(NoAttentionBlocksError, match="Q projection not found"):
         find_attention_blocks(model_from_proto(proto, path=FIXTURES / file))
+
+
+@pytest.mark.parametrize("variant", ["legacy_eager", "dynamo_eager"])
+def test_a_channel_first_stream_is_read_through_its_token_major_views(variant: str) -> None:
+    """SqueezeBERT keeps its stream (batch, features, tokens) and projects it by grouped 1×1
+    convolutions: every block is found, its projections are convolutions with their groups, and
+    its layer tensors are (batch, tokens, features) views of the stream, with a note."""
+    model = load_fixture(f"squeezebert/{variant}.onnx.xz")
+    report = find_attention_blocks(model)
+    assert len(report.blocks) == 2
+    with np.load(FIXTURES / "squeezebert" / "truth.npz") as truth:
+        feeds = {name: truth[f"feed_{name}"] for name in ("input_ids", "attention_mask")}
+        hidden = truth["hidden"]
+    for block in report.blocks:
+        assert (block.q.kind, block.q.groups, block.o.groups) == ("conv", 4, 1)
+        assert any(note.startswith("the residual stream is channel-first") for note in block.notes)
+    names = [report.blocks[0].input_name] + [block.output_name for block in report.blocks]
+    values = Runner(model, expose=names, provider="cpu", threads=1).collect(feeds)
+    for layer, name in enumerate(names):
+        np.testing.assert_allclose(values[name], hidden[layer], rtol=1e-4, atol=1e-5)
+
+
+def test_a_strided_conv_is_no_projection() -> None:
+    """The same graph with the query convolutions strided (every other token): a conv that moves
+    tokens is no projection, so Q's projection is not found."""
+    file = "squeezebert/legacy_eager.onnx.xz"
+    proto = fixture_proto(file)
+    report = find_attention_blocks(load_fixture(file))
+    queries = {block.q.nodes[0] for block in report.blocks}
+    for node in proto.graph.node:
+        if node.name in queries:
+            kept = [attribute for attribute in node.attribute if attribute.name != "strides"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, onnx.helper.make_attribute("strides", [2])])
+    with pytest.raises(NoAttentionBlocksError, match="Q projection not found"):
+        find_attention_blocks(model_from_proto(proto, path=FIXTURES / file))
