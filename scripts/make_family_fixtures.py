@@ -1065,6 +1065,27 @@ FAMILIES: tuple[Family, ...] = (
         channels_first=True,
         hooked=("attention", "output"),
     ),
+    # timm's EVA-02: rotary embeddings on the patch tokens only (the class token's Q and K are
+    # sliced off, the rotated patches concatenated back after it), SwiGLU MLP.
+    Family(
+        "eva",
+        _timm(
+            "eva02_tiny_patch14_224",
+            embed_dim=D_MODEL,
+            depth=N_LAYERS,
+            num_heads=N_HEADS,
+            mlp_ratio=D_FF / D_MODEL,
+            ref_feat_shape=(IMAGE // PATCH, IMAGE // PATCH),
+        ),
+        "model.blocks",
+        ("timm", "attn"),
+        "image",
+        _features("pre", rotary="full"),
+        sdpa=False,
+        optimizer=None,
+        optimum=False,
+        variants=frozenset({"dynamo_eager"}),
+    ),
     # XGLM: scores as batched (B·H, T, T) products, viewed as (B, H, T, T) for the mask and a
     # floor at finfo.min, then back for the Softmax; sinusoidal positions.
     Family(
@@ -1145,6 +1166,9 @@ def block_weights(family: Family, block: nn.Module) -> Weights:
         return tuple(_conv_weight(_module(block, path)) for path in paths)  # type: ignore[return-value]
     if kind == "timm":  # timm: fused [q | k | v] (qkv), or [q | k] (qk) and v (ConViT's GPSA)
         attention = _module(block, paths[0])
+        if hasattr(attention, "q_proj") and attention.q_proj is not None:  # EVA unfused
+            names = ("q_proj", "k_proj", "v_proj", "proj")
+            return tuple(_row_weight(getattr(attention, name)) for name in names)  # type: ignore[return-value]
         if hasattr(attention, "qk"):
             qk = _row_weight(attention.qk)
             v = _row_weight(attention.v)

@@ -7,7 +7,9 @@ embedding (GPT-NeoX, Phi, Phi-3, GPT-J: only the first ``rotary_dim`` columns of
 rotated) is a ``Concat`` of the rotated slice and the pass-through slice of the same head-split
 tensor; it is a step from that tensor when re-assembling a probe of it through the Concat's pieces
 (the rotary ``Add`` taken as identity) gives the tensor back unchanged
-(:meth:`RotaryMatcher.partial_rotary`). ONNX's and onnxruntime's ``RotaryEmbedding`` operators
+(:meth:`RotaryMatcher.partial_rotary`). The same re-assembly along the token axis (the scores'
+rows) is a rotary embedding applied to some tokens only (EVA rotates the patch tokens and
+concatenates the class token back unrotated). ONNX's and onnxruntime's ``RotaryEmbedding`` operators
 rotate in place (:meth:`RotaryMatcher.rotary_op`). :mod:`importers.match.projections` takes these
 steps; W_Q and W_K are the weights before the rotation.
 """
@@ -183,7 +185,7 @@ class RotaryMatcher(GraphWalker):
             return None
         axis = int(node.attr("axis", 0)) % assembled.ndim
         widths = [memo.get(part) for part, _ in rotated_parts]
-        if axis != assembled.ndim - 1 or any(w is None for w in widths):
+        if axis < assembled.ndim - 2 or any(w is None for w in widths):
             return None
         width = sum(int(w.shape[axis]) for w in widths if w is not None)
         styles = {
@@ -193,6 +195,13 @@ class RotaryMatcher(GraphWalker):
             if (producer := self.producer(name)) is not None
             and (match := self.rope_match(producer)) is not None
         }
+        if axis == assembled.ndim - 2:  # EVA: the patch tokens rotated, the class token not
+            return (
+                x,
+                f"full {'/'.join(sorted(styles))} on {width} of {assembled.shape[axis]} tokens "
+                f"(the others, such as a class token, are not rotated)",
+                None,
+            )
         if width == assembled.shape[-1]:  # Phi-3: the pass-through slice is empty
             return x, f"full {'/'.join(sorted(styles))}", None
         return (

@@ -207,3 +207,33 @@ def test_a_strided_conv_is_no_projection() -> None:
             node.attribute.extend([*kept, onnx.helper.make_attribute("strides", [2])])
     with pytest.raises(NoAttentionBlocksError, match="Q projection not found"):
         find_attention_blocks(model_from_proto(proto, path=FIXTURES / file))
+
+
+@pytest.mark.parametrize("variant", ["legacy_eager", "dynamo_eager"])
+def test_rotary_on_some_tokens_only_is_walked_and_noted(variant: str) -> None:
+    """EVA rotates the patch tokens' Q and K and concatenates the class token back unrotated:
+    a rotary step (W_Q, W_K read before it), full on the head's columns, noted with the count."""
+    report = find_attention_blocks(load_fixture(f"eva/{variant}.onnx.xz"))
+    assert len(report.blocks) == 2
+    for block in report.blocks:
+        assert (block.rotary, block.rotary_width) == ("full", block.d_head)
+        assert any("on 16 of 17 tokens" in note for note in block.notes), block.notes
+
+
+def test_tokens_concatenated_out_of_order_are_refused() -> None:
+    """The same graph with the class token concatenated after the patch tokens: the Concat no
+    longer gives Q and K back in place, so it is no rotary step and Q's projection is not found."""
+    file = "eva/legacy_eager.onnx.xz"
+    proto = fixture_proto(file)
+    concats = [
+        node
+        for node in proto.graph.node
+        if node.op_type == "Concat"
+        and len(node.input) == 2
+        and onnx.helper.get_attribute_value(node.attribute[0]) == 2  # the token axis
+    ]
+    assert len(concats) == 4  # Q and K of two blocks
+    for node in concats:
+        node.input[0], node.input[1] = node.input[1], node.input[0]
+    with pytest.raises(NoAttentionBlocksError, match="projection not found"):
+        find_attention_blocks(model_from_proto(proto, path=FIXTURES / file))
