@@ -147,6 +147,12 @@ class Family:
     hooked : (str, str)
         The submodules of a block whose input and output are the block's, where the block's own
         hooks do not fire (SqueezeBERT's encoder calls ``layer.forward`` directly); "": the block.
+    macaron : (str, str) or None
+        For layers with more residual sub-layers than attention and MLP (a Conformer's macaron
+        block): the submodule whose input is the stream each attention reads (its pre-norm) and
+        the one whose input ends the last layer (its final norm). The truth's layers are then the
+        stream entering each attention and the last layer's stream before its final norm, the
+        audit's definition (the layer hooks would give the layers' own inputs).
     """
 
     name: str
@@ -165,6 +171,7 @@ class Family:
     build: Callable[[Corpus, Family], None] | None = None
     channels_first: bool = False
     hooked: tuple[str, str] = ("", "")
+    macaron: tuple[str, str] | None = None
 
     def wants(self, variant: str) -> bool:
         """Whether ``variant`` is made for this family."""
@@ -1086,6 +1093,44 @@ FAMILIES: tuple[Family, ...] = (
         optimum=False,
         variants=frozenset({"dynamo_eager"}),
     ),
+    # wav2vec2-conformer with rotary positions: the rotary embedding is applied to the block's
+    # normalised stream before the Q and K projections (V projects it unrotated); each layer is
+    # a macaron block (half FFN, attention, convolution module, half FFN, final LayerNorm).
+    Family(
+        "w2v2_conformer",
+        _hf(
+            "Wav2Vec2ConformerModel",
+            "Wav2Vec2ConformerConfig",
+            {
+                "hidden_size": D_MODEL,
+                "num_hidden_layers": N_LAYERS,
+                "num_attention_heads": N_HEADS,
+                "intermediate_size": D_FF,
+                "conv_dim": (32, 32),
+                "conv_stride": (5, 2),
+                "conv_kernel": (10, 3),
+                "num_conv_pos_embeddings": 16,
+                "num_conv_pos_embedding_groups": 4,
+                "position_embeddings_type": "rotary",
+                "conv_depthwise_kernel_size": 3,
+            },
+        ),
+        "encoder.layers",
+        (
+            "separate",
+            "self_attn.linear_q",
+            "self_attn.linear_k",
+            "self_attn.linear_v",
+            "self_attn.linear_out",
+        ),
+        "waveform",
+        _features("pre", rotary="full"),
+        sdpa=False,
+        optimizer=None,
+        optimum=False,
+        variants=frozenset({"dynamo_eager"}),
+        macaron=("self_attn_layer_norm", "final_layer_norm"),
+    ),
     # XGLM: scores as batched (B·H, T, T) products, viewed as (B, H, T, T) for the mask and a
     # floor at finfo.min, then back for the Softmax; sinusoidal positions.
     Family(
@@ -1212,15 +1257,16 @@ def truth(family: Family, model: nn.Module, feeds: dict[str, np.ndarray]) -> dic
     model.eval()
     blocks = _module(model, family.blocks)
     first, last = family.hooked
-    ends = [_module(b, first) if first else b for b in blocks]
-    ends += [_module(b, last) if last else b for b in blocks]
-    with torch.no_grad(), _boundaries(ends[: len(blocks)], ends[len(blocks) :]) as (
-        inputs,
-        outputs,
-    ):
+    starts = [_module(b, first) if first else b for b in blocks]
+    ends = [_module(b, last) if last else b for b in blocks]
+    if family.macaron is not None:  # the stream entering each attention, then the last layer's
+        before, final = family.macaron
+        starts = [_module(b, before) for b in blocks] + [_module(blocks[-1], final)]
+        ends = []
+    with torch.no_grad(), _boundaries(starts, ends) as (inputs, outputs):
         _call(model, family, feeds)
     weights = [block_weights(family, b) for b in blocks for _ in range(family.repeat)]
-    hidden = [inputs[0], *outputs]
+    hidden = inputs if family.macaron else [inputs[0], *outputs]
     if family.channels_first:
         hidden = [h.transpose(1, 2) for h in hidden]
     out = {
@@ -1760,8 +1806,9 @@ def build_keras(corpus: Corpus, family: Family) -> None:
         for a in attentions
     ]
     arrays = {
-        key: np.stack([k[i].reshape(-1, D_MODEL) if i == 3 else k[i].reshape(D_MODEL, -1)
-                       for k in kernels]).astype(np.float32)
+        key: np.stack(
+            [k[i].reshape(-1, D_MODEL) if i == 3 else k[i].reshape(D_MODEL, -1) for k in kernels]
+        ).astype(np.float32)
         for i, key in enumerate(("W_Q", "W_K", "W_V", "W_O"))
     } | {
         "n_heads": np.array(N_HEADS),

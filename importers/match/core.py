@@ -49,7 +49,7 @@ class Matcher(ScoreMatcher):
         q = self.trace(scores.input(0), "Q")
         k = self.trace(scores.input(1), "K")
         v = self.trace(value_matmul.input(1), "V")
-        shift_notes = self.check_self_attention(q, k, v)
+        shift_notes, rotated_input = self.check_self_attention(q, k, v)
         layout = self.layout.probe_heads(q, k, v)
         self.check_whole_sequence(softmax, self.stream_tensor(v.linear.x), layout.time_major)
         self.check_softmax_axis(softmax, len(layout.lead) + 2)
@@ -78,6 +78,8 @@ class Matcher(ScoreMatcher):
             + self.mix_notes(guard)
         )
         rotary, rotary_width = self.rotary_form(q, k, d_head)
+        if rotated_input and rotary == "none":
+            rotary, rotary_width = "full", d_head
         stream = self.stream.block_stream(v.linear.x, o)
         notes += stream.pop("notes")
         if layout.time_major:
@@ -127,18 +129,29 @@ class Matcher(ScoreMatcher):
             **stream,
         )
 
-    def check_self_attention(self, q: Trace, k: Trace, v: Trace) -> tuple[str, ...]:
-        """Q, K and V project one stream; returns the notes of a Q/K position shift.
+    def check_self_attention(self, q: Trace, k: Trace, v: Trace) -> tuple[tuple[str, ...], bool]:
+        """Q, K and V project one stream; returns the notes of a Q/K input that departs from it
+        and whether that input is the stream rotated.
 
         DETR adds position embeddings to the Q and K inputs and not to V's: Q and K then read the
         stream V reads plus terms that do not depend on the graph inputs' values
-        (:meth:`~importers.match.stream.StreamMatcher.before_constant_terms`). A is still the
-        Softmax the graph computes and the update ``X + A X W_V W_O``; W_Q and W_K are read on
-        the stream, and a note says that the scores also carry the position terms.
+        (:meth:`~importers.match.stream.StreamMatcher.before_constant_terms`).
+        wav2vec2-conformer applies its rotary embedding to the stream before the Q and K
+        projections (:meth:`~importers.match.rotary.RotaryMatcher.rotated_copy`). Either way A is
+        still the Softmax the graph computes and the update ``X + A X W_V W_O``; W_Q and W_K are
+        read on the stream, and a note says where the positions enter.
         """
         readers: dict[str, list[str]] = {}
         for trace in (q, k, v):
             readers.setdefault(self.stream_tensor(trace.linear.x), []).append(trace.role)
+        rotated = self.rotated_inputs(q, k, v) if len(readers) != 1 else ""
+        if rotated:
+            return (
+                f"rotary embedding ({rotated}) applied to the Q/K input before the projections, "
+                f"where the block rotates the stream {self.stream_tensor(v.linear.x)!r} (V "
+                f"projects it unrotated): A is measured as the graph computes it, W_Q and W_K "
+                f"are read on the stream, as the weights the rotated stream is projected by",
+            ), True
         shifted = self.position_shifted(q, k, v) if len(readers) != 1 else ()
         if shifted:
             return (
@@ -147,7 +160,7 @@ class Matcher(ScoreMatcher):
                 f"(position embeddings added to the Q/K input only, as DETR does; V reads the "
                 f"stream): A is measured as the graph computes it and W_Q, W_K are read on the "
                 f"stream, but the scores are not X W_Q W_Kᵀ Xᵀ alone",
-            )
+            ), False
         if len(readers) != 1:
             described = "; ".join(
                 f"{' and '.join(roles)} {'reads' if len(roles) == 1 else 'read'} {source!r}"
@@ -159,7 +172,14 @@ class Matcher(ScoreMatcher):
                 f"and values from another sequence (SegFormer's spatially reduced one); only "
                 f"self-attention, one square A over one stream, is supported",
             )
-        return ()
+        return (), False
+
+    def rotated_inputs(self, q: Trace, k: Trace, v: Trace) -> str:
+        """The rotary style when Q and K both project V's stream rotated in place (one tensor
+        or two), else ""."""
+        stream = self.stream_tensor(v.linear.x)
+        styles = {self.rotary.rotated_copy(trace.linear.x, stream) for trace in (q, k)}
+        return styles.pop() if len(styles) == 1 and "" not in styles else ""
 
     def position_shifted(self, q: Trace, k: Trace, v: Trace) -> tuple[str, ...]:
         """The tensors Q and K project when each is V's stream plus input-independent terms and at

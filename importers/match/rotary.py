@@ -211,6 +211,36 @@ class RotaryMatcher(GraphWalker):
             width,
         )
 
+    def rotated_copy(self, name: str, x: str) -> str:
+        """The rotary style when ``name`` is ``x`` rotated in place: reached back from ``name``
+        through value-preserving layout ops and at least one rotary ``Add``, and equal to ``x``
+        with those taken as identity (wav2vec2-conformer rotates the stream before its Q/K
+        projections); else ""."""
+        styles, current = [], name
+        for _ in range(MAX_WALK):
+            producer = self.producer(current)
+            if current == x or producer is None:
+                break
+            if producer.op_type in _ROTARY_PATH_OPS and producer.input(0):
+                current = producer.input(0)
+                continue
+            match = self.rope_match(producer)
+            if match is None:
+                return ""
+            styles.append(match[1])
+            current = match[0]
+        shape = self.context.shape(x)
+        if current != x or not styles or not shape:
+            return ""
+        probe = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape)
+        try:
+            value = self.reassemble(name, x, probe, {})
+        except (ValueError, TypeError, IndexError):
+            return ""
+        if value is None or value.shape != probe.shape or not (value == probe).all():
+            return ""
+        return "/".join(sorted(set(styles)))
+
     def reassemble(
         self, name: str, x: str, probe: np.ndarray, memo: dict[str, np.ndarray | None]
     ) -> np.ndarray | None:

@@ -214,6 +214,30 @@ class StreamMatcher(NormMatcher):
             )
         return None
 
+    def further_sublayers(self, output: str, streams: set[str], roles: dict[str, str]) -> str:
+        """The stream after the residual sub-layers that follow the MLP before the next
+        attention: more sums closing non-attention branches on it, each possibly after a norm of
+        the stream (a Conformer's macaron block: the convolution module, the second half-step
+        FFN, the layer's final LayerNorm and the next layer's first half-step FFN all lie between
+        two attentions); ``output`` itself where none follows (every other family)."""
+        passed: list[str] = []
+        for _ in range(MAX_SUM_CHAIN):
+            streams = streams | {output, self.view_source(output)}
+            total = self.mlp_residual(output, streams)
+            if total is None:
+                norm = self.norm_starting_at(output)
+                if norm is None:
+                    break
+                total = self.mlp_residual(norm.output, streams | {norm.output})
+                if total is None:
+                    break
+                passed.append(f"{norm.kind} {', '.join(norm.nodes)}")
+            passed.append(f"{total.node.op_type} {total.node.label!r}")
+            output = self.requested(total.output)
+        if passed:
+            roles["further sub-layers"] = "; ".join(passed)
+        return output
+
     def continues_on_sum(self, total: ResidualSum, norm: NormMatch, streams: set[str]) -> bool:
         """Whether the MLP residual adds its branch to the attention sum, not to the norm after it.
 
@@ -404,5 +428,7 @@ class StreamMatcher(NormMatcher):
             if mlp is not residual:
                 roles["MLP residual"] = f"{mlp.node.op_type} {mlp.node.label!r}"
             output = self.post_norm(mlp).output if post_ln else self.requested(mlp.output)
+            if not extra:
+                output = self.further_sublayers(output, streams, roles)
         found["output_name"] = self.in_layout_of(output, stream_in)
         return found

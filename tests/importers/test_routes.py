@@ -237,3 +237,38 @@ def test_tokens_concatenated_out_of_order_are_refused() -> None:
         node.input[0], node.input[1] = node.input[1], node.input[0]
     with pytest.raises(NoAttentionBlocksError, match="projection not found"):
         find_attention_blocks(model_from_proto(proto, path=FIXTURES / file))
+
+
+def _producers(proto: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {output: node for node in proto.graph.node for output in node.output}
+
+
+@pytest.mark.parametrize("variant", ["legacy_eager", "dynamo_eager"])
+def test_rotary_before_the_projections_is_recorded(variant: str) -> None:
+    """wav2vec2-conformer rotates the normalised stream before its Q and K projections (V reads
+    it unrotated): W_Q and W_K are read on the stream, the block is rotary and its note says
+    where; the macaron block's further residual sub-layers lie between two attentions."""
+    report = find_attention_blocks(load_fixture(f"w2v2_conformer/{variant}.onnx.xz"))
+    assert len(report.blocks) == 2
+    for block in report.blocks:
+        assert block.rotary == "full"
+        notes = [note for note in block.notes if "before the projections" in note]
+        assert len(notes) == 1, block.notes
+    assert "further sub-layers" in report.blocks[0].roles
+    assert report.blocks[0].output_name == report.blocks[1].input_name
+
+
+def test_a_qk_input_computed_otherwise_from_the_stream_is_refused() -> None:
+    """The same graph with each rotation's sum made a difference (no longer a rotation of the
+    stream): Q and K project a tensor computed from the stream, so the blocks are refused."""
+    file = "w2v2_conformer/legacy_eager.onnx.xz"
+    proto = fixture_proto(file)
+    producers = _producers(proto)
+    report = find_attention_blocks(load_fixture(file))
+    for block in report.blocks:
+        node = producers[block.q.x]
+        while node.op_type != "Add":
+            node = producers[node.input[0]]
+        node.op_type = "Sub"
+    with pytest.raises(NoAttentionBlocksError, match="project different tensors"):
+        find_attention_blocks(model_from_proto(proto, path=FIXTURES / file))
