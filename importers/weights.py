@@ -33,6 +33,7 @@ from numpy.typing import NDArray
 from importers.errors import ExtractionError
 from importers.graph import GraphIndex, OnnxModel
 from importers.match import AttentionBlock, LinearMatch, check_complete, find_attention_blocks
+from importers.match.linear_forms import dense_weight
 from importers.nbits import dequantize_nbits
 
 __all__ = [
@@ -281,6 +282,8 @@ def linear_weights(index: GraphIndex, linear: LinearMatch) -> tuple[FloatArray, 
         W = _dequantize_integer(index, linear, raw)
     elif linear.kind == "matmul_nbits":
         W = _dequantize_nbits(index, linear, raw)
+    elif linear.kind in ("einsum", "conv"):
+        W = dense_weight(linear, raw.astype(np.float64))
     else:
         W = raw.astype(np.float64)
         if linear.transpose:

@@ -158,6 +158,24 @@ class Family:
         structure (the corpus has a size limit).
     d_model : int
         The width of the residual stream (:data:`GENAI_D_MODEL` for the genai routes' models).
+    variants : frozenset of str or None
+        The only variants made besides ``legacy_eager`` (None: every one that applies), for a
+        family kept for one route (the corpus size limit).
+    build : callable or None
+        ``(corpus, family) -> None`` for a family that is no torch model (Keras): it builds,
+        exports and records its own fixtures instead of :func:`build_family`.
+    channels_first : bool
+        The blocks carry the stream as (batch, features, tokens) (SqueezeBERT): the truth's
+        hidden states are transposed to the project's (batch, tokens, features).
+    hooked : (str, str)
+        The submodules of a block whose input and output are the block's, where the block's own
+        hooks do not fire (SqueezeBERT's encoder calls ``layer.forward`` directly); "": the block.
+    macaron : (str, str) or None
+        For layers with more residual sub-layers than attention and MLP (a Conformer's macaron
+        block): the submodule whose input is the stream each attention reads (its pre-norm) and
+        the one whose input ends the last layer (its final norm). The truth's layers are then the
+        stream entering each attention and the last layer's stream before its final norm, the
+        audit's definition (the layer hooks would give the layers' own inputs).
     """
 
     name: str
@@ -173,6 +191,15 @@ class Family:
     optimum: bool = True
     legacy_only: bool = False
     d_model: int = D_MODEL
+    variants: frozenset[str] | None = None
+    build: Callable[[Corpus, Family], None] | None = None
+    channels_first: bool = False
+    hooked: tuple[str, str] = ("", "")
+    macaron: tuple[str, str] | None = None
+
+    def wants(self, variant: str) -> bool:
+        """Whether ``variant`` is made for this family."""
+        return not self.legacy_only and (self.variants is None or variant in self.variants)
 
 
 def _features(
@@ -246,6 +273,30 @@ def _encoder_of(model: str, cfg: str, config: dict[str, Any]) -> Callable[[str],
     def make(attn: str) -> nn.Module:
         whole = _build(getattr(tf, model), getattr(tf, cfg)(**config), attn)
         return whole.get_encoder().eval()
+
+    return make
+
+
+def _stablelm(config: dict[str, Any]) -> Callable[[str], nn.Module]:
+    """A ``make`` function for StableLM: transformers 4.57's ``_init_weights`` zeroes every
+    LayerNorm's bias, and the per-head Q/K LayerNorms of ``qk_layernorm`` have none; here those
+    get only the weight 1 that ``_init_weights`` gives every LayerNorm."""
+
+    def make(attn: str) -> nn.Module:
+        base = tf.StableLmPreTrainedModel
+        original = base._init_weights
+
+        def init(self: Any, module: nn.Module) -> None:
+            if isinstance(module, nn.LayerNorm) and module.bias is None:
+                module.weight.data.fill_(1.0)
+                return
+            original(self, module)
+
+        base._init_weights = init
+        try:
+            return _build(tf.StableLmModel, tf.StableLmConfig(**config), attn)
+        finally:
+            base._init_weights = original
 
     return make
 
@@ -343,6 +394,75 @@ class TorchEncoder(nn.Module):
 
 def _torch_encoder(norm_first: bool, batch_first: bool = True) -> Callable[[str], nn.Module]:
     return lambda _attn: TorchEncoder(norm_first, batch_first)
+
+
+class TimmFeatures(nn.Module):
+    """A timm vision model's ``forward_features`` on ``pixel_values`` (timm's models take ``x``);
+    timm is imported only when such a family is built."""
+
+    def __init__(self, name: str, **config: Any) -> None:
+        super().__init__()
+        import timm
+
+        torch.manual_seed(SEED)
+        self.model = timm.create_model(
+            name, pretrained=False, num_classes=0, img_size=IMAGE, patch_size=PATCH, **config
+        )
+        self.eval()
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model.forward_features(pixel_values)
+
+
+def _timm(name: str, **config: Any) -> Callable[[str], nn.Module]:
+    return lambda _attn: TimmFeatures(name, **config)
+
+
+class DetrEncoder(nn.Module):
+    """DETR's encoder as ``DetrModel`` runs it on an image, without the decoder (its
+    cross-attention is outside the theory): transformers' ResNet backbone (random, 2 stages), the
+    1×1 input projection, and the encoder, whose every attention adds the sine position
+    embedding of the (all-ones) pixel mask to the Q and K inputs, not to V's."""
+
+    def __init__(self, attn: str) -> None:
+        super().__init__()
+        backbone = tf.ResNetConfig(
+            num_channels=3,
+            embedding_size=8,
+            hidden_sizes=[8, 16],
+            depths=[1, 1],
+            out_features=["stage2"],
+        )
+        config = tf.DetrConfig(
+            use_timm_backbone=False,
+            use_pretrained_backbone=False,
+            backbone=None,
+            backbone_config=backbone,
+            d_model=D_MODEL,
+            encoder_layers=N_LAYERS,
+            decoder_layers=1,
+            encoder_attention_heads=N_HEADS,
+            decoder_attention_heads=N_HEADS,
+            encoder_ffn_dim=D_FF,
+            decoder_ffn_dim=D_FF,
+            num_queries=4,
+        )
+        whole = _build(tf.DetrModel, config, attn)
+        self.backbone, self.input_projection = whole.backbone, whole.input_projection
+        self.encoder = whole.encoder
+        self.eval()
+
+    def forward(self, pixel_values: torch.Tensor) -> Any:
+        batch, _, height, width = pixel_values.shape
+        mask = torch.ones((batch, height, width), dtype=torch.long)
+        features, positions = self.backbone(pixel_values, mask)
+        feature_map, small_mask = features[-1]
+        tokens = self.input_projection(feature_map).flatten(2).permute(0, 2, 1)
+        return self.encoder(
+            inputs_embeds=tokens,
+            attention_mask=small_mask.flatten(1),
+            object_queries=positions[-1].flatten(2).permute(0, 2, 1),
+        )
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -890,6 +1010,151 @@ FAMILIES: tuple[Family, ...] = (
     # OLMo (v1): non-parametric LayerNorm, and Q, K and V clipped to ±clip_qkv (the values'
     # clip is a departure from the linear update).
     _llama_like("olmo", "Olmo", _decoder(clip_qkv=4.0)),
+    # StableLM with qk_layernorm: one LayerNorm per head on Q and on K (the heads split apart,
+    # normalised each by its own γ and joined again by a Concat), then partial rotary on a
+    # quarter of each head. Kept for that route: the legacy and dynamo exports.
+    Family(
+        "stablelm",
+        _stablelm(_decoder(qk_layernorm=True)),
+        "layers",
+        (*_SELF_ATTN, "self_attn.o_proj"),
+        "text",
+        _features("pre", rotary="partial", causal=True, gqa=True),
+        n_kv=N_KV,
+        optimizer=None,
+        variants=frozenset({"dynamo_eager"}),
+    ),
+    # DETR's encoder: position embeddings added to the Q and K inputs only (V reads the stream),
+    # post-LN. Not a transformers model of its own (no optimum export); legacy and dynamo kept.
+    Family(
+        "detr_encoder",
+        DetrEncoder,
+        "encoder.layers",
+        (*_SELF_ATTN, "self_attn.out_proj"),
+        "image",
+        _POST,
+        sdpa=False,
+        optimizer=None,
+        optimum=False,
+        variants=frozenset({"dynamo_eager"}),
+    ),
+    # timm's ConViT: gated positional self-attention (A is the gated mix of the content softmax
+    # and a positional one, renormalised) in both blocks; ConViT concatenates its class token
+    # after the last of them (``local_up_to_layer``), here after the stream the blocks carry.
+    Family(
+        "convit",
+        _timm(
+            "convit_tiny",
+            embed_dim=D_MODEL // N_HEADS,  # ConViT's width is embed_dim per head
+            depth=N_LAYERS,
+            num_heads=N_HEADS,
+            mlp_ratio=D_FF / D_MODEL,
+            local_up_to_layer=N_LAYERS,
+        ),
+        "model.blocks",
+        ("timm", "attn"),
+        "image",
+        _PRE,
+        sdpa=False,
+        optimizer=None,
+        optimum=False,
+        variants=frozenset({"dynamo_eager"}),
+    ),
+    # Keras 3 (torch backend): a post-LN encoder of keras.layers.MultiHeadAttention, whose
+    # projections are EinsumDense (Einsum + bias Add), exported by Keras' own model.export.
+    Family(
+        "keras_mha",
+        lambda _attn: nn.Identity(),
+        "",
+        ("keras",),
+        "text",
+        _POST,
+        sdpa=False,
+        optimizer=None,
+        optimum=False,
+        build=lambda corpus, family: build_keras(corpus, family),
+    ),
+    # SqueezeBERT: the stream (batch, features, tokens) between the blocks, every projection a
+    # pointwise grouped Conv1d (4 groups for Q, K and V), post-LN norms over the features
+    # (permuted to the last axis and back).
+    Family(
+        "squeezebert",
+        _hf("SqueezeBertModel", "SqueezeBertConfig", _text(embedding_size=D_MODEL)),
+        "encoder.layers",
+        (
+            "conv",
+            "attention.query",
+            "attention.key",
+            "attention.value",
+            "post_attention.conv1d",
+        ),
+        "text",
+        _POST,
+        sdpa=False,
+        optimizer=None,
+        variants=frozenset({"dynamo_eager"}),
+        channels_first=True,
+        hooked=("attention", "output"),
+    ),
+    # timm's EVA-02: rotary embeddings on the patch tokens only (the class token's Q and K are
+    # sliced off, the rotated patches concatenated back after it), SwiGLU MLP.
+    Family(
+        "eva",
+        _timm(
+            "eva02_tiny_patch14_224",
+            embed_dim=D_MODEL,
+            depth=N_LAYERS,
+            num_heads=N_HEADS,
+            mlp_ratio=D_FF / D_MODEL,
+            ref_feat_shape=(IMAGE // PATCH, IMAGE // PATCH),
+        ),
+        "model.blocks",
+        ("timm", "attn"),
+        "image",
+        _features("pre", rotary="full"),
+        sdpa=False,
+        optimizer=None,
+        optimum=False,
+        variants=frozenset({"dynamo_eager"}),
+    ),
+    # wav2vec2-conformer with rotary positions: the rotary embedding is applied to the block's
+    # normalised stream before the Q and K projections (V projects it unrotated); each layer is
+    # a macaron block (half FFN, attention, convolution module, half FFN, final LayerNorm).
+    Family(
+        "w2v2_conformer",
+        _hf(
+            "Wav2Vec2ConformerModel",
+            "Wav2Vec2ConformerConfig",
+            {
+                "hidden_size": D_MODEL,
+                "num_hidden_layers": N_LAYERS,
+                "num_attention_heads": N_HEADS,
+                "intermediate_size": D_FF,
+                "conv_dim": (32, 32),
+                "conv_stride": (5, 2),
+                "conv_kernel": (10, 3),
+                "num_conv_pos_embeddings": 16,
+                "num_conv_pos_embedding_groups": 4,
+                "position_embeddings_type": "rotary",
+                "conv_depthwise_kernel_size": 3,
+            },
+        ),
+        "encoder.layers",
+        (
+            "separate",
+            "self_attn.linear_q",
+            "self_attn.linear_k",
+            "self_attn.linear_v",
+            "self_attn.linear_out",
+        ),
+        "waveform",
+        _features("pre", rotary="full"),
+        sdpa=False,
+        optimizer=None,
+        optimum=False,
+        variants=frozenset({"dynamo_eager"}),
+        macaron=("self_attn_layer_norm", "final_layer_norm"),
+    ),
     # XGLM: scores as batched (B·H, T, T) products, viewed as (B, H, T, T) for the mask and a
     # floor at finfo.min, then back for the Softmax; sinusoidal positions.
     Family(
@@ -930,6 +1195,19 @@ def _row_weight(module: nn.Module) -> np.ndarray:
     return weight if type(module).__name__ == "Conv1D" else weight.T
 
 
+def _conv_weight(module: nn.Module) -> np.ndarray:
+    """``W`` (in, out) of a pointwise ``nn.Conv1d``: the block-diagonal matrix of its groups."""
+    kernels = module.weight.detach().double().numpy()[:, :, 0]
+    groups = module.groups
+    per_in, per_out = kernels.shape[1], kernels.shape[0] // groups
+    dense = np.zeros((per_in * groups, kernels.shape[0]))
+    for g in range(groups):
+        dense[g * per_in : (g + 1) * per_in, g * per_out : (g + 1) * per_out] = kernels[
+            g * per_out : (g + 1) * per_out
+        ].T
+    return dense
+
+
 def _split_fused(
     kind: str, fused: np.ndarray, n_heads: int, n_kv: int, d_model: int
 ) -> list[np.ndarray]:
@@ -946,7 +1224,8 @@ def _split_fused(
 def block_weights(family: Family, block: nn.Module) -> Weights:
     """``(W_Q, W_K, W_V, W_O)`` of one block in the project's convention."""
     kind, *paths = family.proj
-    mats = [] if kind == "mha" else [_row_weight(_module(block, path)) for path in paths]
+    skip = ("mha", "timm", "conv")
+    mats = [] if kind in skip else [_row_weight(_module(block, path)) for path in paths]
     if kind == "mha":  # nn.MultiheadAttention: in_proj_weight is [W_q; W_k; W_v], each (out, in)
         attention = _module(block, paths[0])
         fused = attention.in_proj_weight.detach().double().numpy()
@@ -954,6 +1233,19 @@ def block_weights(family: Family, block: nn.Module) -> Weights:
         return q, k, v, _row_weight(attention.out_proj)
     if kind == "separate":
         return mats[0], mats[1], mats[2], mats[3]
+    if kind == "conv":  # Conv1d(kernel_size=1, groups=g) weights (out, in / g, 1)
+        return tuple(_conv_weight(_module(block, path)) for path in paths)  # type: ignore[return-value]
+    if kind == "timm":  # timm: fused [q | k | v] (qkv), or [q | k] (qk) and v (ConViT's GPSA)
+        attention = _module(block, paths[0])
+        if hasattr(attention, "q_proj") and attention.q_proj is not None:  # EVA unfused
+            names = ("q_proj", "k_proj", "v_proj", "proj")
+            return tuple(_row_weight(getattr(attention, name)) for name in names)  # type: ignore[return-value]
+        if hasattr(attention, "qk"):
+            qk = _row_weight(attention.qk)
+            v = _row_weight(attention.v)
+            return qk[:, : family.d_model], qk[:, family.d_model :], v, _row_weight(attention.proj)
+        q, k, v = _split_fused("concat", _row_weight(attention.qkv), N_HEADS, N_HEADS, family.d_model)
+        return q, k, v, _row_weight(attention.proj)
     q, k, v = _split_fused(kind, mats[0], N_HEADS, family.n_kv, family.d_model)
     return q, k, v, mats[1]
 
@@ -963,8 +1255,11 @@ def _first(value: Any) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _boundaries(blocks: nn.ModuleList) -> Iterator[tuple[list[torch.Tensor], list[torch.Tensor]]]:
-    """Record each block call's input hidden states and output (in call order)."""
+def _boundaries(
+    starts: list[nn.Module], ends: list[nn.Module]
+) -> Iterator[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """Record the input hidden states of each call of ``starts`` and the output of each call of
+    ``ends`` (in call order): each block's, or of the submodules that begin and end it."""
     inputs: list[torch.Tensor] = []
     outputs: list[torch.Tensor] = []
 
@@ -974,8 +1269,8 @@ def _boundaries(blocks: nn.ModuleList) -> Iterator[tuple[list[torch.Tensor], lis
     def after(_module: nn.Module, _args: tuple, output: Any) -> None:
         outputs.append(_first(output).detach().clone())
 
-    handles = [b.register_forward_pre_hook(before, with_kwargs=True) for b in blocks]
-    handles += [b.register_forward_hook(after) for b in blocks]
+    handles = [b.register_forward_pre_hook(before, with_kwargs=True) for b in starts]
+    handles += [b.register_forward_hook(after) for b in ends]
     try:
         yield inputs, outputs
     finally:
@@ -987,10 +1282,19 @@ def truth(family: Family, model: nn.Module, feeds: dict[str, np.ndarray]) -> dic
     """Weights per attention layer, head sizes, hidden states and feeds of one model."""
     model.eval()
     blocks = _module(model, family.blocks)
-    with torch.no_grad(), _boundaries(blocks) as (inputs, outputs):
+    first, last = family.hooked
+    starts = [_module(b, first) if first else b for b in blocks]
+    ends = [_module(b, last) if last else b for b in blocks]
+    if family.macaron is not None:  # the stream entering each attention, then the last layer's
+        before, final = family.macaron
+        starts = [_module(b, before) for b in blocks] + [_module(blocks[-1], final)]
+        ends = []
+    with torch.no_grad(), _boundaries(starts, ends) as (inputs, outputs):
         _call(model, family, feeds)
     weights = [block_weights(family, b) for b in blocks for _ in range(family.repeat)]
-    hidden = [inputs[0], *outputs]
+    hidden = inputs if family.macaron else [inputs[0], *outputs]
+    if family.channels_first:
+        hidden = [h.transpose(1, 2) for h in hidden]
     out = {
         key: np.stack([w[i] for w in weights]).astype(np.float32)
         for i, key in enumerate(("W_Q", "W_K", "W_V", "W_O"))
@@ -1536,7 +1840,8 @@ def build_family(corpus: Corpus, family: Family) -> None:
     if family.legacy_only:
         return
     old_opset = folder / "legacy_opset14.onnx"
-    if family.name in OPSET14_FAMILIES and _attempt(
+    opset14 = family.name in OPSET14_FAMILIES and family.wants("legacy_opset14")
+    if opset14 and _attempt(
         corpus,
         family,
         "legacy_opset14",
@@ -1545,11 +1850,12 @@ def build_family(corpus: Corpus, family: Family) -> None:
         corpus.add(
             family, "legacy_opset14", "torchscript", OLD_LEGACY_OPSET, old_opset, truth=truth_file
         )
-    if family.sdpa:
+    if family.sdpa and family.wants("legacy_sdpa"):
         _sdpa_variant(corpus, family, feeds, truth_file)
-    _dynamo_variant(corpus, family, model, feeds, truth_file)
+    if family.wants("dynamo_eager"):
+        _dynamo_variant(corpus, family, model, feeds, truth_file)
     source = legacy if legacy.exists() else None
-    if family.optimum:
+    if family.optimum and family.wants("optimum"):
         path = folder / "optimum.onnx"
         if _attempt(corpus, family, "optimum", lambda: export_optimum(model, path)):
             corpus.add(family, "optimum", "optimum", LEGACY_OPSET, path, truth=truth_file)
@@ -1558,6 +1864,79 @@ def build_family(corpus: Corpus, family: Family) -> None:
         _derived_variants(corpus, family, model, feeds, source)
     _with_past_variant(corpus, family, model, truth_file)
     _genai_variants(corpus, family)
+
+
+def _keras() -> Any:
+    """Keras 3 on the torch backend (development only, like torch)."""
+    import os
+
+    os.environ["KERAS_BACKEND"] = "torch"
+    import keras
+
+    return keras
+
+
+def _keras_model() -> tuple[Any, Any]:
+    """A Keras 3 encoder on the torch backend (seeded): token embedding, then two post-LN
+    blocks of ``MultiHeadAttention`` and a GELU MLP; returns (model, model of every layer)."""
+    keras = _keras()
+    keras.utils.set_random_seed(SEED)
+    ids = keras.Input(shape=(TOKENS,), batch_size=BATCH, dtype="int64", name="input_ids")
+    stream = keras.layers.Embedding(VOCAB, D_MODEL)(ids)
+    layers = [stream]
+    for _ in range(N_LAYERS):
+        attended = keras.layers.MultiHeadAttention(N_HEADS, D_MODEL // N_HEADS)(stream, stream)
+        stream = keras.layers.LayerNormalization()(stream + attended)
+        hidden = keras.layers.Dense(D_FF, activation="gelu")(stream)
+        stream = keras.layers.LayerNormalization()(stream + keras.layers.Dense(D_MODEL)(hidden))
+        layers.append(stream)
+    return keras.Model(ids, stream), keras.Model(ids, layers)
+
+
+def build_keras(corpus: Corpus, family: Family) -> None:
+    """Keras' own ONNX export (``model.export(format="onnx")``, the sizes fixed by the input
+    signature: Keras then uses torch's dynamo exporter) and the truth from Keras itself."""
+    keras = _keras()
+    _log(family.name)
+    folder = corpus.out / family.name
+    folder.mkdir(parents=True, exist_ok=True)
+    model, every_layer = _keras_model()
+    ids = sample_feeds(family)["input_ids"]
+    hidden = [keras.ops.convert_to_numpy(h) for h in every_layer(ids)]
+    attentions = [
+        layer for layer in model.layers if isinstance(layer, keras.layers.MultiHeadAttention)
+    ]
+    kernels = [
+        [
+            keras.ops.convert_to_numpy(dense.kernel)
+            for dense in (a._query_dense, a._key_dense, a._value_dense, a._output_dense)
+        ]
+        for a in attentions
+    ]
+    arrays = {
+        key: np.stack(
+            [k[i].reshape(-1, D_MODEL) if i == 3 else k[i].reshape(D_MODEL, -1) for k in kernels]
+        ).astype(np.float32)
+        for i, key in enumerate(("W_Q", "W_K", "W_V", "W_O"))
+    } | {
+        "n_heads": np.array(N_HEADS),
+        "n_kv_heads": np.array(N_HEADS),
+        "d_head": np.array(D_MODEL // N_HEADS),
+        "hidden": np.stack(hidden).astype(np.float32),
+        "feed_input_ids": ids,
+    }
+    truth_file = f"{family.name}/{_save_truth(folder / 'truth.npz', arrays)}"
+    path = folder / "keras_export.onnx"
+    spec = keras.InputSpec(shape=ids.shape, dtype="int64", name="input_ids")
+    if _attempt(
+        corpus,
+        family,
+        "keras_export",
+        lambda: model.export(str(path), format="onnx", input_signature=[spec], verbose=False),
+    ):
+        _strip_debug_metadata(path)
+        opset = next(o.version for o in onnx.load(str(path)).opset_import if o.domain == "")
+        corpus.add(family, "keras_export", "keras", opset, path, truth=truth_file)
 
 
 def build_with_past_only(corpus: Corpus, family: Family) -> None:
@@ -1679,7 +2058,7 @@ def _derived_variants(
     origin = {"derived_from": legacy.name}
     folder = corpus.out / family.name
     truth_file = f"{family.name}/truth.npz"
-    if family.optimizer is not None:
+    if family.optimizer is not None and family.wants("optimized"):
         path = folder / "optimized.onnx"
         if _attempt(corpus, family, "optimized", lambda: optimize(family, legacy, path)):
             corpus.add(
@@ -1697,6 +2076,8 @@ def _derived_variants(
         quantisers.append(("nbits", "torchscript+matmul_nbits", quantize_nbits, nbits_weights))
         quantisers.append(("fp16", "torchscript+float16", to_float16, float16_weights))
     for variant, exporter, quantise, dequantised_weights in quantisers:
+        if not family.wants(variant):
+            continue
         path = folder / f"{variant}.onnx"
         if _attempt(corpus, family, variant, functools.partial(quantise, legacy, path)):
             fake = dequantised_model(model, legacy, dequantised_weights(path))
@@ -1808,7 +2189,8 @@ def main(argv: list[str] | None = None) -> int:
         if partial and family.name not in routes:
             continue
         if not chosen or family.name in chosen:
-            if _attempt(corpus, family, "model", lambda f=family: build(corpus, f)):
+            make = family.build or build
+            if _attempt(corpus, family, "model", lambda f=family, m=make: m(corpus, f)):
                 write_manifest(corpus, whole_families=not partial)
     return 0
 

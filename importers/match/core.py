@@ -45,13 +45,13 @@ class Matcher(ScoreMatcher):
     # -- the whole block --------------------------------------------------------------------------
     def match(self, softmax: Node, index: int) -> AttentionBlock:
         score_sum, (scores, score_scale, score_nodes) = self.scores_of(softmax)
-        value_matmul, guard = self.value_matmul(softmax)
+        value_matmul, guard, attention = self.value_matmul(softmax)
         q = self.trace(scores.input(0), "Q")
         k = self.trace(scores.input(1), "K")
         v = self.trace(value_matmul.input(1), "V")
-        self.check_self_attention(q, k, v)
+        shift_notes, rotated_input = self.check_self_attention(q, k, v)
         layout = self.layout.probe_heads(q, k, v)
-        self.check_whole_sequence(softmax, self.stream_tensor(q.linear.x), layout.time_major)
+        self.check_whole_sequence(softmax, self.stream_tensor(v.linear.x), layout.time_major)
         self.check_softmax_axis(softmax, len(layout.lead) + 2)
         columns = self.layout.head_columns(layout.q, layout.k, layout.v)
         n_heads, d_head = layout.q.columns.shape
@@ -74,9 +74,13 @@ class Matcher(ScoreMatcher):
             + self.cache_notes(k, v)
             + self.soft_cap_notes(score_sum.capped)
             + bias.notes
+            + shift_notes
+            + self.mix_notes(guard)
         )
         rotary, rotary_width = self.rotary_form(q, k, d_head)
-        stream = self.stream.block_stream(q.linear.x, o)
+        if rotated_input and rotary == "none":
+            rotary, rotary_width = "full", d_head
+        stream = self.stream.block_stream(v.linear.x, o)
         notes += stream.pop("notes")
         if layout.time_major:
             notes += (
@@ -105,7 +109,7 @@ class Matcher(ScoreMatcher):
             d_model=d_model,
             d_head=d_head,
             scale=scale,
-            attention_name=softmax.outputs[0],
+            attention_name=attention,
             q=q.linear,
             k=k.linear,
             v=v.linear,
@@ -125,10 +129,38 @@ class Matcher(ScoreMatcher):
             **stream,
         )
 
-    def check_self_attention(self, q: Trace, k: Trace, v: Trace) -> None:
+    def check_self_attention(self, q: Trace, k: Trace, v: Trace) -> tuple[tuple[str, ...], bool]:
+        """Q, K and V project one stream; returns the notes of a Q/K input that departs from it
+        and whether that input is the stream rotated.
+
+        DETR adds position embeddings to the Q and K inputs and not to V's: Q and K then read the
+        stream V reads plus terms that do not depend on the graph inputs' values
+        (:meth:`~importers.match.stream.StreamMatcher.before_constant_terms`).
+        wav2vec2-conformer applies its rotary embedding to the stream before the Q and K
+        projections (:meth:`~importers.match.rotary.RotaryMatcher.rotated_copy`). Either way A is
+        still the Softmax the graph computes and the update ``X + A X W_V W_O``; W_Q and W_K are
+        read on the stream, and a note says where the positions enter.
+        """
         readers: dict[str, list[str]] = {}
         for trace in (q, k, v):
             readers.setdefault(self.stream_tensor(trace.linear.x), []).append(trace.role)
+        rotated = self.rotated_inputs(q, k, v) if len(readers) != 1 else ""
+        if rotated:
+            return (
+                f"rotary embedding ({rotated}) applied to the Q/K input before the projections, "
+                f"where the block rotates the stream {self.stream_tensor(v.linear.x)!r} (V "
+                f"projects it unrotated): A is measured as the graph computes it, W_Q and W_K "
+                f"are read on the stream, as the weights the rotated stream is projected by",
+            ), True
+        shifted = self.position_shifted(q, k, v) if len(readers) != 1 else ()
+        if shifted:
+            return (
+                f"Q and K project {', '.join(map(repr, shifted))}: the stream "
+                f"{self.stream_tensor(v.linear.x)!r} plus terms that do not depend on the inputs "
+                f"(position embeddings added to the Q/K input only, as DETR does; V reads the "
+                f"stream): A is measured as the graph computes it and W_Q, W_K are read on the "
+                f"stream, but the scores are not X W_Q W_Kᵀ Xᵀ alone",
+            ), False
         if len(readers) != 1:
             described = "; ".join(
                 f"{' and '.join(roles)} {'reads' if len(roles) == 1 else 'read'} {source!r}"
@@ -140,6 +172,24 @@ class Matcher(ScoreMatcher):
                 f"and values from another sequence (SegFormer's spatially reduced one); only "
                 f"self-attention, one square A over one stream, is supported",
             )
+        return (), False
+
+    def rotated_inputs(self, q: Trace, k: Trace, v: Trace) -> str:
+        """The rotary style when Q and K both project V's stream rotated in place (one tensor
+        or two), else ""."""
+        stream = self.stream_tensor(v.linear.x)
+        styles = {self.rotary.rotated_copy(trace.linear.x, stream) for trace in (q, k)}
+        return styles.pop() if len(styles) == 1 and "" not in styles else ""
+
+    def position_shifted(self, q: Trace, k: Trace, v: Trace) -> tuple[str, ...]:
+        """The tensors Q and K project when each is V's stream plus input-independent terms and at
+        least one carries such terms; else ()."""
+        stream = self.stream_tensor(v.linear.x)
+        sources = tuple(self.stream_tensor(trace.linear.x) for trace in (q, k))
+        bases = {self.stream.before_constant_terms(source) for source in sources}
+        if bases != {stream} or set(sources) == {stream}:
+            return ()
+        return tuple(dict.fromkeys(source for source in sources if source != stream))
 
     def check_whole_sequence(self, softmax: Node, x: str, time_major: bool = False) -> None:
         """Decline windowed attention: the projected tokens were folded into the batch axis.
@@ -271,15 +321,21 @@ class Matcher(ScoreMatcher):
         return (note,)
 
     # -- 2. value MatMul ---------------------------------------------------------------------------
-    def value_matmul(self, softmax: Node) -> tuple[Node, list[str]]:
-        """Walk forward from the Softmax to the MatMul with V; returns (MatMul, guard nodes)."""
-        name = softmax.outputs[0]
+    def value_matmul(self, softmax: Node) -> tuple[Node, list[str], str]:
+        """Walk forward from the Softmax to the MatMul with V; returns (MatMul, the nodes passed,
+        A): A is the Softmax output, or the gated mix that weights V (:meth:`gated_mix`)."""
+        name = attention = softmax.outputs[0]
         passed: list[str] = []
         for _ in range(VALUE_MATMUL_STEPS):
             users = self.consumers(name)
             matmuls = [node for node in users if node.op_type == "MatMul" and node.input(0) == name]
             if len(matmuls) == 1:
-                return matmuls[0], passed
+                return matmuls[0], passed, attention
+            mix = self.gated_mix(name, users) if attention == softmax.outputs[0] else None
+            if mix is not None:
+                passed.append(mix[1])
+                name = attention = mix[0]
+                continue
             guard = self.nan_guard(name, users)
             if guard is not None:
                 passed.append(f"IsNaN/Where guard {guard.label!r}")
@@ -304,6 +360,55 @@ class Matcher(ScoreMatcher):
             RejectCode.VALUE_MATMUL_MISSING,
             f"value MatMul not found: the Softmax output goes to {where}",
             tuple(node.label for node in users),
+        )
+
+    def gated_mix(self, name: str, users: list[Node]) -> tuple[str, str] | None:
+        """``(mix, description)`` for ConViT's gated positional attention on the probabilities
+        ``name``: ``Mul(name, gate)``, ``Add`` of a term, both computed without reading the graph
+        inputs' values (the gate ``1 − σ(g_h)``, the term ``σ(g_h) · softmax(positional scores)``),
+        then divided by its own sum over the keys (``ReduceSum`` on the last axis); else None.
+
+        The mix is row-stochastic and weights V: it is the block's A, measured there, and the
+        update is ``X + A X W_V W_O`` with W_Q W_Kᵀ the content part's projections.
+        """
+        mul = users[0] if len(users) == 1 and users[0].op_type == "Mul" else None
+        gate = next((operand for operand in mul.inputs if operand != name), "") if mul else ""
+        adds = self.consumers(mul.outputs[0]) if mul is not None else []
+        if mul is None or not self.input_free(gate) or len(adds) != 1 or adds[0].op_type != "Add":
+            return None
+        summed = adds[0].outputs[0]
+        term = next((operand for operand in adds[0].inputs if operand != mul.outputs[0]), "")
+        divide = self.renormalised(summed)
+        if not term or not self.input_free(term) or divide is None:
+            return None
+        return divide.outputs[0], (
+            f"gated mix Mul {mul.label!r} (gate {gate!r}), Add {adds[0].label!r} (term {term!r}), "
+            f"renormalised by Div {divide.label!r}"
+        )
+
+    def renormalised(self, name: str) -> Node | None:
+        """The ``Div`` of ``name`` by its own sum over the last axis (a ``ReduceSum`` kept, or
+        unsqueezed, to broadcast), when that sum and the Div are its only readers; else None."""
+        users = self.consumers(name)
+        divides = [node for node in users if node.op_type == "Div" and node.input(0) == name]
+        sums = [node for node in users if node.op_type == "ReduceSum"]
+        if len(users) != 2 or len(divides) != 1 or len(sums) != 1 or not self.last_axis(sums[0]):
+            return None
+        denominator = self.producer(divides[0].input(1))
+        if denominator is not None and denominator.op_type == "Unsqueeze":
+            denominator = self.producer(denominator.input(0))
+        return divides[0] if denominator is sums[0] else None
+
+    @staticmethod
+    def mix_notes(passed: list[str]) -> tuple[str, ...]:
+        """A note for a gated mix on the way to V (ConViT's gated positional attention)."""
+        mixes = [step for step in passed if step.startswith("gated mix")]
+        if not mixes:
+            return ()
+        return (
+            f"gated positional self-attention: the Softmax is mixed with a term that does not "
+            f"depend on the inputs and renormalised ({mixes[0]}); A is that mix, the matrix "
+            f"that weights V, measured there, and W_Q W_Kᵀ describes its content part only",
         )
 
     def nan_guard(self, name: str, users: list[Node]) -> Node | None:

@@ -75,7 +75,12 @@ class LayoutProbe(NormMatcher):
         return Layout(q_heads, k_heads, v_heads, lead, tokens)
 
     def lead_shape(self, linear: LinearMatch) -> tuple[int, ...]:
+        """The positions of the projection input (its shape less the features)."""
         shape = self.context.shape(linear.x)
+        if shape is not None and linear.channel_axis != -1 and len(shape) > 2:
+            shape = (*shape[:1], *shape[2:], shape[1])  # (batch, channels, ...) → features last
+        if shape is not None and linear.in_axes > 1 and len(shape) > linear.in_axes:
+            shape = (*shape[: -linear.in_axes], math.prod(shape[-linear.in_axes :]))
         if shape is None or len(shape) < 2 or shape[-1] != linear.d_in:
             return (PROBE_BATCH, PROBE_SEQUENCE)
         return shape[:-1]
@@ -88,7 +93,7 @@ class LayoutProbe(NormMatcher):
         stream = self.context.shape(self.stream_tensor(trace.linear.x)) if perm else None
         if perm is None or stream is None or len(stream) != len(perm):
             lead = self.lead_shape(trace.linear)
-            value = self.encoded(lead, width)
+            value = placed(self.encoded(lead, width), trace.linear)
         else:  # a (tokens, batch) view of the stream: number the stream's positions, then permute
             value = np.transpose(self.encoded(stream[:-1], width), perm)
             lead = self.lead_shape(trace.linear)
@@ -243,6 +248,7 @@ class LayoutProbe(NormMatcher):
             if not step.skip:
                 probe = self.apply(step, probe, "attention output")
             self.context.set_shape(step.output, probe.shape)
+        probe = features_last(probe, linear)
         if probe.shape[-1] != width or linear.d_in != width:
             raise RejectError(
                 RejectCode.HEAD_MERGE,
@@ -263,6 +269,26 @@ class LayoutProbe(NormMatcher):
         return np.argsort(rows[0])
 
 
+
+
+def placed(value: np.ndarray, linear: LinearMatch) -> np.ndarray:
+    """A projection output ``value`` (*positions, d_out) laid out as the projection writes it:
+    the features shaped ``out_dims`` (Einsum) or moved to ``channel_axis`` (Conv)."""
+    if linear.out_dims:
+        value = value.reshape(*value.shape[:-1], *linear.out_dims)
+    if linear.channel_axis != -1:
+        value = np.moveaxis(value, -1, linear.channel_axis)
+    return value
+
+
+def features_last(value: np.ndarray, linear: LinearMatch) -> np.ndarray:
+    """A projection input ``value`` with its features as one last axis (:func:`placed` undone
+    for the input side: ``channel_axis`` moved last, ``in_axes`` trailing axes flattened)."""
+    if linear.channel_axis != -1 and value.ndim > 2:
+        value = np.moveaxis(value, linear.channel_axis, -1)
+    if linear.in_axes > 1 and value.ndim > linear.in_axes:
+        value = value.reshape(*value.shape[: -linear.in_axes], -1)
+    return value
 
 
 def _static_sizes(target: np.ndarray | None, value: np.ndarray) -> tuple[int, int] | None:

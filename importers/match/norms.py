@@ -37,6 +37,16 @@ def leading_permutation(node: Node) -> tuple[int, ...] | None:
     return perm
 
 
+def channels_last(rank: int) -> tuple[int, ...]:
+    """The perm that moves axis 1 (the channels of a channel-first tensor) last."""
+    return (0, *range(2, rank), 1) if rank >= 3 else ()
+
+
+def channels_first(rank: int) -> tuple[int, ...]:
+    """The perm that moves the last axis to axis 1 (:func:`channels_last` undone)."""
+    return (0, rank - 1, *range(1, rank - 1)) if rank >= 3 else ()
+
+
 class NormMatcher(GraphWalker):
     """Recognise norms by structure, and the stream tensor behind a projection input."""
 
@@ -139,18 +149,69 @@ class NormMatcher(GraphWalker):
                         continue
                     seen.add(node.position)
                     for output in node.outputs:
-                        match = self.norm_ending_at(output)
-                        if match is not None and self.strip_casts(match.input) == self.strip_casts(
-                            name
-                        ):
+                        match = self.norm_reading(output, name)
+                        if match is not None:
                             if best is None or len(match.nodes) > len(best.nodes):
                                 best = match
                         next_frontier.append(output)
             frontier = next_frontier
         return best
 
+    def norm_reading(self, output: str, name: str) -> NormMatch | None:
+        """The norm with output ``output`` when it reads ``name``, or the channels of a
+        channel-first ``name`` (a last-axis norm of its :func:`channels_last` Transpose, whose
+        output then stays channels-last: the last block of SqueezeBERT); else None."""
+        match = self.norm_ending_at(output)
+        if match is None:
+            return None
+        source = self.strip_casts(match.input)
+        if source == self.strip_casts(name):
+            return match
+        node = self.producer(source)
+        rank = len(node.attr("perm") or ()) if node is not None else 0
+        if node is None or node.op_type != "Transpose" or node.input(0) != name:
+            return None
+        if tuple(node.attr("perm")) != channels_last(rank):
+            return None
+        return NormMatch(
+            match.kind,
+            name,
+            match.output,
+            match.gamma,
+            match.beta,
+            match.eps,
+            (node.label, *match.nodes),
+        )
+
     def norm_ending_at(self, name: str) -> NormMatch | None:
-        """The norm whose output is ``name`` (fused op or decomposed chain), else None."""
+        """The norm whose output is ``name`` (fused op or decomposed chain, or either between a
+        Transpose that moves the channels of a channel-first tensor last and its inverse,
+        :meth:`channel_norm`), else None."""
+        node = self.producer(self.strip_casts(name))
+        if node is not None and node.op_type == "Transpose":
+            return self.channel_norm(node, name)
+        return self.last_axis_norm(name)
+
+    def channel_norm(self, back: Node, name: str) -> NormMatch | None:
+        """A last-axis norm of ``Transpose(x)`` transposed back, ``name`` its output: for a
+        channel-first ``x`` (batch, channels, tokens...) the norm over its channels, as
+        SqueezeBERT's LayerNorm applies it (permute, LayerNorm, permute back); else None."""
+        inner = self.last_axis_norm(back.input(0))
+        forth = self.producer(self.strip_casts(inner.input)) if inner is not None else None
+        if inner is None or forth is None or forth.op_type != "Transpose":
+            return None
+        rank = len(back.attr("perm") or ())
+        if tuple(forth.attr("perm") or ()) != channels_last(rank) or tuple(
+            back.attr("perm") or ()
+        ) != channels_first(rank):
+            return None
+        nodes = (forth.label, *inner.nodes, back.label)
+        return NormMatch(
+            inner.kind, forth.input(0), name, inner.gamma, inner.beta, inner.eps, nodes
+        )
+
+    def last_axis_norm(self, name: str) -> NormMatch | None:
+        """The norm over the last axis whose output is ``name``, else None."""
         output, passed = name, []
         node = self.producer(self.strip_casts(name))
         if node is None:
@@ -178,6 +239,27 @@ class NormMatcher(GraphWalker):
         if kind == "rmsnorm" and beta is not None:
             return None
         return NormMatch(kind, x, output, gamma, beta, eps, tuple(nodes) + tuple(reversed(passed)))
+
+    def split_norms(self, concat: Node) -> tuple[str, NormMatch] | None:
+        """``(tensor split, first norm)`` for a ``Concat`` that joins, in order, one last-axis norm
+        of each output of one ``Split`` along the same axis, which is not the last: per-head
+        norms (StableLM's ``qk_layernorm``: the heads split apart, each normalised with its own γ,
+        joined again). Every entry keeps its place, so the ``Concat`` is a step from the ``Split``
+        input; else None.
+        """
+        found = [self.norm_ending_at(operand) for operand in concat.inputs]
+        norms = [norm for norm in found if norm is not None]
+        if not norms or len(norms) != len(found):
+            return None
+        split = self.producer(self.strip_casts(norms[0].input))
+        rank = len(self.context.shape(concat.outputs[0]) or ())
+        if split is None or split.op_type != "Split" or not rank:
+            return None
+        axes = {int(node.attr("axis", 0)) % rank for node in (split, concat)}
+        inputs = tuple(self.strip_casts(norm.input) for norm in norms)
+        if len(axes) != 1 or axes == {rank - 1} or inputs != tuple(split.outputs):
+            return None
+        return split.input(0), norms[0]
 
     def skip_sum(self, node: Node) -> str:
         """The sum ``input + skip (+ bias)`` of a fused skip norm: its optional fourth output.

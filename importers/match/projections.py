@@ -1,8 +1,9 @@
 """Projections of an attention block: from an attention operand back to its Q/K/V projection, and
 from the attention output forward to W_O.
 
-A projection is ``MatMul`` with a constant weight (+ bias ``Add``), ``Gemm``, ``FusedMatMul``, or
-``DynamicQuantizeLinear``→``MatMulInteger``; the walk back passes head-split layout ops, scalar
+A projection is ``MatMul`` with a constant weight (+ bias ``Add``), ``Gemm``, ``FusedMatMul``,
+``DynamicQuantizeLinear``→``MatMulInteger``, or the same product in another form
+(:mod:`importers.match.linear_forms`: ``Einsum``, a 1×1 ``Conv`` of a channel-first stream); the walk back passes head-split layout ops, scalar
 scaling and rotary embeddings, recorded as :class:`Step` s of a :class:`Trace` for the layout
 probe (:mod:`importers.match.layout`).
 
@@ -13,6 +14,11 @@ Q/K normalisation (Qwen3's per-head RMSNorm, OLMo-2's over the whole projection)
 norm (:mod:`importers.match.norms`) between the projection and the scores of Q or K is a step from
 its input. It moves no entry, so the layout probe passes it unchanged; but the scores are then no
 longer bilinear in the stream, which the block's notes say (W_Q and W_K are read before it).
+
+Per-head Q/K norms (StableLM's ``qk_layernorm``): the heads split apart by a ``Split``, each
+normalised with its own γ and joined again by a ``Concat`` in order
+(:meth:`~importers.match.norms.NormMatcher.split_norms`), are one step from the ``Split`` input,
+passed and noted like a norm.
 
 Clipping (OLMo's ``clip_qkv``: ``Clip`` of the Q, K and V projections to constant bounds) is a step
 from its input too, recorded on the trace: on Q or K it changes only how A is computed (a note);
@@ -36,6 +42,7 @@ from importers.graph import GraphIndex, Node, ShapeContext
 from importers.graph.kv_cache import cache_view
 from importers.match.codes import RejectCode, projection_code
 from importers.match.limits import MAX_WALK
+from importers.match.linear_forms import conv_linear, einsum_linear
 from importers.match.norms import NormMatcher
 from importers.match.results import LinearMatch
 from importers.match.rotary import RotaryMatcher
@@ -48,6 +55,8 @@ _LAYOUT_OPS = frozenset(
 )
 _MERGE_OPS = frozenset("Transpose Reshape Flatten Squeeze Unsqueeze Identity Cast Dropout".split())
 _LINEAR_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul"})
+#: Projections of other linear forms (:mod:`importers.match.linear_forms`).
+_OTHER_FORMS = {"Einsum": einsum_linear, "Conv": conv_linear}
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,13 @@ class ProjectionFinder(NormMatcher):
                 steps.append(Step(node, source, name, skip=True))
                 name = source
                 continue
+            qk_concat = op == "Concat" and role in ("Q", "K") and not norm_text
+            per_head = self.split_norms(node) if qk_concat else None
+            if per_head is not None:
+                norm_text = f"per-head {per_head[1].kind} {node.label!r}"
+                steps.append(Step(node, per_head[0], name, skip=True))
+                name = per_head[0]
+                continue
             bounds = self.clip_bounds(node) if op == "Clip" and not clipped else None
             if bounds is not None:
                 clipped = f"Clip {node.label!r} to [{bounds[0]:.6g}, {bounds[1]:.6g}]"
@@ -226,6 +242,11 @@ class ProjectionFinder(NormMatcher):
             return None
         if node.op_type in _LINEAR_OPS:
             return self.linear_from_matmul(node, name, role)
+        if node.op_type in _OTHER_FORMS:
+            weight = self.const(node.input(1))
+            if weight is None or self.const(node.input(0)) is not None:
+                return None
+            return _OTHER_FORMS[node.op_type](node, weight, name)
         if node.op_type == "MatMulNBits":
             return self.linear_from_nbits(node, name, role)
         if node.op_type == "Mul":
@@ -402,7 +423,7 @@ class ProjectionFinder(NormMatcher):
     def output_linear_at(self, user: Node, name: str) -> LinearMatch | None:
         """W_O when ``user`` starts a projection of ``name`` (else None)."""
         end: str | None
-        if user.op_type in (*_LINEAR_OPS, "MatMulNBits") and user.input(0) == name:
+        if user.op_type in (*_LINEAR_OPS, *_OTHER_FORMS, "MatMulNBits") and user.input(0) == name:
             end = user.outputs[0]
         elif user.op_type == "DynamicQuantizeLinear" and user.input(0) == name:
             end = self.integer_matmul_end(user)

@@ -73,6 +73,11 @@ class LinearMatch:
     or ``"matmul_nbits"`` (onnxruntime's block-quantised ``MatMulNBits``: ``weight`` holds the packed
     ``bits``-bit codes in blocks of ``block_size`` along the input axis, see :mod:`importers.nbits`).
     ``transpose`` says the stored weight is (out, in); ``alpha``/``beta`` are Gemm's factors.
+    ``"einsum"`` and ``"conv"`` (:mod:`importers.match.linear_forms`) are the same product with the
+    features elsewhere: ``in_axes`` trailing input axes contracted, the output features shaped
+    ``out_dims`` (empty: ``(d_out,)``), the stored weight's axes ``weight_axes`` (contracted, then
+    kept), or the features on ``channel_axis`` (-1: the last) with ``groups`` block-diagonal
+    kernels.
     """
 
     kind: str
@@ -90,6 +95,11 @@ class LinearMatch:
     bits: int = 0
     block_size: int = 0
     nodes: tuple[str, ...] = ()
+    out_dims: tuple[int, ...] = ()
+    in_axes: int = 1
+    weight_axes: tuple[int, ...] = ()
+    channel_axis: int = -1
+    groups: int = 1
 
 
 @dataclass(frozen=True)

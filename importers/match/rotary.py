@@ -7,7 +7,9 @@ embedding (GPT-NeoX, Phi, Phi-3, GPT-J: only the first ``rotary_dim`` columns of
 rotated) is a ``Concat`` of the rotated slice and the pass-through slice of the same head-split
 tensor; it is a step from that tensor when re-assembling a probe of it through the Concat's pieces
 (the rotary ``Add`` taken as identity) gives the tensor back unchanged
-(:meth:`RotaryMatcher.partial_rotary`). ONNX's and onnxruntime's ``RotaryEmbedding`` operators
+(:meth:`RotaryMatcher.partial_rotary`). The same re-assembly along the token axis (the scores'
+rows) is a rotary embedding applied to some tokens only (EVA rotates the patch tokens and
+concatenates the class token back unrotated). ONNX's and onnxruntime's ``RotaryEmbedding`` operators
 rotate in place (:meth:`RotaryMatcher.rotary_op`). :mod:`importers.match.projections` takes these
 steps; W_Q and W_K are the weights before the rotation.
 """
@@ -183,7 +185,7 @@ class RotaryMatcher(GraphWalker):
             return None
         axis = int(node.attr("axis", 0)) % assembled.ndim
         widths = [memo.get(part) for part, _ in rotated_parts]
-        if axis != assembled.ndim - 1 or any(w is None for w in widths):
+        if axis < assembled.ndim - 2 or any(w is None for w in widths):
             return None
         width = sum(int(w.shape[axis]) for w in widths if w is not None)
         styles = {
@@ -193,6 +195,13 @@ class RotaryMatcher(GraphWalker):
             if (producer := self.producer(name)) is not None
             and (match := self.rope_match(producer)) is not None
         }
+        if axis == assembled.ndim - 2:  # EVA: the patch tokens rotated, the class token not
+            return (
+                x,
+                f"full {'/'.join(sorted(styles))} on {width} of {assembled.shape[axis]} tokens "
+                f"(the others, such as a class token, are not rotated)",
+                None,
+            )
         if width == assembled.shape[-1]:  # Phi-3: the pass-through slice is empty
             return x, f"full {'/'.join(sorted(styles))}", None
         return (
@@ -201,6 +210,36 @@ class RotaryMatcher(GraphWalker):
             f"{assembled.shape[-1]} columns of each head",
             width,
         )
+
+    def rotated_copy(self, name: str, x: str) -> str:
+        """The rotary style when ``name`` is ``x`` rotated in place: reached back from ``name``
+        through value-preserving layout ops and at least one rotary ``Add``, and equal to ``x``
+        with those taken as identity (wav2vec2-conformer rotates the stream before its Q/K
+        projections); else ""."""
+        styles, current = [], name
+        for _ in range(MAX_WALK):
+            producer = self.producer(current)
+            if current == x or producer is None:
+                break
+            if producer.op_type in _ROTARY_PATH_OPS and producer.input(0):
+                current = producer.input(0)
+                continue
+            match = self.rope_match(producer)
+            if match is None:
+                return ""
+            styles.append(match[1])
+            current = match[0]
+        shape = self.context.shape(x)
+        if current != x or not styles or not shape:
+            return ""
+        probe = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape)
+        try:
+            value = self.reassemble(name, x, probe, {})
+        except (ValueError, TypeError, IndexError):
+            return ""
+        if value is None or value.shape != probe.shape or not (value == probe).all():
+            return ""
+        return "/".join(sorted(set(styles)))
 
     def reassemble(
         self, name: str, x: str, probe: np.ndarray, memo: dict[str, np.ndarray | None]

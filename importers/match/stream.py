@@ -35,7 +35,13 @@ from dataclasses import dataclass
 from importers.graph import Node
 from importers.match.coverage import is_attention_softmax
 from importers.match.limits import MAX_BRANCH_NODES, MAX_SUM_CHAIN, VIEW_FORWARD_DEPTH, VIEW_STEPS
-from importers.match.norms import SKIP_NORMS, SKIP_SUM_OUTPUT, NormMatcher
+from importers.match.norms import (
+    SKIP_NORMS,
+    SKIP_SUM_OUTPUT,
+    NormMatcher,
+    channels_first,
+    channels_last,
+)
 from importers.match.results import LinearMatch, NormMatch
 
 #: Ops that keep a tensor's values (dtype or layout only): the same stream.
@@ -208,6 +214,30 @@ class StreamMatcher(NormMatcher):
             )
         return None
 
+    def further_sublayers(self, output: str, streams: set[str], roles: dict[str, str]) -> str:
+        """The stream after the residual sub-layers that follow the MLP before the next
+        attention: more sums closing non-attention branches on it, each possibly after a norm of
+        the stream (a Conformer's macaron block: the convolution module, the second half-step
+        FFN, the layer's final LayerNorm and the next layer's first half-step FFN all lie between
+        two attentions); ``output`` itself where none follows (every other family)."""
+        passed: list[str] = []
+        for _ in range(MAX_SUM_CHAIN):
+            streams = streams | {output, self.view_source(output)}
+            total = self.mlp_residual(output, streams)
+            if total is None:
+                norm = self.norm_starting_at(output)
+                if norm is None:
+                    break
+                total = self.mlp_residual(norm.output, streams | {norm.output})
+                if total is None:
+                    break
+                passed.append(f"{norm.kind} {', '.join(norm.nodes)}")
+            passed.append(f"{total.node.op_type} {total.node.label!r}")
+            output = self.requested(total.output)
+        if passed:
+            roles["further sub-layers"] = "; ".join(passed)
+        return output
+
     def continues_on_sum(self, total: ResidualSum, norm: NormMatch, streams: set[str]) -> bool:
         """Whether the MLP residual adds its branch to the attention sum, not to the norm after it.
 
@@ -300,6 +330,10 @@ class StreamMatcher(NormMatcher):
         }
         try:
             result.update(self.trace_stream(branch, candidates, pre, roles))
+            if o.channel_axis != -1:
+                views = self.tokens_last(result, roles)
+                notes += views.pop("notes")
+                result.update(views)
         except StreamError as err:
             result["stream_error"] = str(err)
         norm_match = result["norm_match"]
@@ -308,6 +342,51 @@ class StreamMatcher(NormMatcher):
             roles["norm"] = f"{result['norm']}-LN {norm_match.kind}: {', '.join(norm_match.nodes)}"
         departures = ("branch-norm",) if branch_norm is not None else ()
         return {**result, "roles": roles, "notes": notes, "departures": departures}
+
+    def tokens_last(self, found: dict, roles: dict[str, str]) -> dict:
+        """The stream tensors of a block whose stream is channel-first, (batch, features,
+        tokens) (SqueezeBERT: W_O a 1×1 Conv writing the channels), as the graph's
+        (batch, tokens, features) views of them, the layout the audit's layers take; a tensor
+        the graph has no such view of is a :class:`StreamError`."""
+        keys = ("input_name", "input_base", "residual_name", "norm_output_name", "output_name")
+        views = {}
+        for key in keys:
+            if found.get(key) is None:
+                continue
+            view = self.channels_last_view(found[key])
+            if view is None:
+                raise StreamError(
+                    f"the stream is channel-first and {found[key]!r} has no (batch, tokens, "
+                    f"features) view in the graph"
+                )
+            views[key] = view
+        roles["channel-first stream"] = "layers read as the graph's (batch, tokens, features) views"
+        return views | {
+            "notes": (
+                "the residual stream is channel-first, (batch, features, tokens), its projections "
+                "1×1 convolutions (SqueezeBERT): the layers are read as the graph's (batch, "
+                "tokens, features) views of it",
+            )
+        }
+
+    def channels_last_view(self, name: str) -> str | None:
+        """The (batch, tokens, features) view of a channel-first stream tensor: the input of the
+        Transpose that made it, the output of one that reads it, or ``name`` itself when it is
+        the channels-last output of a norm of one (:meth:`norm_reading`); else None."""
+        node = self.producer(name)
+        rank = self.rank(name) or 0
+        if node is not None and node.op_type == "Transpose":
+            if tuple(node.attr("perm") or ()) == channels_first(rank):
+                return node.input(0)
+        for user in self.consumers(name):
+            if user.op_type == "Transpose" and user.input(0) == name:
+                if tuple(user.attr("perm") or ()) == channels_last(rank):
+                    return user.outputs[0]
+        norm = self.last_axis_norm(name)
+        source = self.producer(norm.input) if norm is not None else None
+        if source is not None and source.op_type == "Transpose":
+            return name if tuple(source.attr("perm") or ()) == channels_last(rank) else None
+        return None
 
     def trace_stream(
         self, branch: str, candidates: list[str], pre: NormMatch | None, roles: dict[str, str]
@@ -349,5 +428,7 @@ class StreamMatcher(NormMatcher):
             if mlp is not residual:
                 roles["MLP residual"] = f"{mlp.node.op_type} {mlp.node.label!r}"
             output = self.post_norm(mlp).output if post_ln else self.requested(mlp.output)
+            if not extra:
+                output = self.further_sublayers(output, streams, roles)
         found["output_name"] = self.in_layout_of(output, stream_in)
         return found

@@ -124,6 +124,27 @@ class GraphWalker:
                 frontier.extend(operand for operand in node.inputs if operand)
         return False
 
+    def input_free(self, name: str) -> bool:
+        """Whether the value of ``name`` is computed without reading a graph input's values (reads
+        of shapes do not count; past :data:`MAX_ANCESTRY` tensors, it is taken to read one)."""
+        data = {
+            tensor for tensor in self.index.graph_inputs if tensor not in self.index.initializers
+        }
+        frontier, seen = [name], set()
+        while frontier:
+            tensor = frontier.pop()
+            if tensor in data:
+                return False
+            node = self.producer(tensor)
+            if node is None or tensor in seen or self.const(tensor) is not None:
+                continue
+            seen.add(tensor)
+            if len(seen) > MAX_ANCESTRY:
+                return False
+            if node.op_type not in ("Shape", "Size"):
+                frontier.extend(operand for operand in node.inputs if operand)
+        return True
+
     def origin(self, name: str) -> str:
         """Where a tensor comes from, for messages (graph inputs it is computed from, if few)."""
         if name in self.index.graph_inputs:
