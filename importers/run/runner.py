@@ -43,7 +43,8 @@ from importers.graph import GraphInput, OnnxModel
 from importers.graph.index import uses_external_data
 from importers.graph.shapes import inferred_types
 from importers.run.batching import batch_count, call_size, calls, drop_filler, fixed_batch
-from importers.run.cuda import device_arrays, device_view, preload_cuda_libraries
+from importers.run.binding import BoundOutputs
+from importers.run.cuda import device_arrays, preload_cuda_libraries
 from importers.run.feeds import Inputs, check_feeds
 from importers.run.reductions import GraphExtension
 from importers.zoo import file_sha256
@@ -444,8 +445,14 @@ class Runner:
         wanted = [name for name in self.output_names if name in set(device_outputs)]
         keep = self._on_cuda and bool(wanted) and device_arrays() is not None
         self.on_device: frozenset[str] = frozenset(wanted if keep else ())
-        self._ortvalue = ort.OrtValue
-        self._host_buffers: dict[tuple[Any, ...], list[list[np.ndarray]]] = {}
+        self._bound = BoundOutputs(
+            self.session,
+            self.output_names,
+            self._run_options,
+            self._on_cuda,
+            self.on_device,
+            ort.OrtValue,
+        )
 
     def provenance(self) -> dict[str, Any]:
         """Every choice that affects the numbers: model, outputs, provider and session options."""
@@ -477,61 +484,9 @@ class Runner:
         return dict(zip(self.output_names, outputs, strict=True))
 
     def _run_bound(self, feeds: Mapping[str, np.ndarray], reuse: int) -> list[Any]:
-        """IOBinding: on CUDA, inputs copied to the GPU once and intermediates never leave it.
-
-        Outputs are computed where the model runs and copied to host memory once. With ``reuse``
-        (a count k) they are written straight into the host arrays of the k-th previous batch of
-        the same input shapes, k sets of arrays taking turns: fresh multi-megabyte arrays cost a
-        page fault per 4 KiB on first touch, which on an H100 made fetching DINOv2's Gram
-        matrices 3.4x slower than the copy itself.
-        """
-        binding = self.session.io_binding()
-        for name, array in feeds.items():
-            if self._on_cuda:
-                value = self._ortvalue.ortvalue_from_numpy(array, "cuda", 0)
-                binding.bind_ortvalue_input(name, value)
-            else:
-                binding.bind_cpu_input(name, array)
-        signature = tuple((name, array.shape, array.dtype.str) for name, array in feeds.items())
-        ring = self._host_buffers.get(signature, []) if reuse else []
-        buffers = ring[0] if ring and len(ring) >= reuse else None  # every set made: the oldest
-        device = "cuda" if self._on_cuda else "cpu"
-        for i, name in enumerate(self.output_names):
-            if buffers is None or name in self.on_device:
-                binding.bind_output(name, device, 0)
-            else:
-                out = buffers[i]
-                binding.bind_output(name, "cpu", 0, out.dtype, list(out.shape), out.ctypes.data)
-        if buffers is None:
-            self.session.run_with_iobinding(binding, self._run_options)
-        else:
-            try:
-                self.session.run_with_iobinding(binding, self._run_options)
-            except Exception:  # an output's shape changed after all: allocate afresh
-                self._host_buffers = {}
-                return self._run_bound(feeds, reuse)
-            self._host_buffers = {signature: [*ring[1:], buffers]}  # now the newest
-            self._fill_device_outputs(binding, buffers)
-            return buffers
-        outputs: list[Any]
-        if self.on_device:
-            outputs = [None] * len(self.output_names)
-            self._fill_device_outputs(binding, outputs, host=True)
-        else:
-            outputs = [np.ascontiguousarray(array) for array in binding.copy_outputs_to_cpu()]
-        if reuse:  # one input signature kept: memory stays ``reuse`` batches of outputs
-            self._host_buffers = {signature: [*ring, outputs]}
-        return outputs
-
-    def _fill_device_outputs(self, binding: Any, outputs: list[Any], host: bool = False) -> None:
-        """Put the :attr:`on_device` outputs of a bound run into ``outputs`` as CuPy views (and,
-        with ``host``, every other output as a host copy)."""
-        for i, (name, value) in enumerate(zip(self.output_names, binding.get_outputs(), strict=True)):
-            if name in self.on_device:
-                view = device_view(value)
-                outputs[i] = np.ascontiguousarray(value.numpy()) if view is None else view
-            elif host:
-                outputs[i] = np.ascontiguousarray(value.numpy())
+        """IOBinding (:class:`~importers.run.binding.BoundOutputs`): on CUDA, inputs copied to the
+        GPU once, intermediates never leaving it, :attr:`on_device` outputs kept there."""
+        return self._bound.run(feeds, reuse)
 
     def run(
         self,

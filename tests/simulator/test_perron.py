@@ -253,7 +253,7 @@ def test_the_targets_radius_is_the_largest_that_keeps_other_rows_below_the_tie()
 def test_the_schedule_estimate_finds_the_largest_nonperron_modulus() -> None:
     """The estimate that picks a head's disk (a heuristic, not a bound) is close to the largest
     non-Perron ``|λ − α|`` when that eigenvalue is well separated, with and without a shift."""
-    from simulator.perron import _nonperron_estimate
+    from simulator.doeblin import nonperron_estimate as _nonperron_estimate
 
     rng = np.random.default_rng(7)
     n = 40
@@ -274,23 +274,23 @@ def test_only_heads_left_undecided_by_the_first_squarings_are_estimated(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The estimate costs about two squarings a head: a head that the first disk certifies within
-    ``_HOPELESS_SQUARINGS`` squarings is never estimated, and the answer is still the dense one."""
-    from simulator import perron
+    ``HOPELESS_SQUARINGS`` squarings is never estimated, and the answer is still the dense one."""
+    from simulator import doeblin, perron
 
     estimated: list[np.ndarray] = []
-    estimate = perron._nonperron_estimate
+    estimate = doeblin.nonperron_estimate
 
     def recording(A: np.ndarray, shift: np.ndarray) -> np.ndarray:
         estimated.extend(A)
         return estimate(A, shift)
 
-    monkeypatch.setattr(perron, "_nonperron_estimate", recording)
+    monkeypatch.setattr(perron, "nonperron_estimate", recording)
     moderate = [spectra.attention_symmetric_scores(40, scale=s, rng=1) for s in (1.0, 1.5)]
     sharp = spectra.attention_symmetric_scores(40, scale=2.0, scores="psd", batch=(2,), rng=7)
     stack = np.concatenate([np.stack(moderate), sharp])
     eig_H = spectra_for_heads([0.3, -0.35], heads=4)
     radius = perron_targets(eig_H).radius
-    within = nonperron_radius(stack, squarings=perron._HOPELESS_SQUARINGS) < radius
+    within = nonperron_radius(stack, squarings=doeblin.HOPELESS_SQUARINGS) < radius
     assert within.tolist() == [True, True, False, False]
     assert (nonperron_radius(stack, squarings=0) >= radius).all()  # A itself certifies none
     assert_same_as_dense(stack, eig_H)
