@@ -27,14 +27,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from benchmarks.bench_runner import _repeated, _timed, available_providers
+from benchmarks.bench_runner import _repeated, _timed, available_providers, installed_models
 from importers import zoo
-from importers.graph import OnnxModel, load_model
+from importers.graph import OnnxModel
 from importers.run.audit import AuditOptions, measure, measure_session, open_model, prepare
 from importers.run.cuda import device_arrays, gpu_info
 from importers.run.feeds import Inputs
 from importers.run.runner import default_threads, plain_session
-from importers.run.sources import default_inputs
 
 __all__ = ["DeviceRates", "main", "rates"]
 
@@ -142,12 +141,7 @@ def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
     )
     print(HEADER)
     results = []
-    for name in args.models:
-        if zoo.model_status(name) not in ("installed", "cached"):
-            print(f"{name}: not installed or cached (skipped)")
-            continue
-        graph = load_model(zoo.lookup(name, allow_fetch=False).path)
-        inputs = default_inputs(graph.inputs, zoo.get_model(name))
+    for name, graph, inputs in installed_models(args.models):
         for provider in providers:
             for batch in args.batches:
                 result = rates(

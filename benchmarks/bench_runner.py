@@ -28,7 +28,7 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +45,7 @@ from importers.run.session import audit_session
 from importers.run.sources import default_inputs
 from importers.weights import block_weights
 
-__all__ = ["Throughput", "available_providers", "main", "throughput"]
+__all__ = ["Throughput", "available_providers", "installed_models", "main", "throughput"]
 
 VARIANTS = ("plain", "reduced", "scalars", "+attention")
 
@@ -136,6 +136,17 @@ def _audit_per_second(graph: OnnxModel, inputs: Inputs, provider: str, batch: in
     return inputs.batch_size / (time.perf_counter() - start)
 
 
+def installed_models(names: Sequence[str]) -> Iterator[tuple[str, OnnxModel, Inputs]]:
+    """``(name, graph, bundled inputs)`` of each named zoo model installed or cached here; a line
+    says which are skipped."""
+    for name in names:
+        if zoo.model_status(name) not in ("installed", "cached"):
+            print(f"{name}: not installed or cached (skipped)")
+            continue
+        graph = load_model(zoo.lookup(name, allow_fetch=False).path)
+        yield name, graph, default_inputs(graph.inputs, zoo.get_model(name))
+
+
 def _device(providers: Sequence[str]) -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg()[0]
@@ -164,12 +175,7 @@ def main(argv: Sequence[str] | None = None) -> list[Throughput]:
     )
     results = []
     audits: list[tuple[str, str, float]] = []
-    for name in args.models:
-        if zoo.model_status(name) not in ("installed", "cached"):
-            print(f"{name}: not installed or cached (skipped)")
-            continue
-        graph = load_model(zoo.lookup(name, allow_fetch=False).path)
-        inputs = default_inputs(graph.inputs, zoo.get_model(name))
+    for name, graph, inputs in installed_models(args.models):
         for provider in providers:
             for batch in args.batches:
                 result = throughput(

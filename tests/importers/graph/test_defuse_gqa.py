@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from importers.graph import model_from_proto
 from importers.match import find_attention_blocks
 from importers.weights import block_weights
+from tests.importers.graph.test_defuse import _run
 
 #: onnxruntime's CPU kernel needs a head size that is a multiple of 16.
 BATCH, SEQ, D_MODEL, HEADS, KV_HEADS, HEAD = 2, 6, 32, 4, 2, 16
@@ -132,16 +132,6 @@ def _feeds(
             [[1] * (past + n) + [0] * (SEQ - n) for n in lengths], dtype=np.int64
         ),
     }
-
-
-def _run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    return session.run(None, feeds)
 
 
 def _assert_same_outputs(
