@@ -69,6 +69,8 @@ def cache_view(index: GraphIndex, name: str, axis: int) -> tuple[str, int] | Non
         return None
     axis %= rank
     for kind, value in steps:
+        if kind == "Identity":
+            continue
         if kind == "Gather":
             assert isinstance(value, int)
             rank += 1
