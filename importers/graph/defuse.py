@@ -12,9 +12,17 @@ graph. Rewritten, each exactly as the onnxruntime contrib operator spec defines 
 
 - ``com.microsoft`` ``Attention``: ``num_heads``, ``qkv_hidden_sizes``, ``scale``,
   ``unidirectional``, ``mask_filter_value``; ``mask_index`` as key lengths (B), end and start
-  positions (2B), a raw 0/1 mask (B, T) or (B, S, T), or a dummy (1, 1)/(B, 1); ``attention_bias``.
+  positions (2B), a raw 0/1 mask (B, T) or (B, S, T), or a dummy (1, 1)/(B, 1); ``attention_bias``;
+  past state: ``past`` (2, B, N, P, H), keys ``Concat(past[0], K)`` and values
+  ``Concat(past[1], V)`` along the sequence, stacked into the ``present`` output.
 - ``com.microsoft`` ``MultiHeadAttention``: separate 3-D Q, K, V (+ packed ``bias``) or packed QKV
-  (B, T, N, 3, H); ``key_padding_mask`` as for ``Attention``; ``attention_bias``; ``unidirectional``.
+  (B, T, N, 3, H); ``key_padding_mask`` as for ``Attention``; ``attention_bias``; ``unidirectional``;
+  past state: ``past_key``/``past_value`` (B, N, P, H), the ``present_key``/``present_value``
+  outputs ``Concat(past, new)`` along the sequence.
+
+With past state the attention reads the present keys and values (so the past inputs are key/value
+cache inputs, :mod:`importers.graph.kv_cache`, fed empty by the audit) and the causal mask is
+bottom-right (query i at position P + i), as onnxruntime's kernels compute it.
 - ONNX ``Attention`` (opset 23): 3-D or 4-D Q, K, V, grouped key/value heads, boolean or additive
   ``attn_mask``, ``is_causal``, ``scale``.
 - ``com.microsoft`` ``GroupQueryAttention`` (onnxruntime-genai's decoders): packed or separate
@@ -23,8 +31,9 @@ graph. Rewritten, each exactly as the onnxruntime contrib operator spec defines 
 - ``com.microsoft`` ``RelativePositionBias`` (T5's bucketed position bias, which onnxruntime's CPU
   provider cannot run).
 
-Anything else (past/present state or rotary inside the other operators, ONNX's softcap, 4-D
-Megatron masks, ...) is declined: the node stays fused and :class:`Declined` says, in one line,
+Anything else (a shared past/present buffer or ``past_sequence_length``, beam search's
+``cache_indirection``, past state on MultiHeadAttention's packed QKV, rotary inside ``Attention``,
+ONNX's softcap and past state, 4-D Megatron masks, ...) is declined: the node stays fused and :class:`Declined` says, in one line,
 which feature stopped it.
 
 Public API
