@@ -19,6 +19,11 @@ Per family it writes, under ``<out>/<family>/`` (each ONNX file finally compress
   shipped for generation: key/value cache inputs ``past_key_values.*``, ``present.*`` outputs,
   logits), for a few decoders; its truth is the family's, whose feeds then include the empty
   caches (the model audited at past length 0 is the model without a cache);
+* ``optimized_with_past.onnx`` — onnxruntime's transformer optimizer (as for ``optimized.onnx``)
+  of ``with_past.onnx``, for GPT-2 and Llama (onnxruntime 1.32 fuses no attention of these graphs:
+  only the norms, GELU and, at opt level 0, the rotary embedding), and ``fp16_with_past.onnx``, its
+  float16 conversion, for Llama, with ``truth_fp16_with_past.npz`` (the weights rounded to float16,
+  the empty caches among the feeds);
 * ``merged.onnx`` — the decoder without a cache (``present.*`` outputs, no past inputs) and the
   ``with_past`` one merged by optimum's ``merge_decoders`` into one graph with an ``If`` on
   ``use_cache_branch`` (the ``decoder_model_merged.onnx`` of older optimum exports), for GPT-2;
@@ -100,6 +105,12 @@ NBITS_BLOCK = 16
 #: 95 kB compressed and the corpus has a 20 MiB limit).
 WITH_PAST_FAMILIES = frozenset({"gpt2", "llama", "phi3"})
 WITH_PAST_TASK = "text-generation-with-past"
+#: ``with_past`` files also run through onnxruntime's optimizer (``optimized_with_past``; about
+#: 95 kB compressed each), and of those also converted to float16 (``fp16_with_past``, 55 kB).
+#: Phi-3's reads as Llama's does; at opt level 0 (or for the GPU) the optimizer also fuses the
+#: rotary embedding, with cos/sin caches of 131072 positions (2.9 MB compressed: not kept).
+OPTIMIZED_WITH_PAST_FAMILIES = frozenset({"gpt2", "llama"})
+FP16_WITH_PAST_FAMILIES = frozenset({"llama"})
 #: Decoders also built by onnxruntime-genai's model builder (``genai_fp32``, ``genai_int4``:
 #: ``GroupQueryAttention`` with its KV cache and rotary caches, ``SkipSimplifiedLayerNormalization``,
 #: 4-bit ``MatMulNBits`` for int4), each from its own ``*ForCausalLM`` of d_model
@@ -1973,6 +1984,49 @@ def _with_past_variant(corpus: Corpus, family: Family, model: nn.Module, truth_f
             LEGACY_OPSET,
             path,
             truth=truth_file,
+            task=WITH_PAST_TASK,
+        )
+        _optimized_with_past(corpus, family, model, path, truth_file)
+
+
+def _optimized_with_past(
+    corpus: Corpus, family: Family, model: nn.Module, source: Path, truth_file: str
+) -> None:
+    """``optimized_with_past`` (the optimizer on ``with_past.onnx``) and ``fp16_with_past`` (its
+    float16 conversion, with ``truth_fp16_with_past.npz``: the float truth's feeds, the empty
+    caches among them, and the model with its weights rounded as the file rounds them)."""
+    if family.name not in OPTIMIZED_WITH_PAST_FAMILIES:
+        return
+    folder = corpus.out / family.name
+    origin = {"derived_from": source.name, "task": WITH_PAST_TASK}
+    path = folder / "optimized_with_past.onnx"
+    if not _attempt(corpus, family, "optimized_with_past", lambda: optimize(family, source, path)):
+        return
+    corpus.add(
+        family,
+        "optimized_with_past",
+        "optimum+ort-optimizer",
+        LEGACY_OPSET,
+        path,
+        truth=truth_file,
+        optimizer_model_type=family.optimizer,
+        **origin,
+    )
+    if family.name not in FP16_WITH_PAST_FAMILIES:
+        return
+    fp16 = folder / "fp16_with_past.onnx"
+    if _attempt(corpus, family, "fp16_with_past", lambda: to_float16(path, fp16)):
+        fake = dequantised_model(model, path, float16_weights(fp16))
+        arrays = truth(family, fake, sample_feeds(family))  # the empty caches among the feeds
+        name = _save_truth(folder / "truth_fp16_with_past.npz", arrays)
+        corpus.add(
+            family,
+            "fp16_with_past",
+            "optimum+ort-optimizer+float16",
+            LEGACY_OPSET,
+            fp16,
+            truth=f"{family.name}/{name}",
+            derived_from=path.name,
             task=WITH_PAST_TASK,
         )
 

@@ -12,9 +12,17 @@ graph. Rewritten, each exactly as the onnxruntime contrib operator spec defines 
 
 - ``com.microsoft`` ``Attention``: ``num_heads``, ``qkv_hidden_sizes``, ``scale``,
   ``unidirectional``, ``mask_filter_value``; ``mask_index`` as key lengths (B), end and start
-  positions (2B), a raw 0/1 mask (B, T) or (B, S, T), or a dummy (1, 1)/(B, 1); ``attention_bias``.
+  positions (2B), a raw 0/1 mask (B, T) or (B, S, T), or a dummy (1, 1)/(B, 1); ``attention_bias``;
+  past state: ``past`` (2, B, N, P, H), keys ``Concat(past[0], K)`` and values
+  ``Concat(past[1], V)`` along the sequence, stacked into the ``present`` output.
 - ``com.microsoft`` ``MultiHeadAttention``: separate 3-D Q, K, V (+ packed ``bias``) or packed QKV
-  (B, T, N, 3, H); ``key_padding_mask`` as for ``Attention``; ``attention_bias``; ``unidirectional``.
+  (B, T, N, 3, H); ``key_padding_mask`` as for ``Attention``; ``attention_bias``; ``unidirectional``;
+  past state: ``past_key``/``past_value`` (B, N, P, H), the ``present_key``/``present_value``
+  outputs ``Concat(past, new)`` along the sequence.
+
+With past state the attention reads the present keys and values (so the past inputs are key/value
+cache inputs, :mod:`importers.graph.kv_cache`, fed empty by the audit) and the causal mask is
+bottom-right (query i at position P + i), as onnxruntime's kernels compute it.
 - ONNX ``Attention`` (opset 23): 3-D or 4-D Q, K, V, grouped key/value heads, boolean or additive
   ``attn_mask``, ``is_causal``, ``scale``.
 - ``com.microsoft`` ``GroupQueryAttention`` (onnxruntime-genai's decoders): packed or separate
@@ -23,8 +31,9 @@ graph. Rewritten, each exactly as the onnxruntime contrib operator spec defines 
 - ``com.microsoft`` ``RelativePositionBias`` (T5's bucketed position bias, which onnxruntime's CPU
   provider cannot run).
 
-Anything else (past/present state or rotary inside the other operators, ONNX's softcap, 4-D
-Megatron masks, ...) is declined: the node stays fused and :class:`Declined` says, in one line,
+Anything else (a shared past/present buffer or ``past_sequence_length``, beam search's
+``cache_indirection``, past state on MultiHeadAttention's packed QKV, rotary inside ``Attention``,
+ONNX's softcap and past state, 4-D Megatron masks, ...) is declined: the node stays fused and :class:`Declined` says, in one line,
 which feature stopped it.
 
 Public API
@@ -117,24 +126,37 @@ def _mask_form(facts: Facts, mask: str, batch: int) -> str | None:
 
 
 def _mask_biases(
-    em: Emitter, node: Node, facts: Facts, mask: str, queries: str, keys: str
+    em: Emitter,
+    node: Node,
+    facts: Facts,
+    mask: str,
+    queries: str,
+    keys: tuple[str, int],
+    past: bool = False,
 ) -> list[str]:
-    """The additive biases of a contrib op: key mask, causal mask, ``attention_bias``."""
+    """The additive biases of a contrib op: key mask, causal mask, ``attention_bias``.
+
+    ``keys``: a batch-first tensor of the keys and its sequence axis; with a ``past`` the causal
+    mask is bottom-right (query i at position P + i).
+    """
     filler = float(node.attr("mask_filter_value", -10000.0))
     batch = (facts.shape(queries) or (BATCH,))[0]
     form = _mask_form(facts, mask, batch)
-    biases = [] if form in (None, "dummy") else [em.key_mask_bias(mask, form, keys, filler)]
+    biases = []
+    if form not in (None, "dummy"):
+        biases.append(em.key_mask_bias(mask, form, keys[0], filler, keys[1]))
     if node.attr("unidirectional", 0):
-        biases.append(em.causal_bias((queries, 1), (keys, 1), float(np.finfo(em.dtype).min)))
+        lowest = float(np.finfo(em.dtype).min)
+        biases.append(em.causal_bias((queries, 1), keys, lowest, bottom_right=past))
     if node.input(5):
         biases.append(node.input(5))
     return biases
 
 
 def _contrib_attention(node: Node, facts: Facts, softmax: str) -> Emitter:
-    """``com.microsoft`` ``Attention``: packed weights (D_in, D_q + D_k + D_v) sliced per role."""
-    refuse_inputs(node, {4: "with past state", 6: "with past state (past_sequence_length)"})
-    refuse_outputs(node, {1: "with a present state output"})
+    """``com.microsoft`` ``Attention``: packed weights (D_in, D_q + D_k + D_v) sliced per role;
+    with ``past`` (2, B, N, P, H) and/or the ``present`` output (:func:`_packed_present`)."""
+    refuse_inputs(node, {6: "with past state (past_sequence_length)"})
     refuse(node.attr("do_rotary", 0), "with rotary embedding inside the op (do_rotary)")
     refuse(node.attr("past_present_share_buffer", 0), "with past_present_share_buffer")
     weights = facts.constant(node.input(1))
@@ -164,11 +186,46 @@ def _contrib_attention(node: Node, facts: Facts, softmax: str) -> Emitter:
         )
         for i, role in enumerate("QKV")
     ]
-    q, k, v = _split_qkv(em, parts, heads)
-    biases = _mask_biases(em, node, facts, node.input(3), x, x)
-    context = em.attend(q, k, v, attention_scale(node, sizes[0] // heads), biases, softmax)
+    stateful = bool(node.input(4)) or _output(node, 1) != ""
+    if stateful:
+        q, k_t, v, keys = _packed_present(em, node, facts, parts, heads)
+    else:
+        (q, k_t, v), keys = _split_qkv(em, parts, heads), (x, 1)
+    biases = _mask_biases(em, node, facts, node.input(3), x, keys, past=stateful)
+    context = em.attend(q, k_t, v, attention_scale(node, sizes[0] // heads), biases, softmax)
     em.merge_heads(context, node.outputs[0])
     return em
+
+
+def _output(node: Node, position: int) -> str:
+    """The name of the node's output at ``position`` ("" when it has none)."""
+    return node.outputs[position] if len(node.outputs) > position else ""
+
+
+def _packed_present(
+    em: Emitter, node: Node, facts: Facts, parts: list[str], heads: int
+) -> tuple[str, str, str, tuple[str, int]]:
+    """Q (B, N, S, H), Kᵀ, V and (keys, 2) of ``Attention`` with past state, as onnxruntime
+    computes them: keys = ``Concat(past[0], K)``, values = ``Concat(past[1], V)`` along the
+    sequence, ``present`` = the two stacked (2, B, N, P + S, H)."""
+    past = node.input(4)
+    if past:
+        shape = facts.shape(past)
+        refuse(
+            shape is None or len(shape) != 5 or shape[0] != 2,
+            "with a past that is not (2, batch, heads, past, head size)",
+        )
+    q, k, v = (em.split_heads(part, heads, (0, 2, 1, 3)) for part in parts)
+    keys, values = (
+        em.present(em.gather(past, index) if past else "", new, "")
+        for index, new in enumerate((k, v))
+    )
+    present = _output(node, 1)
+    if present:
+        stacked = [em.op("Unsqueeze", [part, em.ints("axis", [0])]) for part in (keys, values)]
+        em.op("Concat", stacked, axis=0, output=present)
+    k_t = em.op("Transpose", [keys], perm=[0, 1, 3, 2])
+    return q, k_t, values, (keys, 2)
 
 
 def _split_qkv(em: Emitter, parts: list[str], heads: int) -> tuple[str, str, str]:
@@ -179,20 +236,19 @@ def _split_qkv(em: Emitter, parts: list[str], heads: int) -> tuple[str, str, str
 
 
 def _multi_head_attention(node: Node, facts: Facts, softmax: str) -> Emitter:
-    """``com.microsoft`` ``MultiHeadAttention`` without past state."""
+    """``com.microsoft`` ``MultiHeadAttention``, with ``past_key``/``past_value`` (B, N, P, H)
+    and/or the ``present_key``/``present_value`` outputs (:meth:`Emitter.present`)."""
     refuse_inputs(
         node,
         {
-            6: "with past state",
-            7: "with past state",
-            8: "with past state",
+            8: "with past state (past_sequence_length)",
             9: "with cache_indirection (beam search)",
         },
     )
-    refuse_outputs(
-        node,
-        {1: "with present state outputs", 2: "with present state outputs", 3: "with a qk output"},
-    )
+    refuse_outputs(node, {3: "with a qk output"})
+    past_key, past_value = node.input(6), node.input(7)
+    refuse(bool(past_key) != bool(past_value), "with a past key but no past value (or the reverse)")
+    stateful = bool(past_key) or any(_output(node, position) for position in (1, 2))
     heads, query = num_heads(node), node.input(0)
     em = Emitter(node.label, facts.float_dtype(query, "a query"))
     q_shape = facts.shape(query)
@@ -201,11 +257,12 @@ def _multi_head_attention(node: Node, facts: Facts, softmax: str) -> Emitter:
     if len(q_shape) == 5:  # packed QKV (B, T, N, 3, H)
         refuse(node.input(1) or node.input(2), "with packed QKV and separate key/value")
         refuse(node.input(3), "with packed QKV and a bias")
+        refuse(stateful, "with packed QKV and past state")
         packed = [em.gather(query, index, axis=3) for index in range(3)]
         q = em.op("Transpose", [packed[0]], perm=[0, 2, 1, 3])
         k = em.op("Transpose", [packed[1]], perm=[0, 2, 3, 1])
         v = em.op("Transpose", [packed[2]], perm=[0, 2, 1, 3])
-        head_size, keys = q_shape[4], query
+        head_size, keys = q_shape[4], (query, 1)
     else:
         key, value = node.input(1), node.input(2)
         ranks = [len(facts.shape(name) or ()) for name in (key, value)]
@@ -221,9 +278,15 @@ def _multi_head_attention(node: Node, facts: Facts, softmax: str) -> Emitter:
             )
             for i, (name, role) in enumerate(zip((query, key, value), "QKV", strict=True))
         ]
-        q, k, v = _split_qkv(em, parts, heads)
-        head_size, keys = width // heads, key
-    biases = _mask_biases(em, node, facts, node.input(4), query, keys)
+        head_size = width // heads
+        if stateful:
+            q, k, v = (em.split_heads(part, heads, (0, 2, 1, 3)) for part in parts)
+            k = em.present(past_key, k, _output(node, 1))
+            v = em.present(past_value, v, _output(node, 2))
+            keys, k = (k, 2), em.op("Transpose", [k], perm=[0, 1, 3, 2])
+        else:
+            (q, k, v), keys = _split_qkv(em, parts, heads), (key, 1)
+    biases = _mask_biases(em, node, facts, node.input(4), query, keys, past=stateful)
     context = em.attend(q, k, v, attention_scale(node, head_size), biases, softmax)
     em.merge_heads(context, node.outputs[0])
     return em

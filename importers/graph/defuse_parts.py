@@ -251,28 +251,55 @@ class Emitter:
         """``value`` where ``condition`` holds, else 0 (the computation's float type)."""
         return self.op("Where", [condition, self.scalar("masked", value), self.scalar("kept", 0.0)])
 
-    def causal_bias(self, queries: tuple[str, int], keys: tuple[str, int], value: float) -> str:
-        """(S, T) bias: ``value`` where key position j > query position i (upper-left causal).
+    def causal_bias(
+        self,
+        queries: tuple[str, int],
+        keys: tuple[str, int],
+        value: float,
+        *,
+        bottom_right: bool = False,
+    ) -> str:
+        """(S, T) bias: ``value`` where key position j > query position i (upper-left causal), or
+        with ``bottom_right`` where j > i + T − S (query i at position P + i after a past of
+        P = T − S keys; the same mask at past length 0).
 
         ``queries`` and ``keys`` are (tensor, its sequence axis).
         """
+        key_positions = self.op("Unsqueeze", [self.positions(*keys), self.ints("axis", [0])])
+        query_positions = self.positions(*queries)
+        if bottom_right:
+            past = self.op(
+                "Sub",
+                [
+                    self.gather(self.op("Shape", [keys[0]]), [keys[1]]),
+                    self.gather(self.op("Shape", [queries[0]]), [queries[1]]),
+                ],
+            )
+            query_positions = self.op("Add", [query_positions, past])
         later = self.op(
             "Greater",
-            [
-                self.op("Unsqueeze", [self.positions(*keys), self.ints("axis", [0])]),
-                self.op("Unsqueeze", [self.positions(*queries), self.ints("axis", [1])]),
-            ],
+            [key_positions, self.op("Unsqueeze", [query_positions, self.ints("axis", [1])])],
         )
         return self.where_bias(later, value)
 
-    def key_mask_bias(self, mask: str, form: str, keys: str, value: float) -> str:
+    def present(self, past: str, new: str, output: str) -> str:
+        """Keys or values (B, N, P + S, H) after a past: ``Concat(past, new)`` along the sequence
+        (``new`` without a past), written to ``output`` when it is not ""."""
+        if past:
+            return self.op("Concat", [past, new], axis=2, output=output)
+        return self.op("Identity", [new], output=output) if output else new
+
+    def key_mask_bias(
+        self, mask: str, form: str, keys: str, value: float, key_axis: int = 1
+    ) -> str:
         """The additive bias of an onnxruntime key mask (``value`` at masked keys, else 0).
 
         ``form`` (:data:`MASK_FORMS`): ``index`` (B,) key lengths — keys at or after the length
         are masked — or (2B,) end positions then start positions — keys before the start masked
         too (told apart at run time: the start is read from the mask padded with B zeros);
         ``keys`` (B, T) and ``queries_keys`` (B, S, T) — entries ≤ 0 are masked. Returns shape
-        (B, 1, 1, T) or (B, 1, S, T).
+        (B, 1, 1, T) or (B, 1, S, T). ``keys``: a tensor of the keys, batch first, its sequence
+        axis ``key_axis``.
         """
         index = self.op("Cast", [mask], to=onnx.TensorProto.INT64)
         if form in ("keys", "queries_keys"):
@@ -287,7 +314,9 @@ class Emitter:
         twice = self.op("Mul", [batch, self.ints("two", [2])])
         end = self.op("Slice", [padded, self.ints("start", [0]), batch])
         start = self.op("Slice", [padded, batch, twice])
-        position = self.op("Unsqueeze", [self.positions(keys, 1), self.ints("axis", [0])])
+        position = self.op(
+            "Unsqueeze", [self.positions(keys, key_axis), self.ints("axis", [0])]
+        )
         masked = self.op(
             "Or",
             [

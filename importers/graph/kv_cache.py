@@ -8,7 +8,8 @@ the model without a cache, which is what the audit measures: the caches are inpu
 not structure.
 
 A *cache input* is a float graph input of rank 3 or more whose view, through ops that only permute
-its axes (``Identity``, ``Cast``, ``Transpose``), is an operand of a ``Concat`` along an axis the
+its axes (``Identity``, ``Cast``, ``Transpose``) or take one constant index of another axis
+(``Gather``: the keys or values of onnxruntime's packed (2, B, N, P, H) ``past``), is an operand of a ``Concat`` along an axis the
 input leaves open (a symbolic or unknown size: the past length), while another operand of that
 ``Concat`` is computed from the graph (not a constant, not another such input). Names are never
 used.
@@ -27,33 +28,33 @@ import numpy as np
 import onnx
 
 from importers.graph.index import GraphIndex
+from importers.graph.node import Node
 
 __all__ = ["cache_inputs", "cache_view"]
 
-#: Ops through which a cache input reaches its ``Concat`` with its axes at most permuted.
-_VIEW_OPS = frozenset({"Identity", "Cast", "Transpose"})
+#: Ops through which a cache input reaches its ``Concat`` with its axes at most permuted (or one
+#: of them indexed by a constant: the keys or values of a packed cache).
+_VIEW_OPS = frozenset({"Identity", "Cast", "Transpose", "Gather"})
 #: Views followed back from a ``Concat`` operand (an export has one or two).
 _MAX_VIEW_STEPS = 8
 
 
 def cache_view(index: GraphIndex, name: str, axis: int) -> tuple[str, int] | None:
     """``(graph input, its axis)`` when ``name`` is a view of a float graph input through
-    ``Identity``/``Cast``/``Transpose`` only, ``axis`` of ``name`` being that axis of the input;
+    ``Identity``/``Cast``/``Transpose`` and ``Gather`` s of one constant index (a packed
+    (2, B, N, P, H) cache's keys or values), ``axis`` of ``name`` being that axis of the input;
     else None (also for an initializer, or an axis outside the input's rank)."""
-    perms: list[list[int] | None] = []
+    steps: list[tuple[str, object]] = []  # nearest the Concat first
     for _ in range(_MAX_VIEW_STEPS):
         if name in index.graph_inputs:
             break
         node = index.producer(name)
         if node is None or node.op_type not in _VIEW_OPS or not node.input(0):
             return None
-        if node.op_type == "Transpose":
-            perm = node.attr("perm")
-            if perm is not None and not (
-                isinstance(perm, list) and all(isinstance(p, int) for p in perm)
-            ):
-                return None  # a malformed perm: no view this module can follow
-            perms.append(perm)
+        step = _view_step(index, node)
+        if step is None:
+            return None
+        steps.append(step)
         name = node.input(0)
     else:
         return None
@@ -63,16 +64,43 @@ def cache_view(index: GraphIndex, name: str, axis: int) -> tuple[str, int] | Non
     tensor = value_type.tensor_type
     if not tensor.HasField("shape") or not _is_float(tensor.elem_type):
         return None
-    rank = len(tensor.shape.dim)
+    rank = len(tensor.shape.dim) - sum(kind == "Gather" for kind, _ in steps)
     if rank < 3 or not -rank <= axis < rank:
         return None
     axis %= rank
-    for perm in perms:
-        order = list(range(rank))[::-1] if perm is None else perm
-        if sorted(order) != list(range(rank)):
+    for kind, value in steps:
+        if kind == "Identity":
+            continue
+        if kind == "Gather":
+            assert isinstance(value, int)
+            rank += 1
+            axis += int(axis >= value % rank)
+            continue
+        order = list(range(rank))[::-1] if value is None else value
+        if not isinstance(order, list) or sorted(order) != list(range(rank)):
             return None
         axis = order[axis]
     return name, axis
+
+
+def _view_step(index: GraphIndex, node: Node) -> tuple[str, object] | None:
+    """``("Transpose", perm or None)``, ``("Gather", axis)`` for one constant index, or
+    ``("Identity", None)``; None for a step that is no view (a malformed perm, indices that are
+    not one constant)."""
+    if node.op_type == "Transpose":
+        perm = node.attr("perm")
+        if perm is not None and not (
+            isinstance(perm, list) and all(isinstance(p, int) for p in perm)
+        ):
+            return None
+        return "Transpose", perm
+    if node.op_type == "Gather":
+        indices = index.constant_value(node.input(1)) if node.input(1) else None
+        axis = node.attr("axis", 0)
+        if indices is None or indices.ndim != 0 or not isinstance(axis, int):
+            return None
+        return "Gather", axis
+    return "Identity", None
 
 
 def _is_float(elem_type: int) -> bool:

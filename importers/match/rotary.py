@@ -10,7 +10,8 @@ tensor; it is a step from that tensor when re-assembling a probe of it through t
 (:meth:`RotaryMatcher.partial_rotary`). The same re-assembly along the token axis (the scores'
 rows) is a rotary embedding applied to some tokens only (EVA rotates the patch tokens and
 concatenates the class token back unrotated). ONNX's and onnxruntime's ``RotaryEmbedding`` operators
-rotate in place (:meth:`RotaryMatcher.rotary_op`). :mod:`importers.match.projections` takes these
+rotate in place (:meth:`RotaryMatcher.rotary_op`), also as the rotated piece of a partial rotary
+embedding (onnxruntime's optimizer fuses Phi-3's rotation of the sliced head into one). :mod:`importers.match.projections` takes these
 steps; W_Q and W_K are the weights before the rotation.
 """
 
@@ -106,6 +107,15 @@ class RotaryMatcher(GraphWalker):
         columns of each head (all when 0) by position, rotate-half or ``interleaved``; either way
         a value-preserving step for the layout probe, so W_Q and W_K are read before it.
         """
+        style = self.operator_style(node)
+        width = int(node.attr("rotary_embedding_dim", 0))
+        if width:
+            return f"partial {style} on the first {width} columns of each head (operator)", width
+        return f"full {style} (operator)", None
+
+    def operator_style(self, node: Node) -> str:
+        """``"interleaved"`` or ``"rotate-half"``: the rotation of a ``RotaryEmbedding`` operator
+        that only rotates (one that also scales is rejected)."""
         if float(node.attr("scale", 1.0)) != 1.0:
             raise RejectError(
                 RejectCode.ROTARY_SCALE,
@@ -113,11 +123,17 @@ class RotaryMatcher(GraphWalker):
                 f"plain rotation",
                 (node.label,),
             )
-        style = "interleaved" if int(node.attr("interleaved", 0)) else "rotate-half"
-        width = int(node.attr("rotary_embedding_dim", 0))
-        if width:
-            return f"partial {style} on the first {width} columns of each head (operator)", width
-        return f"full {style} (operator)", None
+        return "interleaved" if int(node.attr("interleaved", 0)) else "rotate-half"
+
+    def rotation(self, node: Node) -> tuple[str, str] | None:
+        """(x, style) when ``node`` rotates ``x`` in place: a decomposed rotary ``Add``
+        (:meth:`rope_match`) or a ``RotaryEmbedding`` operator (:meth:`rotary_op`; onnxruntime's
+        optimizer fuses Phi-3's rotation of the sliced head into one), else None."""
+        if node.op_type != "RotaryEmbedding":
+            return self.rope_match(node)
+        if not node.input(0) or int(node.attr("rotary_embedding_dim", 0)):
+            return None  # a partial operator inside a partial slice: its width is not the slice's
+        return node.input(0), self.operator_style(node)
 
     def partial_rotary(self, node: Node) -> tuple[str, str, int | None] | None:
         """(x, description, columns rotated per head) when the Concat ``node`` re-assembles ``x``
@@ -142,7 +158,7 @@ class RotaryMatcher(GraphWalker):
                 if producer.op_type in _ROTARY_PATH_OPS and producer.input(0):
                     name = producer.input(0)
                     continue
-                match = self.rope_match(producer)
+                match = self.rotation(producer)
                 if match is None:
                     break
                 rotated, name = True, match[0]
@@ -193,7 +209,7 @@ class RotaryMatcher(GraphWalker):
             for _, chain in rotated_parts
             for name, _ in chain
             if (producer := self.producer(name)) is not None
-            and (match := self.rope_match(producer)) is not None
+            and (match := self.rotation(producer)) is not None
         }
         if axis == assembled.ndim - 2:  # EVA: the patch tokens rotated, the class token not
             return (
@@ -270,7 +286,7 @@ class RotaryMatcher(GraphWalker):
                         axis=int(node.attr("axis", 0)),
                     )
             else:
-                match = self.rope_match(node)
+                match = self.rotation(node)
                 if match is not None:
                     result = self.reassemble(match[0], x, probe, memo)
         memo[name] = result

@@ -39,8 +39,9 @@ def takes_positions(spec: GraphInput) -> bool:
 
 
 def empty_cache(spec: GraphInput, rows: int) -> np.ndarray:
-    """The feed of a key/value cache input at past length 0: ``rows`` items, the past axis empty,
-    the other axes the sizes the graph fixes.
+    """The feed of a key/value cache input at past length 0: ``rows`` items (along the first open
+    axis other than the past one, else the first: onnxruntime's packed (2, B, N, P, H) ``past``
+    has its items second), the past axis empty, the other axes the sizes the graph fixes.
 
     Raises
     ------
@@ -48,10 +49,11 @@ def empty_cache(spec: GraphInput, rows: int) -> np.ndarray:
         An axis other than the items and the past is left open (its size cannot be known).
     """
     shape = []
+    items = _items_axis(spec)
     for axis, dim in enumerate(spec.shape):
         if axis == spec.past_axis:
             shape.append(0)
-        elif axis == 0:
+        elif axis == items:
             shape.append(rows)
         elif isinstance(dim, int):
             shape.append(dim)
@@ -61,6 +63,16 @@ def empty_cache(spec: GraphInput, rows: int) -> np.ndarray:
                 f"open; feed it in an .npz (`--inputs`) with axis {spec.past_axis} of size 0"
             )
     return np.zeros(shape, dtype=spec.dtype)
+
+
+def _items_axis(spec: GraphInput) -> int:
+    """The items axis of a cache input: its first open axis other than the past axis, else 0."""
+    open_axes = [
+        axis
+        for axis, dim in enumerate(spec.shape)
+        if axis != spec.past_axis and not isinstance(dim, int)
+    ]
+    return open_axes[0] if open_axes else 0
 
 
 def with_empty_caches(

@@ -212,6 +212,7 @@ def test_fused_attention_ops_are_named_as_the_reason(tmp_path, capsys):
                 ["y"],
                 domain="com.microsoft",
                 num_heads=2,
+                past_present_share_buffer=1,
             )
         ],
         "fused",
@@ -233,8 +234,11 @@ def test_fused_attention_ops_are_named_as_the_reason(tmp_path, capsys):
     onnx.save(model, path)
     status, _, err = run_cli(capsys, "inspect", path)
     assert status == 1
-    # A fused Attention is defused into standard ONNX; one with past state is declined, by name.
-    assert_one_line_error(err, "no Softmax node", "fused com.microsoft Attention", "past state")
+    # A fused Attention is defused into standard ONNX (past state included); one sharing its
+    # past and present buffer is declined, by name.
+    assert_one_line_error(
+        err, "no Softmax node", "fused com.microsoft Attention", "past_present_share_buffer"
+    )
 
 
 # -- external data ----------------------------------------------------------------------------

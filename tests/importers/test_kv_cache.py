@@ -82,13 +82,28 @@ def test_every_block_notes_the_cache_it_reads_empty(file: str) -> None:
 
 
 def _concat_graph(
-    past_shape: list, axis: int, *, perm: list[int] | None = None, other: str = "computed"
+    past_shape: list,
+    axis: int,
+    *,
+    perm: list[int] | None = None,
+    other: str = "computed",
+    view: str = "",
 ) -> onnx.ModelProto:
-    """``Concat(view(past), x · W)`` along ``axis``: ``view`` a Transpose by ``perm`` (or none);
-    ``other="constant"`` concatenates a constant instead of the product."""
+    """``Concat(view(past), x · W)`` along ``axis``: ``view`` a Transpose by ``perm`` (or none),
+    after a ``Cast`` (``view="cast"``) or the ``Gather`` of index 1 along axis 0 (``"gather"``:
+    the values of onnxruntime's packed (2, B, N, P, H) past); ``other="constant"`` concatenates a
+    constant instead of the product."""
     nodes, past = [], "past"
+    if view == "cast":
+        nodes.append(helper.make_node("Cast", [past], ["past_c"], to=TensorProto.FLOAT))
+        past = "past_c"
+    if view == "gather":
+        index = helper.make_tensor("one", TensorProto.INT64, [], [1])
+        nodes.append(helper.make_node("Constant", [], ["index"], value=index))
+        nodes.append(helper.make_node("Gather", [past, "index"], ["past_g"], axis=0))
+        past = "past_g"
     if perm is not None:
-        nodes.append(helper.make_node("Transpose", ["past"], ["past_t"], perm=perm))
+        nodes.append(helper.make_node("Transpose", [past], ["past_t"], perm=perm))
         past = "past_t"
     weight = helper.make_tensor("W", TensorProto.FLOAT, [4, 4], np.eye(4, dtype=np.float32).ravel())
     nodes.append(helper.make_node("MatMul", ["x", "W"], ["new"]))
@@ -128,6 +143,24 @@ def test_a_cache_is_an_open_axis_concatenated_with_computed_keys(
     past_shape: list, axis: int, perm: list[int] | None, other: str, expected: dict
 ) -> None:
     model = model_from_proto(_concat_graph(past_shape, axis, perm=perm, other=other))
+    assert cache_inputs(model.index) == expected
+
+
+@pytest.mark.parametrize(
+    ("past_shape", "axis", "perm", "view", "expected"),
+    [
+        (["b", 1, "past", 4], 2, None, "cast", {"past": 2}),  # float16 graphs cast the cache
+        (["b", 1, 4, "past"], -2, [0, 1, 3, 2], "cast", {"past": 3}),
+        ([2, "b", 1, "past", 4], 2, None, "gather", {"past": 3}),  # a packed past's values
+        ([2, "b", 1, "past", 4], -2, None, "gather", {"past": 3}),
+        ([2, "b", 1, 4, "past"], 2, [0, 1, 3, 2], "gather", {"past": 4}),
+        ([2, "b", "past", 1, 4], 2, None, "gather", {}),  # axis 2 of the values: fixed
+    ],
+)
+def test_a_cache_is_found_through_casts_and_one_index_of_a_packed_past(
+    past_shape: list, axis: int, perm: list[int] | None, view: str, expected: dict
+) -> None:
+    model = model_from_proto(_concat_graph(past_shape, axis, perm=perm, view=view))
     assert cache_inputs(model.index) == expected
 
 

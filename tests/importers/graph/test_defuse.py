@@ -142,11 +142,15 @@ def test_contrib_attention_features_not_implemented_are_declined(
     assert "'fused'" in declined.line()
 
 
-def test_past_state_and_megatron_masks_are_declined_by_name() -> None:
+def test_a_past_of_fixed_length_and_megatron_masks_are_declined_by_name() -> None:
+    """A past state is defused (``test_defuse_past.py``), but one of a fixed length 3 is no
+    cache the audit can feed empty: the walk stops at its Concat, by name."""
     proto, _ = _contrib_attention("none")
-    proto.graph.node[0].input.append("past")  # input 4
+    node = proto.graph.node[0]
+    node.input.extend([""] * (5 - len(node.input)))
+    node.input[4] = "past"
     proto.graph.input.append(_value("past", [2, "batch", HEADS, 3, D_MODEL // HEADS]))
-    with pytest.raises(NoAttentionBlocksError, match="with past state: not defused"):
+    with pytest.raises(NoAttentionBlocksError, match=r"K projection not found.*reached Concat"):
         find_attention_blocks(model_from_proto(proto))
     proto, _ = _contrib_attention("keys")
     proto.graph.input[1].CopyFrom(_value("mask", ["batch", 1, 8, 8], TensorProto.INT32))

@@ -92,3 +92,71 @@ def test_a_rotary_operator_that_also_scales_is_declined_by_name() -> None:
         NoAttentionBlocksError, match=r"also scales by 0\.5; expected a plain rotation"
     ):
         find_attention_blocks(model_from_proto(proto))
+
+
+def _sliced_model(kept: int) -> tuple[object, dict[str, np.ndarray]]:
+    """onnxruntime's optimizer on Phi-3: the operator rotates the first ``D_HEAD - kept`` columns
+    of each head-split (B, N, S, H) Q/K, concatenated back with the other ``kept`` (Phi-3's full
+    rotary leaves that slice empty)."""
+    rng = np.random.default_rng(kept)
+    weights = {role: rng.normal(size=(D, D)).astype(np.float32) for role in "qkvo"}
+    g = SmallGraph()
+    width = D_HEAD - kept
+    angles = np.arange(POSITIONS)[:, None] * 0.3 ** np.arange(width // 2)[None, :]
+    cos, sin = g.const(np.cos(angles)), g.const(np.sin(angles))
+    heads = g.const([0, 0, HEADS, D_HEAD], np.int64)
+    axis, cut, end = (g.const([value], np.int64) for value in (3, width, 2**62))
+
+    def split(role: str) -> str:
+        projected = g.op("MatMul", "x", g.const(weights[role]))
+        return g.op("Transpose", g.op("Reshape", projected, heads), perm=[0, 2, 1, 3])
+
+    def rotated(role: str) -> str:
+        x = split(role)
+        g.count += 1
+        out = f"rope{g.count}"
+        g.nodes.append(
+            helper.make_node(
+                "RotaryEmbedding",
+                [g.op("Slice", x, g.const([0], np.int64), cut, axis), "position_ids", cos, sin],
+                [out],
+                domain="com.microsoft",
+                num_heads=HEADS,
+            )
+        )
+        return g.op("Concat", out, g.op("Slice", x, cut, end, axis), axis=-1)
+
+    k_t = g.op("Transpose", rotated("k"), perm=[0, 1, 3, 2])
+    scores = g.op("Mul", g.op("MatMul", rotated("q"), k_t), g.const(D_HEAD**-0.5))
+    positions = helper.make_tensor_value_info(
+        "position_ids", TensorProto.INT64, ["batch", "sequence"]
+    )
+    proto = g.model(
+        g.attend(scores, split("v"), weights["o"], D),
+        D,
+        opsets=[("", 17), ("com.microsoft", 1)],
+        inputs=[positions],
+        ir_version=10,
+    )
+    return proto, weights
+
+
+@pytest.mark.parametrize(("kept", "expected"), [(0, ("full", D_HEAD)), (2, ("partial", 2))])
+def test_a_rotary_operator_on_a_head_slice_is_a_rotary_embedding(kept, expected) -> None:
+    """Phi-3 after onnxruntime's optimizer (opt level 0): ``Concat(RotaryEmbedding(x[..., :w]),
+    x[..., w:])`` is a full (empty pass-through) or partial rotary embedding of x."""
+    proto, weights = _sliced_model(kept)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {
+        "x": np.random.default_rng(0).normal(size=(2, 5, D)).astype(np.float32),
+        "position_ids": np.tile(np.arange(5), (2, 1)).astype(np.int64),
+    }
+    assert np.all(np.isfinite(session.run(None, feeds)[0]))  # a graph onnxruntime runs
+    model = model_from_proto(proto)
+    report = find_attention_blocks(model)
+    assert not report.failures
+    (block,) = report.blocks
+    assert (block.rotary, block.rotary_width) == expected
+    read = block_weights(model, block)
+    for role in "qkvo":
+        np.testing.assert_allclose(getattr(read, f"W_{role.upper()}"), weights[role], rtol=1e-6)
