@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -16,6 +15,7 @@ from importers.graph import model_from_proto
 from importers.match import find_attention_blocks
 from importers.run.decoder_feeds import with_empty_caches
 from importers.weights import block_weights
+from tests.importers.graph.test_defuse import _run
 
 BATCH, SEQ, D_MODEL, HEADS, HEAD = 2, 5, 16, 4, 4
 MS = "com.microsoft"
@@ -94,16 +94,6 @@ def _feeds(op: str, past: int, mask: bool = False) -> dict[str, np.ndarray]:
         keys[1, :2] = 0
         feeds["attention_mask"] = keys
     return feeds
-
-
-def _run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    return session.run(None, feeds)
 
 
 OPS = ["Attention", "MultiHeadAttention"]

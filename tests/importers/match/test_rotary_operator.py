@@ -8,12 +8,13 @@ reports ``rotary`` full or partial with the rotated width.
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from importers.graph import model_from_proto
-from importers.match import NoAttentionBlocksError, find_attention_blocks
+from importers.graph import OnnxModel, model_from_proto
+from importers.match import AttentionBlock, NoAttentionBlocksError, find_attention_blocks
 from importers.weights import block_weights
 from tests.importers.small_graph import SmallGraph
 
@@ -66,10 +67,8 @@ def _model(width: int, interleaved: int, domain: str, **extra: float):
     return proto, weights
 
 
-@pytest.mark.parametrize("domain", ["", "com.microsoft"])
-@pytest.mark.parametrize(("width", "interleaved"), [(0, 0), (0, 1), (2, 0)])
-def test_a_rotary_operator_is_walked_and_reported(domain, width, interleaved) -> None:
-    proto, weights = _model(width, interleaved, domain)
+def _runs_and_matches(proto: onnx.ModelProto) -> tuple[OnnxModel, AttentionBlock]:
+    """The graph runs in onnxruntime (finite outputs) and has exactly one matched block."""
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = {
         "x": np.random.default_rng(0).normal(size=(2, 5, D)).astype(np.float32),
@@ -80,6 +79,14 @@ def test_a_rotary_operator_is_walked_and_reported(domain, width, interleaved) ->
     report = find_attention_blocks(model)
     assert not report.failures
     (block,) = report.blocks
+    return model, block
+
+
+@pytest.mark.parametrize("domain", ["", "com.microsoft"])
+@pytest.mark.parametrize(("width", "interleaved"), [(0, 0), (0, 1), (2, 0)])
+def test_a_rotary_operator_is_walked_and_reported(domain, width, interleaved) -> None:
+    proto, weights = _model(width, interleaved, domain)
+    model, block = _runs_and_matches(proto)
     assert (block.rotary, block.rotary_width) == (("partial", width) if width else ("full", D_HEAD))
     read = block_weights(model, block)
     for role in "qkvo":  # W_Q and W_K as they were before the rotation
@@ -146,16 +153,7 @@ def test_a_rotary_operator_on_a_head_slice_is_a_rotary_embedding(kept, expected)
     """Phi-3 after onnxruntime's optimizer (opt level 0): ``Concat(RotaryEmbedding(x[..., :w]),
     x[..., w:])`` is a full (empty pass-through) or partial rotary embedding of x."""
     proto, weights = _sliced_model(kept)
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    feeds = {
-        "x": np.random.default_rng(0).normal(size=(2, 5, D)).astype(np.float32),
-        "position_ids": np.tile(np.arange(5), (2, 1)).astype(np.int64),
-    }
-    assert np.all(np.isfinite(session.run(None, feeds)[0]))  # a graph onnxruntime runs
-    model = model_from_proto(proto)
-    report = find_attention_blocks(model)
-    assert not report.failures
-    (block,) = report.blocks
+    model, block = _runs_and_matches(proto)
     assert (block.rotary, block.rotary_width) == expected
     read = block_weights(model, block)
     for role in "qkvo":
