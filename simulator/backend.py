@@ -12,11 +12,13 @@ Public API
 array_module
     The NumPy-compatible module of an array (``numpy`` for host arrays).
 on_host
-    True for NumPy arrays (and anything NumPy converts without a device copy).
+    False for an array that declares a device (the array API, CUDA or DLPack protocols) and is
+    not NumPy's.
 to_numpy
     Any array as a NumPy array (a device array copied): for small records, uncounted.
 HostCopies
-    Moves arrays to the host and counts the bytes that crossed from a device.
+    Hands arrays to host code as NumPy, counting what it handed over and what crossed from a
+    device.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ __all__ = ["HostCopies", "array_module", "on_host", "to_numpy"]
 
 
 def on_host(array: Any) -> bool:
-    """True unless ``array`` belongs to a device library (its type is not defined by NumPy and
-    it has no ``__array__`` that NumPy could read without a device copy)."""
+    """True unless ``array`` belongs to a device library: not a NumPy array or scalar, and
+    declaring :data:`_DEVICE_MARKS` (Python numbers and sequences are host data)."""
     return not _is_device_array(array)
 
 
