@@ -15,8 +15,9 @@ loaded_cuda_libraries
     Which CUDA/cuDNN/cuBLAS shared objects this process has loaded, and from where.
 gpu_info
     GPU name, driver and memory from ``nvidia-smi``, when there is one.
-device_arrays
-    CuPy, when it is installed and sees a GPU (the ``gpu`` extra): outputs can then stay there.
+device_arrays, device_arrays_status
+    CuPy, when it is installed and sees a GPU (the ``gpu`` extra): outputs can then stay there;
+    and why not, in one line.
 device_view
     An onnxruntime output on the GPU as a CuPy array over the same memory (no copy).
 """
@@ -35,6 +36,7 @@ __all__ = [
     "DEVICE_ARRAYS_VARIABLE",
     "GPU_INSTALL_HINT",
     "device_arrays",
+    "device_arrays_status",
     "device_view",
     "gpu_info",
     "loaded_cuda_libraries",
@@ -113,19 +115,39 @@ def device_arrays() -> Any:
     and computes on them there (:mod:`simulator.backend`); without it they are copied to the host
     as before, and the runner's provenance says so (``kept_on_device``). The environment variable
     ``OVERSMOOTH_DEVICE_ARRAYS=0`` turns it off (the host path on a GPU, for comparison).
+    :func:`device_arrays_status` says why it is off.
     """
     if not _CUPY:
-        if os.environ.get(DEVICE_ARRAYS_VARIABLE, "1") == "0":
-            _CUPY.append(None)
-            return None
-        try:
-            import cupy
-
-            usable = cupy.cuda.runtime.getDeviceCount() > 0
-        except Exception:  # not installed, no driver, no device: the host path
-            usable = False
-        _CUPY.append(cupy if usable else None)
+        _CUPY.append(_probe_cupy()[0])
     return _CUPY[0]
+
+
+def device_arrays_status() -> str:
+    """One line for ``oversmooth doctor``: whether the audit's large outputs can stay on the GPU,
+    and if not, why and what fixes it."""
+    return _probe_cupy()[1]
+
+
+def _probe_cupy() -> tuple[Any, str]:
+    """``(cupy or None, the reason in words)``."""
+    if os.environ.get(DEVICE_ARRAYS_VARIABLE, "1") == "0":
+        return None, f"off ({DEVICE_ARRAYS_VARIABLE}=0): the audit copies its outputs to the host"
+    try:
+        import cupy
+    except ImportError:
+        return None, (
+            "CuPy is not installed: on a GPU the audit would copy its attention and Gram "
+            f"matrices to the host (fix: {GPU_INSTALL_HINT})"
+        )
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as err:  # no driver, no device: the host path
+        return None, f"CuPy {cupy.__version__} sees no GPU ({type(err).__name__})"
+    if count == 0:
+        return None, f"CuPy {cupy.__version__} sees no GPU"
+    return cupy, (
+        f"CuPy {cupy.__version__}: the audit keeps its attention and Gram matrices on the GPU"
+    )
 
 
 def device_view(value: Any) -> Any:

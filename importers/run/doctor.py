@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from importers.errors import RunnerError
-from importers.run.cuda import GPU_INSTALL_HINT, gpu_info, loaded_cuda_libraries
+from importers.run.cuda import (
+    GPU_INSTALL_HINT,
+    device_arrays_status,
+    gpu_info,
+    loaded_cuda_libraries,
+)
 from importers.run.runner import open_session
 from simulator.errors import one_line
 
@@ -42,6 +47,8 @@ class Diagnosis:
         Why CUDA cannot be used, in plain words (None when it can).
     fix : str or None
         The command that fixes it, when there is one.
+    device_arrays : str
+        Whether the audit's attention and Gram matrices can stay on the GPU (CuPy), and why not.
     """
 
     onnxruntime: str
@@ -51,6 +58,7 @@ class Diagnosis:
     libraries: dict[str, str] = field(default_factory=dict)
     cuda_reason: str | None = None
     fix: str | None = None
+    device_arrays: str = ""
 
 
 def _tiny_model() -> bytes:
@@ -111,4 +119,5 @@ def diagnose() -> Diagnosis:
         libraries=loaded_cuda_libraries(),
         cuda_reason=reason,
         fix=fix,
+        device_arrays=device_arrays_status(),
     )

@@ -49,4 +49,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"CUDA: not usable: {found.cuda_reason}")
         if found.fix:
             print(f"fix: {found.fix}")
+    print(f"device arrays: {found.device_arrays}")
     return 0

@@ -76,3 +76,17 @@ def test_cuda_libraries_are_preloaded_once_and_quietly(monkeypatch, capfd) -> No
     assert calls == [1]
     assert capfd.readouterr() == ("", "")
     cuda.preload_cuda_libraries(object())  # an onnxruntime without preload_dlls: nothing to do
+
+
+def test_doctor_says_whether_the_audit_outputs_can_stay_on_the_gpu(monkeypatch, capsys) -> None:
+    import importlib.util
+
+    from importers.run.cuda import DEVICE_ARRAYS_VARIABLE, device_arrays_status
+
+    assert main(["doctor"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("device arrays"))
+    if importlib.util.find_spec("cupy") is None:
+        assert "CuPy is not installed" in line
+        assert GPU_INSTALL_HINT in line
+    monkeypatch.setenv(DEVICE_ARRAYS_VARIABLE, "0")
+    assert device_arrays_status().startswith(f"off ({DEVICE_ARRAYS_VARIABLE}=0)")
