@@ -109,6 +109,24 @@ def numpy_metrics(hidden: np.ndarray, keep: np.ndarray) -> dict[str, np.ndarray]
 # -- hidden states: the audit's metrics against the NumPy forward pass ---------------------------
 
 
+def _assert_metrics(
+    got: dict[str, np.ndarray],
+    where: tuple[int | slice, int],
+    expected: dict[str, np.ndarray],
+    label: str,
+) -> None:
+    """Every metric's ``got[metric][where]`` equals ``expected[metric]`` to onnxruntime's
+    tolerance (``label`` says which layer or block)."""
+    for metric in METRICS:
+        assert_allclose(
+            got[metric][where],
+            expected[metric],
+            rtol=tol.ORT_RTOL,
+            atol=tol.ORT_ATOL,
+            err_msg=f"{metric} {label}",
+        )
+
+
 @pytest.mark.parametrize("name", FLOAT_VARIANTS)
 def test_audit_metrics_equal_those_of_a_numpy_forward_pass(model_dir: Path, name: str) -> None:
     assembly = _assembly(name)
@@ -118,14 +136,9 @@ def test_audit_metrics_equal_those_of_a_numpy_forward_pass(model_dir: Path, name
     keep = real_tokens(assembly)
     for layer, hidden in enumerate(trace.hidden):
         expected = numpy_metrics(hidden, keep)
-        for metric in METRICS:
-            assert_allclose(
-                result.metrics[metric][:, layer],
-                expected[metric],
-                rtol=tol.ORT_RTOL,
-                atol=tol.ORT_ATOL,
-                err_msg=f"{name}: {metric} at layer {layer}",
-            )
+        _assert_metrics(
+            result.metrics, (slice(None), layer), expected, f"of {name} at layer {layer}"
+        )
 
 
 @pytest.mark.parametrize("name", FLOAT_VARIANTS)
@@ -136,14 +149,12 @@ def test_attention_part_equals_the_numpy_stream_after_attention(model_dir: Path,
     keep = real_tokens(assembly)
     for block, mid in enumerate(forward_trace(assembly).after_attention):
         expected = numpy_metrics(mid, keep)
-        for metric in METRICS:
-            assert_allclose(
-                result.attention_part[metric][:, block],
-                expected[metric],
-                rtol=tol.ORT_RTOL,
-                atol=tol.ORT_ATOL,
-                err_msg=f"{name}: {metric} after block {block}'s attention",
-            )
+        _assert_metrics(
+            result.attention_part,
+            (slice(None), block),
+            expected,
+            f"of {name} after block {block}'s attention",
+        )
 
 
 def head_spectrum(block: ExpectedBlock, head: int) -> np.ndarray:
@@ -334,14 +345,7 @@ def test_padding_tokens_are_excluded(model_dir: Path, name: str) -> None:
         expected = all_metrics(hidden[0])
         padded = forward_trace(assembly).hidden[layer][item]
         with_padding = all_metrics(padded)
-        for metric in METRICS:
-            assert_allclose(
-                result.metrics[metric][item, layer],
-                float(expected[metric]),
-                rtol=tol.ORT_RTOL,
-                atol=tol.ORT_ATOL,
-                err_msg=f"{name}: {metric} at layer {layer}",
-            )
+        _assert_metrics(result.metrics, (item, layer), expected, f"of {name} at layer {layer}")
         # The check has teeth: counting the padding tokens changes the cosine.
         assert abs(float(with_padding["cosine"]) - float(expected["cosine"])) > tol.ORT_ATOL
 
@@ -355,14 +359,7 @@ def test_exclude_prefix_drops_the_first_tokens(model_dir: Path, prefix: int) -> 
     assert result.config.exclude_prefix == prefix
     for layer, hidden in enumerate(forward_trace(assembly).hidden):
         expected = numpy_metrics(hidden, keep)
-        for metric in METRICS:
-            assert_allclose(
-                result.metrics[metric][:, layer],
-                expected[metric],
-                rtol=tol.ORT_RTOL,
-                atol=tol.ORT_ATOL,
-                err_msg=f"{metric} at layer {layer}",
-            )
+        _assert_metrics(result.metrics, (slice(None), layer), expected, f"at layer {layer}")
 
 
 def test_exclude_prefix_true_drops_one_token_of_a_model_outside_the_zoo(model_dir: Path) -> None:
