@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from benchmarks.bench_runner import _repeated, _timed, available_providers, installed_models
 from importers import zoo
 from importers.graph import OnnxModel
-from importers.run.audit import AuditOptions, measure, measure_session, open_model, prepare
+from importers.run.audit import AuditOptions, measure, measure_session, prepare
 from importers.run.cuda import device_arrays, gpu_info
 from importers.run.feeds import Inputs
 from importers.run.runner import default_threads, plain_session
@@ -86,7 +86,7 @@ def rates(
     batches_per_audit: int,
 ) -> DeviceRates:
     """Plain, session and whole-audit inputs per second of one model at one batch size."""
-    ref, _ = open_model(name)
+    ref = zoo.lookup(name, allow_fetch=False)  # the graph is already parsed: not again
     items = _repeated(inputs, batch)
     options = AuditOptions(provider=provider, batch_size=batch, exclude_prefix=True)  # type: ignore[arg-type]
     quiet = AuditOptions(
