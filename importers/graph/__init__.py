@@ -13,7 +13,8 @@ index
 folding
     Constant folding of weight chains and ONNX array semantics (Reshape, Slice, Split, ...).
 shapes
-    :class:`ShapeContext`: static shapes and shape arithmetic under assumed batch/sequence sizes.
+    :class:`ShapeContext`: static shapes and shape arithmetic under assumed batch/sequence sizes
+    (:class:`ShapeBasis`: what the contexts at one pair of sizes share).
 node
     :class:`Node`: one node with its position.
 branches
@@ -43,7 +44,7 @@ from importers.graph.load import (
     model_from_proto,
 )
 from importers.graph.node import Node
-from importers.graph.shapes import ShapeContext
+from importers.graph.shapes import ShapeBasis, ShapeContext
 
 __all__ = [
     "SUPPORTED_OPSETS",
@@ -51,6 +52,7 @@ __all__ = [
     "GraphInput",
     "Node",
     "OnnxModel",
+    "ShapeBasis",
     "ShapeContext",
     "apply_slice",
     "apply_split",

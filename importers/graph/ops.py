@@ -112,7 +112,7 @@ _SAME_SHAPE = (
     "Abs Exp Log Not Clip LeakyRelu Softplus Round Floor Ceil LayerNormalization "
     "SimplifiedLayerNormalization RMSNormalization Dropout BatchNormalization HardSigmoid "
     "Elu Selu Sin Cos CumSum Sign Softsign HardSwish Mish Trilu QuantizeLinear DequantizeLinear "
-    "FastGelu BiasGelu QuickGelu RotaryEmbedding"
+    "FastGelu BiasGelu QuickGelu RotaryEmbedding ScatterND ScatterElements"
 ).split()
 _BROADCAST = (
     "Add Sub Mul Div Pow Where Equal Greater Less GreaterOrEqual LessOrEqual And Or Xor Max Min "

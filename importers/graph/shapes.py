@@ -2,6 +2,8 @@
 
 Public API
 ----------
+ShapeBasis
+    What every shape context at one pair of sizes shares (input sizes, the inference fallback).
 ShapeContext
     ``shape(name)`` and ``value(name)`` of any tensor, evaluated iteratively and memoised; a shape
     no rule gives comes from ONNX shape inference at the same sizes; None where neither knows.
@@ -30,7 +32,7 @@ from importers.graph.ops import OPS, fold
 from importers.graph.shape_rules import Shape
 from simulator.limits import check_elements
 
-__all__ = ["ShapeContext", "concrete_shapes", "inferred_types", "static_dims"]
+__all__ = ["ShapeBasis", "ShapeContext", "concrete_shapes", "inferred_types", "static_dims"]
 
 
 class _MissingDependencyError(Exception):
@@ -41,26 +43,110 @@ class _MissingDependencyError(Exception):
         self.request = request
 
 
-class ShapeContext:
-    """Static tensor shapes and small integer values, assuming concrete batch and sequence sizes.
+class ShapeBasis:
+    """What every shape context at one pair of assumed sizes shares, and nothing a caller pins.
 
-    Symbolic graph-input dimensions take ``batch`` (axis 0) or ``sequence`` (other axes) unless the
-    same symbol was seen before; the past axis of a key/value cache input
-    (:func:`~importers.graph.kv_cache.cache_inputs`) is 0, the length the audit feeds. Shapes may
-    also be pinned with :meth:`set_shape`. Evaluation is
-    iterative (no recursion) and memoised. A shape no rule here gives is taken from
-    :func:`concrete_shapes` (ONNX shape inference, run once, with the graph inputs pinned to the
-    same concrete sizes); None where neither knows.
+    The sizes, the past axes of key/value cache inputs, the size each symbolic input dimension
+    takes (bound once, in graph-input order, so that no query order decides it) and the ONNX
+    shape-inference fallback (:func:`concrete_shapes`, run at most once). All of it is a function
+    of the graph and the sizes alone; :meth:`context` opens a fresh :class:`ShapeContext` over it,
+    whose pins and memo are its own (the matcher opens one per match attempt).
     """
 
     def __init__(self, index: GraphIndex, *, batch: int, sequence: int) -> None:
         self.index = index
         self.batch = batch
         self.sequence = sequence
-        self._memo: dict[tuple[str, str], Any] = {}
-        self._symbols: dict[str, int] = {}
-        self._inferred: dict[str, tuple[int, ...]] | None = None
         self.cache_axes = cache_inputs(index)
+        self._symbols = _bind_symbols(index, batch, sequence)
+        self._inferred: dict[str, tuple[int, ...]] | None = None
+
+    def context(self) -> ShapeContext:
+        """A fresh shape context over this basis (no pins, empty memo)."""
+        return ShapeContext(self.index, batch=self.batch, sequence=self.sequence, basis=self)
+
+    def input_shape(self, name: str) -> tuple[int, ...] | None:
+        """The shape of graph input ``name`` at the assumed sizes (a cache's past axis 0).
+
+        Raises
+        ------
+        ImporterInputError
+            The declared size exceeds what any probe may hold (refused by name).
+        """
+        value_type = self.index.graph_inputs[name].type
+        if not value_type.HasField("tensor_type") or not value_type.tensor_type.HasField("shape"):
+            return None
+        dims = []
+        past = self.cache_axes.get(name)
+        for axis, dim in enumerate(value_type.tensor_type.shape.dim):
+            if axis == past:  # a key/value cache is audited empty (past length 0)
+                dims.append(0)
+            elif dim.HasField("dim_value"):
+                dims.append(int(dim.dim_value))
+            else:
+                default = self.batch if axis == 0 else self.sequence
+                dims.append(self._symbols.get(dim.dim_param, default))
+        # a declared size no probe could hold is refused here, by name, before anything is built
+        return check_elements(dims, f"graph input {name!r}", error=ImporterInputError)
+
+    def inferred_shape(self, name: str) -> tuple[int, ...] | None:
+        """Fallback for an op without a rule here: ONNX shape inference at the assumed sizes."""
+        if self._inferred is None:
+            pinned = {}
+            for name_ in self.index.graph_inputs:
+                shape = None if name_ in self.index.initializers else self.input_shape(name_)
+                if shape is not None:
+                    pinned[name_] = shape
+            self._inferred = concrete_shapes(self.index.graph, self.index.opset_import, pinned)
+        return self._inferred.get(name)
+
+
+def _bind_symbols(index: GraphIndex, batch: int, sequence: int) -> dict[str, int]:
+    """The size of each symbolic graph-input dimension: ``batch`` where the symbol first appears
+    (in graph-input order) on axis 0, ``sequence`` where it first appears on another axis."""
+    cache_axes = cache_inputs(index)
+    symbols: dict[str, int] = {}
+    for name, value in index.graph_inputs.items():
+        value_type = value.type
+        if not value_type.HasField("tensor_type") or not value_type.tensor_type.HasField("shape"):
+            continue
+        for axis, dim in enumerate(value_type.tensor_type.shape.dim):
+            if dim.dim_param and axis != cache_axes.get(name) and not dim.HasField("dim_value"):
+                symbols.setdefault(dim.dim_param, batch if axis == 0 else sequence)
+    return symbols
+
+
+class ShapeContext:
+    """Static tensor shapes and small integer values, assuming concrete batch and sequence sizes.
+
+    Symbolic graph-input dimensions take ``batch`` (axis 0) or ``sequence`` (other axes) unless the
+    same symbol appears earlier among the graph inputs; the past axis of a key/value cache input
+    (:func:`~importers.graph.kv_cache.cache_inputs`) is 0, the length the audit feeds. Shapes may
+    also be pinned with :meth:`set_shape`: a pin, and everything computed after it, belongs to
+    this context alone (:class:`ShapeBasis` holds what contexts share). Evaluation is
+    iterative (no recursion) and memoised. A shape no rule here gives is taken from
+    :func:`concrete_shapes` (ONNX shape inference, run once per basis, with the graph inputs
+    pinned to the same concrete sizes); None where neither knows.
+    """
+
+    def __init__(
+        self,
+        index: GraphIndex,
+        *,
+        batch: int,
+        sequence: int,
+        basis: ShapeBasis | None = None,
+    ) -> None:
+        if basis is None:
+            basis = ShapeBasis(index, batch=batch, sequence=sequence)
+        elif (basis.index, basis.batch, basis.sequence) != (index, batch, sequence):
+            raise ValueError("a shape context must share its basis's graph and sizes")
+        self.basis = basis
+        self.index = index
+        self.batch = batch
+        self.sequence = sequence
+        self.cache_axes = basis.cache_axes
+        self._memo: dict[tuple[str, str], Any] = {}
 
     def set_shape(self, name: str, shape: tuple[int, ...]) -> None:
         """Pin the shape of ``name`` (used for tensors computed by a probe)."""
@@ -127,35 +213,10 @@ class ShapeContext:
         return self._node_value(node, output)
 
     def _inferred_shape(self, name: str) -> tuple[int, ...] | None:
-        """Fallback for an op without a rule here: ONNX shape inference at the assumed sizes."""
-        if self._inferred is None:
-            pinned = {}
-            for name_ in self.index.graph_inputs:
-                shape = None if name_ in self.index.initializers else self._input_shape(name_)
-                if shape is not None:
-                    pinned[name_] = shape
-            self._inferred = concrete_shapes(self.index.graph, self.index.opset_import, pinned)
-        return self._inferred.get(name)
+        return self.basis.inferred_shape(name)
 
     def _input_shape(self, name: str) -> tuple[int, ...] | None:
-        value_type = self.index.graph_inputs[name].type
-        if not value_type.HasField("tensor_type") or not value_type.tensor_type.HasField("shape"):
-            return None
-        dims = []
-        past = self.cache_axes.get(name)
-        for axis, dim in enumerate(value_type.tensor_type.shape.dim):
-            if axis == past:  # a key/value cache is audited empty (past length 0)
-                dims.append(0)
-                continue
-            if dim.HasField("dim_value"):
-                dims.append(int(dim.dim_value))
-                continue
-            default = self.batch if axis == 0 else self.sequence
-            dims.append(
-                self._symbols.setdefault(dim.dim_param, default) if dim.dim_param else default
-            )
-        # a declared size no probe could hold is refused here, by name, before anything is built
-        return check_elements(dims, f"graph input {name!r}", error=ImporterInputError)
+        return self.basis.input_shape(name)
 
     def _node_shape(self, node: Node, output: int) -> tuple[int, ...] | None:
         """The op table's shape rule, else the shape of the op's value (shape arithmetic)."""

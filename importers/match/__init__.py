@@ -63,6 +63,7 @@ This package's ``__init__`` is the public face; the work is done in its modules:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from importers.errors import ImporterError
 from importers.graph import GraphIndex, Node, OnnxModel
@@ -86,7 +87,7 @@ from importers.match.results import (
     NormMatch,
     departures_note,
 )
-from importers.match.walker import RejectError
+from importers.match.walker import MatchBasis, RejectError
 from simulator.errors import one_line
 
 __all__ = [
@@ -97,11 +98,15 @@ __all__ = [
     "MatchReport",
     "NoAttentionBlocksError",
     "NormMatch",
+    "ProbeBases",
     "RejectCode",
     "check_complete",
     "departures_note",
     "find_attention_blocks",
+    "match_outcome",
+    "match_softmax",
     "missing_blocks_note",
+    "retry_sizes",
 ]
 
 
@@ -133,24 +138,10 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
                 fused,
             )
         raise NoAttentionBlocksError.from_failures([])
-    matchers = {(PROBE_BATCH, PROBE_SEQUENCE): Matcher(index, PROBE_BATCH, PROBE_SEQUENCE)}
-    blocks: list[AttentionBlock] = []
-    failures: list[MatchFailure] = []
-    for softmax in softmaxes:
-        try:
-            blocks.append(_match_with_retry(matchers, index, softmax, len(blocks)))
-        except RejectError as reject:
-            attention = is_attention_softmax(index, softmax)
-            failures.append(
-                MatchFailure(softmax.label, reject.reason, reject.nodes, reject.code, attention)
-            )
-        except ImporterError:  # a file problem (external data, ...) is the user's answer as is
-            raise
-        except (ValueError, TypeError, IndexError, KeyError, OverflowError) as err:
-            # A malformed attribute or constant (an axis of the wrong type, an impossible shape)
-            # rejects this candidate with the reason instead of escaping as a traceback.
-            reason = f"malformed graph around it: {one_line(err)}"
-            failures.append(MatchFailure(softmax.label, reason, (), RejectCode.MALFORMED))
+    bases = ProbeBases(index)
+    outcomes = [match_outcome(bases, softmax) for softmax in softmaxes]
+    blocks = [outcome for outcome in outcomes if isinstance(outcome, AttentionBlock)]
+    failures = [outcome for outcome in outcomes if isinstance(outcome, MatchFailure)]
     if not blocks:
         raise NoAttentionBlocksError.from_failures(failures + fused)
     defused = {item.softmax: item.note() for item in model.defused}
@@ -158,50 +149,83 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
     blocks = [
         dataclasses.replace(
             block,
+            index=position,
             notes=(*merged, *filter(None, [defused.get(block.softmax)]), *block.notes),
             defused_from=defused.get(block.softmax),
         )
-        for block in blocks
+        for position, block in enumerate(blocks)
     ]
     return MatchReport(blocks=blocks, failures=failures + fused, n_softmax=len(softmaxes))
 
 
-def _match_with_retry(
-    matchers: dict[tuple[int, int], Matcher], index: GraphIndex, softmax: Node, position: int
-) -> AttentionBlock:
-    """Match with the default probe sizes; if a static head-split Reshape needs other batch and
-    sequence sizes (an export with fixed shapes), match once more with those, and once more with
-    them swapped if that fails (a time-major stream spells them (tokens, batch)). If the head
-    split fails otherwise, match once more with every open axis :data:`LONG_PROBE_SEQUENCE` long,
-    and report the first failure if that fails too."""
+def match_outcome(bases: ProbeBases, softmax: Node) -> AttentionBlock | MatchFailure:
+    """The block ``softmax`` heads (``index`` 0: numbered by :func:`find_attention_blocks`), or
+    why it is not one. Independent of which Softmaxes were matched before it over ``bases``."""
     try:
-        return matchers[(PROBE_BATCH, PROBE_SEQUENCE)].match(softmax, position)
+        return match_softmax(lambda sizes: Matcher(bases.at(sizes)).match(softmax, 0))
     except RejectError as reject:
-        sizes = reject.probe_sizes
-        if sizes is not None and sizes != (PROBE_BATCH, PROBE_SEQUENCE):
-            try:
-                return _matcher(matchers, index, sizes).match(softmax, position)
-            except RejectError as again:
-                swapped = (sizes[1], sizes[0])
-                if swapped in (sizes, (PROBE_BATCH, PROBE_SEQUENCE)):
-                    raise
-                try:
-                    return _matcher(matchers, index, swapped).match(softmax, position)
-                except RejectError:
-                    raise again from None
-        if reject.code != RejectCode.HEAD_RESHAPE:
-            raise
+        attention = is_attention_softmax(bases.index, softmax)
+        return MatchFailure(softmax.label, reject.reason, reject.nodes, reject.code, attention)
+    except ImporterError:  # a file problem (external data, ...) is the user's answer as is
+        raise
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError) as err:
+        # A malformed attribute or constant (an axis of the wrong type, an impossible shape)
+        # rejects this candidate with the reason instead of escaping as a traceback.
+        reason = f"malformed graph around it: {one_line(err)}"
+        return MatchFailure(softmax.label, reason, (), RejectCode.MALFORMED)
+
+
+class ProbeBases:
+    """The :class:`~importers.match.walker.MatchBasis` of one graph at each pair of probe sizes,
+    made on first use and shared by every match attempt at those sizes."""
+
+    def __init__(self, index: GraphIndex) -> None:
+        self.index = index
+        self._bases: dict[tuple[int, int], MatchBasis] = {}
+
+    def at(self, sizes: tuple[int, int]) -> MatchBasis:
+        """The basis probing at ``sizes`` (batch, open axes)."""
+        if sizes not in self._bases:
+            self._bases[sizes] = MatchBasis(self.index, *sizes)
+        return self._bases[sizes]
+
+
+def match_softmax(attempt: Callable[[tuple[int, int]], AttentionBlock]) -> AttentionBlock:
+    """``attempt`` at the default probe sizes, then at each size :func:`retry_sizes` derives from
+    that rejection; raises the rejection that stands.
+
+    :func:`match_outcome` makes every attempt a new :class:`~importers.match.core.Matcher` over
+    the shared basis at its sizes, so nothing one attempt pinned reaches another.
+    """
+    default = (PROBE_BATCH, PROBE_SEQUENCE)
+    try:
+        return attempt(default)
+    except RejectError as reject:
+        first = reject
+    later: list[RejectError] = []
+    for sizes in retry_sizes(first):
         try:
-            longer = _matcher(matchers, index, (PROBE_BATCH, LONG_PROBE_SEQUENCE))
-            return longer.match(softmax, position)
-        except RejectError:
-            raise reject from None
+            return attempt(sizes)
+        except RejectError as reject:
+            later.append(reject)
+    asked_other_sizes = first.probe_sizes not in (None, default)
+    raise later[0] if later and asked_other_sizes else first
 
 
-def _matcher(
-    matchers: dict[tuple[int, int], Matcher], index: GraphIndex, sizes: tuple[int, int]
-) -> Matcher:
-    """The matcher probing at ``sizes`` (batch, open axes), made once per model."""
-    if sizes not in matchers:
-        matchers[sizes] = Matcher(index, *sizes)
-    return matchers[sizes]
+def retry_sizes(reject: RejectError) -> tuple[tuple[int, int], ...]:
+    """The probe sizes worth another attempt after ``reject`` at the default sizes.
+
+    A static head-split Reshape that asked for other (batch, sequence) sizes (an export with
+    fixed shapes): those sizes, then the same swapped (a time-major stream spells them
+    (tokens, batch)); the failure at the asked sizes is then the one reported. Any other
+    head-split failure: every open axis :data:`LONG_PROBE_SEQUENCE` long; the first failure is
+    then the one reported. Anything else: none.
+    """
+    default = (PROBE_BATCH, PROBE_SEQUENCE)
+    sizes = reject.probe_sizes
+    if sizes is not None and sizes != default:
+        swapped = (sizes[1], sizes[0])
+        return (sizes,) if swapped in (sizes, default) else (sizes, swapped)
+    if reject.code == RejectCode.HEAD_RESHAPE:
+        return ((PROBE_BATCH, LONG_PROBE_SEQUENCE),)
+    return ()

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from importers.graph import GraphIndex, Node, ShapeContext
+from importers.graph import Node
 from importers.match.codes import RejectCode
 from importers.match.layout import Layout, LayoutProbe
 from importers.match.limits import VALUE_MATMUL_STEPS
@@ -20,7 +20,7 @@ from importers.match.projections import Trace, describe_linear
 from importers.match.results import AttentionBlock, LinearMatch
 from importers.match.scores import ScoreBias, ScoreMatcher
 from importers.match.stream import StreamMatcher
-from importers.match.walker import VALUE_PRESERVING, RejectError
+from importers.match.walker import VALUE_PRESERVING, MatchBasis, RejectError
 
 #: Relative mismatch tolerated between the score scale found and 1/sqrt(d_head).
 SCALE_RTOL = 1e-3
@@ -28,19 +28,20 @@ _PROBABILITY_VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 
 
 class Matcher(ScoreMatcher):
-    """Pattern matching over one graph (one shape context, shared across candidates).
+    """One match attempt: one Softmax candidate at one pair of probe sizes.
 
-    ``batch`` and ``sequence`` are the sizes assumed for symbolic dimensions while probing. The
-    walk back from the Softmax (scores, projections, norms) is this class's one line of descent;
-    the head-layout probe (:attr:`layout`) and the residual-stream walk (:attr:`stream`)
-    are components over the same index and the same shape context.
+    ``basis`` is shared by every attempt over the graph at its probe sizes (the sizes assumed for
+    symbolic dimensions); the shape context, with every shape the attempt pins, is this attempt's
+    own and is dropped with it. The walk back from the Softmax (scores, projections, norms) is
+    this class's one line of descent; the head-layout probe (:attr:`layout`) and the
+    residual-stream walk (:attr:`stream`) are components over the same basis and context.
     """
 
-    def __init__(self, index: GraphIndex, batch: int, sequence: int) -> None:
-        context = ShapeContext(index, batch=batch, sequence=sequence)
-        super().__init__(index, context)
-        self.layout = LayoutProbe(index, context)
-        self.stream = StreamMatcher(index, context)
+    def __init__(self, basis: MatchBasis) -> None:
+        context = basis.shapes.context()
+        super().__init__(basis, context)
+        self.layout = LayoutProbe(basis, context)
+        self.stream = StreamMatcher(basis, context)
 
     # -- the whole block --------------------------------------------------------------------------
     def match(self, softmax: Node, index: int) -> AttentionBlock:

@@ -100,14 +100,10 @@ class LayoutProbe(NormMatcher):
             if math.prod(lead) == math.prod(value.shape[:-1]):
                 value = value.reshape(*lead, width)
         self.context.set_shape(trace.linear.output, value.shape)
+        time_major = perm is not None and perm[:2] == (1, 0)
         for step in trace.steps:
             if not step.skip:
-                try:
-                    value = self.apply(step, value, trace.role)
-                except RejectError as error:
-                    if error.probe_sizes is not None and perm is not None and perm[:2] == (1, 0):
-                        error.probe_sizes = error.probe_sizes[::-1]  # asked in (tokens, batch)
-                    raise
+                value = self.apply(step, value, trace.role, time_major=time_major)
             self.context.set_shape(step.output, value.shape)
         return value
 
@@ -119,7 +115,12 @@ class LayoutProbe(NormMatcher):
             *lead, width
         )
 
-    def apply(self, step: Step, value: np.ndarray, role: str) -> np.ndarray:
+    def apply(
+        self, step: Step, value: np.ndarray, role: str, *, time_major: bool = False
+    ) -> np.ndarray:
+        """``value`` carried through one layout step; a Reshape that cannot take it is declined
+        with the (batch, sequence) probe sizes its static target spells out, if any (read as
+        (tokens, batch) where the projections read a ``time_major`` view of the stream)."""
         node, op = step.node, step.node.op_type
         values = [self.context.value(name) if name else None for name in node.inputs[1:]]
         try:
@@ -137,7 +138,7 @@ class LayoutProbe(NormMatcher):
                     f"{value.shape} (projection width {value.shape[-1] if value.ndim else '?'}) "
                     f"into {target}",
                     (node.label,),
-                    probe_sizes=_static_sizes(values[0], value),
+                    probe_sizes=_static_sizes(values[0], value, time_major=time_major),
                 ) from None
             raise RejectError(
                 RejectCode.HEAD_LAYOUT,
@@ -291,8 +292,17 @@ def features_last(value: np.ndarray, linear: LinearMatch) -> np.ndarray:
     return value
 
 
-def _static_sizes(target: np.ndarray | None, value: np.ndarray) -> tuple[int, int] | None:
-    """(batch, sequence) spelled out by a static head-split target such as [1, 197, 12, 64]."""
+def _static_sizes(
+    target: np.ndarray | None, value: np.ndarray, *, time_major: bool = False
+) -> tuple[int, int] | None:
+    """(batch, sequence) spelled out by a static head-split target such as [1, 197, 12, 64]
+    (its leading pair swapped where ``time_major``: the target then spells (tokens, batch))."""
+    sizes = _leading_sizes(target, value)
+    return sizes[::-1] if sizes is not None and time_major else sizes
+
+
+def _leading_sizes(target: np.ndarray | None, value: np.ndarray) -> tuple[int, int] | None:
+    """The leading pair of a static head-split target that fits the projection width."""
     if target is None or value.ndim != 3:
         return None
     dims = [int(d) for d in np.ravel(target)]

@@ -31,6 +31,10 @@ SCALE_SEARCH_DEPTH = 12
 POSITION_TERM_DEPTH = 24
 #: Most nodes evaluated for one score term (a mask or position bias is a small computation).
 MAX_TERM_NODES = 400
+#: Most elements of any tensor of a score term's evaluation, where the probe's shapes tell (the
+#: reference evaluator runs some ops, such as ScatterND, element by element in Python; a bias at
+#: the probe's sizes is small: a fixed 577-token image model's 12-head table is 4.0M entries).
+MAX_TERM_ELEMENTS = 1 << 22
 #: Most layout ops followed back from a score term to its table or mask.
 MAX_LAYOUT_STEPS = 16
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from importers.graph import GraphIndex, Node, ShapeContext
+from importers.graph import Node, ShapeContext
 from importers.graph.kv_cache import cache_view
 from importers.match.codes import RejectCode, projection_code
 from importers.match.limits import MAX_WALK
@@ -46,7 +46,7 @@ from importers.match.linear_forms import conv_linear, einsum_linear
 from importers.match.norms import NormMatcher
 from importers.match.results import LinearMatch
 from importers.match.rotary import RotaryMatcher
-from importers.match.walker import VALUE_PRESERVING, RejectError
+from importers.match.walker import VALUE_PRESERVING, MatchBasis, RejectError
 from importers.nbits import NBITS
 
 _LAYOUT_OPS = frozenset(
@@ -90,9 +90,9 @@ class ProjectionFinder(NormMatcher):
     index and shape context.
     """
 
-    def __init__(self, index: GraphIndex, context: ShapeContext) -> None:
-        super().__init__(index, context)
-        self.rotary = RotaryMatcher(index, context)
+    def __init__(self, basis: MatchBasis, context: ShapeContext) -> None:
+        super().__init__(basis, context)
+        self.rotary = RotaryMatcher(basis, context)
 
     # -- Q, K, V: back from the attention operands ------------------------------------------------
     def trace(self, name: str, role: str) -> Trace:

@@ -19,6 +19,7 @@ masking constants, a graph input) and the value tests below are the classificati
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import numpy as np
@@ -26,7 +27,7 @@ import onnx
 from onnx import helper
 
 from importers.graph import Node
-from importers.match.limits import MAX_LAYOUT_STEPS, MAX_TERM_NODES
+from importers.match.limits import MAX_LAYOUT_STEPS, MAX_TERM_ELEMENTS, MAX_TERM_NODES
 from importers.match.walker import GraphWalker
 
 #: A score term entry at or below this is masking, not a bias (finfo.min, -10000, -inf).
@@ -44,7 +45,8 @@ def neutral_value(walker: GraphWalker, name: str) -> np.ndarray | None:
     """The value of ``name`` with every integer or boolean graph input set to ones, or None.
 
     None when the value depends on a float graph input, on an op outside the default ONNX domain
-    or with a subgraph, on more than :data:`MAX_TERM_NODES` nodes, or when the evaluation fails.
+    or with a subgraph, on more than :data:`MAX_TERM_NODES` nodes, on a tensor of more than
+    :data:`MAX_TERM_ELEMENTS` elements at the probe's sizes, or when the evaluation fails.
     """
     known = _known(walker, name)
     if known is not None:
@@ -73,7 +75,18 @@ def neutral_value(walker: GraphWalker, name: str) -> np.ndarray | None:
         if len(nodes) > MAX_TERM_NODES:
             return None
         stack.extend(node.inputs)
-    return _evaluate(walker, [nodes[key] for key in sorted(nodes)], feeds, name)
+    ordered = [nodes[key] for key in sorted(nodes)]
+    if _too_large(walker, ordered, feeds):
+        return None
+    return _evaluate(walker, ordered, feeds, name)
+
+
+def _too_large(walker: GraphWalker, nodes: list[Node], feeds: dict[str, np.ndarray]) -> bool:
+    """Whether a feed, or an output whose shape the probe knows, exceeds MAX_TERM_ELEMENTS."""
+    if any(np.size(value) > MAX_TERM_ELEMENTS for value in feeds.values()):
+        return True
+    shapes = (walker.context.shape(output) for node in nodes for output in node.outputs if output)
+    return any(shape is not None and math.prod(shape) > MAX_TERM_ELEMENTS for shape in shapes)
 
 
 def _known(walker: GraphWalker, name: str) -> np.ndarray | None:

@@ -99,7 +99,6 @@ class ScoreSum:
 #: The query-key product: (MatMul, score scale, the nodes passed from the Softmax).
 Content = tuple[Node, float, list[str]]
 #: Errors that reject one Softmax candidate (see :func:`importers.match.find_attention_blocks`).
-_CANDIDATE_ERRORS = (RejectError, ValueError, TypeError, IndexError, KeyError, OverflowError)
 
 
 @dataclass(frozen=True)
@@ -118,29 +117,15 @@ class ScoreBias:
 class ScoreMatcher(ProjectionFinder):
     """The score sum behind a Softmax: its query-key product and what else is added to it."""
 
-    _scores: dict[int, tuple[ScoreSum, Content] | Exception] | None = None
-    _neutral: dict[str, np.ndarray | None] | None = None
-
     def scores_of(self, softmax: Node) -> tuple[ScoreSum, Content]:
         """The score sum behind ``softmax`` and its content product (MatMul, scale, nodes passed).
 
-        On first use this walks the scores of every Softmax of the graph, in graph order, before
-        anything else asks this shape context for shapes: :meth:`check_score_views` pins shapes
-        the context cannot infer, and a shape asked for earlier (the residual-stream walk of an
-        earlier block reads shapes downstream of a later block's scores) would stay unknown.
+        The first walk of an attempt, before anything else asks its shape context for shapes:
+        :meth:`check_score_views` pins shapes the context cannot infer, and a shape asked for
+        earlier would stay unknown in this attempt's memo.
         """
-        if self._scores is None:
-            self._scores = {}
-            for node in self.index.nodes_of_type("Softmax"):
-                try:
-                    found = self.score_sum(node)
-                    self._scores[node.position] = (found, self.content_product(node, found))
-                except _CANDIDATE_ERRORS as error:  # raised again when that Softmax is matched
-                    self._scores[node.position] = error
-        entry = self._scores[softmax.position]
-        if isinstance(entry, Exception):
-            raise entry
-        return entry
+        found = self.score_sum(softmax)
+        return found, self.content_product(softmax, found)
 
     # -- the walk -----------------------------------------------------------------------------
     def score_sum(self, softmax: Node) -> ScoreSum:
@@ -423,11 +408,7 @@ class ScoreMatcher(ProjectionFinder):
     def neutral_value(self, name: str) -> np.ndarray | None:
         """:func:`~importers.match.score_values.neutral_value`, once per tensor (the blocks of a
         decoder share one mask)."""
-        if self._neutral is None:
-            self._neutral = {}
-        if name not in self._neutral:
-            self._neutral[name] = values.neutral_value(self, name)
-        return self._neutral[name]
+        return self.basis.remembered("neutral", name, lambda: values.neutral_value(self, name))
 
     def fill_mask(self, fill: MaskFill) -> np.ndarray | None:
         condition = self.neutral_value(fill.condition)

@@ -69,8 +69,6 @@ class StreamError(Exception):
 class StreamMatcher(NormMatcher):
     """Trace the residual stream through one block (see the module docstring)."""
 
-    _declared_ranks: dict[str, int] | None = None
-
     # -- views and sums ---------------------------------------------------------------------------
     def view_source(self, name: str) -> str:
         """``name`` with views (Cast, Reshape, ...) of a non-constant tensor undone, backwards."""
@@ -121,14 +119,14 @@ class StreamMatcher(NormMatcher):
         shape = self.context.shape(name)
         if shape is not None:
             return len(shape)
-        if self._declared_ranks is None:
-            values = [*self.index.graph.value_info, *self.index.graph.output]
-            self._declared_ranks = {
-                value.name: len(value.type.tensor_type.shape.dim)
-                for value in values
-                if value.type.tensor_type.HasField("shape")
-            }
-        return self._declared_ranks.get(name)
+        return self.basis.remembered("declared rank", name, lambda: self.declared_rank(name))
+
+    def declared_rank(self, name: str) -> int | None:
+        """The rank the graph's value_info (or outputs, which win) declares for ``name``, else None."""
+        for value in reversed((*self.index.graph.value_info, *self.index.graph.output)):
+            if value.name == name and value.type.tensor_type.HasField("shape"):
+                return len(value.type.tensor_type.shape.dim)
+        return None
 
     def in_layout_of(self, name: str, reference: str) -> str:
         """A view of ``name`` with the rank of ``reference`` (a 2-D MLP sum back in 3-D)."""

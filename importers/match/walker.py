@@ -1,23 +1,28 @@
 """Shared footing of the attention matcher: the graph-walking helpers and the rejection signal.
 
-:class:`GraphWalker` holds one graph and one shape context and answers the small questions every
-part of the match asks (constant value, producer, consumers, scalar factor, where a tensor comes
-from). The parts of the matcher (:mod:`importers.match.projections`, :mod:`importers.match.layout`,
-:mod:`importers.match.norms`, :mod:`importers.match.core`) extend it, each along one line of
-descent, over one shared index and shape context. :class:`RejectError` abandons the current
-Softmax candidate with a reason.
+:class:`MatchBasis` is what every match attempt over one graph at one pair of probe sizes shares,
+and nothing an attempt learns: the graph index, the shape basis and memos of pure functions of the
+graph (the values of mask and bias terms, declared ranks). :class:`GraphWalker` holds a basis and
+one match attempt's own :class:`~importers.graph.ShapeContext` (its pinned shapes) and answers the
+small questions every part of the match asks (constant value, producer, consumers, scalar factor,
+where a tensor comes from). The parts of the matcher (:mod:`importers.match.projections`,
+:mod:`importers.match.layout`, :mod:`importers.match.norms`, :mod:`importers.match.core`) extend
+it over one attempt's basis and context. :class:`RejectError` abandons the attempt with a reason.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import numpy as np
 
-from importers.graph import GraphIndex, Node, ShapeContext
+from importers.graph import GraphIndex, Node, ShapeBasis, ShapeContext
 from importers.match.codes import RejectCode
 from importers.match.limits import MAX_ANCESTRY
+
+_T = TypeVar("_T")
 
 VALUE_PRESERVING = frozenset({"Identity", "Cast", "Dropout"})
 
@@ -39,15 +44,41 @@ class RejectError(Exception):
         self.probe_sizes = probe_sizes  # (batch, sequence) a static Reshape asks for
 
 
-class GraphWalker:
-    """Graph queries over one graph (one shape context, shared across candidates).
+class MatchBasis:
+    """What every match attempt over one graph at one pair of probe sizes shares.
 
-    ``context`` is the shape context at the probe's sizes; the parts of one matcher share the same
-    one, so a shape one part pins is the shape every other part reads.
+    The graph index, the :class:`~importers.graph.ShapeBasis` at the probe's (batch, sequence)
+    sizes, and memos of functions of the graph alone (:meth:`remembered`): nothing here depends on
+    what an attempt pins or learns, so the order in which Softmaxes are matched cannot change an
+    answer.
     """
 
-    def __init__(self, index: GraphIndex, context: ShapeContext) -> None:
+    def __init__(self, index: GraphIndex, batch: int, sequence: int) -> None:
         self.index = index
+        self.sizes = (batch, sequence)
+        self.shapes = ShapeBasis(index, batch=batch, sequence=sequence)
+        self._memos: dict[str, dict[str, object]] = {}
+
+    def remembered(self, memo: str, key: str, compute: Callable[[], _T]) -> _T:
+        """``compute()`` once per (``memo``, ``key``): for a value that depends on the graph and
+        the probe's sizes alone (never on a shape an attempt pinned)."""
+        entries = self._memos.setdefault(memo, {})
+        if key not in entries:
+            entries[key] = compute()
+        return entries[key]  # type: ignore[return-value]
+
+
+class GraphWalker:
+    """Graph queries for one match attempt: a shared :class:`MatchBasis` and the attempt's own
+    shape context.
+
+    The parts of one attempt share its ``context``, so a shape one part pins is the shape every
+    other part of the same attempt reads; no other attempt sees it.
+    """
+
+    def __init__(self, basis: MatchBasis, context: ShapeContext) -> None:
+        self.basis = basis
+        self.index = basis.index
         self.context = context
 
     # -- helpers ----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from importers.match.core import Matcher
 from importers.match.layout import LayoutProbe
 from importers.match.rotary import RotaryMatcher
 from importers.match.stream import StreamMatcher
+from importers.match.walker import MatchBasis
 from tests.importers.builders import VARIANTS, assemble
 
 
@@ -43,13 +44,15 @@ def test_no_match_class_inherits_from_two_project_classes() -> None:
     assert joined == {}
 
 
-def test_components_share_the_matchers_index_and_shape_context() -> None:
-    """State sharing is what keeps the answers identical: one index, one shape context."""
+def test_one_attempts_components_share_its_basis_and_shape_context() -> None:
+    """The parts of one match attempt read one basis and one shape context (what one part pins,
+    the others see); other attempts are tested in test_attempts."""
     model = model_from_proto(assemble(sorted(VARIANTS)[0], 0).built.model)
-    matcher = Matcher(model.index, 2, 7)
+    matcher = Matcher(MatchBasis(model.index, 2, 7))
     assert isinstance(matcher.layout, LayoutProbe)
     assert isinstance(matcher.stream, StreamMatcher)
     assert isinstance(matcher.rotary, RotaryMatcher)
     for part in (matcher.layout, matcher.stream, matcher.rotary):
         assert part.index is matcher.index
+        assert part.basis is matcher.basis
         assert part.context is matcher.context

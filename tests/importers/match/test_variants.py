@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -494,16 +495,15 @@ def test_near_miss_is_rejected_with_a_reason_naming_the_broken_part(tag):
     assert n_blocks <= intact, f"{tag}: the broken candidate was matched"
 
 
-class _Probe:
-    """A stand-in matcher: returns ``answer`` or raises it."""
+def _attempts(answers: dict[tuple[int, int], object]) -> Callable[[tuple[int, int]], object]:
+    """A stand-in match attempt per probe sizes: returns the answer or raises it."""
 
-    def __init__(self, answer: object) -> None:
-        self.answer = answer
-
-    def match(self, softmax: object, position: int) -> object:
-        if isinstance(answer := self.answer, Exception):
+    def attempt(sizes: tuple[int, int]) -> object:
+        if isinstance(answer := answers[sizes], Exception):
             raise answer
         return answer
+
+    return attempt
 
 
 @pytest.mark.parametrize("long_probe_finds_it", [True, False])
@@ -512,25 +512,22 @@ def test_a_failed_head_split_is_probed_once_more_with_long_open_axes(
 ) -> None:
     """At 3 samples a HuBERT front end leaves no frame; at LONG_PROBE_SEQUENCE it does. When the
     long probe fails too, the default probe's reason is the one reported."""
-    from importers.match import _match_with_retry
+    from importers.match import match_softmax
     from importers.match.limits import LONG_PROBE_SEQUENCE, PROBE_BATCH, PROBE_SEQUENCE
     from importers.match.walker import RejectError
 
     first = RejectError("head_reshape", "cannot reshape Q of shape (2, 0, 32)")
     found = object()
     later = found if long_probe_finds_it else RejectError("head_reshape", "at the long probe")
-    matchers = {
-        (PROBE_BATCH, PROBE_SEQUENCE): _Probe(first),
-        (PROBE_BATCH, LONG_PROBE_SEQUENCE): _Probe(later),
-    }
+    answers = {(PROBE_BATCH, PROBE_SEQUENCE): first, (PROBE_BATCH, LONG_PROBE_SEQUENCE): later}
     if long_probe_finds_it:
-        assert _match_with_retry(matchers, None, None, 0) is found  # type: ignore[arg-type]
+        assert match_softmax(_attempts(answers)) is found  # type: ignore[arg-type]
     else:
         with pytest.raises(RejectError) as raised:
-            _match_with_retry(matchers, None, None, 0)  # type: ignore[arg-type]
+            match_softmax(_attempts(answers))  # type: ignore[arg-type]
         assert raised.value is first
     other = RejectError("softmax_axis", "not a head split")  # other reasons are not retried
-    matchers[(PROBE_BATCH, PROBE_SEQUENCE)] = _Probe(other)
+    answers[(PROBE_BATCH, PROBE_SEQUENCE)] = other
     with pytest.raises(RejectError) as raised:
-        _match_with_retry(matchers, None, None, 0)  # type: ignore[arg-type]
+        match_softmax(_attempts(answers))  # type: ignore[arg-type]
     assert raised.value is other
