@@ -16,43 +16,49 @@ from importers.graph import Node
 from importers.match.codes import RejectCode
 from importers.match.layout import Layout, LayoutProbe
 from importers.match.limits import VALUE_MATMUL_STEPS
-from importers.match.projections import Trace, describe_linear
+from importers.match.projections import ProjectionFinder, Trace, describe_linear
 from importers.match.results import AttentionBlock, LinearMatch
 from importers.match.scores import ScoreBias, ScoreMatcher
 from importers.match.stream import StreamMatcher
-from importers.match.walker import VALUE_PRESERVING, MatchBasis, RejectError
+from importers.match.walker import VALUE_PRESERVING, GraphWalker, MatchBasis, RejectError
 
 #: Relative mismatch tolerated between the score scale found and 1/sqrt(d_head).
 SCALE_RTOL = 1e-3
 _PROBABILITY_VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 
 
-class Matcher(ScoreMatcher):
+class Matcher(GraphWalker):
     """One match attempt: one Softmax candidate at one pair of probe sizes.
 
     ``basis`` is shared by every attempt over the graph at its probe sizes (the sizes assumed for
     symbolic dimensions); the shape context, with every shape the attempt pins, is this attempt's
-    own and is dropped with it. The walk back from the Softmax (scores, projections, norms) is
-    this class's one line of descent; the head-layout probe (:attr:`layout`) and the
-    residual-stream walk (:attr:`stream`) are components over the same basis and context.
+    own and is dropped with it. The parts of the walk are components over that basis and context:
+    the score sum (:attr:`scores`), the projections and norms behind the operands
+    (:attr:`projections`, with its :attr:`rotary` forms), the head-layout probe (:attr:`layout`)
+    and the residual stream (:attr:`stream`).
     """
 
     def __init__(self, basis: MatchBasis) -> None:
         context = basis.shapes.context()
         super().__init__(basis, context)
+        self.projections = ProjectionFinder(basis, context)
+        self.rotary = self.projections.rotary
+        self.scores = ScoreMatcher(basis, context, self.projections)
         self.layout = LayoutProbe(basis, context)
         self.stream = StreamMatcher(basis, context)
 
     # -- the whole block --------------------------------------------------------------------------
     def match(self, softmax: Node, index: int) -> AttentionBlock:
-        score_sum, (scores, score_scale, score_nodes) = self.scores_of(softmax)
+        score_sum, (scores, score_scale, score_nodes) = self.scores.scores_of(softmax)
         value_matmul, guard, attention = self.value_matmul(softmax)
-        q = self.trace(scores.input(0), "Q")
-        k = self.trace(scores.input(1), "K")
-        v = self.trace(value_matmul.input(1), "V")
+        q = self.projections.trace(scores.input(0), "Q")
+        k = self.projections.trace(scores.input(1), "K")
+        v = self.projections.trace(value_matmul.input(1), "V")
         shift_notes, rotated_input = self.check_self_attention(q, k, v)
         layout = self.layout.probe_heads(q, k, v)
-        self.check_whole_sequence(softmax, self.stream_tensor(v.linear.x), layout.time_major)
+        self.check_whole_sequence(
+            softmax, self.projections.stream_tensor(v.linear.x), layout.time_major
+        )
         self.check_softmax_axis(softmax, len(layout.lead) + 2)
         columns = self.layout.head_columns(layout.q, layout.k, layout.v)
         n_heads, d_head = layout.q.columns.shape
@@ -65,7 +71,7 @@ class Matcher(ScoreMatcher):
                 f"features but W_O writes {o.d_out}",
                 (o.nodes[-1],),
             )
-        bias = self.score_bias(softmax, scores, score_sum, q, k, v)
+        bias = self.scores.score_bias(softmax, scores, score_sum, q, k, v)
         scale = score_scale * q.scale * k.scale
         notes = (
             self.scale_notes(scale, d_head, bias)
@@ -144,12 +150,14 @@ class Matcher(ScoreMatcher):
         """
         readers: dict[str, list[str]] = {}
         for trace in (q, k, v):
-            readers.setdefault(self.stream_tensor(trace.linear.x), []).append(trace.role)
+            readers.setdefault(self.projections.stream_tensor(trace.linear.x), []).append(
+                trace.role
+            )
         rotated = self.rotated_inputs(q, k, v) if len(readers) != 1 else ""
         if rotated:
             return (
                 f"rotary embedding ({rotated}) applied to the Q/K input before the projections, "
-                f"where the block rotates the stream {self.stream_tensor(v.linear.x)!r} (V "
+                f"where the block rotates the stream {self.projections.stream_tensor(v.linear.x)!r} (V "
                 f"projects it unrotated): A is measured as the graph computes it, W_Q and W_K "
                 f"are read on the stream, as the weights the rotated stream is projected by",
             ), True
@@ -157,7 +165,7 @@ class Matcher(ScoreMatcher):
         if shifted:
             return (
                 f"Q and K project {', '.join(map(repr, shifted))}: the stream "
-                f"{self.stream_tensor(v.linear.x)!r} plus terms that do not depend on the inputs "
+                f"{self.projections.stream_tensor(v.linear.x)!r} plus terms that do not depend on the inputs "
                 f"(position embeddings added to the Q/K input only, as DETR does; V reads the "
                 f"stream): A is measured as the graph computes it and W_Q, W_K are read on the "
                 f"stream, but the scores are not X W_Q W_Kᵀ Xᵀ alone",
@@ -178,15 +186,15 @@ class Matcher(ScoreMatcher):
     def rotated_inputs(self, q: Trace, k: Trace, v: Trace) -> str:
         """The rotary style when Q and K both project V's stream rotated in place (one tensor
         or two), else ""."""
-        stream = self.stream_tensor(v.linear.x)
+        stream = self.projections.stream_tensor(v.linear.x)
         styles = {self.rotary.rotated_copy(trace.linear.x, stream) for trace in (q, k)}
         return styles.pop() if len(styles) == 1 and "" not in styles else ""
 
     def position_shifted(self, q: Trace, k: Trace, v: Trace) -> tuple[str, ...]:
         """The tensors Q and K project when each is V's stream plus input-independent terms and at
         least one carries such terms; else ()."""
-        stream = self.stream_tensor(v.linear.x)
-        sources = tuple(self.stream_tensor(trace.linear.x) for trace in (q, k))
+        stream = self.projections.stream_tensor(v.linear.x)
+        sources = tuple(self.projections.stream_tensor(trace.linear.x) for trace in (q, k))
         bases = {self.stream.before_constant_terms(source) for source in sources}
         if bases != {stream} or set(sources) == {stream}:
             return ()
@@ -347,7 +355,10 @@ class Matcher(ScoreMatcher):
                 and users[0].input(0) == name
                 and (
                     users[0].op_type in VALUE_PRESERVING
-                    or (users[0].op_type in _PROBABILITY_VIEWS and self.keeps_score_axes(users[0]))
+                    or (
+                        users[0].op_type in _PROBABILITY_VIEWS
+                        and self.scores.keeps_score_axes(users[0])
+                    )
                 )
             ):
                 passed.append(f"{users[0].op_type} {users[0].label!r}")
@@ -393,7 +404,12 @@ class Matcher(ScoreMatcher):
         users = self.consumers(name)
         divides = [node for node in users if node.op_type == "Div" and node.input(0) == name]
         sums = [node for node in users if node.op_type == "ReduceSum"]
-        if len(users) != 2 or len(divides) != 1 or len(sums) != 1 or not self.last_axis(sums[0]):
+        if (
+            len(users) != 2
+            or len(divides) != 1
+            or len(sums) != 1
+            or not self.projections.last_axis(sums[0])
+        ):
             return None
         denominator = self.producer(divides[0].input(1))
         if denominator is not None and denominator.op_type == "Unsqueeze":
@@ -428,5 +444,5 @@ class Matcher(ScoreMatcher):
     ) -> tuple[LinearMatch, np.ndarray]:
         """Forward from the ·V MatMul through the head merge to W_O; returns (W_O, canonical rows)."""
         name = value_matmul.outputs[0]
-        linear, steps = self.find_output_linear(name)
+        linear, steps = self.projections.find_output_linear(name)
         return linear, self.layout.merge_rows(name, steps, linear, layout)

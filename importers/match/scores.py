@@ -45,12 +45,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from importers.graph import Node
+from importers.graph import Node, ShapeContext
 from importers.match import score_values as values
 from importers.match.codes import RejectCode
 from importers.match.limits import MAX_SCORE_NODES, POSITION_TERM_DEPTH, SCALE_SEARCH_DEPTH
 from importers.match.projections import ProjectionFinder, Trace
-from importers.match.walker import RejectError
+from importers.match.walker import GraphWalker, MatchBasis, RejectError
 
 _VIEWS = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 _KEEPS_VALUES = frozenset({"Cast", "Identity"})
@@ -114,8 +114,18 @@ class ScoreBias:
     notes: tuple[str, ...] = ()
 
 
-class ScoreMatcher(ProjectionFinder):
-    """The score sum behind a Softmax: its query-key product and what else is added to it."""
+class ScoreMatcher(GraphWalker):
+    """The score sum behind a Softmax: its query-key product and what else is added to it.
+
+    The Q and K operands are traced back to their projections by :attr:`projections`, a
+    component over the same basis and shape context.
+    """
+
+    def __init__(
+        self, basis: MatchBasis, context: ShapeContext, projections: ProjectionFinder
+    ) -> None:
+        super().__init__(basis, context)
+        self.projections = projections
 
     def scores_of(self, softmax: Node) -> tuple[ScoreSum, Content]:
         """The score sum behind ``softmax`` and its content product (MatMul, scale, nodes passed).
@@ -274,10 +284,10 @@ class ScoreMatcher(ProjectionFinder):
 
     def projects_one_stream(self, node: Node) -> bool:
         try:
-            q, k = self.trace(node.input(0), "Q"), self.trace(node.input(1), "K")
+            q, k = self.projections.trace(node.input(0), "Q"), self.projections.trace(node.input(1), "K")
         except RejectError:
             return False
-        return self.stream_tensor(q.linear.x) == self.stream_tensor(k.linear.x)
+        return self.projections.stream_tensor(q.linear.x) == self.projections.stream_tensor(k.linear.x)
 
     def no_product(self, softmax: Node, found: ScoreSum) -> RejectError:
         """Why no term is a query-key product (the first telling term)."""
@@ -366,7 +376,7 @@ class ScoreMatcher(ProjectionFinder):
         """Classify every term besides QKᵀ (module docstring); raise for a declined one."""
         hidden = {self.strip_casts(trace.linear.x) for trace in (q, k, v)}
         hidden |= {trace.linear.x for trace in (q, k, v)}
-        hidden |= {self.stream_tensor(trace.linear.x) for trace in (q, k, v)}
+        hidden |= {self.projections.stream_tensor(trace.linear.x) for trace in (q, k, v)}
         masks = [self.fill_mask(fill) for fill in found.fills]
         kinds: list[str] = []
         described: list[str] = []
@@ -503,11 +513,11 @@ class ScoreMatcher(ProjectionFinder):
     def projects_stream(self, name: str, hidden: set[str]) -> bool:
         """Whether ``name`` is a projection (Q or K) of the block's stream."""
         try:
-            trace = self.trace(name, "Q")
+            trace = self.projections.trace(name, "Q")
         except RejectError:
             return False
         x = trace.linear.x
-        return x in hidden or self.strip_casts(x) in hidden or self.stream_tensor(x) in hidden
+        return x in hidden or self.strip_casts(x) in hidden or self.projections.stream_tensor(x) in hidden
 
 
 def _same_score_axes(before: tuple[int, ...] | None, after: tuple[int, ...] | None) -> bool:

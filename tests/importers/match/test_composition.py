@@ -1,8 +1,9 @@
-"""The matcher is composed, not joined: no class in :mod:`importers.match` has two project bases.
+"""The matcher is composed, not joined: no class in :mod:`importers.match` has two project bases
+or sits on a chain of more than three project classes.
 
-Issue 24 step 3: the matcher's roles (scores, projections, rotary, norms, head layout, residual
-stream) are held as components over one shared walker state, not merged into one object by
-multiple inheritance.
+The matcher's roles (scores, projections, rotary, norms, head layout, residual stream) are held as
+components over one match attempt's basis and shape context, not merged into one object by
+multiple or deep inheritance.
 """
 
 from __future__ import annotations
@@ -44,6 +45,21 @@ def test_no_match_class_inherits_from_two_project_classes() -> None:
     assert joined == {}
 
 
+def _project_chain(cls: type) -> list[str]:
+    """``cls`` and its project ancestors (importers.*), nearest first."""
+    return [base.__qualname__ for base in cls.__mro__ if base.__module__.startswith("importers")]
+
+
+def test_no_match_class_sits_on_a_chain_of_more_than_three_project_classes() -> None:
+    """A reader (or a call-graph tool) follows a walk through at most two bases; deeper roles are
+    components (Matcher holds scores, projections, layout and stream)."""
+    deep = {
+        cls.__qualname__: chain for cls in _match_classes() if len(chain := _project_chain(cls)) > 3
+    }
+    assert deep == {}
+    assert _project_chain(Matcher) == ["Matcher", "GraphWalker"]
+
+
 def test_one_attempts_components_share_its_basis_and_shape_context() -> None:
     """The parts of one match attempt read one basis and one shape context (what one part pins,
     the others see); other attempts are tested in test_attempts."""
@@ -52,7 +68,13 @@ def test_one_attempts_components_share_its_basis_and_shape_context() -> None:
     assert isinstance(matcher.layout, LayoutProbe)
     assert isinstance(matcher.stream, StreamMatcher)
     assert isinstance(matcher.rotary, RotaryMatcher)
-    for part in (matcher.layout, matcher.stream, matcher.rotary):
+    for part in (
+        matcher.scores,
+        matcher.projections,
+        matcher.layout,
+        matcher.stream,
+        matcher.rotary,
+    ):
         assert part.index is matcher.index
         assert part.basis is matcher.basis
         assert part.context is matcher.context
