@@ -9,6 +9,7 @@ over every Softmax.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from importers.match.codes import RejectCode
 from importers.match.layout import Layout, LayoutProbe
 from importers.match.limits import VALUE_MATMUL_STEPS
 from importers.match.projections import ProjectionFinder, Trace, describe_linear
-from importers.match.results import AttentionBlock, LinearMatch
+from importers.match.results import AttentionBlock, LinearMatch, RotaryForm
 from importers.match.scores import ScoreBias, ScoreMatcher
 from importers.match.stream import StreamMatcher
 from importers.match.walker import VALUE_PRESERVING, GraphWalker, MatchBasis, RejectError
@@ -25,6 +26,21 @@ from importers.match.walker import VALUE_PRESERVING, GraphWalker, MatchBasis, Re
 #: Relative mismatch tolerated between the score scale found and 1/sqrt(d_head).
 SCALE_RTOL = 1e-3
 _PROBABILITY_VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+
+
+@dataclass(frozen=True)
+class ValuePath:
+    """The walk forward from a Softmax to the ·V MatMul.
+
+    ``passed`` describes each step on the way (guards, views, the gated mix); ``attention`` is A,
+    the tensor that weights V: the Softmax output, or a gated mix of it (:meth:`Matcher.gated_mix`),
+    whose description is ``mix``.
+    """
+
+    matmul: Node
+    passed: tuple[str, ...]
+    attention: str
+    mix: str | None
 
 
 class Matcher(GraphWalker):
@@ -50,7 +66,8 @@ class Matcher(GraphWalker):
     # -- the whole block --------------------------------------------------------------------------
     def match(self, softmax: Node, index: int) -> AttentionBlock:
         score_sum, (scores, score_scale, score_nodes) = self.scores.scores_of(softmax)
-        value_matmul, guard, attention = self.value_matmul(softmax)
+        value_path = self.value_matmul(softmax)
+        value_matmul, guard = value_path.matmul, value_path.passed
         q = self.projections.trace(scores.input(0), "Q")
         k = self.projections.trace(scores.input(1), "K")
         v = self.projections.trace(value_matmul.input(1), "V")
@@ -82,20 +99,20 @@ class Matcher(GraphWalker):
             + self.soft_cap_notes(score_sum.capped)
             + bias.notes
             + shift_notes
-            + self.mix_notes(guard)
+            + self.mix_notes(value_path.mix)
         )
         rotary, rotary_width = self.rotary_form(q, k, d_head)
         if rotated_input and rotary == "none":
             rotary, rotary_width = "full", d_head
         stream = self.stream.block_stream(v.linear.x, o)
-        notes += stream.pop("notes")
+        notes += stream.notes
         if layout.time_major:
             notes += (
                 "the residual stream is time-major, (tokens, batch, features) (PyTorch's "
                 "nn.TransformerEncoder without batch_first): the audit transposes its layers to "
                 "batch-first before their statistics",
             )
-        departures = stream.pop("departures") + (("value-clip",) if v.clipped else ())
+        departures = stream.departures + (("value-clip",) if v.clipped else ())
         roles = {
             "scores": f"MatMul {scores.label!r}"
             + (f" via {', '.join(score_nodes)}" if score_nodes else ""),
@@ -106,7 +123,7 @@ class Matcher(GraphWalker):
             "V": describe_linear(v),
             "O": f"{o.kind} {', '.join(o.nodes)} (weight {o.weight!r})",
             **({"score terms": "; ".join(bias.described)} if bias.described else {}),
-            **stream.pop("roles"),
+            **stream.roles,
         }
         return AttentionBlock(
             index=index,
@@ -116,7 +133,7 @@ class Matcher(GraphWalker):
             d_model=d_model,
             d_head=d_head,
             scale=scale,
-            attention_name=attention,
+            attention_name=value_path.attention,
             q=q.linear,
             k=k.linear,
             v=v.linear,
@@ -133,7 +150,18 @@ class Matcher(GraphWalker):
             rotary_width=rotary_width,
             departures=departures,
             time_major=layout.time_major,
-            **stream,
+            norm=stream.norm,
+            norm_kind=stream.norm_kind,
+            norm_match=stream.norm_match,
+            has_layer_scale=stream.has_layer_scale,
+            layer_scale_name=stream.layer_scale_name,
+            input_name=stream.input_name,
+            input_base=stream.input_base,
+            residual_name=stream.residual_name,
+            norm_output_name=stream.norm_output_name,
+            output_name=stream.output_name,
+            parallel=stream.parallel,
+            stream_error=stream.stream_error,
         )
 
     def check_self_attention(self, q: Trace, k: Trace, v: Trace) -> tuple[tuple[str, ...], bool]:
@@ -300,7 +328,7 @@ class Matcher(GraphWalker):
         )
 
     @staticmethod
-    def rotary_form(q: Trace, k: Trace, d_head: int) -> tuple[str, int]:
+    def rotary_form(q: Trace, k: Trace, d_head: int) -> tuple[RotaryForm, int]:
         """("none" | "full" | "partial", columns rotated per head) of the rotary embedding."""
         traces = [trace for trace in (q, k) if trace.rope]
         if not traces:
@@ -330,20 +358,21 @@ class Matcher(GraphWalker):
         return (note,)
 
     # -- 2. value MatMul ---------------------------------------------------------------------------
-    def value_matmul(self, softmax: Node) -> tuple[Node, list[str], str]:
-        """Walk forward from the Softmax to the MatMul with V; returns (MatMul, the nodes passed,
-        A): A is the Softmax output, or the gated mix that weights V (:meth:`gated_mix`)."""
+    def value_matmul(self, softmax: Node) -> ValuePath:
+        """Walk forward from the Softmax to the MatMul with V (see :class:`ValuePath`)."""
         name = attention = softmax.outputs[0]
         passed: list[str] = []
+        mixed: str | None = None
         for _ in range(VALUE_MATMUL_STEPS):
             users = self.consumers(name)
             matmuls = [node for node in users if node.op_type == "MatMul" and node.input(0) == name]
             if len(matmuls) == 1:
-                return matmuls[0], passed, attention
-            mix = self.gated_mix(name, users) if attention == softmax.outputs[0] else None
+                return ValuePath(matmuls[0], tuple(passed), attention, mixed)
+            mix = self.gated_mix(name, users) if mixed is None else None
             if mix is not None:
-                passed.append(mix[1])
                 name = attention = mix[0]
+                mixed = mix[1]
+                passed.append(mixed)
                 continue
             guard = self.nan_guard(name, users)
             if guard is not None:
@@ -417,14 +446,13 @@ class Matcher(GraphWalker):
         return divides[0] if denominator is sums[0] else None
 
     @staticmethod
-    def mix_notes(passed: list[str]) -> tuple[str, ...]:
+    def mix_notes(mix: str | None) -> tuple[str, ...]:
         """A note for a gated mix on the way to V (ConViT's gated positional attention)."""
-        mixes = [step for step in passed if step.startswith("gated mix")]
-        if not mixes:
+        if mix is None:
             return ()
         return (
             f"gated positional self-attention: the Softmax is mixed with a term that does not "
-            f"depend on the inputs and renormalised ({mixes[0]}); A is that mix, the matrix "
+            f"depend on the inputs and renormalised ({mix}); A is that mix, the matrix "
             f"that weights V, measured there, and W_Q W_Kᵀ describes its content part only",
         )
 

@@ -13,11 +13,14 @@ import numpy as np
 
 from importers.graph import Node
 from importers.match.limits import NORM_SEARCH_DEPTH, STRIP_RESHAPE_STEPS
-from importers.match.results import NormMatch
+from importers.match.results import NormKind, NormMatch
 from importers.match.walker import GraphWalker
 
 #: onnxruntime's fused ``norm(input + skip (+ bias))`` ops and the norm each applies.
-SKIP_NORMS = {"SkipLayerNormalization": "layernorm", "SkipSimplifiedLayerNormalization": "rmsnorm"}
+SKIP_NORMS: dict[str, NormKind] = {
+    "SkipLayerNormalization": "layernorm",
+    "SkipSimplifiedLayerNormalization": "rmsnorm",
+}
 #: Ops that may read a (tokens, batch) view of the stream made for the projections alone.
 _PROJECTION_READERS = frozenset(
     "MatMul Gemm FusedMatMul MatMulNBits MatMulInteger DynamicQuantizeLinear DequantizeLinear "
@@ -287,7 +290,7 @@ class NormMatcher(GraphWalker):
                 float(node.attr("epsilon", 1e-12)),
                 (node.label,),
             )
-        kinds = {
+        kinds: dict[str, NormKind] = {
             "LayerNormalization": "layernorm",
             "SimplifiedLayerNormalization": "rmsnorm",
             "RMSNormalization": "rmsnorm",
@@ -318,7 +321,7 @@ class NormMatcher(GraphWalker):
                 return node.input(const_pos), node.input(1 - const_pos)
         return None, ""
 
-    def norm_core(self, node: Node) -> tuple[str, str, float | None, list[str]] | None:
+    def norm_core(self, node: Node) -> tuple[NormKind, str, float | None, list[str]] | None:
         """``(x - mean) / sqrt(var + eps)`` (layernorm) or ``x / sqrt(mean(x²) + eps)`` (rmsnorm)."""
         if node.op_type == "Div":
             numerator, root = node.input(0), self.producer(node.input(1))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -102,11 +102,28 @@ class LinearMatch:
     groups: int = 1
 
 
+#: Where a block's norm sits: before the attention, after the residual sum, or nowhere.
+NormPosition = Literal["pre", "post", "none"]
+#: The normalisations the matcher recognises.
+NormKind = Literal["layernorm", "rmsnorm"]
+#: What else is added to the content scores before the Softmax (:mod:`importers.match.scores`).
+ScoreBiasKind = Literal["none", "alibi", "relative", "disentangled", "other"]
+#: The rotary embedding on Q and K.
+RotaryForm = Literal["none", "full", "partial"]
+#: Each closed set of block field values, by field (for readers such as the report's schema).
+BLOCK_FIELD_VALUES: dict[str, tuple[str, ...]] = {
+    "norm": get_args(NormPosition),
+    "norm_kind": get_args(NormKind),
+    "score_bias": get_args(ScoreBiasKind),
+    "rotary": get_args(RotaryForm),
+}
+
+
 @dataclass(frozen=True)
 class NormMatch:
     """A normalisation found by structure: ``kind`` is ``"layernorm"`` or ``"rmsnorm"``."""
 
-    kind: str
+    kind: NormKind
     input: str
     output: str
     gamma: str | None
@@ -199,8 +216,8 @@ class AttentionBlock:
     n_kv_heads: int
     d_model: int
     d_head: int
-    norm: str
-    norm_kind: str | None
+    norm: NormPosition
+    norm_kind: NormKind | None
     has_layer_scale: bool
     scale: float
     input_name: str
@@ -222,9 +239,9 @@ class AttentionBlock:
     roles: dict[str, str] = field(default_factory=dict, repr=False)
     parallel: bool = False
     stream_error: str | None = None
-    score_bias: str = "none"
+    score_bias: ScoreBiasKind = "none"
     causal: bool = False
-    rotary: str = "none"
+    rotary: RotaryForm = "none"
     rotary_width: int = 0
     departures: tuple[str, ...] = ()
     input_base: str | None = None

@@ -50,6 +50,7 @@ from importers.match import score_values as values
 from importers.match.codes import RejectCode
 from importers.match.limits import MAX_SCORE_NODES, POSITION_TERM_DEPTH, SCALE_SEARCH_DEPTH
 from importers.match.projections import ProjectionFinder, Trace
+from importers.match.results import ScoreBiasKind
 from importers.match.walker import GraphWalker, MatchBasis, RejectError
 
 _VIEWS = frozenset({"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
@@ -107,7 +108,7 @@ class ScoreBias:
     number of disentangled position terms, one description per term for the block's roles, and
     notes on terms classified by structure only or not recognised."""
 
-    kind: str
+    kind: ScoreBiasKind
     causal: bool
     position_terms: int
     described: tuple[str, ...]
@@ -378,7 +379,7 @@ class ScoreMatcher(GraphWalker):
         hidden |= {trace.linear.x for trace in (q, k, v)}
         hidden |= {self.projections.stream_tensor(trace.linear.x) for trace in (q, k, v)}
         masks = [self.fill_mask(fill) for fill in found.fills]
-        kinds: list[str] = []
+        kinds: list[ScoreBiasKind] = []
         described: list[str] = []
         notes: list[str] = []
         others = [ScoreTerm(node.outputs[0], scale) for node, scale, _ in found.products]
@@ -408,8 +409,12 @@ class ScoreMatcher(GraphWalker):
         distinct = sorted(set(kinds))
         if len(distinct) > 1:
             notes.append(f"score terms of several kinds ({', '.join(distinct)}): score bias other")
-        kind = distinct[0] if len(distinct) == 1 else ("other" if distinct else "none")
-        return ScoreBias(kind, causal, kinds.count("disentangled"), tuple(described), tuple(notes))
+        overall: ScoreBiasKind = (
+            distinct[0] if len(distinct) == 1 else ("other" if distinct else "none")
+        )
+        return ScoreBias(
+            overall, causal, kinds.count("disentangled"), tuple(described), tuple(notes)
+        )
 
     def term_label(self, term: ScoreTerm) -> str:
         node = self.producer(term.tensor)
@@ -424,7 +429,9 @@ class ScoreMatcher(GraphWalker):
         condition = self.neutral_value(fill.condition)
         return None if condition is None else np.asarray(condition, dtype=bool) == fill.masked_when
 
-    def independent_term(self, term: ScoreTerm) -> tuple[str, np.ndarray | None, str | None]:
+    def independent_term(
+        self, term: ScoreTerm
+    ) -> tuple[ScoreBiasKind, np.ndarray | None, str | None]:
         """(kind, masked entries or None, note or None) for a term that does not depend on the
         hidden states (module docstring)."""
         label = self.term_label(term)
@@ -442,14 +449,16 @@ class ScoreMatcher(GraphWalker):
                         "caller supplies (not evaluated; no causal mask is reported from it)"
                     ),
                 )
-            kind = "relative" if values.gathered_from_table(self, term.tensor) else "other"
+            guess: ScoreBiasKind = (
+                "relative" if values.gathered_from_table(self, term.tensor) else "other"
+            )
             return (
-                kind,
+                guess,
                 None,
                 (
                     f"score term {label} could not be evaluated with an all-ones attention mask; "
-                    f"taken as {kind} from its structure"
-                    + ("" if kind == "relative" else " (not a gather from a position table)")
+                    f"taken as {guess} from its structure"
+                    + ("" if guess == "relative" else " (not a gather from a position table)")
                 ),
             )
         value = np.asarray(value, dtype=np.float64) * term.factor
@@ -480,7 +489,7 @@ class ScoreMatcher(GraphWalker):
             ),
         )
 
-    def position_term(self, term: ScoreTerm, hidden: set[str]) -> str:
+    def position_term(self, term: ScoreTerm, hidden: set[str]) -> ScoreBiasKind:
         """``"disentangled"`` for a product of a Q or K projection of the block's stream with a
         tensor independent of the hidden states; raise for any other hidden-state term."""
         name = term.tensor

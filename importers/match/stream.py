@@ -31,6 +31,7 @@ that stream as ``input_base``, which the layer check accepts as the previous blo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from importers.graph import Node
 from importers.match.coverage import is_attention_softmax
@@ -42,7 +43,7 @@ from importers.match.norms import (
     channels_first,
     channels_last,
 )
-from importers.match.results import LinearMatch, NormMatch
+from importers.match.results import LinearMatch, NormKind, NormMatch, NormPosition
 
 #: Ops that keep a tensor's values (dtype or layout only): the same stream.
 VIEWS = frozenset({"Cast", "Identity", "Reshape", "Flatten", "Dropout", "Squeeze", "Unsqueeze"})
@@ -60,6 +61,31 @@ class ResidualSum:
     terms: tuple[str, str]
     output: str
     normed: str | None
+
+
+@dataclass(frozen=True)
+class BlockStream:
+    """What :meth:`StreamMatcher.block_stream` found of one block's stream and norm.
+
+    The first twelve fields become :class:`~importers.match.results.AttentionBlock`'s of the same
+    names; ``roles``, ``notes`` and ``departures`` are added to the block's own.
+    """
+
+    norm: NormPosition
+    norm_kind: NormKind | None
+    norm_match: NormMatch | None
+    has_layer_scale: bool
+    layer_scale_name: str | None
+    input_name: str
+    input_base: str | None
+    residual_name: str | None
+    norm_output_name: str | None
+    output_name: str
+    parallel: bool
+    stream_error: str | None
+    roles: dict[str, str]
+    notes: tuple[str, ...]
+    departures: tuple[str, ...]
 
 
 class StreamError(Exception):
@@ -290,7 +316,7 @@ class StreamMatcher(NormMatcher):
                     return self.index.name_output(candidate, SKIP_SUM_OUTPUT, name)
         return name
 
-    def block_stream(self, x: str, o: LinearMatch) -> dict:
+    def block_stream(self, x: str, o: LinearMatch) -> BlockStream:
         """Norm position and kind, LayerScale, and the block's stream tensors (see the module
         docstring); ``stream_error`` says what was not found, if anything. A norm reading the
         attention output itself (a branch norm before the residual sum) is passed, with a note."""
@@ -312,7 +338,7 @@ class StreamMatcher(NormMatcher):
             branch = self.strip_reshapes_forward(branch_norm.output)
         pre = self.norm_ending_at(attention_input)
         candidates = ([self.strip_casts(pre.input)] if pre is not None else []) + [attention_input]
-        result = {
+        result: dict[str, Any] = {
             "norm": "none",
             "norm_kind": None,
             "norm_match": None,
@@ -339,7 +365,7 @@ class StreamMatcher(NormMatcher):
             result["norm_kind"] = norm_match.kind
             roles["norm"] = f"{result['norm']}-LN {norm_match.kind}: {', '.join(norm_match.nodes)}"
         departures = ("branch-norm",) if branch_norm is not None else ()
-        return {**result, "roles": roles, "notes": notes, "departures": departures}
+        return BlockStream(**result, roles=roles, notes=notes, departures=departures)
 
     def tokens_last(self, found: dict, roles: dict[str, str]) -> dict:
         """The stream tensors of a block whose stream is channel-first, (batch, features,
