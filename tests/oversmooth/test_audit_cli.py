@@ -22,7 +22,7 @@ from importers.run.feeds import expected_inputs_text
 from importers.run.sources import bundled_inputs
 from oversmooth.cli import main
 from tests.importers.builders import assemble
-from tests.importers.window_blocks import windowed_decoder
+from tests.importers.head_split_blocks import windowed_decoder
 from tests.realmodels import require_real_model
 
 SEED = 5

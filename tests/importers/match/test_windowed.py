@@ -5,7 +5,7 @@ into the batch axis before the Q/K/V projections: the scores are (B·4, H, 4, 4)
 T×T attention matrix per input, so the importer must decline the block, naming the windows, instead
 of auditing each window as if it were an input. The same holds when the projections read the whole
 (B, T, D) stream and the block's own head-split Reshapes fold the windows into the leading axis
-(:mod:`tests.importers.window_blocks`).
+(:mod:`tests.importers.head_split_blocks`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from onnx import TensorProto, helper
 from importers.graph import ShapeContext, model_from_proto
 from importers.match import NoAttentionBlocksError, find_attention_blocks
 from importers.match.codes import RejectCode
+from tests.importers.head_split_blocks import windowed_decoder
 from tests.importers.small_graph import SmallGraph
-from tests.importers.window_blocks import windowed_decoder
 
 D, HEADS, D_HEAD, GRID, WINDOW = 8, 2, 4, 4, 2
 
