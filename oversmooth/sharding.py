@@ -208,6 +208,8 @@ def _merged(parts: Sequence[Measurement], where: Mapping[str, object]) -> Measur
         for name in parts[0].attention_part
     }
     runner = {**parts[0].runner, "executor": dict(where), "shards": len(parts)}
+    one_per_call = [part.runner.get("one_input_per_call") for part in parts]  # any shard's
+    runner["one_input_per_call"] = next((note for note in one_per_call if note), None)
     cases = [case for part in parts for case in part.dominance]
     exact = [case for part in parts for case in part.operator]
     to_host = {

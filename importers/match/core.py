@@ -76,6 +76,7 @@ class Matcher(GraphWalker):
         self.check_whole_sequence(
             softmax, self.projections.stream_tensor(v.linear.x), layout.time_major
         )
+        self.check_per_input(softmax, layout)
         self.check_softmax_axis(softmax, len(layout.lead) + 2)
         columns = self.layout.head_columns(layout.q, layout.k, layout.v)
         n_heads, d_head = layout.q.columns.shape
@@ -247,6 +248,28 @@ class Matcher(GraphWalker):
             f"windowed attention: each input's tokens attend within {items // batch} windows "
             f"of {tokens} tokens (folded into the batch axis, Swin-style), so no single "
             f"attention matrix over all its tokens exists",
+            (softmax.label,),
+        )
+
+    def check_per_input(self, softmax: Node, layout: Layout) -> None:
+        """Decline attention computed per window: windows folded into the batch inside the block.
+
+        The projections may read the whole (B, T, D) stream while the head split reshapes each
+        input's tokens into n windows of t (``[-1, t, heads, d_head]``): the scores are then
+        (n·B, heads, t, t), their leading axes ``layout.lead`` holding n·B·heads matrices at the
+        probe sizes, n times one per input and head. Each input has n·heads t×t matrices, not the
+        token-mixing matrix A of all its tokens (and the audit would read windows as inputs).
+        """
+        batch, n_heads = self._input_batch(), layout.q.columns.shape[0]
+        items = math.prod(layout.lead) // n_heads
+        if batch is None or items <= batch or items % batch:
+            return
+        raise RejectError(
+            RejectCode.WINDOWED_ATTENTION,
+            f"windowed attention: each input's tokens attend within {items // batch} windows "
+            f"of {layout.tokens} tokens (the block folds them into the leading axis of its "
+            f"attention, {items // batch}·batch), so no single attention matrix over all its "
+            f"tokens exists",
             (softmax.label,),
         )
 

@@ -73,7 +73,7 @@ from importers.match import (
     find_attention_blocks,
     missing_blocks_note,
 )
-from importers.run.batching import items_per_call
+from importers.run.batching import items_per_call, run_notes
 from importers.run.cache import cached_value_spectra
 from importers.run.dominance import (
     dominance_spectra,
@@ -523,7 +523,7 @@ def audit_result(
             runner=measurement.runner,
             inputs_digest=inputs.digest,
         ),
-        notes=[*prepared.notes, *notes],
+        notes=[*prepared.notes, *run_notes(measurement.runner), *notes],
     )
 
 

@@ -14,6 +14,12 @@ Two properties of a graph decide it:
 
 A reduction after a ``Reshape`` that folds the batch into another axis is not recognised.
 
+A third property shows only at run time: **a batch fixed inside the graph.** A torch dynamo export
+may spell batch 1 in a ``Reshape`` (``view(1, T, heads, d_head)``) while its inputs declare a
+symbolic batch; onnxruntime then fails on every call of more than one input. Such a call is
+retried one input per call (:class:`OnePerCall`); when the inputs run alone, every later call
+does so too, and the runner's record says why.
+
 Public API
 ----------
 fixed_batch
@@ -26,6 +32,9 @@ calls
     Consecutive calls over batch-first feeds: item range and the (filled) feeds.
 drop_filler, batch_count, call_size
     Outputs without the filler rows; the number of items of feeds; items per call.
+OnePerCall, run_notes
+    Calls of several inputs retried one input per call when onnxruntime refuses them; the note
+    a runner's record then carries.
 run_batches
     Run a :class:`~importers.run.runner.Runner` over inputs read batch by batch.
 """
@@ -33,18 +42,22 @@ run_batches
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
-from importers.errors import ImporterInputError
+from importers.errors import ImporterInputError, RunnerError
 from importers.graph import GraphInput, OnnxModel
 from importers.run.feeds import Inputs, check_finite
+from importers.run.records import Note
+from simulator.backend import array_module
 from simulator.limits import check_elements
 
 __all__ = [
+    "OnePerCall",
     "batch_count",
     "batch_mixing_nodes",
     "call_size",
@@ -53,6 +66,7 @@ __all__ = [
     "fixed_batch",
     "items_per_call",
     "run_batches",
+    "run_notes",
 ]
 
 #: Ops whose result for one item depends on every item of the tensor, whatever their attributes.
@@ -87,6 +101,9 @@ _AXIS_OPS = {
 }
 #: Ops whose outputs describe shapes, not values: the tensors after them are not item data.
 _SHAPE_OPS = frozenset({"Shape", "Size"})
+#: The node an onnxruntime run failed in, as its message names it ("... while running Reshape
+#: node. Name:'node_view' Status Message: ...").
+_FAILED_NODE = re.compile(r"running (\w+) node\. Name:'([^']*)'")
 
 
 def fixed_batch(specs: Sequence[GraphInput]) -> int | None:
@@ -256,6 +273,82 @@ def calls(
         if fixed is not None:
             batch = {name: _fill(array, fixed) for name, array in batch.items()}
         yield start, stop, batch
+
+
+#: One onnxruntime call: ``(feeds, reuse, first item, items) -> outputs``, raising
+#: :class:`~importers.errors.RunnerError` when onnxruntime fails (``Runner._call``).
+Call = Callable[[dict[str, np.ndarray], int, int, int], dict[str, Any]]
+
+
+class OnePerCall:
+    """Calls of several inputs run one input per call once onnxruntime refused such a call.
+
+    For a graph whose inputs declare a symbolic batch (a batch fixed at the inputs is filled
+    instead, :func:`calls`). When a call of n > 1 inputs fails, its inputs are run one per call:
+    if they all run, their outputs are concatenated along axis 0 (batch-first outputs, as
+    :func:`drop_filler` assumes), exactly those of a batch-size-1 run, and every later call of
+    several inputs is run so at once; :attr:`note` says why. If one fails too, the batch's error
+    stands.
+
+    Attributes
+    ----------
+    note : str
+        Why inputs run one per call (which node refused a batch), or "" while batches run.
+    """
+
+    def __init__(self) -> None:
+        self.note = ""
+
+    def run(self, call: Call, feeds: dict[str, np.ndarray], reuse: int, first: int) -> dict:
+        """The outputs of ``feeds`` (items numbered from ``first``; ``reuse`` as for
+        :meth:`~importers.run.runner.Runner.run`), from one call or, see above, one per input."""
+        items = batch_count(feeds)
+        if items > 1 and self.note:
+            return self._singly(call, feeds, first)
+        try:
+            return call(feeds, reuse, first, items)
+        except RunnerError as error:
+            if items == 1:
+                raise
+            try:
+                outputs = self._singly(call, feeds, first)
+            except RunnerError:  # the inputs fail alone too: not the batch
+                raise error from error.__cause__
+            self.note = _fixed_inside_note(error, items)
+            return outputs
+
+    @staticmethod
+    def _singly(call: Call, feeds: dict[str, np.ndarray], first: int) -> dict:
+        """One call per item of ``feeds`` (fresh arrays), outputs concatenated along axis 0."""
+        singles = [
+            {name: array[i : i + 1] if np.ndim(array) else array for name, array in feeds.items()}
+            for i in range(batch_count(feeds))
+        ]
+        parts = [call(single, 0, first + i, 1) for i, single in enumerate(singles)]
+        return {
+            name: array_module(array).concatenate([part[name] for part in parts])
+            if np.ndim(array)
+            else array
+            for name, array in parts[0].items()
+        }
+
+
+def _fixed_inside_note(error: RunnerError, items: int) -> str:
+    """The note of a graph that refused ``items`` inputs at once and runs each alone."""
+    found = _FAILED_NODE.search(str(error))
+    node = "a node" if found is None else f"a {found[1]}"
+    node = f"{found[1]} {found[2]!r}" if found is not None and found[2] else node
+    return (
+        f"the model fixes the batch at 1 inside the graph ({node} refused {items} inputs at once, "
+        f"although the graph inputs declare a symbolic batch); ran one input per call"
+    )
+
+
+def run_notes(record: Mapping[str, Any]) -> list[Note]:
+    """The notes of a runner's record (:meth:`~importers.run.runner.Runner.provenance`): why its
+    inputs ran one per call (:class:`OnePerCall`), if they did."""
+    note = record.get("one_input_per_call")
+    return [Note("batching", str(note))] if note else []
 
 
 class _Runs(Protocol):

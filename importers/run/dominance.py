@@ -14,6 +14,8 @@ DominanceProblem, dominance_problems
     The heads of one (input, layer), and all of one batch of onnxruntime outputs.
 nonfinite_attention
     Which inputs' attention probabilities hold NaN or infinities on their real tokens.
+per_input_attention
+    A block's probabilities as (batch, heads, T, T), refused unless one stack per input.
 stacks, stacked_cases
     Problems of one token count and H width, solved in one stacked call.
 PendingCases
@@ -29,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from importers.errors import ImporterInputError
+from importers.errors import ImporterInputError, UnsupportedModelError
 from importers.match import AttentionBlock
 from importers.run.feeds import Inputs
 from importers.run.records import DominanceCase
@@ -48,6 +50,7 @@ __all__ = [
     "dominance_problems",
     "dominance_spectra",
     "nonfinite_attention",
+    "per_input_attention",
     "stacked_cases",
     "stacks",
 ]
@@ -109,13 +112,43 @@ def attention_by_head(array: Any, name: str, n_heads: int) -> Any:
     return array
 
 
-def nonfinite_attention(array: Any, name: str, n_heads: int, inputs: Inputs) -> np.ndarray:
+def per_input_attention(
+    array: Any, name: str, n_heads: int, inputs: Inputs, block: AttentionBlock | None = None
+) -> Any:
+    """:func:`attention_by_head` of ``array``, checked to hold one (n_heads, T, T) stack per
+    input of ``inputs``: per-input data (token masks, item numbers) is never indexed with another
+    axis.
+
+    Raises
+    ------
+    UnsupportedModelError
+        The leading size is not the inputs' count (say n·B: attention computed within n windows
+        folded into the leading axis), naming ``block`` when given.
+    """
+    probs = attention_by_head(array, name, n_heads)
+    if len(probs) != inputs.batch_size:
+        where = f"attention probabilities {name!r}"
+        if block is not None:
+            where = f"block {block.index}'s {where} (Softmax {block.softmax!r})"
+        raise UnsupportedModelError(
+            f"{where} hold {len(probs)} ({n_heads}, T, T) stacks for {inputs.batch_size} inputs "
+            f"(shape {tuple(array.shape)}): the attention is not computed once per input over "
+            f"all its tokens (windows folded into its leading axis?), and the audit reads one "
+            f"attention matrix per input and head"
+        )
+    return probs
+
+
+def nonfinite_attention(
+    array: Any, name: str, n_heads: int, inputs: Inputs, *, block: AttentionBlock | None = None
+) -> np.ndarray:
     """(batch,) bool: which inputs' attention probabilities ``array`` (a block's Softmax output)
     hold a NaN or an infinity among their real tokens' rows and columns (what the dominance step
     reads; padding is never read). Probabilities lie in [0, 1], so a sum is finite exactly when
     every term is: nothing as large as the probabilities is allocated. Device probabilities are
-    summed on their device; only the (batch,) answer comes to the host."""
-    probs = attention_by_head(array, name, n_heads)
+    summed on their device; only the (batch,) answer comes to the host. Probabilities of another
+    leading size than the inputs' count are refused (:func:`per_input_attention`)."""
+    probs = per_input_attention(array, name, n_heads, inputs, block)
     xp = array_module(probs)
     masks = _token_masks(inputs, probs.shape[0], probs.shape[-1])
     if masks.all():
@@ -242,11 +275,12 @@ def dominance_problems(
 
     ``outputs`` hold the blocks' attention probabilities under the names ``attention`` for the
     batch ``inputs``, whose first input is numbered ``start``; ``eig_H`` holds one (n_heads, k)
-    array per block (:func:`dominance_spectra`).
+    array per block (:func:`dominance_spectra`). Probabilities whose leading size is not the
+    batch's input count are refused (:func:`per_input_attention`), never indexed as inputs.
     """
     problems = []
     for layer, (block, name) in enumerate(zip(blocks, attention, strict=False)):
-        probs = attention_by_head(outputs[name], name, block.n_heads)
+        probs = per_input_attention(outputs[name], name, block.n_heads, inputs, block)
         masks = _token_masks(inputs, probs.shape[0], probs.shape[-1])
         problems += [
             DominanceProblem(start + b, layer, probs[b], masks[b], eig_H[layer])

@@ -42,7 +42,14 @@ from importers.errors import ImporterInputError, ProviderError, RunnerError
 from importers.graph import GraphInput, OnnxModel
 from importers.graph.index import uses_external_data
 from importers.graph.shapes import inferred_types
-from importers.run.batching import batch_count, call_size, calls, drop_filler, fixed_batch
+from importers.run.batching import (
+    OnePerCall,
+    batch_count,
+    call_size,
+    calls,
+    drop_filler,
+    fixed_batch,
+)
 from importers.run.binding import BoundOutputs
 from importers.run.cuda import device_arrays, preload_cuda_libraries
 from importers.run.feeds import Inputs, check_feeds
@@ -390,6 +397,8 @@ class Runner:
         Why this provider was chosen.
     on_device : frozenset of str
         The outputs :meth:`run` yields on the GPU (empty on the CPU or without CuPy).
+    one_per_call : OnePerCall
+        Its ``note`` says why inputs run one per call (a batch fixed inside the graph), else "".
     """
 
     def __init__(
@@ -445,6 +454,7 @@ class Runner:
         wanted = [name for name in self.output_names if name in set(device_outputs)]
         keep = self._on_cuda and bool(wanted) and device_arrays() is not None
         self.on_device: frozenset[str] = frozenset(wanted if keep else ())
+        self.one_per_call = OnePerCall()
         self._bound = BoundOutputs(
             self.session,
             self.output_names,
@@ -469,6 +479,7 @@ class Runner:
             "provider_options": self.session.get_provider_options().get(self.provider_used[0], {}),
             "onnxruntime": self._ort_version,
             "session_options": self._options.as_dict(),
+            "one_input_per_call": self.one_per_call.note or None,
         }
 
     def _feeds(self, feeds: Inputs | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -504,7 +515,8 @@ class Runner:
         CUDA, inputs and outputs are bound on the device with IOBinding and only the outputs are
         copied back. A graph that fixes its batch size runs at that size: a short batch is filled
         with copies of its last item and the filler's rows are dropped from the (batch-first)
-        outputs (:mod:`importers.run.batching`).
+        outputs; one whose inputs declare a symbolic batch but that onnxruntime refuses to run
+        several at once runs one input per call (:class:`~importers.run.batching.OnePerCall`).
 
         Parameters
         ----------
@@ -533,19 +545,25 @@ class Runner:
 
             parts = tqdm(parts, desc="onnxruntime", unit="batch", total=-(-n_items // size))
         for start, stop, batch in parts:
-            try:
-                outputs = self._run_batch(batch, reuse_outputs)
-            except Exception as err:  # onnxruntime's run-time errors derive from Exception only
-                first, last = first_item + start, first_item + stop - 1
-                fed = ", ".join(  # the model's own inputs, not the extension's
-                    f"{name} {list(np.shape(array))}"
-                    for name, array in batch.items()
-                    if name in self._model_inputs
-                )
-                raise RunnerError(
-                    f"onnxruntime failed on items {first}-{last} (fed {fed}): {err}"
-                ) from err
-            yield outputs if fixed is None else drop_filler(outputs, stop - start, fixed)
+            if fixed is None:  # a call onnxruntime refuses is retried one input per call
+                yield self.one_per_call.run(self._call, batch, reuse_outputs, first_item + start)
+            else:
+                outputs = self._call(batch, reuse_outputs, first_item + start, stop - start)
+                yield drop_filler(outputs, stop - start, fixed)
+
+    def _call(self, batch: dict[str, np.ndarray], reuse: int, first: int, items: int) -> dict:
+        """One onnxruntime call of ``items`` items numbered from ``first`` (a one-line error)."""
+        try:
+            return self._run_batch(batch, reuse)
+        except Exception as err:  # onnxruntime's run-time errors derive from Exception only
+            fed = ", ".join(  # the model's own inputs, not the extension's
+                f"{name} {list(np.shape(array))}"
+                for name, array in batch.items()
+                if name in self._model_inputs
+            )
+            raise RunnerError(
+                f"onnxruntime failed on items {first}-{first + items - 1} (fed {fed}): {err}"
+            ) from err
 
     def collect(
         self, feeds: Inputs | Mapping[str, np.ndarray], *, batch_size: int | None = None

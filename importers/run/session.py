@@ -426,7 +426,7 @@ def check_finite_outputs(
             where = f"layer {layer} (the output of block {blocks[layer - 1].index})"
             found.append((3 * layer, where, bad))
     for i, name in enumerate(session.attention):
-        bad = nonfinite_attention(outputs[name], name, blocks[i].n_heads, batch)
+        bad = nonfinite_attention(outputs[name], name, blocks[i].n_heads, batch, block=blocks[i])
         if bad.any():
             found.append((3 * i + 1, f"block {blocks[i].index}'s attention probabilities", bad))
     if found:

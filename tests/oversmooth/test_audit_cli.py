@@ -6,6 +6,7 @@ model expects) and leaves no output folder; a well-formed model without attentio
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from pathlib import Path
@@ -21,6 +22,7 @@ from importers.run.feeds import expected_inputs_text
 from importers.run.sources import bundled_inputs
 from oversmooth.cli import main
 from tests.importers.builders import assemble
+from tests.importers.head_split_blocks import windowed_decoder
 from tests.realmodels import require_real_model
 
 SEED = 5
@@ -211,6 +213,28 @@ def test_npz_inputs_and_cpu_provider_are_recorded(
     assert doc["n_inputs"] == 2
     assert doc["inputs"]["source"].startswith("npz:")
     assert doc["config"]["exclude_prefix"] == 1
+
+
+def test_a_block_attending_in_windows_is_left_out_under_partial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The middle of three blocks folds 4 windows into its Softmax's leading axis: without
+    ``--partial`` the audit refuses, naming the windows; with it the two blocks around it are
+    audited (no window is ever read as an input)."""
+    model = tmp_path / "windows.onnx"
+    onnx.save(windowed_decoder(), model)
+    out = tmp_path / "report"
+    argv = [str(model), "--random", "2", "--out", str(out)]
+    code, _, err = run_audit(argv, capsys)
+    assert code == 1
+    assert_one_line_error(err, "1 of 3 attention blocks", "within 4 windows of 4 tokens")
+    code, _, err = run_audit([*argv, "--partial"], capsys)
+    assert code == 0, err
+    doc = json.loads((out / "audit.json").read_text(encoding="utf-8"))
+    assert len(doc["blocks"]) == 2
+    assert "within 4 windows of 4 tokens" in doc["notes"][0]
+    with (out / "dominance.csv").open(encoding="utf-8", newline="") as handle:
+        assert {row["block"] for row in csv.DictReader(handle)} == {"0", "1"}
 
 
 # -- bad input ---------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from oversmooth.sharding import (
 )
 from tests.cluster import WORKERS, started_cluster
 from tests.importers.builders import assemble
+from tests.importers.head_split_blocks import batch_one_inside
 from tests.realmodels import require_real_model
 
 #: The audit module itself (the package attribute ``importers.run.audit`` is the function).
@@ -150,6 +151,22 @@ def test_shards_in_this_process_merge_to_the_single_process_audit(builder_model:
     assert_same_report(one, merged)
     assert merged.provenance.runner["shards"] == 4
     assert merged.provenance.runner["executor"]["kind"] == "local"
+
+
+def test_shards_of_a_graph_that_fixes_batch_1_inside_say_so_like_one_process(
+    tmp_path: Path,
+) -> None:
+    """Each shard's runner falls back to one input per call; the merged report notes it once."""
+    path = tmp_path / "view.onnx"
+    onnx.save(batch_one_inside(), path)
+    graph = load_model(path)
+    inputs = random_inputs(graph.inputs, seed=1, batch=5)
+    one = audit(graph, inputs, batch_size=2, provider="cpu")
+    options = AuditOptions(batch_size=2, provider="cpu")
+    merged = sharded_audit(graph, inputs, options, executor=LocalExecutor(), shards=3)
+    assert_same_report(one, merged)
+    [note] = [note.text for note in merged.notes if "inside the graph" in note.text]
+    assert merged.provenance.runner["one_input_per_call"] == note
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,9 @@
 A Swin block cuts each input's T = 16 tokens (a 4×4 grid) into windows of t = 4 (2×2) and folds them
 into the batch axis before the Q/K/V projections: the scores are (B·4, H, 4, 4). There is then no
 T×T attention matrix per input, so the importer must decline the block, naming the windows, instead
-of auditing each window as if it were an input.
+of auditing each window as if it were an input. The same holds when the projections read the whole
+(B, T, D) stream and the block's own head-split Reshapes fold the windows into the leading axis
+(:mod:`tests.importers.head_split_blocks`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from onnx import TensorProto, helper
 
 from importers.graph import ShapeContext, model_from_proto
 from importers.match import NoAttentionBlocksError, find_attention_blocks
+from importers.match.codes import RejectCode
+from tests.importers.head_split_blocks import windowed_decoder
 from tests.importers.small_graph import SmallGraph
 
 D, HEADS, D_HEAD, GRID, WINDOW = 8, 2, 4, 4, 2
@@ -68,6 +72,19 @@ def test_windowed_attention_is_declined_naming_the_windows() -> None:
         match="windowed attention: each input's tokens attend within 4 windows of 4 tokens",
     ):
         find_attention_blocks(_model(windowed=True))
+
+
+def test_windows_folded_by_the_head_split_are_declined_naming_them() -> None:
+    """Block 1 projects the (B, 16, D) stream but its Softmax is (4·B, heads, 4, 4): declined;
+    the blocks attending over all 16 tokens around it are found."""
+    report = find_attention_blocks(model_from_proto(windowed_decoder()))
+    softmaxes = [block.softmax for block in report.blocks]
+    [failure] = report.failures
+    assert len(softmaxes) == 2
+    assert failure.softmax not in softmaxes
+    assert failure.code is RejectCode.WINDOWED_ATTENTION
+    assert "each input's tokens attend within 4 windows of 4 tokens" in failure.reason
+    assert "\n" not in failure.reason
 
 
 def test_the_same_block_over_all_tokens_is_found() -> None:

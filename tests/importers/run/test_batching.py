@@ -3,11 +3,14 @@
 A graph with a fixed batch size runs at that size (filler rows dropped) and gives the numbers of the
 same graph with a symbolic batch; a fixed sequence length is met by masked padding; a graph whose
 ``DynamicQuantizeLinear`` takes its scale over the whole batch runs every input alone, so its
-numbers do not depend on ``batch_size``.
+numbers do not depend on ``batch_size``; a graph that fixes batch 1 in a Reshape behind a symbolic
+input batch runs one input per call once onnxruntime refuses a batch.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from importers.run.sources import random_inputs
 from simulator import tolerances as tol
 from simulator.metrics import METRICS
 from tests.importers.family_corpus import fixture_bytes
+from tests.importers.head_split_blocks import batch_one_inside
 from tests.importers.small_graph import SmallGraph
 from tests.realmodels import require_real_model
 
@@ -270,6 +274,60 @@ def test_minilm_int8_numbers_do_not_depend_on_the_batch_size(tmp_path: Path, qua
             assert np.array_equal(
                 result.metrics[metric], results[0].metrics[metric], equal_nan=True
             )
+
+
+# -- a batch fixed inside the graph ----------------------------------------------------------------
+
+D_FIXED, TOKENS_FIXED = 8, 6  # batch_one_inside()'s features and tokens
+
+
+def test_a_batch_fixed_inside_the_graph_runs_one_input_per_call() -> None:
+    """onnxruntime refuses 3 inputs at once; the runner runs them one per call (the outputs of
+    single calls, exactly), and from then on every call of several inputs (note: the node)."""
+    model = model_from_proto(batch_one_inside())
+    assert fixed_batch(model.inputs) is None
+    x = np.random.default_rng(0).standard_normal((5, TOKENS_FIXED, D_FIXED)).astype(np.float32)
+    out = model.proto.graph.output[0].name
+    runner = Runner(model, expose=[out], provider="cpu", threads=1)
+    batches = list(runner.run({"x": x}, batch_size=3))
+    note = runner.one_per_call.note
+    assert re.search(r"batch at 1 inside the graph \(Reshape 'node_view(_\d+)?' refused 3 ", note)
+    assert runner.provenance()["one_input_per_call"] == note
+    alone = Runner(model, expose=[out], provider="cpu", threads=1).collect({"x": x}, batch_size=1)
+    assert [len(batch[out]) for batch in batches] == [3, 2]
+    assert np.array_equal(np.concatenate([batch[out] for batch in batches]), alone[out])
+
+
+def test_the_audit_of_a_batch_fixed_inside_equals_a_batch_size_1_audit(
+    tmp_path: Path, capsys
+) -> None:
+    """``oversmooth audit`` at the default batch size writes the layers.csv of ``--batch-size 1``,
+    byte for byte (and its dominance cases), and says in report.md and audit.json why it ran one
+    input per call."""
+    from oversmooth.cli import main
+
+    path = tmp_path / "view.onnx"
+    onnx.save(batch_one_inside(), path)
+    argv = ["audit", str(path), "--random", "5", "--no-progress", "--out"]
+    assert main([*argv, str(tmp_path / "batched")]) == 0
+    assert main([*argv, str(tmp_path / "alone"), "--batch-size", "1"]) == 0
+    capsys.readouterr()
+    layers = [(tmp_path / folder / "layers.csv").read_bytes() for folder in ("batched", "alone")]
+    assert layers[0] == layers[1]
+    cases = [  # a batch lists its cases layer first: the same rows, in another order
+        sorted((tmp_path / folder / "dominance.csv").read_text(encoding="utf-8").splitlines())
+        for folder in ("batched", "alone")
+    ]
+    assert cases[0] == cases[1]
+    doc = json.loads((tmp_path / "batched" / "audit.json").read_text(encoding="utf-8"))
+    note = doc["provenance"]["runner"]["one_input_per_call"]
+    assert re.match(r"the model fixes the batch at 1 inside the graph \(Reshape 'node_view", note)
+    assert "refused 4 inputs at once" in note
+    assert note.endswith("ran one input per call")
+    assert note in doc["notes"]
+    assert f"- note: {note}" in (tmp_path / "batched" / "report.md").read_text(encoding="utf-8")
+    alone = json.loads((tmp_path / "alone" / "audit.json").read_text(encoding="utf-8"))
+    assert alone["provenance"]["runner"]["one_input_per_call"] is None
 
 
 # -- the command line ----------------------------------------------------------------------------

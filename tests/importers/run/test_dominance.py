@@ -9,16 +9,24 @@ to 1e-9, and most heads must be decided by the bound (else the fast path would n
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 from threadpoolctl import threadpool_limits
 
+from importers.errors import UnsupportedModelError
 from importers.graph import load_model
 from importers.match import find_attention_blocks
 from importers.run.cache import cached_value_spectra
-from importers.run.dominance import DominanceProblem, dominance_problems, dominance_spectra
+from importers.run.dominance import (
+    DominanceProblem,
+    dominance_problems,
+    dominance_spectra,
+    nonfinite_attention,
+)
+from importers.run.feeds import Inputs
 from importers.run.session import audit_session
 from importers.run.sources import default_inputs
 from importers.value_spectra import H_CHOICES, HChoice
@@ -130,3 +138,22 @@ def test_stacked_problems_come_back_per_problem_in_order(monkeypatch: pytest.Mon
     with ThreadPoolExecutor(max_workers=2) as pool:
         cases = dominance.PendingCases(problems, TIE_RTOL, pool).result()
     assert cases == [case for problem in problems for case in problem.cases(TIE_RTOL)]
+
+
+@pytest.mark.parametrize("shape", [(8, 2, 4, 4), (16, 4, 4)])
+def test_attention_of_another_leading_size_than_the_inputs_is_refused_naming_the_block(
+    shape: tuple[int, ...],
+) -> None:
+    """Probabilities of 8 (heads, t, t) stacks for 2 inputs (windows folded into the leading
+    axis) are never indexed as inputs: a one-line importer error names the block, in the
+    finiteness check and in the dominance step alike."""
+    block = SimpleNamespace(index=3, softmax="attn/Softmax", n_heads=2)
+    inputs = Inputs(feeds={"x": np.zeros((2, 16, 8), np.float32)}, labels=("a", "b"), source="t")
+    probs = np.full(shape, 0.25)
+    eig_H = [np.zeros((2, 3), complex)]
+    expected = r"block 3's attention probabilities 'p' \(Softmax 'attn/Softmax'\) hold 8 "
+    with pytest.raises(UnsupportedModelError, match=expected) as info:
+        dominance_problems({"p": probs}, [block], ["p"], inputs, 0, eig_H)  # type: ignore[list-item]
+    assert "\n" not in str(info.value)
+    with pytest.raises(UnsupportedModelError, match=expected):
+        nonfinite_attention(probs, "p", 2, inputs, block=block)  # type: ignore[arg-type]

@@ -318,7 +318,8 @@ def test_real_minilm_l3_layernorm_output_is_layernorm_of_its_input() -> None:
 
 def test_a_failed_run_names_the_items_and_the_shapes_fed() -> None:
     """A graph that fixes a length its inputs do not have (ESM's legacy export fixes its rotary
-    table at the traced length) fails in onnxruntime; the error says what was fed."""
+    table at the traced length) fails in onnxruntime; the error says what was fed (the batch's,
+    as its inputs fail alone too)."""
     graph = helper.make_graph(
         [helper.make_node("Add", ["x", "table"], ["y"])],
         "fixed_length",
@@ -331,5 +332,6 @@ def test_a_failed_run_names_the_items_and_the_shapes_fed() -> None:
     assert runner.collect({"x": np.zeros((2, 8), np.float32)})["y"].shape == (2, 8)
     with pytest.raises(
         RunnerError, match=r"^onnxruntime failed on items 0-1 \(fed x \[2, 16\]\): "
-    ):
+    ):  # retried one input per call, which fails too: the batch's error stands
         runner.collect({"x": np.zeros((2, 16), np.float32)})
+    assert runner.one_per_call.note == ""
