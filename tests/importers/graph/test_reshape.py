@@ -5,6 +5,11 @@ A 0 in the target copies the input's dimension at that position (opset 5 on; fro
 count. The value rule (constant folding and the layout probe) and the shape rule (shape arithmetic,
 which must cope with declared sizes of 2^40 elements) are one function,
 :func:`importers.graph.reshape_target`; it is checked here against ONNX's reference implementation.
+
+paddle2onnx spells every Paddle ``reshape`` with such zeros. Its OCR recognisers downsample an open
+image width by a convolution stack: at the probe's width of 3 no token reaches the attention, which
+must send the match to the longer probe, not end it as a "malformed graph" (the report of a
+PaddleOCR model at opset 14: "cannot reshape array of size 0 into shape (0,15)").
 """
 
 from __future__ import annotations
@@ -18,7 +23,13 @@ from onnx.reference.ops.op_reshape import reshape_reference_implementation
 from importers.graph import Node, model_from_proto, reshape_target
 from importers.graph.ops import OPS, fold
 from importers.graph.shapes import ShapeContext
+from importers.match import find_attention_blocks
+from importers.match.codes import RejectCode
+from importers.match.core import Matcher
 from importers.match.limits import PROBE_BATCH, PROBE_SEQUENCE
+from importers.match.walker import RejectError
+from importers.weights import block_weights
+from tests.importers.paddle_graph import D_HEAD, N_HEADS, paddle_ocr
 
 BIG = 2**40
 SHAPES = [(2, 3, 5), (0, 15), (2, 0, 15), (30,), (1, 15)]
@@ -144,3 +155,21 @@ def test_a_declared_2_to_the_40_elements_is_reshaped_by_arithmetic() -> None:
     assert np.prod(context.shape("flat"), dtype=object) == BIG
     assert context.value("huge") is None  # beyond max_elements: never materialised
     assert context.value("flat") is None
+
+
+def test_an_ocr_width_downsampled_to_nothing_at_the_probe_is_matched_at_the_longer_probe() -> None:
+    """paddle2onnx's OCR form at opset 14: the short probe sees no token and says so (a head-split
+    rejection); the longer probe matches the block and reads its weights."""
+    built = paddle_ocr(opset=14)
+    model = model_from_proto(built.model)
+    softmax = model.index.nodes_of_type("Softmax")[0]
+    with pytest.raises(RejectError, match="no tokens") as caught:
+        Matcher(model.index, PROBE_BATCH, PROBE_SEQUENCE).match(softmax, 0)
+    assert caught.value.code == RejectCode.HEAD_RESHAPE
+    report = find_attention_blocks(model)
+    assert report.failures == []
+    (block,) = report.blocks
+    assert (block.n_heads, block.d_head, block.norm) == (N_HEADS, D_HEAD, "pre")
+    weights = block_weights(model, block)
+    for role in "QKVO":
+        np.testing.assert_array_equal(getattr(weights, f"W_{role}"), getattr(built, f"W_{role}"))
