@@ -267,16 +267,18 @@ def _matched_with_weights(
     model: str | os.PathLike[str],
 ) -> tuple[Path, list[BlockWeights], onnx.ModelProto]:
     """Parse the model once: its attention blocks with their weights (refusing models without
-    any, with the importer's message), then its proto with every external tensor read in (from
-    inside its folder only: the loader has checked every location)."""
+    any, with the importer's message), then the proto onnxruntime runs (a model older than opset
+    13 as it was read, not its conversion) with every external tensor read in (from inside its
+    folder only: the loader has checked every location)."""
     from onnx.external_data_helper import load_external_data_for_model
 
     path = lookup(model).path
     loaded = load_model(path)
     blocks = [block_weights(loaded, block) for block in find_attention_blocks(loaded).blocks]
+    proto = loaded.session_model()
     if loaded.path is not None:
-        load_external_data_for_model(loaded.proto, os.fspath(loaded.path.parent))
-    return path, blocks, loaded.proto
+        load_external_data_for_model(proto, os.fspath(loaded.path.parent))
+    return path, blocks, proto
 
 
 #: The metadata key that marks a model file as written by this module (so it may be replaced).

@@ -23,6 +23,8 @@ kv_cache
     Key/value cache inputs of a decoder exported for generation, found by structure (fed empty).
 defuse, defuse_parts
     Fused attention operators rewritten into standard ONNX when a model is loaded.
+opsets
+    Models of opsets 7 to 12 read through ONNX's version converter at opset 13, run as shipped.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def fold_transpose(node: Node, values: list) -> np.ndarray:
 
 def fold_reshape(node: Node, values: list) -> np.ndarray:
     target = reshape_target(values[0].shape, values[1], allowzero=bool(node.attr("allowzero", 0)))
-    return values[0].reshape(target)
+    return values[0].reshape(target)  # the shape rule's own arithmetic: one Reshape semantics
 
 
 def node_axes(node: Node, values: list, position: int) -> list[int] | None:
@@ -175,14 +175,40 @@ def fold_constant_of_shape(node: Node, values: list) -> np.ndarray:
     )
 
 
-def reshape_target(shape: tuple[int, ...], target: np.ndarray, *, allowzero: bool) -> list[int]:
-    """ONNX Reshape semantics: 0 copies the input dimension (unless ``allowzero``), -1 is inferred."""
+def reshape_target(
+    shape: tuple[int, ...], target: np.ndarray, *, allowzero: bool
+) -> tuple[int, ...]:
+    """ONNX Reshape's output shape for an input of ``shape``, by arithmetic alone.
+
+    A 0 in ``target`` copies the input's dimension at that position (opsets 5 to 13, and 14+
+    without ``allowzero``); with ``allowzero`` it is a dimension of size 0. One -1 is inferred
+    from the element count. The value rule (:func:`fold_reshape`, which the layout probe replays)
+    and the shape rule (:mod:`importers.graph.shape_rules`) both use this, so they agree by
+    construction; sizes are only numbers here (a 2^40-element input costs nothing).
+
+    Raises
+    ------
+    ValueError
+        What ONNX (and onnxruntime) refuse: a copying 0 past the input's rank, more than one -1, a
+        dimension below -1, a -1 beside a zero-size dimension (nothing to infer it from), or a
+        different element count.
+    """
     dims = [int(value) for value in np.ravel(target)]
     if not allowzero:
-        dims = [
-            shape[i] if value == 0 and i < len(shape) else value for i, value in enumerate(dims)
-        ]
-    return dims
+        if any(dim == 0 for dim in dims[len(shape) :]):
+            raise ValueError(f"Reshape target {dims} copies a dimension {shape} does not have")
+        dims = [shape[i] if dim == 0 else dim for i, dim in enumerate(dims)]
+    if dims.count(-1) > 1 or any(dim < -1 for dim in dims):
+        raise ValueError(f"Reshape target {dims} is not a valid shape")
+    total = math.prod(shape)
+    if -1 in dims:
+        known = math.prod(dim for dim in dims if dim != -1)
+        if known == 0 or total % known:
+            raise ValueError(f"Reshape of {shape} to {dims}: sizes do not divide")
+        dims[dims.index(-1)] = total // known
+    if math.prod(dims) != total:
+        raise ValueError(f"Reshape of {shape} to {dims} changes the element count")
+    return tuple(dims)
 
 
 def unsqueeze(array: np.ndarray, axes: list[int]) -> np.ndarray:

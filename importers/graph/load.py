@@ -11,7 +11,8 @@ OnnxModel
 GraphInput
     Name, dtype and shape (symbolic dims by name) of one graph input.
 SUPPORTED_OPSETS
-    The default-domain opset range accepted (13 to 23 inclusive).
+    The default-domain opset range accepted (7 to 23 inclusive; below 13 read through ONNX's
+    version converter, :mod:`importers.graph.opsets`).
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from importers.graph.defuse import Declined, Defused, defuse_attention
 from importers.graph.index import GraphIndex, external_data_path, graph_tensors
 from importers.graph.kv_cache import cache_inputs
 from importers.graph.node import DEFAULT_DOMAINS
+from importers.graph.opsets import LOWEST_OPSET, READ_OPSET, mirror_outputs, to_read_opset
 
 __all__ = ["SUPPORTED_OPSETS", "GraphInput", "OnnxModel", "load_model", "model_from_proto"]
 
-#: Default-domain opsets accepted: 13 (Softmax over one axis, Split sizes as an input) to 23.
-SUPPORTED_OPSETS = (13, 23)
+#: Default-domain opsets accepted: 7 (the oldest ONNX's version converter takes to 13, where
+#: Softmax is over one axis and Split sizes are an input, the forms the importer reads) to 23.
+SUPPORTED_OPSETS = (LOWEST_OPSET, 23)
 
 Dim = int | str | None
 
@@ -95,8 +98,11 @@ class OnnxModel:
     path : Path or None
         Where it was read from (None for an in-memory model).
     proto : onnx.ModelProto
+        The graph the importer reads: at opset 13 or later (an older model converted,
+        :mod:`importers.graph.opsets`), fused attention defused, a merged decoder's cache branch
+        inlined.
     opset : int
-        Default-domain opset version.
+        Default-domain opset version of the model as read from the file.
     index : GraphIndex
     inputs : tuple of GraphInput
         The graph inputs to feed.
@@ -108,6 +114,10 @@ class OnnxModel:
     branches : tuple of CacheBranch
         The ``If`` nodes of a merged decoder read through their no-cache branch
         (:mod:`importers.graph.branches`); ``proto`` and ``index`` hold the branch inlined.
+    source : onnx.ModelProto or None
+        The model as read, when ``proto`` is only its conversion to opset 13 (an older model with
+        nothing else rewritten): onnxruntime runs ``source`` (:meth:`session_model`). None when
+        onnxruntime runs ``proto``.
     """
 
     path: Path | None
@@ -117,6 +127,24 @@ class OnnxModel:
     defused: tuple[Defused, ...] = ()
     declined: tuple[Declined, ...] = ()
     branches: tuple[CacheBranch, ...] = ()
+    source: onnx.ModelProto | None = field(default=None, repr=False)
+
+    def session_model(self) -> onnx.ModelProto:
+        """The model onnxruntime runs: ``source`` where there is one (the shipped graph, with the
+        optional outputs the matcher named in ``proto`` named there too), else ``proto``.
+
+        Every tensor name of ``source`` is in ``proto`` (:func:`~importers.graph.opsets.to_read_opset`
+        checks it), so what the audit asks for by name is found in the graph that runs.
+        """
+        if self.source is None:
+            return self.proto
+        mirror_outputs(self.source, self.proto)
+        return self.source
+
+    @property
+    def session_opset(self) -> int:
+        """The default-domain opset of :meth:`session_model` (nodes added to it are spelled so)."""
+        return self.opset if self.source is not None else _opset_of(self.proto)
 
     @property
     def inputs(self) -> tuple[GraphInput, ...]:
@@ -153,7 +181,7 @@ def load_model(path: str | os.PathLike[str]) -> OnnxModel:
     ModelFileError
         Not a file, not ONNX, truncated, or a node reads a tensor defined nowhere.
     UnsupportedModelError
-        Default-domain opset outside :data:`SUPPORTED_OPSETS`.
+        Default-domain opset outside :data:`SUPPORTED_OPSETS`, or below 13 and not convertible.
     ExternalDataError
         An external-data location is absolute, contains ``..``, escapes the folder or names the
         model file itself.
@@ -181,7 +209,10 @@ def load_model(path: str | os.PathLike[str]) -> OnnxModel:
 def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> OnnxModel:
     """Check an already parsed model, defuse its fused attention nodes and index it.
 
-    ``path`` locates external data. A merged decoder's ``If`` on its key/value cache is replaced by
+    ``path`` locates external data. A model older than opset 13 is read through its conversion
+    to opset 13 (:func:`importers.graph.opsets.to_read_opset`) and run as it is, unless one of the
+    rewrites below changed it too (then its converted, rewritten graph runs). A merged decoder's
+    ``If`` on its key/value cache is replaced by
     its no-cache branch (:func:`importers.graph.branches.read_no_cache_branch`). Fused attention
     operators are rewritten into the
     standard-ONNX subgraph they stand for (:func:`importers.graph.defuse.defuse_attention`; the
@@ -208,13 +239,17 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             info = {entry.key: entry.value for entry in tensor.external_data}
             external_data_path(index.base_dir, info.get("location", ""), tensor.name, model=path)
+    source = None
+    if opset < READ_OPSET:
+        source, proto = proto, to_read_opset(proto, where)
+        index = GraphIndex(proto.graph, base_dir, proto.opset_import, model_path=path)
     inlined, branches = read_no_cache_branch(proto, index)
     if inlined is not None:
-        proto = inlined
+        proto, source = inlined, None
         index = GraphIndex(proto.graph, index.base_dir, proto.opset_import, model_path=path)
     defusion = defuse_attention(proto, index)
     if defusion.proto is not None:
-        proto = defusion.proto
+        proto, source = defusion.proto, None
         index = GraphIndex(proto.graph, base_dir, proto.opset_import, model_path=path)
     return OnnxModel(
         path=path,
@@ -224,6 +259,7 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
         defused=defusion.defused,
         declined=defusion.declined,
         branches=branches,
+        source=source,
     )
 
 
@@ -279,6 +315,11 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
             f"(not ONNX, or truncated): {err}"
         ) from None
     return proto
+
+
+def _opset_of(proto: onnx.ModelProto) -> int:
+    """The default-domain opset ``proto`` imports (it imports one: loading checked)."""
+    return next(int(e.version) for e in proto.opset_import if e.domain in DEFAULT_DOMAINS)
 
 
 def _default_opset(proto: onnx.ModelProto, where: str) -> int:

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from importers.graph.folding import apply_slice, split_sizes
+from importers.graph.folding import apply_slice, reshape_target, split_sizes
 from importers.graph.node import Node
 
 __all__ = ["SHAPE_RULES", "Shape", "ShapeLookup", "ShapeRule", "broadcast_rule", "same_shape_rule"]
@@ -95,28 +95,9 @@ def _transpose(lookup: ShapeLookup, node: Node, _output: int) -> Shape | None:
     return tuple(data[axis] for axis in order)
 
 
-def reshape_shape(data: Shape, target: np.ndarray, *, allowzero: bool) -> Shape:
-    """ONNX Reshape's output shape: 0 copies the input dimension (unless ``allowzero``), one -1 is
-    inferred from the element count."""
-    dims = _ints(target)
-    if not allowzero:
-        dims = [data[i] if dim == 0 and i < len(data) else dim for i, dim in enumerate(dims)]
-    if dims.count(-1) > 1 or any(dim < -1 for dim in dims):
-        raise ValueError(f"Reshape target {dims} is not a valid shape")
-    if -1 in dims:
-        known = math.prod(dim for dim in dims if dim != -1)
-        total = math.prod(data)
-        if known == 0 or total % known:
-            raise ValueError(f"Reshape of {data} to {dims}: sizes do not divide")
-        dims[dims.index(-1)] = total // known
-    if math.prod(dims) != math.prod(data):
-        raise ValueError(f"Reshape of {data} to {dims} changes the element count")
-    return tuple(dims)
-
-
 def _reshape(lookup: ShapeLookup, node: Node, _output: int) -> Shape | None:
     data, target = _known(lookup, node.input(0)), _known_value(lookup, node.input(1))
-    return reshape_shape(data, target, allowzero=bool(node.attr("allowzero", 0)))
+    return reshape_target(data, target, allowzero=bool(node.attr("allowzero", 0)))
 
 
 def _flatten(lookup: ShapeLookup, node: Node, _output: int) -> Shape | None:

@@ -58,6 +58,7 @@ class LayoutProbe(NormMatcher):
         q_value = self.run_path(q)
         k_value = self.run_path(k)
         v_value = self.run_path(v)
+        _check_tokens(q_value, k_value, v_value)
         lead = _broadcast_lead(q_value, k_value, v_value)
         tokens = q_value.shape[-2]
         q_heads = self.decode(q_value, q, lead, tokens, transposed=False)
@@ -319,6 +320,23 @@ def _leading_sizes(target: np.ndarray | None, value: np.ndarray) -> tuple[int, i
     if len(dims) == 3 and dims[2] > 0 and width % dims[2] == 0 and folded % width == 0:
         return (dims[0], folded // width)
     return None
+
+
+def _check_tokens(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    """Refuse operands that reach the attention empty at the probe's sizes.
+
+    An open axis the graph downsamples (an OCR model's image width through a convolution stack)
+    can shrink to nothing at the probe's short sequence: the attention then sees no tokens and the
+    layout cannot be decoded. A head-split rejection, so the match is retried with every open axis
+    :data:`~importers.match.limits.LONG_PROBE_SEQUENCE` long.
+    """
+    for role, value in (("Q", q), ("K", k), ("V", v)):
+        if value.size == 0:
+            raise RejectError(
+                RejectCode.HEAD_RESHAPE,
+                f"{role} reaches the attention with shape {value.shape}: no tokens at the probe's "
+                f"sizes (an open axis shrinks to nothing on the way)",
+            )
 
 
 def _broadcast_lead(*values: np.ndarray) -> tuple[int, ...]:

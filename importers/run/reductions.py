@@ -17,8 +17,11 @@ excluded prefix tokens) and ``Xm = w ⊙ X`` (rows zeroed)::
 
 The weights come from an extra graph input ``oversmooth.token_mask`` (B, T) when the inputs carry
 a padding mask, else they are all ones built from X's own shape; prefix tokens are zeroed in the
-graph. Node spellings follow the model's default-domain opset (axes as inputs from opset 18 for
-every reduction, from 13 for ReduceSum).
+graph. Node spellings follow the default-domain opset of the graph that runs
+(:meth:`~importers.graph.OnnxModel.session_model`, as old as opset 7): axes as inputs from opset 18
+for every reduction, from 13 for ReduceSum and Unsqueeze; Slice bounds as inputs from 10; before 9
+(no ConstantOfShape) the ones are a Tile, and before 12 (no Range, GreaterOrEqual) the prefix
+tokens are zeroed by slicing them off and back.
 
 Public API
 ----------
@@ -190,7 +193,9 @@ class _Builder:
             raise ImporterInputError(f"the model already has a tensor named {name!r}")
         return name
 
-    def const(self, values: Sequence[float] | Sequence[int] | float, dtype: type) -> str:
+    def const(
+        self, values: Sequence[float] | Sequence[int] | float | np.ndarray, dtype: type
+    ) -> str:
         array: np.ndarray = np.asarray(values, dtype=dtype)
         name = f"{_PREFIX}.const.{array.dtype}.{'_'.join(map(str, array.ravel())) or 'empty'}"
         name += f".{array.ndim}d"
@@ -221,23 +226,37 @@ class _Builder:
         return self.op(op_type, [x], hint, axes=list(axes), keepdims=keepdims)
 
     def unsqueeze(self, x: str, axis: int, hint: str) -> str:
+        if self.opset < 13:
+            return self.op("Unsqueeze", [x], hint, axes=[axis])
         return self.op("Unsqueeze", [x, self.const([axis], np.int64)], hint)
+
+    def slice(self, x: str, start: int, end: int, axis: int, hint: str) -> str:
+        """``x[start:end]`` along ``axis``: bounds as inputs from opset 10, attributes before."""
+        if self.opset < 10:
+            return self.op("Slice", [x], hint, starts=[start], ends=[end], axes=[axis])
+        bounds = [self.const([value], np.int64) for value in (start, end, axis)]
+        return self.op("Slice", [x, *bounds], hint)
+
+    def ones_like_lead(self, x: str, hint: str) -> str:
+        """(B, T) double ones for ``x`` (B, T, ...): ConstantOfShape, or a Tile before opset 9."""
+        batch_tokens = self.slice(self.op("Shape", [x], "shape"), 0, 2, 0, "batch_tokens")
+        if self.opset < 9:
+            return self.op("Tile", [self.const(np.ones((1, 1)), np.float64), batch_tokens], hint)
+        ones = helper.make_tensor("value", _DOUBLE, [1], [1.0])
+        return self.op("ConstantOfShape", [batch_tokens], hint, value=ones)
 
 
 def _token_weights(b: _Builder, x: str, mask: str | None, prefix: int) -> str:
     """(B, T) double: the mask input, or ones shaped like X's first two axes; prefix zeroed."""
-    if mask is None:
-        batch_tokens = b.op(
-            "Slice",
-            [b.op("Shape", [x], "shape"), b.const([0], np.int64), b.const([2], np.int64)],
-            "batch_tokens",
-        )
-        ones = helper.make_tensor("value", _DOUBLE, [1], [1.0])
-        weights = b.op("ConstantOfShape", [batch_tokens], "ones", value=ones)
-    else:
-        weights = mask
+    weights = b.ones_like_lead(x, "ones") if mask is None else mask
     if prefix == 0:
         return weights
+    if b.opset < 12:  # no Range or GreaterOrEqual: the prefix columns sliced off, zeroed, put back
+        head = b.op(
+            "Mul", [b.slice(weights, 0, prefix, 1, "prefix"), b.const(0.0, np.float64)], "zeros"
+        )
+        tail = b.slice(weights, prefix, np.iinfo(np.int64).max, 1, "after_prefix")
+        return b.op("Concat", [head, tail], "weights", axis=1)
     tokens = b.op(
         "Gather", [b.op("Shape", [weights], "shape"), b.const(1, np.int64)], "tokens", axis=0
     )
@@ -314,7 +333,7 @@ def _typed(name: str, dims: Sequence[str | int]) -> onnx.ValueInfoProto:
 
 
 def _taken_names(model: OnnxModel) -> set[str]:
-    graph = model.proto.graph
+    graph = model.session_model().graph
     names = {value.name for value in (*graph.input, *graph.output, *graph.initializer)}
     names.update(output for node in graph.node for output in node.output)
     return names
@@ -359,7 +378,7 @@ def plan_reductions(
         raise ImporterInputError(f"`gram` must be tokens, features or none; got {gram!r}")
     if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
         raise ImporterInputError(f"`prefix` must be a non-negative integer; got {prefix!r}")
-    builder = _Builder(model.opset, _taken_names(model))
+    builder = _Builder(model.session_opset, _taken_names(model))
     mask = MASK_INPUT if masked else None
     if mask is not None and mask in builder.taken:
         raise ImporterInputError(f"the model already has a tensor named {mask!r}")

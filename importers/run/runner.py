@@ -361,8 +361,10 @@ class Runner:
     Parameters
     ----------
     model : OnnxModel
-        From :func:`importers.graph.load_model` (external data next to its file is supported). Its
-        graph is not changed: the exposed outputs are added to a serialized copy.
+        From :func:`importers.graph.load_model` (external data next to its file is supported). The
+        session runs :meth:`~importers.graph.OnnxModel.session_model` (a model older than opset 13
+        as it was read, not the conversion the importer reads); its graph is not changed: the
+        exposed outputs are added to a serialized copy.
     expose : sequence of str
         Node output names to return (e.g. LayerNorm or residual ``Add`` outputs). Keep it to
         block-boundary tensors: every exposed ``(B, T, D)`` tensor is copied back per batch.
@@ -416,7 +418,7 @@ class Runner:
         self.model_path = model.path
         self.provider = _check_provider(provider)
         self._options = _check_options(threads, optimization)
-        proto = model.proto
+        proto = model.session_model()  # as read, where the importer reads a conversion
         exposed = _check_exposed(expose, proto)
         extension = extension or GraphExtension()
         if not exposed and not include_outputs and not extension.outputs:

@@ -84,6 +84,7 @@ __all__ = [
     "Reference",
     "assemble",
     "assemble_near_miss",
+    "assemble_recipe",
     "poisoned",
 ]
 
@@ -672,6 +673,11 @@ def assemble(name: str, seed: int) -> Assembly:
     if name == "dynamic_quant":
         return _dynamic_quant(seed)
     return _assemble(RECIPES[name], seed)
+
+
+def assemble_recipe(recipe: Recipe, seed: int) -> Assembly:
+    """Build the model ``recipe`` describes (a variant's recipe changed with ``replace``)."""
+    return _assemble(recipe, seed)
 
 
 def poisoned(name: str, seed: int, tensor: str, value: float, *, count: int = 1) -> onnx.ModelProto:

@@ -1,0 +1,298 @@
+"""Models of opsets 7 to 12: read through ONNX's version converter, run by onnxruntime as shipped.
+
+The loader converts such a model to opset 13 for reading (:mod:`importers.graph.opsets`) and keeps
+the model as read for onnxruntime (:meth:`OnnxModel.session_model`). Checked here: the converter is
+exact on each op form that changed before 13 and keeps every tensor name; builder models spelled
+at older opsets (``tests/importers/old_opsets.py``; the converter cannot go down) are matched with
+the same blocks and weights as at opset 13, and audited to the same numbers, by a session on the
+old graph itself; a Softmax whose pre-13 axis is not the last is not taken for attention; weights
+held in ``Constant`` nodes are read as projection weights; paddle2onnx's form loads at opset 11.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from importers.graph import load_model, model_from_proto
+from importers.graph.opsets import to_read_opset
+from importers.match import find_attention_blocks
+from importers.match.codes import RejectCode
+from importers.run import runner as runner_module
+from importers.run.audit import audit
+from importers.run.session import audit_session, layer_tensors
+from importers.weights import block_weights
+from tests.importers.builders import RECIPES, Assembly, assemble_recipe
+from tests.importers.old_opsets import downgrade
+from tests.importers.paddle_graph import paddle_ocr
+from tests.importers.run.test_audit import builder_inputs
+
+SEED = 4
+F = TensorProto.FLOAT
+
+
+def _x_model(opset: int, nodes: list, outputs: tuple[str, ...] = ("y",)) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "old",
+        [helper.make_tensor_value_info("x", F, ["b", 2, 4, 4])],
+        [helper.make_tensor_value_info(name, F, None) for name in outputs],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=4)
+
+
+def _const(name: str, value: object, dtype: type = np.float32) -> onnx.NodeProto:
+    tensor = numpy_helper.from_array(np.asarray(value, dtype=dtype))
+    return helper.make_node("Constant", [], [name], value=tensor)
+
+
+_node = helper.make_node
+#: One graph per op form that changed before opset 13: (opset, nodes, outputs).
+OLD_FORMS = {
+    "axes_attributes": (
+        11,
+        [
+            _node("Unsqueeze", ["x"], ["u"], axes=[1]),
+            _node("Squeeze", ["u"], ["s"], axes=[1]),
+            _node("Split", ["s"], ["a", "b"], axis=3, split=[1, 3]),
+            _node("ReduceSum", ["b"], ["y"], axes=[3], keepdims=1),
+        ],
+        ("y", "a"),
+    ),
+    "clip_attributes": (7, [_node("Clip", ["x"], ["y"], min=-0.5, max=0.5)], ("y",)),
+    "pad_attributes": (
+        7,
+        [_node("Pad", ["x"], ["y"], pads=[0, 0, 1, 1, 0, 0, 1, 1], value=0.5)],
+        ("y",),
+    ),
+    "pad_input": (
+        11,
+        [
+            _const("p", [0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+            _node("Pad", ["x", "p"], ["y"], mode="reflect"),
+        ],
+        ("y",),
+    ),
+    "upsample": (7, [_node("Upsample", ["x"], ["y"], scales=[1.0, 1.0, 2.0, 2.0])], ("y",)),
+    "upsample_scales_input": (
+        9,
+        [_const("s", [1, 1, 2, 2]), _node("Upsample", ["x", "s"], ["y"])],
+        ("y",),
+    ),
+    "resize_10": (10, [_const("s", [1, 1, 2, 2]), _node("Resize", ["x", "s"], ["y"])], ("y",)),
+    "dropout_ratio": (7, [_node("Dropout", ["x"], ["y"], ratio=0.3)], ("y",)),
+    "softmax_axes": (
+        11,
+        [
+            _node("Softmax", ["x"], ["last"], axis=3),
+            _node("Softmax", ["x"], ["minus_one"], axis=-1),
+            _node("Softmax", ["x"], ["joint"], axis=1),
+            _node("Softmax", ["x"], ["default"]),
+        ],
+        ("last", "minus_one", "joint", "default"),
+    ),
+}
+
+
+@pytest.mark.parametrize("form", sorted(OLD_FORMS))
+def test_the_conversion_is_exact_and_keeps_every_tensor_name(form: str) -> None:
+    opset, nodes, outputs = OLD_FORMS[form]
+    model = _x_model(opset, nodes, outputs)
+    converted = to_read_opset(model, "the model")
+    assert converted.opset_import[0].version == 13
+    names = {name for node in converted.graph.node for name in node.output}
+    assert {name for node in model.graph.node for name in node.output} <= names
+    x = np.random.default_rng(0).standard_normal((2, 2, 4, 4)).astype(np.float32)
+    runs = [
+        ort.InferenceSession(m.SerializeToString()).run(None, {"x": x}) for m in (model, converted)
+    ]
+    for old, new in zip(*runs, strict=True):
+        np.testing.assert_array_equal(old, new)
+    if form == "softmax_axes":  # over the last axis: one node writing its own output
+        softmax = {
+            node.output[0]: node for node in converted.graph.node if node.op_type == "Softmax"
+        }
+        for name in ("last", "minus_one"):
+            assert helper.get_attribute_value(softmax[name].attribute[0]) == -1
+        assert "joint" not in softmax  # Flatten → Softmax → Reshape, over H·T·T entries
+        assert "default" not in softmax
+
+
+# -- builder models spelled at old opsets ------------------------------------------------------
+
+
+#: (variant, opset): BERT down to opset 9 (GELU's Erf is 9), Llama without GQA down to 7 (Expand
+#: is 8), GPT-2's fused QKV cut by a Split whose sizes are an attribute.
+CASES = [
+    ("bert_legacy", 12),
+    ("bert_legacy", 11),
+    ("bert_legacy", 9),
+    ("gpt2_fused_qkv", 11),
+    ("llama_rmsnorm_rope_gqa", 8),
+    ("llama_rmsnorm_rope_gqa", 7),
+]
+
+
+@functools.cache
+def _opset13(name: str, mha: bool) -> Assembly:
+    recipe = replace(RECIPES[name], opset=13, fused_ln=False)
+    return assemble_recipe(replace(recipe, n_kv_heads=None) if mha else recipe, SEED)
+
+
+def _pair(name: str, opset: int, *, constants_as_nodes: bool = False):
+    """The opset-13 builder model and its spelling at ``opset``, each loaded."""
+    assembly = _opset13(name, mha=opset < 8)
+    old = downgrade(assembly.built.model, opset, constants_as_nodes=constants_as_nodes)
+    return assembly, model_from_proto(assembly.built.model), model_from_proto(old)
+
+
+@pytest.mark.parametrize(("name", "opset"), CASES)
+def test_an_old_spelling_runs_as_the_original(name: str, opset: int) -> None:
+    """The test helper's own check: onnxruntime computes the same on both spellings."""
+    assembly = _opset13(name, mha=opset < 8)
+    old = downgrade(assembly.built.model, opset)
+    assert old.opset_import[0].version == opset
+    feeds = assembly.built.inputs
+    runs = [
+        ort.InferenceSession(m.SerializeToString()).run(None, feeds)
+        for m in (assembly.built.model, old)
+    ]
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+
+
+@pytest.mark.parametrize(("name", "opset"), CASES)
+def test_blocks_and_weights_are_those_of_the_opset_13_model(name: str, opset: int) -> None:
+    _, new, old = _pair(name, opset, constants_as_nodes=opset == 11)
+    assert (old.opset, old.source is not None, new.source) == (opset, True, None)
+    found, expected = find_attention_blocks(old).blocks, find_attention_blocks(new).blocks
+    assert len(found) == len(expected) == 2
+    for block, twin in zip(found, expected, strict=True):
+        assert block.to_dict() == twin.to_dict()  # heads, norm, scale, tensors the audit reads
+        got, want = block_weights(old, block), block_weights(new, twin)
+        for role in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_O", "gamma"):
+            np.testing.assert_array_equal(getattr(got, role), getattr(want, role), err_msg=role)
+
+
+def _captured_sessions(monkeypatch: pytest.MonkeyPatch) -> list[onnx.ModelProto]:
+    """The models onnxruntime is given from now on (parsed from the bytes it receives)."""
+    captured: list[onnx.ModelProto] = []
+    real = runner_module._open_session
+
+    def spy(ort_module, model, *args, **kwargs):
+        captured.append(
+            onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model)
+        )
+        return real(ort_module, model, *args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "_open_session", spy)
+    return captured
+
+
+@pytest.mark.parametrize(("name", "opset"), [("bert_legacy", 11), ("llama_rmsnorm_rope_gqa", 7)])
+def test_the_audit_runs_the_old_graph_and_measures_what_opset_13_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, opset: int
+) -> None:
+    """onnxruntime is given the old file's graph itself (its nodes first, then the audit's
+    reductions spelled for its opset); every number equals the opset-13 model's audit, with a
+    prefix token excluded (the reductions' oldest spellings)."""
+    assembly = _opset13(name, mha=opset < 8)
+    new, old = tmp_path / "new.onnx", tmp_path / "old.onnx"
+    onnx.save(assembly.built.model, new)
+    onnx.save(downgrade(assembly.built.model, opset), old)
+    inputs = builder_inputs(assembly)
+    expected = audit(new, inputs, provider="cpu", cache=False, exclude_prefix=1)
+    captured = _captured_sessions(monkeypatch)
+    result = audit(old, inputs, provider="cpu", cache=False, exclude_prefix=1)
+    (session_model,) = captured
+    assert session_model.opset_import[0].version == opset
+    shipped = list(onnx.load(old).graph.node)
+    assert list(session_model.graph.node)[: len(shipped)] == shipped
+    for metric, values in expected.metrics.items():
+        np.testing.assert_allclose(
+            result.metrics[metric], values, rtol=1e-6, atol=1e-9, err_msg=metric
+        )
+    assert [(c.kind, c.block, c.head) for c in result.dominance] == [
+        (c.kind, c.block, c.head) for c in expected.dominance
+    ]
+
+
+def test_the_audit_session_names_only_tensors_of_the_old_graph() -> None:
+    assembly, _, old = _pair("bert_legacy", 11)
+    blocks = find_attention_blocks(old).blocks
+    session = audit_session(old, blocks, builder_inputs(assembly), provider="cpu")
+    shipped = {name for node in old.source.graph.node for name in node.output}
+    assert set(session.layers) == set(layer_tensors(blocks))
+    assert set(session.layers) | set(session.attention) <= shipped
+
+
+def test_a_softmax_over_more_than_the_last_axis_is_not_attention() -> None:
+    """Before opset 13, ``axis=1`` on (B, H, T, T) scores normalises over H·T·T entries at once."""
+    assembly = _opset13("bert_legacy", mha=False)
+    old = downgrade(assembly.built.model, 11)
+    first = next(node for node in old.graph.node if node.op_type == "Softmax")
+    first.attribute[0].i = 1
+    report = find_attention_blocks(model_from_proto(old))
+    assert len(report.blocks) == 1  # the second block
+    (failure,) = report.failures
+    assert failure.code == RejectCode.SCORE_VIEW
+    assert "Flatten" in failure.reason
+
+
+@pytest.mark.parametrize("opset", [13, 11])
+def test_weights_in_constant_nodes_are_read_as_projection_weights(opset: int) -> None:
+    assembly = _opset13("bert_legacy", mha=False)
+    model = model_from_proto(downgrade(assembly.built.model, opset, constants_as_nodes=True))
+    assert not model.proto.graph.initializer
+    for block, expected in zip(
+        find_attention_blocks(model).blocks, assembly.built.blocks, strict=True
+    ):
+        weights = block_weights(model, block)
+        for role in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "gamma"):
+            np.testing.assert_allclose(
+                getattr(weights, role), getattr(expected, role), err_msg=role
+            )
+
+
+def test_an_old_model_with_external_data_is_read_and_run(tmp_path: Path) -> None:
+    assembly = _opset13("bert_legacy", mha=False)
+    path = tmp_path / "old.onnx"
+    old = downgrade(assembly.built.model, 11)
+    onnx.save(old, path, save_as_external_data=True, location="old.bin", size_threshold=0)
+    model = load_model(path)
+    assert model.source.graph.initializer[0].data_location == TensorProto.EXTERNAL
+    (block, _) = find_attention_blocks(model).blocks
+    np.testing.assert_allclose(block_weights(model, block).W_Q, assembly.built.blocks[0].W_Q)
+    result = audit(model, builder_inputs(assembly), provider="cpu", cache=False)
+    assert result.n_layers == 3
+
+
+def test_paddle2onnx_form_at_opset_11_is_matched_and_run() -> None:
+    """Weights in Constant nodes, a 0 in every Reshape target, the Softmax axis spelled 3."""
+    built = paddle_ocr(opset=11)
+    model = model_from_proto(built.model)
+    (block,) = find_attention_blocks(model).blocks
+    weights = block_weights(model, block)
+    for role in "QKVO":
+        np.testing.assert_array_equal(getattr(weights, f"W_{role}"), getattr(built, f"W_{role}"))
+    runner = runner_module.Runner(model, expose=[block.attention_name], provider="cpu")
+    (probs,) = runner.session.run(None, built.feed)
+    assert probs.shape == (2, 2, 6, 6)
+    np.testing.assert_allclose(probs.sum(axis=-1), 1.0, rtol=1e-5)
+
+
+def test_a_transform_of_an_old_model_keeps_its_opset(tmp_path: Path) -> None:
+    """``transform`` rewrites the weights of the model as shipped, not of its conversion."""
+    from importers.transform import reparameterize
+
+    source = tmp_path / "old.onnx"
+    onnx.save(downgrade(_opset13("bert_legacy", mha=False).built.model, 11), source)
+    written = onnx.load(reparameterize(source, "plus", tmp_path / "plus.onnx"))
+    assert written.opset_import[0].version == 11
+    assert len(find_attention_blocks(load_model(tmp_path / "plus.onnx")).blocks) == 2
