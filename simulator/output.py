@@ -7,7 +7,10 @@ atomic_output
     Write a file through a temporary sibling; an error leaves the destination untouched.
 atomic_directory, check_output_folder
     Build a folder in a staging sibling; it replaces the destination whole, or not at all (and
-    the same refusal, checked before any work).
+    the same refusal, checked before any work). Both leave the modes a plain ``open`` or
+    ``mkdir`` would (the user's umask), not ``tempfile``'s private 0600/0700.
+current_umask
+    The process's umask, read without changing it where the system allows.
 write_tidy_csv, has_csv_header, npz_members
     One header line, one line per row; floats written with ``repr`` so they read back exactly.
     The predicates tell whether an existing file is an earlier output (only those are replaced
@@ -37,6 +40,29 @@ from typing import IO, Any
 import numpy as np
 
 from simulator.errors import InputError
+
+
+def current_umask() -> int:
+    """The process's file-mode creation mask, read without changing it where the system tells
+    (Linux: ``/proc/self/status``), else by setting it and setting it back at once."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status", encoding="ascii") as status:
+            line = next(line for line in status if line.startswith("Umask:"))
+            return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _as_if_created(path: str | os.PathLike[str] | int, folder: bool) -> None:
+    """Give a file (an open descriptor) or folder made private by ``tempfile`` the mode an
+    ``open``/``mkdir`` would have given it: 0o666 (files) or 0o777 (folders) less the umask, so a
+    report written into a shared folder is as readable as anything else the user writes there."""
+    mode = (0o777 if folder else 0o666) & ~current_umask()
+    if isinstance(path, int):
+        os.fchmod(path, mode)
+    else:
+        os.chmod(path, mode)
 
 
 def _kind(path: Path) -> str:
@@ -100,6 +126,7 @@ def atomic_output(
             )
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+        _as_if_created(fd, folder=False)
         kwargs: dict[str, Any] = {"encoding": "utf-8", "newline": ""} if "b" not in mode else {}
         with os.fdopen(fd, mode, **kwargs) as handle:
             yield handle
@@ -174,6 +201,7 @@ def atomic_directory(
         staging = Path(
             tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
         )
+        _as_if_created(staging, folder=True)
         yield staging
         if target.exists():
             old = Path(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from simulator.errors import InputError
 from simulator.output import (
     atomic_directory,
     atomic_output,
+    current_umask,
     to_json,
     write_json,
     write_tidy_csv,
@@ -155,3 +157,32 @@ def test_a_disk_that_fills_mid_write_is_one_line_and_leaves_the_old_file(tmp_pat
     assert "\n" not in str(info.value)
     assert target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv"]
+
+
+@pytest.fixture
+def umask() -> Iterator[Callable[[int], None]]:
+    """Set the process umask for one test, restored afterwards."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield os.umask
+    os.umask(before)
+
+
+@pytest.mark.parametrize(
+    ("mask", "file_mode", "folder_mode"),
+    [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700), (0o002, 0o664, 0o775)],
+)
+def test_outputs_take_the_users_umask_not_tempfiles_private_modes(
+    tmp_path: Path, umask: Callable[[int], None], mask: int, file_mode: int, folder_mode: int
+) -> None:
+    """A report written into a shared folder is as readable as a plain ``open`` would make it
+    (tempfile's mkstemp/mkdtemp alone give 0600/0700 whatever the umask)."""
+    umask(mask)
+    assert current_umask() == mask
+    with atomic_output(tmp_path / "table.csv", "w") as handle:
+        handle.write("a\n")
+    with atomic_directory(tmp_path / "report") as staging:
+        (staging / "inside.txt").write_text("x")
+    assert stat.S_IMODE((tmp_path / "table.csv").stat().st_mode) == file_mode
+    assert stat.S_IMODE((tmp_path / "report").stat().st_mode) == folder_mode
+    assert stat.S_IMODE((tmp_path / "report" / "inside.txt").stat().st_mode) == file_mode
