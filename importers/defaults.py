@@ -6,7 +6,36 @@ any onnx or NumPy is imported; the library uses the same names, so a default is 
 
 from __future__ import annotations
 
-__all__ = ["OPERATOR_INPUTS"]
+from typing import Literal, get_args
+
+__all__ = [
+    "BATCH_SIZE",
+    "DOMINANCE_MODES",
+    "H_CHOICES",
+    "OPERATOR_INPUTS",
+    "PROVIDERS",
+    "RANDOM_SEQ_LEN",
+    "RANDOM_VOCAB_SIZE",
+    "Granularity",
+    "HChoice",
+    "Provider",
+]
+
+#: onnxruntime execution providers an audit may ask for (``auto``: CUDA where it really works).
+Provider = Literal["auto", "cpu", "cuda"]
+PROVIDERS: tuple[Provider, ...] = get_args(Provider)
+#: H granularity of the dominance table, or no dominance step (:class:`~importers.run.audit.AuditOptions`).
+Granularity = Literal["head", "layer", "operator", "none"]
+DOMINANCE_MODES: tuple[Granularity, ...] = get_args(Granularity)
+#: The H of the dominance step: the effective product of the branch's linear factors, or W_V W_O.
+HChoice = Literal["effective", "stored"]
+H_CHOICES: tuple[HChoice, ...] = get_args(HChoice)
+#: Inputs per onnxruntime call of an audit (bounds memory; never changes a number).
+BATCH_SIZE = 4
+#: The size of every open axis after the first in random inputs (tokens; an open image side).
+RANDOM_SEQ_LEN = 32
+#: Random token ids are drawn below this.
+RANDOM_VOCAB_SIZE = 1000
 
 #: Inputs the exact operator dominance runs on by default (``dominance="operator"``): its cost is
 #: a few hundred applications of each block's operator per input (DINOv2 on 2 CPU cores: 384 of

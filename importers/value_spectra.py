@@ -45,11 +45,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from importers.defaults import H_CHOICES as H_CHOICES
+from importers.defaults import HChoice as HChoice
 from importers.errors import ExtractionError
 from importers.weights import BlockWeights
 from simulator.errors import InputError
@@ -75,8 +76,6 @@ __all__ = [
 
 SPECTRUM_KINDS = ("head", "layer", "head-effective", "layer-effective")
 #: Which H a spectrum, a dominance step or a figure uses.
-HChoice = Literal["effective", "stored"]
-H_CHOICES: tuple[HChoice, ...] = ("effective", "stored")
 #: Columns of ``spectra.csv``: one eigenvalue per row.
 SPECTRA_COLUMNS = ("block", "head", "kind", "real", "imag")
 #: The ``head`` value of layer-level rows.

@@ -59,11 +59,17 @@ import os
 import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from importers.defaults import OPERATOR_INPUTS
+from importers.defaults import (
+    BATCH_SIZE,
+    DOMINANCE_MODES,
+    OPERATOR_INPUTS,
+    Granularity,
+    Provider,
+)
 from importers.errors import ImporterInputError
 from importers.graph import OnnxModel, load_model
 from importers.match import (
@@ -126,10 +132,6 @@ __all__ = [
     "run_audit",
 ]
 
-Granularity = Literal["head", "layer", "operator", "none"]
-DOMINANCE_MODES: tuple[Granularity, ...] = ("head", "layer", "operator", "none")
-
-Provider = Literal["auto", "cpu", "cuda"]
 _PACKAGES = ("oversmooth", "numpy", "scipy", "onnx", "onnxruntime", "onnxruntime-gpu")
 
 
@@ -184,7 +186,7 @@ class AuditOptions:
     """
 
     provider: Provider = "auto"
-    batch_size: int = 4
+    batch_size: int = BATCH_SIZE
     exclude_prefix: bool | int = False
     dominance: Granularity = "head"
     operator_inputs: int = OPERATOR_INPUTS
@@ -547,25 +549,15 @@ def run_audit(
 def audit(
     model: str | os.PathLike[str] | OnnxModel,
     inputs: Inputs | None = None,
+    options: AuditOptions | None = None,
     *,
     entry: ZooModel | None = None,
-    provider: Provider = "auto",
-    batch_size: int = 4,
-    exclude_prefix: bool | int = False,
-    dominance: Granularity = "head",
-    operator_inputs: int = OPERATOR_INPUTS,
-    h: HChoice = "effective",
-    spectral: bool = True,
-    spectral_norm: bool = False,
-    partial: bool = False,
-    tie_rtol: float = TIE_RTOL,
-    progress: bool = False,
-    cache: bool = True,
-    threads: int | None = None,
+    **fields: Any,
 ) -> AuditResult:
     """Audit a model: per-layer smoothing of real inputs, dominating eigenvalues, value spectra.
 
-    :func:`run_audit` with the options as keywords (each described in :class:`AuditOptions`).
+    :func:`run_audit` with ``options`` (default :class:`AuditOptions`'s defaults) and any of its
+    fields given as keywords on top, e.g. ``audit("dinov2-vits14", provider="cpu", h="stored")``.
 
     Parameters
     ----------
@@ -574,23 +566,24 @@ def audit(
         loaded with :func:`importers.graph.load_model` (it is not parsed again).
     inputs : Inputs, optional
         Default: the bundled photographs (image models) or sentences (text models).
+    options : AuditOptions, optional
+        Every option of the audit; each field is described there.
     entry : ZooModel, optional
         The zoo entry of an already loaded ``model`` (preprocessing, prefix tokens, display name);
         looked up automatically when ``model`` is a zoo name.
+    **fields
+        :class:`AuditOptions` fields replacing those of ``options``.
+
+    Raises
+    ------
+    ImporterInputError
+        A keyword that is no :class:`AuditOptions` field, or a field value it refuses.
     """
-    options = AuditOptions(
-        provider=provider,
-        batch_size=batch_size,
-        exclude_prefix=exclude_prefix,
-        dominance=dominance,
-        operator_inputs=operator_inputs,
-        h=h,
-        spectral=spectral,
-        spectral_norm=spectral_norm,
-        partial=partial,
-        tie_rtol=tie_rtol,
-        progress=progress,
-        cache=cache,
-        threads=threads,
-    )
+    known = {field.name for field in dataclasses.fields(AuditOptions)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ImporterInputError(
+            f"`{unknown[0]}` is not an audit option; expected one of {', '.join(sorted(known))}"
+        )
+    options = dataclasses.replace(options or AuditOptions(), **fields)
     return run_audit(model, inputs, options, entry=entry)

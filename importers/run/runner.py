@@ -38,6 +38,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from importers.defaults import PROVIDERS as PROVIDERS
+from importers.defaults import Provider as Provider
 from importers.errors import ImporterInputError, ProviderError, RunnerError
 from importers.graph import GraphInput, OnnxModel
 from importers.graph.index import uses_external_data
@@ -65,10 +67,8 @@ __all__ = [
     "session_options",
 ]
 
-Provider = Literal["auto", "cpu", "cuda"]
 Optimization = Literal["disable", "basic", "extended", "all"]
 
-PROVIDERS: tuple[str, ...] = ("auto", "cpu", "cuda")
 OPTIMIZATION_LEVELS: tuple[str, ...] = ("disable", "basic", "extended", "all")
 
 _CPU = "CPUExecutionProvider"

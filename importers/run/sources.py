@@ -30,6 +30,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from importers.defaults import RANDOM_SEQ_LEN, RANDOM_VOCAB_SIZE
 from importers.errors import FeedError, ImporterInputError, MissingDependencyError
 from importers.graph import GraphInput
 from importers.run.decoder_feeds import takes_positions
@@ -528,8 +529,8 @@ def random_inputs(
     *,
     seed: int = 0,
     batch: int = 2,
-    seq: int = 16,
-    vocab_size: int = 1000,
+    seq: int = RANDOM_SEQ_LEN,
+    vocab_size: int = RANDOM_VOCAB_SIZE,
 ) -> Inputs:
     """``batch`` labelled random items for the graph inputs (``random=True``; not real data).
 

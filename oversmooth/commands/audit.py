@@ -13,7 +13,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from importers.defaults import OPERATOR_INPUTS
+from importers.defaults import (
+    BATCH_SIZE,
+    DOMINANCE_MODES,
+    H_CHOICES,
+    OPERATOR_INPUTS,
+    PROVIDERS,
+    RANDOM_SEQ_LEN,
+    RANDOM_VOCAB_SIZE,
+)
 from importers.errors import ImporterInputError
 from importers.zoo import ZooModel, lookup
 from oversmooth.commands.common import add_scheduler_options, positive_int
@@ -24,10 +32,6 @@ if TYPE_CHECKING:  # types only: the audit's modules (onnx, the matcher) load wh
     from importers.run.audit import AuditOptions
 
 DEFAULT_MODEL = "dinov2-vits14"
-
-#: Defaults of ``--random`` text inputs: tokens per input, and the bound of the token ids.
-RANDOM_SEQ_LEN = 32
-RANDOM_VOCAB_SIZE = 1000
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -101,8 +105,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "model's vocabulary)",
     )
     p.add_argument("--seed", type=int, help="seed of --random inputs (default 0)")
-    p.add_argument("--provider", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--batch-size", type=positive_int, default=4)
+    p.add_argument("--provider", choices=PROVIDERS, default="auto")
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=BATCH_SIZE,
+        help=f"inputs per onnxruntime call (default {BATCH_SIZE}; bounds memory, changes no number)",
+    )
     p.add_argument(
         "--exclude-prefix",
         nargs="?",
@@ -114,7 +123,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--dominance",
-        choices=("head", "layer", "operator", "none"),
+        choices=DOMINANCE_MODES,
         default="head",
         help="H per head (default) or whole layer for the dominance table, or skip it; "
         "operator: per head plus the exact dominance of each block's whole multi-head operator "
@@ -129,7 +138,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--h",
-        choices=("effective", "stored"),
+        choices=H_CHOICES,
         default="effective",
         help="H of the dominance step: the effective product of every linear factor between the "
         "stream and the attention branch's output (pre-LayerNorm centring and γ, W_V W_O, "

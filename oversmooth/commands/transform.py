@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Literal
 
+from importers.defaults import H_CHOICES
 from oversmooth.commands.common import add_force_argument, add_model_argument
 
 
@@ -33,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--h",
-        choices=("effective", "stored"),
+        choices=H_CHOICES,
         default=None,
         help="for --reparam: the product given the spectrum, the effective one (default: γ and "
         "LayerScale absorbed into W_V and W_O) or W_V^h W_O^h as stored",
