@@ -27,7 +27,7 @@ from importers.match import find_attention_blocks
 from importers.match.codes import RejectCode
 from importers.match.core import Matcher
 from importers.match.limits import PROBE_BATCH, PROBE_SEQUENCE
-from importers.match.walker import RejectError
+from importers.match.walker import MatchBasis, RejectError
 from importers.weights import block_weights
 from tests.importers.paddle_graph import D_HEAD, N_HEADS, paddle_ocr
 
@@ -164,7 +164,7 @@ def test_an_ocr_width_downsampled_to_nothing_at_the_probe_is_matched_at_the_long
     model = model_from_proto(built.model)
     softmax = model.index.nodes_of_type("Softmax")[0]
     with pytest.raises(RejectError, match="no tokens") as caught:
-        Matcher(model.index, PROBE_BATCH, PROBE_SEQUENCE).match(softmax, 0)
+        Matcher(MatchBasis(model.index, PROBE_BATCH, PROBE_SEQUENCE)).match(softmax, 0)
     assert caught.value.code == RejectCode.HEAD_RESHAPE
     report = find_attention_blocks(model)
     assert report.failures == []
