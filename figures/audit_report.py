@@ -64,14 +64,35 @@ def plot_spectrum(ax: Any, real: np.ndarray, label: str, color: str | None = Non
     ax.set_xlabel("Re λ of W_V W_O")
 
 
-def plot_dominance(ax: Any, layers: Sequence[int], perron_fractions: Sequence[float]) -> None:
-    """Stacked bars: perron / non-perron fraction per attention block."""
+def plot_dominance(
+    ax: Any,
+    layers: Sequence[int],
+    perron_fractions: Sequence[float],
+    contracting_fractions: Sequence[float] | None = None,
+) -> None:
+    """Stacked bars per attention block: perron, non-perron and contracting fractions (the last
+    decided from H alone), the legend above the axes, clear of the bars."""
     perron = np.asarray(perron_fractions, dtype=float)
-    ax.bar(layers, perron, color="#D55E00", label="perron (1 + λ^H λ^A_n)")
-    ax.bar(layers, 1 - perron, bottom=perron, color="#0072B2", label="non-perron (1 + λ^H λ^A_1)")
+    contracting = (
+        np.zeros_like(perron)
+        if contracting_fractions is None
+        else np.asarray(contracting_fractions, dtype=float)
+    )
+    non_perron = 1 - perron - contracting
+    ax.bar(layers, perron, color="#D55E00", label="perron (λ^A = 1)")
+    ax.bar(layers, non_perron, bottom=perron, color="#0072B2", label="non-perron")
+    if contracting.any():
+        ax.bar(
+            layers,
+            contracting,
+            bottom=perron + non_perron,
+            color="#BBBBBB",
+            label="contracting (H alone)",
+        )
     ax.set_ylim(0, 1)
     ax.set_xlabel("attention block")
     ax.set_ylabel("fraction of (input, head) cases")
+    ax.legend(fontsize=6, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=3, frameon=False)
 
 
 def render(result: AuditResult, folder: Path) -> list[tuple[str, str]]:
@@ -94,9 +115,11 @@ def render(result: AuditResult, folder: Path) -> list[tuple[str, str]]:
     if summary.cases:
         fig, ax = new_figure("column", 0.75)
         plot_dominance(
-            ax, [r.block for r in summary.per_block], [r.perron for r in summary.per_block]
+            ax,
+            [r.block for r in summary.per_block],
+            [r.perron for r in summary.per_block],
+            [r.contracting for r in summary.per_block],
         )
-        ax.legend(fontsize=6, loc="lower right")
         save_png(fig, folder / "dominance.png")
         drawn.append(("dominating eigenvalue kind per block", "dominance.png"))
     return drawn

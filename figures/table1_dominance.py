@@ -19,12 +19,15 @@ Also writes ``table1_dominance.md`` (a Markdown table).
 Run: ``python -m figures.table1_dominance [--quick] --out DIR``.
 
 CSV columns: ``source,model,transform,h,unit,block,n_inputs,cases,perron_pct,perron_lo,perron_hi,
-non_perron_pct,balanced_pct,agreement_pct,counterpart``: ``source`` is ``ours`` or ``paper``; ``h`` the H protocol (``effective``,
+non_perron_pct,balanced_pct,contracting_pct,agreement_pct,counterpart``: ``source`` is ``ours`` or ``paper``; ``h`` the H protocol (``effective``,
 ``stored``, or ``both`` where they coincide); ``block`` is ``all`` or an attention block (ours
 only); ``unit`` is ``head`` (cases per (input, block, head)) or ``operator`` (per (input, block), the
 block's whole operator, on the first inputs only, with ``agreement_pct`` against the per-head rule);
 ``perron_lo``/``perron_hi`` a 95 % bootstrap interval over inputs (cases of one input are not
-independent); ``counterpart`` names the paper column closest to one of our rows.
+independent); ``contracting_pct`` the cases whose head's H alone rules out Perron type (a null-space
+eigenvalue 0 and no other ``|1 + λ^H|`` above 1: docs/theory.md §6.10), apart from non-Perron ones, so
+perron, non-perron and contracting add up to 100; ``counterpart`` names the paper column closest to
+one of our rows.
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ COLUMNS = (
     "perron_hi",
     "non_perron_pct",
     "balanced_pct",
+    "contracting_pct",
     "agreement_pct",
     "counterpart",
 )
@@ -137,6 +141,7 @@ def _our_rows(key: str, h: str, quick: bool) -> list[dict[str, Any]]:
             "perron_hi": 100 * intervals[block][1],
             "non_perron_pct": 100 * (part.non_perron or 0.0),
             "balanced_pct": 100 * (part.balanced or 0.0),
+            "contracting_pct": 100 * (part.contracting or 0.0),
         }
         for block, part in parts
     ]
@@ -223,12 +228,18 @@ def _label(row: dict[str, Any]) -> str:
 def _plot_totals(ax: Any, totals: list[dict[str, Any]]) -> None:
     y = np.arange(len(totals))[::-1]
     perron = np.array([row["perron_pct"] for row in totals])
+    contracting = np.array([row.get("contracting_pct") or 0.0 for row in totals])
     hatch = ["//" if row["source"] == "paper" else None for row in totals]
     ax.barh(y, perron, color="#D55E00", hatch=hatch, edgecolor="white", label="perron type")
-    ax.barh(y, 100 - perron, left=perron, color="#0072B2", hatch=hatch, edgecolor="white")
+    non_perron = 100 - perron - contracting
+    ax.barh(y, non_perron, left=perron, color="#0072B2", hatch=hatch, edgecolor="white")
+    ax.barh(y, contracting, left=perron + non_perron, color="#BBBBBB", edgecolor="white")
     ax.set_yticks(y, [_label(row) for row in totals])
     ax.set_xlim(0, 100)
-    ax.set_xlabel("% of (input, block, head) cases, perron type (orange) / non-perron (blue)")
+    ax.set_xlabel(
+        "% of (input, block, head) cases: perron type (orange), non-perron (blue), "
+        "contracting (grey)"
+    )
     ax.set_title("ours (solid) and the paper's Table 1 (hatched, other models)")
     ax.grid(False, axis="y")
 
@@ -247,6 +258,7 @@ def plot(rows: list[dict[str, Any]]):
         right,
         [int(row["block"]) for row in per_block],
         [row["perron_pct"] / 100 for row in per_block],
+        [row["contracting_pct"] / 100 for row in per_block],
     )
     right.set_title(f"{_models.VARIANTS[PER_BLOCK].label}\nper attention block")
     return fig
@@ -263,7 +275,10 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
         "# Table 1: dominating eigenvalue of I + H⊗A",
         "",
         "Percentage of (input, block, head) cases whose dominating eigenvalue is of Perron type, "
-        "1 + λ^H_j λ^A_n (smoothing), or not, 1 + λ^H_j λ^A_1 (balanced ties count as non-Perron).",
+        "1 + λ^H_j λ^A_n (smoothing), or not, 1 + λ^H_j λ^A_1 (balanced ties count as non-Perron); "
+        "contracting: heads whose H alone rules out Perron type (a null-space eigenvalue 0 ties "
+        "every row at |μ| = 1 and no other |1 + λ^H| exceeds it), decided without A and counted "
+        "apart (they were non-Perron or ties decided by round-off before).",
         "",
         f"**{NOTE}**",
         "",
@@ -276,8 +291,8 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
         "bootstrap over inputs.",
         "",
         "| model (ours) | transform | H | inputs | cases | Perron type [95 % CI] | non-Perron "
-        "| paper's counterpart (other model) | paper: Perron | paper: non-Perron |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| contracting | paper's counterpart (other model) | paper: Perron | paper: non-Perron |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         if row["source"] != "ours" or row["block"] != "all" or row["unit"] != "head":
@@ -287,7 +302,8 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
             f"| {row['model']} | {row['transform']} | {row['h']} "
             f"| {row['n_inputs']} | {row['cases']} | {_pct(row['perron_pct'])} "
             f"[{row['perron_lo']:.1f}, {row['perron_hi']:.1f}] "
-            f"| {_pct(row['non_perron_pct'])} | {row['counterpart'] or '—'} "
+            f"| {_pct(row['non_perron_pct'])} | {_pct(row['contracting_pct'])} "
+            f"| {row['counterpart'] or '—'} "
             f"| {_pct(ref and ref['perron_pct'])} | {_pct(ref and ref['non_perron_pct'])} |"
         )
     lines += [

@@ -25,6 +25,7 @@ from importers.run.records import (
     LAYER_COLUMNS,
     OPERATOR_COLUMNS,
     AuditResult,
+    DominanceSummary,
     OperatorSummary,
 )
 from importers.value_spectra import SPECTRA_COLUMNS
@@ -143,6 +144,27 @@ def _causal_paragraph(result: AuditResult) -> list[str]:
     ]
 
 
+def _agreement_sentence(dom: DominanceSummary) -> str:
+    """How often predicted and observed directions agree, with the chance level beside it."""
+    ties = sum(r.predicted == "tie" for r in dom.per_block)
+    mixed = sum(r.observed == "mixed" and r.predicted != "tie" for r in dom.per_block)
+    undecided = (
+        f"{ties} predicted tie{'' if ties == 1 else 's'} and {mixed} mixed "
+        f"observation{'' if mixed == 1 else 's'} left out"
+    )
+    found = dom.agreement
+    if found is None:
+        return f"No block has both a predicted and an observed direction ({undecided})."
+    return (
+        f"Prediction and observation agree in {found.agree} of {found.decided} blocks with both "
+        f"directions ({undecided}). Chance level: shuffling the observed directions among those "
+        f"blocks (as many smoothing as measured) gives {found.expected:.2f} agreements on average, "
+        f"and {found.agree} or more with probability p = {found.p_value:.3f} (exact permutation "
+        "test)"
+        + (": no better than chance." if found.p_value > 0.05 else ".")
+    )
+
+
 def _operator_paragraph(summary: OperatorSummary | None) -> list[str]:
     """The exact operator dominance against the per-head rule (``--dominance operator``)."""
     if summary is None:
@@ -221,12 +243,17 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
     if dom.cases:
         lines += [
             f"Over {dom.cases} (input, block, head) cases: **{100 * (dom.perron or 0):.2f}% perron-type** "
-            f"(1 + λ^H λ^A_n, smoothing) and **{100 * (dom.non_perron or 0):.2f}% non-perron** "
-            f"(of which {100 * (dom.balanced or 0):.2f}% balanced ties).",
+            f"(1 + λ^H λ^A_n, smoothing), **{100 * (dom.non_perron or 0):.2f}% non-perron** "
+            f"(of which {100 * (dom.balanced or 0):.2f}% balanced ties) and "
+            f"**{100 * (dom.contracting or 0):.2f}% contracting**: heads whose H alone rules out "
+            "perron kind (an exact null-space eigenvalue 0 ties every row of A at |μ| = 1, and no "
+            "other |1 + λ^H| exceeds 1), decided without A's spectrum and with no mode "
+            "(docs/theory.md §6.10).",
             "",
             _h_paragraph(result),
             "",
-            "Per block: the theory predicts smoothing when most cases are perron-type; the block "
+            "Per block: the theory predicts smoothing when more than half the cases are perron-type "
+            "(no smoothing when fewer, a tie at exactly half); the block "
             "smooths when it lowers HFC/LFC and raises the mean cosine (both ways round: no "
             "smoothing; otherwise mixed). The theory covers only the attention sublayer, so the "
             "observed change is that of the attention part (the stream entering the block against "
@@ -235,25 +262,20 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
             "columns are the rest of the block. The theory is for repeated linear layers, so read "
             "the agreement as a heuristic.",
             "",
-            "| attention block | part | cases | perron | non-perron | HFC/LFC ×| Δ cosine "
-            "| predicted | observed | MLP: HFC/LFC × | MLP: Δ cosine |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| attention block | part | cases | perron | non-perron | contracting | HFC/LFC ×"
+            "| Δ cosine | predicted | observed | MLP: HFC/LFC × | MLP: Δ cosine |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         lines += [
             f"| {r.block} | {r.part} | {r.cases} | {100 * r.perron:.1f}% "
-            f"| {100 * r.non_perron:.1f}% | {_fmt(r.hfc_lfc_ratio)} | {r.cosine_change:+.3f} "
+            f"| {100 * r.non_perron:.1f}% | {100 * r.contracting:.1f}% "
+            f"| {_fmt(r.hfc_lfc_ratio)} | {r.cosine_change:+.3f} "
             f"| {r.predicted} | {r.observed} | {_fmt(r.mlp_hfc_lfc_ratio)} "
             f"| {_fmt(r.mlp_cosine_change, signed=True)} |"
             for r in dom.per_block
         ]
         lines += _causal_paragraph(result)
-        decided = [r for r in dom.per_block if r.agree is not None]
-        agreed = sum(bool(r.agree) for r in decided)
-        lines += [
-            "",
-            f"Prediction and observation agree in {agreed} of {len(decided)} blocks with a clear "
-            f"observed direction ({len(dom.per_block) - len(decided)} mixed).",
-        ]
+        lines += ["", _agreement_sentence(dom)]
         lines += _operator_paragraph(dom.operator)
     else:
         lines.append("Not computed (dominance disabled).")

@@ -6,7 +6,10 @@ eigenproblem per head (n = 257 for a ViT), most of an audit's host time. For a r
 Perron root is exactly 1, so the Perron row of ``μ_ij = 1 + λ^H_j λ^A_i`` is ``1 + λ^H_j`` and needs
 no eigensolver; what is left is to show that no other eigenvalue of A comes close. This module bounds
 the modulus of every non-Perron eigenvalue from above with a few matrix products and returns kind
-perron when the bound already rules out every other row. The other heads take the dense path, which
+perron when the bound already rules out every other row. Before any of that, a head whose H alone
+rules out perron kind (an exact null-space eigenvalue 0 and every other ``|1 + λ^H| ≤ 1`` within the
+tie tolerance: :func:`simulator.theory.contracting_heads`) is classed contracting and never looked
+at again. The other heads take the dense path, which
 is the audit's original computation, and so do matrices of order below :data:`CERTIFY_MIN_ORDER`,
 whose spectra cost less than the certificate's bookkeeping.
 
@@ -48,7 +51,8 @@ Functions
 perron_targets     -- per head, the radius that certifies perron kind and the Perron-row mode
 nonperron_radius   -- a certified bound on the modulus of every non-Perron eigenvalue of A
 perron_certified   -- which heads of a stack of attention matrices are certified perron
-dominating_modes   -- kind, μ, λ^A, λ^H per head: certified where possible, dense otherwise
+dominating_modes   -- kind, μ, λ^A, λ^H per head: contracting where H alone decides
+                      (no mode), certified where the bound allows, dense otherwise
 """
 
 from __future__ import annotations
@@ -68,7 +72,13 @@ from simulator.doeblin import (
     nonperron_radius,
     radius_bounds,
 )
-from simulator.theory import dominance_kinds, kron_eigenvalues
+from simulator.theory import (
+    CONTRACTING,
+    HEAD_KINDS,
+    contracting_heads,
+    dominance_kinds,
+    kron_eigenvalues,
+)
 from simulator.tolerances import PERRON_MARGIN, TIE_RTOL
 
 __all__ = [
@@ -271,13 +281,16 @@ def _shifted_disk_certified(
 
 @dataclass(frozen=True)
 class DominatingModes:
-    """Per head: the kind code (into :data:`~simulator.theory.KINDS`) and a dominating mode.
+    """Per head: the kind code (into :data:`~simulator.theory.HEAD_KINDS`) and a dominating mode.
 
     Attributes
     ----------
     kinds : (heads,) int ndarray
+        Codes 0–2 as :data:`~simulator.theory.KINDS`; 3, contracting, where H alone rules out
+        perron kind (:func:`~simulator.theory.contracting_heads`).
     mu, eig_A, eig_H : (heads,) complex ndarray
-        ``μ = 1 + λ^H λ^A`` of largest modulus (the first in ``(i, j)`` order), its λ^A and λ^H.
+        ``μ = 1 + λ^H λ^A`` of largest modulus (the first in ``(i, j)`` order), its λ^A and λ^H;
+        NaN for a contracting head (no mode is asked for, and A's spectrum is never computed).
     certified : (heads,) bool ndarray
         Decided by the bound (λ^A is exactly 1), not by the dense spectrum.
     """
@@ -326,7 +339,9 @@ def dominating_modes(
     Returns
     -------
     DominatingModes
-        The same kinds as the dense path; μ, λ^A and λ^H equal to round-off. NumPy arrays.
+        The same kinds as the dense path, except that a head whose H alone rules out perron kind
+        (:func:`~simulator.theory.contracting_heads`, on A of order ≥ 2) is contracting, with no
+        mode and no spectrum of A; μ, λ^A and λ^H equal to round-off. NumPy arrays.
     """
     A = as_float64(A)
     xp = array_module(A)
@@ -337,14 +352,20 @@ def dominating_modes(
     lam_A = np.ones(n_heads, dtype=np.complex128)
     lam_H_mode = np.empty(n_heads, dtype=np.complex128)
     certified = np.zeros(n_heads, dtype=bool)
+    contracting = np.zeros(n_heads, dtype=bool)
+    if A.shape[-1] >= 2:
+        contracting = contracting_heads(lam_H, tie_rtol=tie_rtol)
+        kinds[contracting] = HEAD_KINDS.index(CONTRACTING)
+        mu[contracting] = lam_A[contracting] = lam_H_mode[contracting] = complex(np.nan, np.nan)
     if certify and A.shape[-1] >= min_order:
         if targets is None:
             targets = perron_targets(lam_H, tie_rtol=tie_rtol)
-        certified = to_numpy(perron_certified(A, targets))
+        # a contracting head's target radius is 0 (its top |1 + λ^H| is 1 within the tolerance)
+        certified = to_numpy(perron_certified(A, targets)) & ~contracting
         heads = np.flatnonzero(certified)
         lam_H_mode[heads] = lam_H[heads, targets.best[heads]]
         mu[heads] = 1.0 + lam_H_mode[heads]
-    dense = ~certified
+    dense = ~certified & ~contracting
     if dense.any():
         undecided = A if dense.all() else A[dense if xp is np else xp.asarray(dense)]
         kinds[dense], mu[dense], lam_A[dense], lam_H_mode[dense] = _dense_modes(

@@ -10,6 +10,7 @@ value_spectrum      -- eigenvalues of W_V W_proj via the small d_v x d_v product
 kron_eigenvalues    -- mu_ij = 1 + lambda^H_j lambda^A_i, shape (..., n, d)
 perron_index        -- index of the Perron eigenvalue of a stochastic A (closest to 1)
 dominance_kinds     -- vectorised kind (perron / non-perron / balanced) of many systems
+contracting_heads   -- which H spectra (with a null space) rule out perron kind from H alone
 dominance           -- the dominating eigenvalue(s) of one system, as a dataclass
 predict             -- regime (input, angle, rank convergence), rate and limits of one system
 """
@@ -28,9 +29,12 @@ from simulator.tolerances import TIE_RTOL
 from simulator.validation import FloatArray, as_float_array, as_row_stochastic, as_square
 
 __all__ = [
+    "CONTRACTING",
+    "HEAD_KINDS",
     "KINDS",
     "Dominance",
     "Prediction",
+    "contracting_heads",
     "dominance",
     "dominance_kinds",
     "kron_eigenvalues",
@@ -43,6 +47,11 @@ ComplexArray = NDArray[np.complex128]
 Kind = Literal["perron", "non-perron", "balanced"]
 #: Kind names in the order of the integer codes returned by :func:`dominance_kinds`.
 KINDS: tuple[Kind, ...] = ("perron", "non-perron", "balanced")
+#: The per-head class a head's H alone decides (:func:`contracting_heads`, docs/theory.md §6.10).
+CONTRACTING = "contracting"
+#: Kind names of the per-head decision (:func:`simulator.perron.dominating_modes`): KINDS, then
+#: :data:`CONTRACTING` as code 3.
+HEAD_KINDS: tuple[str, ...] = (*KINDS, CONTRACTING)
 
 
 def value_spectrum(W_V: ArrayLike, W_proj: ArrayLike) -> ComplexArray:
@@ -147,6 +156,37 @@ def dominance_kinds(
     # Two dominating modes in different rows and columns <=> the mask is not inside one row or one column.
     balanced = (n_rows > 1) & (n_cols > 1) & ~_mask_is_single_line(mask)
     return np.where(balanced, 2, np.where(only_perron, 0, 1))
+
+
+def contracting_heads(eig_H: ArrayLike, *, tie_rtol: float = TIE_RTOL) -> NDArray[np.bool_]:
+    """Which H spectra rule out perron kind without the spectrum of A (docs/theory.md §6.10).
+
+    A head's d×d product ``M_h`` has rank at most d_head < d, and its spectrum as the per-head rule
+    takes it holds an exact 0 (the null space) beside the d_head eigenvalues of ``W_O^h W_V^h``.
+    That 0 gives ``μ = 1 + 0·λ^A = 1`` in every row of A. When every other eigenvalue has
+    ``|1 + λ^H| ≤ 1 / (1 − tie_rtol)``, the Perron row's largest ``|μ|`` lies within the tie
+    tolerance of that 1, which every other row of A also holds: whatever A is (of order ≥ 2), the
+    Perron row never dominates alone, so the kind is never perron. Which non-Perron mode
+    dominates, or whether all rows tie at 1, is then a question about A's spectrum and, in the
+    tie, about round-off; the class answers the question the per-head rule asks — does this head
+    make its own subspace's mean grow? — with no: ``1 + λ^H`` scales the low-frequency part of the
+    head's range by at most 1 (up to the tolerance), and the null space is left alone.
+
+    Parameters
+    ----------
+    eig_H : (..., k) array_like
+        Spectra of H, one per head; a head is contracting only if one entry is exactly 0.
+    tie_rtol : float
+        The tie tolerance of :func:`dominance_kinds`.
+
+    Returns
+    -------
+    (...) bool ndarray
+    """
+    lam_H = np.asarray(eig_H, dtype=np.complex128)
+    null = lam_H == 0
+    moduli = np.where(null, 0.0, np.abs(1.0 + lam_H))
+    return null.any(axis=-1) & (moduli.max(axis=-1) <= 1.0 / (1.0 - tie_rtol))
 
 
 def _mask_is_single_line(mask: NDArray[np.bool_]) -> NDArray[np.bool_]:

@@ -39,7 +39,7 @@ from importers.value_spectra import BlockSpectra, HChoice
 from importers.weights import BlockWeights
 from simulator.backend import array_module, on_host, to_numpy
 from simulator.perron import CERTIFY_MIN_ORDER, dominating_modes
-from simulator.theory import KINDS
+from simulator.theory import HEAD_KINDS
 
 __all__ = [
     "MAX_DEVICE_STACK_ELEMENTS",
@@ -250,7 +250,7 @@ def stacked_cases(
                     problem.item,
                     problem.layer,
                     head - first,
-                    KINDS[int(modes.kinds[head])],
+                    HEAD_KINDS[int(modes.kinds[head])],
                     complex(modes.mu[head]),
                     complex(modes.eig_A[head]),
                     complex(modes.eig_H[head]),

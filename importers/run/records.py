@@ -20,6 +20,7 @@ LAYER_COLUMNS, DOMINANCE_COLUMNS
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -165,8 +166,11 @@ class Provenance(Record):
 class DominanceCase(Record):
     """The dominating eigenvalue ``μ = 1 + λ^H λ^A`` of ``I + H_h ⊗ A`` for one (input, block, head).
 
-    ``kind`` is ``"perron"`` (μ uses the Perron root of A: smoothing), ``"non-perron"`` or
-    ``"balanced"`` (tied dominating modes in both A and H; counted as non-perron too).
+    ``kind`` is ``"perron"`` (μ uses the Perron root of A: smoothing), ``"non-perron"``,
+    ``"balanced"`` (tied dominating modes in both A and H; counted as non-perron too) or
+    ``"contracting"`` (the head's H alone rules out perron kind: its null space ties every row of
+    A at |μ| = 1 and no non-zero ``|1 + λ^H|`` exceeds it; docs/theory.md §6.10). A contracting
+    case has no mode: μ, λ^A and λ^H are NaN.
     """
 
     input: int
@@ -254,9 +258,10 @@ class BlockVerdict(Record):
     """One attention block: its dominance fractions against what it did to the stream.
 
     ``block`` is the block's index: it maps layer ``block`` to layer ``block + 1``. Predicted: smoothing
-    when most of its cases are perron-type. Observed: smoothing when the mean HFC/LFC falls
+    when more than half of its cases are perron-type, "no smoothing" when fewer, "tie" at exactly
+    half. Observed: smoothing when the mean HFC/LFC falls
     (``hfc_lfc_ratio`` < 1) and the mean cosine rises, "no smoothing" when both move the other way,
-    else "mixed" (``agree`` is None). ``part`` says over what the change is measured: ``attention``
+    else "mixed" (``agree`` is None after a tie or a mixed change). ``part`` says over what the change is measured: ``attention``
     (layer ``block`` to the stream right after the attention sublayer, what the theory covers) where
     that stream was measured, else ``block`` (to layer ``block + 1``, attention and MLP together);
     ``mlp_hfc_lfc_ratio`` and ``mlp_cosine_change`` are the rest of the block (NaN for ``block``).
@@ -269,6 +274,7 @@ class BlockVerdict(Record):
     perron: float
     non_perron: float
     balanced: float
+    contracting: float
     hfc_lfc_ratio: float
     cosine_change: float
     predicted: str
@@ -279,14 +285,55 @@ class BlockVerdict(Record):
 
 
 @dataclass(frozen=True)
+class Agreement(Record):
+    """How often the blocks' predicted and observed directions agree, against chance.
+
+    Over the ``decided`` blocks (neither a predicted tie nor a mixed observation), ``agree`` of
+    them agree. ``expected`` is the mean agreement count when the observed directions are
+    shuffled among those blocks (margins fixed: as many blocks predicted and observed smoothing as
+    measured), ``p_value`` the chance of at least ``agree`` agreements under that shuffle (exact,
+    hypergeometric: the agreement count is ``2X + decided − predicted − observed`` with X the
+    blocks predicted and observed smoothing).
+    """
+
+    agree: int
+    decided: int
+    expected: float
+    p_value: float
+
+    @classmethod
+    def of(cls, verdicts: Sequence[BlockVerdict]) -> Agreement | None:
+        """The agreement of ``verdicts``; None when no block is decided."""
+        decided = [v for v in verdicts if v.agree is not None]
+        if not decided:
+            return None
+        m = len(decided)
+        predicted = sum(v.predicted == "smoothing" for v in decided)
+        observed = sum(v.observed == "smoothing" for v in decided)
+        agree = sum(bool(v.agree) for v in decided)
+        # X, the blocks predicted and observed smoothing, is hypergeometric under the shuffle
+        expected = 2 * predicted * observed / m + m - predicted - observed
+        # agree >= k  <=>  X >= (k - m + predicted + observed) / 2
+        threshold = math.ceil((agree - m + predicted + observed) / 2)
+        tail = sum(
+            math.comb(observed, x) * math.comb(m - observed, predicted - x)
+            for x in range(max(threshold, 0), min(observed, predicted) + 1)
+        )
+        return cls(agree, m, expected, tail / math.comb(m, predicted))
+
+
+@dataclass(frozen=True)
 class DominanceSummary(Record):
-    """Fractions of perron / non-perron / balanced cases overall (None without cases) and per block."""
+    """Fractions of perron / non-perron (balanced among them) / contracting cases overall (None
+    without cases) and per block; perron, non-perron and contracting add up to 1."""
 
     cases: int
     perron: float | None
     non_perron: float | None
     balanced: float | None
+    contracting: float | None
     per_block: tuple[BlockVerdict, ...]
+    agreement: Agreement | None = None
     operator: OperatorSummary | None = None
 
 
@@ -352,9 +399,12 @@ def _operator_summary(
     )
 
 
-def _fractions(kinds: np.ndarray) -> tuple[float, float, float]:
+def _fractions(kinds: np.ndarray) -> tuple[float, float, float, float]:
+    """(perron, non-perron with balanced, balanced, contracting) shares of ``kinds``."""
     perron = float(np.mean(kinds == "perron"))
-    return perron, 1.0 - perron, float(np.mean(kinds == "balanced"))
+    non_perron = float(np.mean((kinds == "non-perron") | (kinds == "balanced")))
+    contracting = float(np.mean(kinds == "contracting"))
+    return perron, non_perron, float(np.mean(kinds == "balanced")), contracting
 
 
 def _change(before: dict[str, float], after: dict[str, float]) -> tuple[float, float]:
@@ -370,14 +420,14 @@ def _verdict(
     means: dict[tuple[int, str], float],
     attention: dict[tuple[int, str], float],
 ) -> BlockVerdict:
-    perron, non_perron, balanced = _fractions(kinds)
+    perron, non_perron, balanced, contracting = _fractions(kinds)
     at = {metric: means[block, metric] for metric in ("hfc_lfc", "cosine")}
     out = {metric: means[block + 1, metric] for metric in ("hfc_lfc", "cosine")}
     mid = {metric: attention.get((block, metric), np.nan) for metric in ("hfc_lfc", "cosine")}
     measured = bool(np.isfinite(mid["hfc_lfc"]) and np.isfinite(mid["cosine"]))
     ratio, cosine = _change(at, mid if measured else out)
     mlp_ratio, mlp_cosine = _change(mid, out) if measured else (np.nan, np.nan)
-    predicted = "smoothing" if perron >= 0.5 else "no smoothing"
+    predicted = "tie" if perron == 0.5 else ("smoothing" if perron > 0.5 else "no smoothing")
     if ratio < 1 and cosine > 0:
         observed = "smoothing"
     elif ratio > 1 and cosine < 0:
@@ -391,11 +441,12 @@ def _verdict(
         perron=perron,
         non_perron=non_perron,
         balanced=balanced,
+        contracting=contracting,
         hfc_lfc_ratio=float(ratio),
         cosine_change=float(cosine),
         predicted=predicted,
         observed=observed,
-        agree=None if observed == "mixed" else predicted == observed,
+        agree=None if observed == "mixed" or predicted == "tie" else predicted == observed,
         mlp_hfc_lfc_ratio=float(mlp_ratio),
         mlp_cosine_change=float(mlp_cosine),
     )
@@ -478,9 +529,10 @@ class AuditResult:
         return {row["metric"]: row["mean"] for row in self.layer_rows() if row["layer"] == last}
 
     def dominance_summary(self) -> DominanceSummary:
-        """Fractions of perron / non-perron cases overall and per attention block (they sum to 1)."""
+        """Fractions of perron / non-perron / contracting cases overall and per attention block
+        (they sum to 1)."""
         if not self.dominance:
-            return DominanceSummary(0, None, None, None, ())
+            return DominanceSummary(0, None, None, None, None, ())
         kinds = np.array([case.kind for case in self.dominance])
         blocks = np.array([case.block for case in self.dominance])
         means = {(r["layer"], r["metric"]): r["mean"] for r in self.layer_rows()}
@@ -493,7 +545,8 @@ class AuditResult:
             int(kinds.size),
             *_fractions(kinds),
             per_block,
-            _operator_summary(self.operator, self.dominance),
+            agreement=Agreement.of(per_block),
+            operator=_operator_summary(self.operator, self.dominance),
         )
 
     def spectra_summary(self) -> dict[str, Any]:

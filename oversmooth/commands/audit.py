@@ -272,7 +272,8 @@ def _summary(result: AuditResult, out: Path) -> str:
         lines.append(
             f"dominating eigenvalue over {dom.cases} (input, block, head) cases, "
             f"{result.config.h} H: "
-            f"{100 * (dom.perron or 0):.2f}% perron, {100 * (dom.non_perron or 0):.2f}% non-perron"
+            f"{100 * (dom.perron or 0):.2f}% perron, {100 * (dom.non_perron or 0):.2f}% non-perron, "
+            f"{100 * (dom.contracting or 0):.2f}% contracting"
         )
     lines += [f"note: {note.text}" for note in result.notes if note.kind != "partial"]
     lines.append(f"report: {out / 'report.md'}")

@@ -24,7 +24,7 @@ from simulator.perron import (
     perron_certified,
     perron_targets,
 )
-from simulator.theory import perron_index
+from simulator.theory import HEAD_KINDS, contracting_heads, dominance_kinds, perron_index
 from simulator.tolerances import EIG_TOL, PERRON_MARGIN, TIE_RTOL
 from tests.strategies import attention_params, build_attention, complex_spectra, real_spectra
 
@@ -320,3 +320,75 @@ def test_the_second_disk_is_centred_on_an_estimate_however_few_squarings(
     assert perron_certified(A, perron_targets(eig_H), max_squarings=max_squarings).all()
     assert centred, "the first disk left heads to the second"
     assert all(np.isfinite(values).all() for values in centred)
+
+
+# -- the contracting class: decided from H alone ---------------------------------------------------
+
+
+@st.composite
+def contracting_spectra(draw: st.DrawFn) -> list[complex]:
+    """A head's range spectrum inside the closed disk |1 + z| ≤ 1 (boundary included), plus the
+    exact null-space 0 the per-head rule appends."""
+    angles = st.floats(0.0, 2 * np.pi, allow_nan=False)
+    radii = st.floats(0.0, 1.0, allow_nan=False)
+    values = draw(st.lists(st.tuples(radii, angles), min_size=1, max_size=5))
+    spectrum = [-1.0 + r * np.exp(1j * t) for r, t in values]
+    spectrum += [value.conjugate() for value in spectrum if abs(value.imag) > 0]
+    return [*spectrum, 0.0]
+
+
+@given(attention_params(n=(2, 40), scale=(0.2, 6.0)), contracting_spectra())
+@example(
+    {"kind": "symmetric", "n": 2, "scale": 1.0, "seed": 0}, [-2.0 + 0j, 0.0]
+)  # the boundary |1 + λ^H| = 1 itself
+def test_a_contracting_head_is_never_perron_on_the_dense_path(params, eig_H) -> None:
+    """What the class claims, checked against Definition 4 on the full spectrum of A: a head with
+    a null-space 0 and every other |1 + λ^H| ≤ 1 is non-perron or balanced whatever A is."""
+    A = build_attention(params, batch=(HEADS,))
+    lam_H = spectra_for_heads(eig_H)
+    assert contracting_heads(lam_H).all()
+    kinds = dominance_kinds(np.linalg.eigvals(A), lam_H)
+    assert (kinds != 0).all()
+
+
+def test_contracting_heads_take_no_spectrum_and_report_no_mode() -> None:
+    A = spectra.attention_general(40, batch=(HEADS,), rng=3)
+    eig_H = np.array(
+        [
+            [-0.5, -1.2 + 0.3j, -1.2 - 0.3j, 0.0],  # contracting
+            [-0.5, 0.4, 0.0, 0.0],  # |1 + 0.4| > 1: not contracting
+            [-0.5, -1.5, -1.9, -0.1],  # no null-space 0: not contracting
+        ],
+        dtype=np.complex128,
+    )
+    sent: list[np.ndarray] = []
+
+    def to_host(array: np.ndarray) -> np.ndarray:
+        sent.append(np.asarray(array))
+        return np.asarray(array)
+
+    modes = dominating_modes(A, eig_H, to_host=to_host)
+    assert HEAD_KINDS[modes.kinds[0]] == "contracting"
+    for mode in (modes.mu, modes.eig_A, modes.eig_H):
+        assert np.isnan(mode[0])
+    assert not modes.certified[0]
+    assert {HEAD_KINDS[k] for k in modes.kinds[1:]} <= {"perron", "non-perron", "balanced"}
+    assert sum(len(array) for array in sent) <= 2  # the contracting head's A stays where it is
+    dense = dominating_modes(A[1:], eig_H[1:], certify=False)
+    np.testing.assert_array_equal(modes.kinds[1:], dense.kinds)
+
+
+@pytest.mark.parametrize(
+    ("spectrum", "expected"),
+    [
+        ([-1.0, 0.0], True),  # |1 + λ| = 0
+        ([-2.0, 0.0], True),  # on the boundary
+        ([-2.0 * (1 + TIE_RTOL / 2), 0.0], True),  # within the tie tolerance
+        ([-2.0 * (1 + 10 * TIE_RTOL), 0.0], False),  # beyond it
+        ([0.1, 0.0], False),
+        ([-1.0, -0.5], False),  # no null space
+        ([1e-300, -1.0], False),  # a tiny eigenvalue is not the null space
+    ],
+)
+def test_contracting_heads_boundary(spectrum: list[complex], expected: bool) -> None:
+    assert bool(contracting_heads(np.asarray(spectrum, dtype=np.complex128))) is expected

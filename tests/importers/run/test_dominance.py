@@ -33,7 +33,7 @@ from importers.value_spectra import H_CHOICES, HChoice
 from importers.weights import block_weights
 from importers.zoo import file_sha256, lookup
 from simulator.perron import dominating_modes
-from simulator.theory import KINDS
+from simulator.theory import HEAD_KINDS, KINDS, contracting_heads, dominance_kinds
 from simulator.tolerances import EIG_TOL, TIE_RTOL
 from tests.realmodels import require_real_model
 
@@ -64,18 +64,29 @@ def attention_problems(name: str, h: HChoice = "effective") -> list[DominancePro
 @pytest.mark.parametrize("h", H_CHOICES)
 @pytest.mark.parametrize("name", sorted(ITEMS))
 def test_real_attention_gets_the_dense_kinds_and_modes(name: str, h: HChoice) -> None:
-    certified = total = 0
+    """Certified or dense, the same cases; and the contracting class, decided from H alone, is
+    never perron under Definition 4 on the full spectrum of A (every other head's kind is
+    Definition 4's)."""
+    certified = total = contracting = 0
     for problem in attention_problems(name, h):
         with threadpool_limits(limits=1, user_api="blas"):  # as in the audit: see model_spectra
             fast = dominating_modes(problem.attention(), problem.eig_H, min_order=1)
             dense = problem.cases(TIE_RTOL, certify=False)
-        assert [case.kind for case in dense] == [KINDS[kind] for kind in fast.kinds]
+            definition = dominance_kinds(np.linalg.eigvals(problem.attention()), problem.eig_H)
+        assert [case.kind for case in dense] == [HEAD_KINDS[kind] for kind in fast.kinds]
+        by_h = contracting_heads(problem.eig_H)
+        assert (fast.kinds[by_h] == HEAD_KINDS.index("contracting")).all()
+        assert (definition[by_h] != KINDS.index("perron")).all()
+        np.testing.assert_array_equal(fast.kinds[~by_h], definition[~by_h])
+        contracting += int(by_h.sum())
         for field, values in (("mu", fast.mu), ("lambda_a", fast.eig_A), ("lambda_h", fast.eig_H)):
             expected = [getattr(case, field) for case in dense]
             assert_allclose(values, expected, rtol=0, atol=EIG_TOL, err_msg=field)
         certified += int(fast.certified.sum())
         total += len(dense)
     assert certified >= MIN_CERTIFIED * total, f"{certified} of {total} certified"
+    if (name, h) == ("dinov2-vits14", "effective"):
+        assert contracting > 0  # the class is exercised on real heads
 
 
 def test_the_audit_cases_are_those_of_the_problems() -> None:
@@ -85,8 +96,9 @@ def test_the_audit_cases_are_those_of_the_problems() -> None:
     rows, columns = np.ix_([0, 1, 3, 4], [0, 1, 3, 4])  # token 2 is padding
     probs[:, rows, columns] = 2 * real
     mask = np.array([True, True, False, True, True])
-    # head 0: 1 + 0.5 on top; head 1: |1 - 1.5 (-1/3)| = 1.5 > |1 - 1.5| beats the Perron row.
-    eig_H = np.array([[0.5, 0.0], [-1.5, 0.0]], dtype=complex)
+    # head 0: 1 + 0.5 on top; head 1: |1 - 2.5 (-1/3)| = 1.83 > |1 - 2.5| = 1.5 beats the Perron
+    # row (not contracting: |1 + λ^H| > 1).
+    eig_H = np.array([[0.5, 0.0], [-2.5, 0.0]], dtype=complex)
     problem = DominanceProblem(3, 1, probs, mask, eig_H)
     assert_allclose(problem.attention(), np.stack([real, real]), atol=1e-15)
     assert dominating_modes(problem.attention(), eig_H, min_order=1).certified.tolist() == [
