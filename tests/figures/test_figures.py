@@ -158,8 +158,13 @@ def test_table1_fractions_are_complementary(quick_run: QuickRun) -> None:
     rows = _rows(_script(quick_run, "table1_dominance") / "table1_dominance.csv")
     perron = np.array([float(r["perron_pct"]) for r in rows])
     non_perron = np.array([float(r["non_perron_pct"]) for r in rows])
-    assert_allclose(perron + non_perron, 100.0, rtol=tol.STEP_RTOL)
+    contracting = np.array([float(r["contracting_pct"] or 0.0) for r in rows])
+    assert_allclose(perron + non_perron + contracting, 100.0, rtol=tol.STEP_RTOL)
     assert np.all((perron >= 0) & (perron <= 100))
+    assert np.all(contracting >= 0)
+    # the ⁻ transform puts every head's range in [-1, 0): contracting by construction (§6.10)
+    minus = [r for r in rows if r["source"] == "ours" and r["transform"] == "minus"]
+    assert any(float(r["contracting_pct"]) == 100.0 for r in minus if r["h"] != "stored")
 
 
 @pytest.mark.realmodel

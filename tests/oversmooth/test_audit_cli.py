@@ -112,7 +112,8 @@ def test_audit_of_minilm_l3_writes_the_report_and_prints_a_summary(
     assert doc["n_inputs"] == bundled_inputs("text").batch_size
     assert len(doc["blocks"]) == 3
     assert doc["provider"]["used"] == [_CPU]
-    assert doc["dominance"]["perron"] + doc["dominance"]["non_perron"] == pytest.approx(1.0)
+    fractions = ("perron", "non_perron", "contracting")
+    assert sum(doc["dominance"][name] for name in fractions) == pytest.approx(1.0)
     lines = stdout.splitlines()
     assert lines[0].startswith("model minilm-l3 (3 blocks)")
     table = lines[lines.index("layer  hfc_lfc   cosine  sigma_ratio") + 1 :]

@@ -34,7 +34,7 @@ from simulator import tolerances as tol
 from simulator.errors import InputError
 from simulator.metrics import METRICS, all_metrics
 from simulator.output import to_json
-from simulator.theory import KINDS, dominance_kinds, kron_eigenvalues
+from simulator.theory import KINDS, contracting_heads, dominance_kinds, kron_eigenvalues
 from tests.importers.builders import VARIANTS, Assembly, ExpectedBlock, assemble
 from tests.importers.reference import forward_trace
 from tests.realmodels import require_real_model
@@ -178,6 +178,9 @@ def expected_dominance(
             eig_A = np.linalg.eigvals(A / A.sum(axis=-1, keepdims=True))
             for head in range(block.n_heads):
                 eig_H = head_spectrum(block, head)
+                if contracting_heads(eig_H):  # decided from H, no mode (docs/theory.md §6.10)
+                    cases[item, layer, head] = ("contracting", complex(np.nan, np.nan))
+                    continue
                 kind = KINDS[int(dominance_kinds(eig_A[head], eig_H))]
                 mu = kron_eigenvalues(eig_A[head], eig_H).ravel()
                 cases[item, layer, head] = (kind, complex(mu[np.argmax(np.abs(mu))]))

@@ -31,7 +31,7 @@ from simulator.statistics import (
     gram_eigenvalues,
     metrics_from_statistics,
 )
-from simulator.theory import KINDS
+from simulator.theory import HEAD_KINDS
 from simulator.tolerances import EIG_TOL, GRAM_ATOL, GRAM_RTOL, TIE_RTOL
 from tests.importers.builders import assemble
 from tests.importers.run.test_dominance import attention_problems
@@ -43,13 +43,14 @@ SEED = 0
 def _two_heads(n: int = 40) -> DominanceProblem:
     """One (input, layer) of two heads on n real tokens of n + 1 (token 2 is padding), large
     enough to be certified (CERTIFY_MIN_ORDER): head 0 is certified perron, head 1 is not (its
-    H makes the Perron row lose: |1 − 1.5·(−1/(n−1))| > |1 − 1.5|), so it takes the dense path."""
+    H makes the Perron row lose: |1 − 2.02·(−1/(n−1))| > |1 − 2.02| > 1, so it is not contracting
+    either), so it takes the dense path."""
     real = (np.ones((n, n)) - np.eye(n)) / (n - 1)  # eigenvalues 1 and -1/(n-1)
     keep = [i for i in range(n + 1) if i != 2]
     probs = np.full((2, n + 1, n + 1), 0.5)
     probs[:, *np.ix_(keep, keep)] = 2 * real
     mask = np.isin(np.arange(n + 1), keep)
-    eig_H = np.array([[0.5, 0.0], [-1.5, 0.0]], dtype=complex)
+    eig_H = np.array([[0.5, 0.0], [-2.02, 0.0]], dtype=complex)
     return DominanceProblem(0, 0, probs, mask, eig_H)
 
 
@@ -84,6 +85,18 @@ def test_only_the_undecided_heads_attention_is_handed_to_the_host() -> None:
     assert (copies.bytes, copies.arrays, copies.device_bytes) == (2 * 40 * 40 * 8, 1, 0)
 
 
+def test_a_contracting_head_hands_nothing_to_the_host() -> None:
+    """Decided from H alone (|1 − 1.5| < 1 beside the null-space 0): no spectrum, no copy."""
+    problem = _two_heads()
+    contracting = DominanceProblem(
+        0, 0, problem.probs, problem.token_mask, np.array([[0.5, 0.0], [-1.5, 0.0]], dtype=complex)
+    )
+    copies = HostCopies()
+    (cases,) = stacked_cases([contracting], TIE_RTOL, to_host=copies)
+    assert [c.kind for c in cases] == ["perron", "contracting"]
+    assert (copies.bytes, copies.arrays) == (0, 0)
+
+
 def test_a_batch_that_needs_no_dense_spectrum_hands_nothing_to_the_host() -> None:
     problem = _two_heads()
     perron_only = DominanceProblem(0, 0, problem.probs[:1], problem.token_mask, problem.eig_H[:1])
@@ -98,12 +111,14 @@ def test_real_attention_hands_only_the_uncertified_heads_to_the_host() -> None:
     problems = attention_problems("dinov2-vits14")
     copies = HostCopies()
     cases = [case for group in stacked_cases(problems, TIE_RTOL, to_host=copies) for case in group]
-    uncertified = sum(
-        int((~dominating_modes(p.attention(), p.eig_H).certified).sum()) for p in problems
-    )
+    modes = [dominating_modes(p.attention(), p.eig_H) for p in problems]
+    contracting = HEAD_KINDS.index("contracting")
+    uncertified = sum(int((~m.certified & (m.kinds != contracting)).sum()) for m in modes)
     n = problems[0].n_tokens
     assert copies.bytes == uncertified * n * n * 8
-    # With the effective H, a third of DINOv2's heads here are non-perron or undecided (54 of 144).
+    # With the effective H, a third of DINOv2's heads here are non-perron or undecided (54 of 144),
+    # and the contracting ones among them never leave the device.
+    assert sum(int((m.kinds == contracting).sum()) for m in modes) > 0
     assert 0 < uncertified < 0.5 * len(cases), f"{uncertified} of {len(cases)} heads uncertified"
 
 
@@ -175,9 +190,10 @@ def test_the_certificate_on_the_gpu_gives_the_host_answers() -> None:
     assert_allclose([c.mu for c in gpu], [c.mu for c in host], rtol=0, atol=EIG_TOL)
     A = cupy.concatenate([p.attention() for p in on_device])
     modes = dominating_modes(A, np.concatenate([p.eig_H for p in problems]))
-    assert [KINDS[kind] for kind in modes.kinds] == [case.kind for case in host]
+    assert [HEAD_KINDS[kind] for kind in modes.kinds] == [case.kind for case in host]
     n = problems[0].n_tokens
-    assert copies.device_bytes == copies.bytes == int((~modes.certified).sum()) * n * n * 8
+    dense = ~modes.certified & (modes.kinds != HEAD_KINDS.index("contracting"))
+    assert copies.device_bytes == copies.bytes == int(dense.sum()) * n * n * 8
     assert copies.bytes < 0.5 * len(gpu) * n * n * 8
 
 
