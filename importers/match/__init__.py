@@ -74,8 +74,8 @@ from importers.match.coverage import (
     IncompleteMatchError,
     check_complete,
     fused_attention_failures,
-    is_attention_softmax,
     missing_blocks_note,
+    not_attention_reason,
 )
 from importers.match.limits import LONG_PROBE_SEQUENCE, PROBE_BATCH, PROBE_SEQUENCE
 from importers.match.results import (
@@ -160,12 +160,15 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
 
 def match_outcome(bases: ProbeBases, softmax: Node) -> AttentionBlock | MatchFailure:
     """The block ``softmax`` heads (``index`` 0: numbered by :func:`find_attention_blocks`), or
-    why it is not one. Independent of which Softmaxes were matched before it over ``bases``."""
+    why it is not one (with the reason it is no attention at all, where it is none:
+    :func:`~importers.match.coverage.not_attention_reason`). Independent of which Softmaxes were
+    matched before it over ``bases``."""
     try:
         return match_softmax(lambda sizes: Matcher(bases.at(sizes)).match(softmax, 0))
     except RejectError as reject:
-        attention = is_attention_softmax(bases.index, softmax)
-        return MatchFailure(softmax.label, reject.reason, reject.nodes, reject.code, attention)
+        default, long = (PROBE_BATCH, PROBE_SEQUENCE), (PROBE_BATCH, LONG_PROBE_SEQUENCE)
+        not_attention = not_attention_reason(bases.at(default), softmax, bases.at(long))
+        return MatchFailure(softmax.label, reject.reason, reject.nodes, reject.code, not_attention)
     except ImporterError:  # a file problem (external data, ...) is the user's answer as is
         raise
     except (ValueError, TypeError, IndexError, KeyError, OverflowError) as err:

@@ -4,18 +4,46 @@ A result over some of a model's attention blocks silently drops layers (the audi
 output of the i-th *matched* block), so the audit and the weights refuse it unless asked
 (``partial=True``, ``--partial``) and then say first which blocks are missing.
 
-Every Softmax that was not matched counts as unmatched attention unless it is plainly a
-classifier: its scores are a product of activations with a constant matrix (``x W + b``), not of
-two activations (``Q Kᵀ``, with or without an additive bias such as ALiBi). Fused attention
-operators (onnxruntime's ``Attention``, ``MultiHeadAttention``, ``GroupQueryAttention``,
-``PackedAttention``, ONNX's ``Attention``) are rewritten into standard ONNX when the model is
-loaded (:mod:`importers.graph.defuse`); one still in the graph was declined there and counts, with
-the feature that stopped the rewrite as its reason.
+Only token self-attention is an attention block. A Softmax the matcher rejected counts as
+unmatched attention unless :func:`not_attention_reason` gives a reason it is none:
+
+- its scores are a product of activations with a constant matrix (``x W + b``: a classifier's or
+  a router's logits), not of two activations (``Q Kᵀ``, with or without an additive bias such as
+  ALiBi) (:func:`is_attention_softmax`); or
+- its output is not the A of an A·V product (:mod:`importers.match.softmax_uses`, a walk
+  forward through everything the matcher's walk to the ·V ``MatMul`` passes and more): every use
+  of its probabilities is one of: reduced away (``ReduceSum``/``ReduceMean``/``ReduceMax``...,
+  ``ArgMax``, over any axes), a graph output, a gate of another activation (a ``Mul`` by it,
+  then anything but an A·V product), the right operand of a product (X·P), a product with a
+  constant, or nothing.
+
+Where the probabilities also feed an A·V product (the left operand of a ``MatMul`` with an
+activation, the right one of ``Vᵀ Aᵀ``, any operand of an ``Einsum`` with an activation,
+batched 3-D or not), or reach an op none of those names, the Softmax stays attention: attention
+whose probabilities are also returned as graph outputs (``output_attentions=True``) is still
+attention, and a block the matcher declines for another reason is refused, never dropped.
+
+Decided: a weighted sum — the probabilities times another activation, then reduced — is the A·V
+product written out as ``Mul`` + ``ReduceSum``, or a pooling. It stays attention when the
+probabilities are a square (query, key) matrix at the probe's sizes (the long probe's where the
+default one leaves their shape unknown), or of unknown shape: token attention may be written
+that way and the matcher reads only a ``MatMul``, so the audit refuses rather than drop a block.
+Otherwise (one row per learned or pooled query, as in attention pooling with a learned query,
+whose scores are a product of two activations once the query is broadcast to the batch; or a
+vector of weights, as in an audio encoder's attentive statistics pooling) it is a pooling and
+not attention, whatever its scores.
+
+Fused attention operators (onnxruntime's ``Attention``, ``MultiHeadAttention``,
+``GroupQueryAttention``, ``PackedAttention``, ONNX's ``Attention``) are rewritten into standard
+ONNX when the model is loaded (:mod:`importers.graph.defuse`); one still in the graph was declined
+there and counts, with the feature that stopped the rewrite as its reason.
 
 Public API
 ----------
+not_attention_reason
+    Why a rejected Softmax is not attention (one line), or None when it is.
 is_attention_softmax
-    Whether a rejected Softmax is attention (True unless it is a classifier's).
+    The scores rule alone: False for a classifier's Softmax.
 fused_attention_failures
     One failure per fused attention operator in the graph.
 check_complete
@@ -35,14 +63,18 @@ from importers.graph import GraphIndex, Node
 from importers.match.codes import RejectCode
 from importers.match.limits import SOFTMAX_SEARCH_DEPTH
 from importers.match.results import MatchFailure, MatchReport
+from importers.match.softmax_uses import SoftmaxUses
+from importers.match.walker import MatchBasis
 
 __all__ = [
+    "CLASSIFIER_SCORES",
     "FUSED_ATTENTION",
     "IncompleteMatchError",
     "check_complete",
     "fused_attention_failures",
     "is_attention_softmax",
     "missing_blocks_note",
+    "not_attention_reason",
 ]
 
 #: Fused attention operators (any domain): their structure is inside one node.
@@ -62,10 +94,37 @@ class IncompleteMatchError(ImporterError):
     exit_code = 1
 
 
+#: The reason a Softmax whose scores are a classifier's is not attention.
+CLASSIFIER_SCORES = (
+    "its scores are a product with a constant matrix (x W + b: a classifier's or a router's "
+    "logits), not of two activations (Q Kᵀ)"
+)
+
+
+def not_attention_reason(
+    basis: MatchBasis, softmax: Node, long: MatchBasis | None = None
+) -> str | None:
+    """Why ``softmax``, rejected by the matcher, is not attention (one line); None when it is.
+
+    The scores rule first (:func:`is_attention_softmax`), then the uses of its output
+    (:class:`~importers.match.softmax_uses.SoftmaxUses`) over ``basis`` (the probe's default
+    sizes; ``long``, the long probe's, for shapes those leave unknown). A graph too malformed
+    around it to follow leaves it attention.
+    """
+    if not is_attention_softmax(basis.index, softmax):
+        return CLASSIFIER_SCORES
+    try:
+        return SoftmaxUses(basis, softmax, long).not_attention()
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError):
+        return None
+
+
 def is_attention_softmax(index: GraphIndex, softmax: Node) -> bool:
     """True unless the Softmax's scores come from a product with a constant matrix (a classifier).
 
-    Walks back from the Softmax input through masks, scales, casts and layout ops (at most 8
+    The scores rule alone (the residual-stream walk uses it to tell a router's Softmax in an MLP
+    branch from the next block's attention); :func:`not_attention_reason` adds the uses of the
+    output. Walks back from the Softmax input through masks, scales, casts and layout ops (at most 8
     nodes deep) to the first product: two activations (``Q Kᵀ``) or nothing found → attention;
     an activation times a constant (logits ``x W + b``) → not attention.
     """

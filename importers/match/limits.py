@@ -44,6 +44,10 @@ MAX_LAYOUT_STEPS = 16
 VALUE_MATMUL_STEPS = 8
 #: Depth from a product forward to a Softmax for "is this Softmax attention?" (coverage).
 SOFTMAX_SEARCH_DEPTH = 8
+#: Tensors the walk forward from a rejected Softmax to its uses visits (coverage, softmax_uses)
+#: before it takes the Softmax for attention: a guard, casts, views, a mask and a gate are a
+#: dozen; past this the walk is following the model, not the probabilities.
+SOFTMAX_USE_TENSORS = 64
 #: Views (Cast, Reshape, ...) undone backwards from a tensor to the stream it is a view of.
 VIEW_STEPS = 8
 #: Depth of the forward search for views of a stream tensor.

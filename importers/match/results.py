@@ -42,25 +42,34 @@ class MatchFailure:
     code : RejectCode
         A stable short tag for the kind of failure (:class:`~importers.match.codes.RejectCode`,
         e.g. ``"value_matmul_missing"``).
-    attention : bool
-        Whether the node is attention left unmatched (False for a classifier's Softmax; see
-        :func:`importers.match.coverage.is_attention_softmax`).
+    not_attention : str or None
+        Why the Softmax is not attention at all, in one line (its scores are a classifier's, or
+        its output is not the A of an A·V product: reduced away, a graph output, a gate...; see
+        :func:`importers.match.coverage.not_attention_reason`); None for attention left
+        unmatched, the blocks a result would miss.
     """
 
     softmax: str
     reason: str
     nodes: tuple[str, ...] = ()
     code: RejectCode = RejectCode.OTHER
-    attention: bool = True
+    not_attention: str | None = None
+
+    @property
+    def attention(self) -> bool:
+        """Whether the Softmax is attention left unmatched (``not_attention`` is None)."""
+        return self.not_attention is None
 
     def to_dict(self) -> dict[str, Any]:
-        """The failure's JSON record: ``softmax``, ``code``, ``reason``, ``nodes``, ``attention``."""
+        """The failure's JSON record: ``softmax``, ``code``, ``reason``, ``nodes``, ``attention``
+        and ``not_attention`` (the reason it is not attention, or null)."""
         return {
             "softmax": self.softmax,
             "code": self.code,
             "reason": self.reason,
             "nodes": list(self.nodes),
             "attention": self.attention,
+            "not_attention": self.not_attention,
         }
 
 
@@ -342,11 +351,18 @@ class MatchReport:
         """The failures that are attention (fused operators included): blocks a result would miss."""
         return [failure for failure in self.failures if failure.attention]
 
+    @property
+    def not_attention(self) -> list[MatchFailure]:
+        """The failures that are no attention at all (each with its ``not_attention`` reason)."""
+        return [failure for failure in self.failures if not failure.attention]
+
     def to_dict(self) -> dict[str, Any]:
-        """``{"n_softmax", "blocks": [...], "failures": [...]}`` (see :meth:`AttentionBlock.to_dict`)."""
+        """``{"n_softmax", "n_unmatched_attention", "n_not_attention", "blocks": [...],
+        "failures": [...]}`` (see :meth:`AttentionBlock.to_dict`, :meth:`MatchFailure.to_dict`)."""
         return {
             "n_softmax": self.n_softmax,
             "n_unmatched_attention": len(self.unmatched),
+            "n_not_attention": len(self.not_attention),
             "blocks": [block.to_dict() for block in self.blocks],
             "failures": [failure.to_dict() for failure in self.failures],
         }

@@ -20,9 +20,10 @@ SEED = 0
 
 
 def _broken_first_block(tmp_path: Path) -> Path:
-    """bert_legacy with block 0's ·V MatMul replaced (block 1 intact): 1 of 2 blocks unmatched."""
+    """bert_legacy with block 0's K never transposed (block 1 intact): its Softmax still weights
+    V, so it is attention the matcher declines: 1 of 2 blocks unmatched."""
     path = tmp_path / "half.onnx"
-    onnx.save(NEAR_MISSES["value_matmul_missing"](SEED).model, path)
+    onnx.save(NEAR_MISSES["k_not_transposed"](SEED).model, path)
     return path
 
 
