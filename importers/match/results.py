@@ -368,10 +368,12 @@ class MatchReport:
         }
 
     def explain(self) -> str:
-        """Multi-line text: for each Softmax, what matched or why it was rejected."""
+        """Multi-line text: for each Softmax, what matched, why it is not attention, or why it
+        was rejected."""
+        others = f" ({len(self.not_attention)} not attention)" if self.not_attention else ""
         lines = [
             f"{self.n_softmax} Softmax node(s): {len(self.blocks)} attention block(s) matched, "
-            f"{len(self.failures)} rejected"
+            f"{len(self.failures)} rejected{others}"
         ]
         for block in self.blocks:
             lines.append(f"Softmax {block.softmax!r}: block {block.index}: {block.summary()}")
@@ -380,9 +382,12 @@ class MatchReport:
             if block.stream_error is not None:
                 lines.append(f"  residual stream not established: {block.stream_error}")
         for failure in self.failures:
-            lines.append(
-                f"Softmax {failure.softmax!r}: rejected [{failure.code}]: {failure.reason}"
-            )
+            rejected = f"rejected [{failure.code}]: {failure.reason}"
+            if failure.not_attention is None:
+                lines.append(f"Softmax {failure.softmax!r}: {rejected}")
+            else:
+                lines.append(f"Softmax {failure.softmax!r}: not attention: {failure.not_attention}")
+                lines.append(f"  {rejected}")
             if failure.nodes:
                 lines.append(f"  nodes: {', '.join(failure.nodes)}")
         return "\n".join(lines)

@@ -5,8 +5,12 @@ LayerScale, causal mask, rotary embedding — ``partial W/d_head`` when W column
 rotated — and what else is added to the scores: ``score_bias`` none, alibi, relative,
 disentangled or other). ``--json`` prints ``{"model", "opset", "n_softmax", "blocks": [...], "failures": [...]}``
 instead (each block as :meth:`~importers.match.AttentionBlock.to_dict`, the same record as in
-``audit.json``);
-``--explain`` adds, for every Softmax, the nodes matched or the reason it was rejected. Exit status 1
+``audit.json``; each failure with ``attention`` and ``not_attention``, the reason a Softmax is
+no attention at all, or null);
+``--explain`` adds, for every Softmax, the nodes matched or the reason it was rejected. A Softmax
+that is not attention (:func:`importers.match.coverage.not_attention_reason`: a classifier's, a
+pooling, a gate, class probabilities returned as an output...) is listed as ``Softmax 'name': not
+attention: <reason>`` and counts neither as a block nor as an unmatched one. Exit status 1
 when no block matched (the message names the most common reasons), 2 for an unreadable model.
 """
 
@@ -86,10 +90,13 @@ def run(args: argparse.Namespace) -> int:
     departed = departures_note(report.blocks)
     if departed:
         print(departed)
-    if report.failures and not args.explain:
-        print(f"{len(report.failures)} other Softmax node(s) rejected (see --explain)")
     if args.explain:
         print(report.explain())
+        return 0
+    for failure in report.not_attention:  # counted neither as a block nor as a missing one
+        print(f"Softmax {failure.softmax!r}: not attention: {failure.not_attention}")
+    if report.unmatched:
+        print(f"{len(report.unmatched)} other Softmax node(s) rejected (see --explain)")
     return 0
 
 

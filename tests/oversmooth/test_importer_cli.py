@@ -78,12 +78,19 @@ def test_inspect_explain_shows_matches_and_rejections(capsys, tmp_path):
     onnx.save(near_miss.model, path)
     status, out, _ = run_cli(capsys, "inspect", path, "--explain")
     assert status == 0
-    assert "2 attention block(s) matched, 1 rejected" in out
+    assert "2 attention block(s) matched, 1 rejected (1 not attention)" in out
     assert "rejected [no_qk_matmul]" in out
     assert "not a query-key product" in out
+    assert ": not attention: its scores are a product with a constant matrix" in out
+    status, out, _ = run_cli(capsys, "inspect", path)
+    (line,) = [line for line in out.splitlines() if line.startswith("Softmax ")]
+    assert ": not attention: its scores are a product with a constant matrix" in line
+    assert "rejected" not in out
     status, out, _ = run_cli(capsys, "inspect", path, "--json")
     (failure,) = json.loads(out)["failures"]
     assert failure["code"] == "no_qk_matmul"
+    assert failure["attention"] is False
+    assert failure["not_attention"].startswith("its scores are a product with a constant")
 
 
 def test_inspect_explain_without_any_block_still_explains_and_exits_1(capsys, tmp_path):
