@@ -69,9 +69,11 @@ def plot_dominance(
     layers: Sequence[int],
     perron_fractions: Sequence[float],
     contracting_fractions: Sequence[float] | None = None,
+    *,
+    legend: bool = True,
 ) -> None:
     """Stacked bars per attention block: perron, non-perron and contracting fractions (the last
-    decided from H alone), the legend above the axes, clear of the bars."""
+    decided from H alone); the legend, if asked for, above the axes, clear of the bars."""
     perron = np.asarray(perron_fractions, dtype=float)
     contracting = (
         np.zeros_like(perron)
@@ -92,7 +94,10 @@ def plot_dominance(
     ax.set_ylim(0, 1)
     ax.set_xlabel("attention block")
     ax.set_ylabel("fraction of (input, head) cases")
-    ax.legend(fontsize=6, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=3, frameon=False)
+    if legend:
+        ax.legend(
+            fontsize=6, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=3, frameon=False
+        )
 
 
 def render(result: AuditResult, folder: Path) -> list[tuple[str, str]]:

@@ -236,10 +236,7 @@ def _plot_totals(ax: Any, totals: list[dict[str, Any]]) -> None:
     ax.barh(y, contracting, left=perron + non_perron, color="#BBBBBB", edgecolor="white")
     ax.set_yticks(y, [_label(row) for row in totals])
     ax.set_xlim(0, 100)
-    ax.set_xlabel(
-        "% of (input, block, head) cases: perron type (orange), non-perron (blue), "
-        "contracting (grey)"
-    )
+    ax.set_xlabel("% of cases: perron (orange), non-perron (blue), contracting (grey)")
     ax.set_title("ours (solid) and the paper's Table 1 (hatched, other models)")
     ax.grid(False, axis="y")
 
@@ -259,6 +256,7 @@ def plot(rows: list[dict[str, Any]]):
         [int(row["block"]) for row in per_block],
         [row["perron_pct"] / 100 for row in per_block],
         [row["contracting_pct"] / 100 for row in per_block],
+        legend=False,  # the colours are the left panel's, named in its axis label
     )
     right.set_title(f"{_models.VARIANTS[PER_BLOCK].label}\nper attention block")
     return fig

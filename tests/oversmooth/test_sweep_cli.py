@@ -188,6 +188,11 @@ def _group(pgid: int) -> list[int]:
     return members
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default disposition."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(process: subprocess.Popen) -> tuple[str, str]:
     """Ctrl-C at the terminal, again if it was lost.
 
@@ -218,7 +223,15 @@ def test_ctrl_c_at_the_terminal_stops_a_local_cluster_sweep_with_one_line(tmp_pa
     command = [sys.executable, "-m", "oversmooth.cli", "sweep", str(spec), "--out", str(out)]
     command += ["--scheduler", "local", "--workers", "2", "--no-progress"]
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # as from a terminal: a SIGINT that this test process happens to ignore (a local cluster
+        # started by an earlier test ignores it while its workers start) would be inherited, and
+        # Python installs no KeyboardInterrupt handler when it starts with SIGINT ignored
+        preexec_fn=_default_sigint,
     )
     deadline = time.monotonic() + 60
     while len(_group(process.pid)) < 4 and time.monotonic() < deadline:  # the workers run
