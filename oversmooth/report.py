@@ -308,8 +308,7 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
         "- `dominance.csv`: one row per (input, block, head): kind, dominating μ, its λ^A and λ^H "
         "(`block` is the attention block; `layer` names stream positions only, as in `layers.csv`)",
         "- `attention.csv`: `block,metric,mean,std,n` of the stream right after each block's "
-        "attention sublayer (the residual sum X + branch(X), before its MLP and before a post-LN "
-        "block's norm)",
+        "attention sublayer (before its MLP)",
         "- `operator.csv` (with `--dominance operator`): one row per (input, block): the kind of "
         "the block's whole operator, `rho_lfc`, `rho_quotient`, the dominating eigenvalue, the "
         "iterations",

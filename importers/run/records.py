@@ -569,8 +569,7 @@ class AuditResult:
             "dominance": self.dominance_summary(),
             "attention_part": {
                 "definition": "the stream right after each block's attention sublayer, before its "
-                "MLP: the attention residual sum X + branch(X), before a post-LN block's norm; "
-                "none for parallel "
+                "MLP: the attention residual sum (pre-LN), its norm (post-LN); none for parallel "
                 "blocks",
                 "blocks": sorted({int(row["block"]) for row in self.attention_rows()}),
             },

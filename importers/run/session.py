@@ -288,14 +288,14 @@ def audit_session(
 def attention_sublayer_tensor(block: AttentionBlock) -> str | None:
     """The residual stream right after ``block``'s attention sublayer, before its MLP (or None).
 
-    The attention residual sum ``X + branch(X)``, the update the theory is about, for every norm
-    position: a post-LN block's norm after that sum is left to the rest of the block (it changes
-    HFC/LFC too: MiniLM-L3's block 0 takes it from 2.06 to 1.74). A parallel block has no such
-    stream (attention and MLP add to the stream together), nor does a block whose residual was
-    not established.
+    Pre-LN and norm-free blocks: the attention residual sum ``X + branch(X)``; post-LN blocks: the
+    norm after it (the stream the MLP reads). A parallel block has no such stream (attention and
+    MLP add to the stream together), nor does a block whose residual was not established.
     """
     if block.parallel or block.stream_error is not None or block.residual_name is None:
         return None
+    if block.norm == "post":
+        return block.norm_output_name
     return block.residual_name
 
 

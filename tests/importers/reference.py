@@ -40,9 +40,8 @@ class Trace:
     attention : list of (B, H, T, T) ndarray
         Each block's attention probabilities (masked keys get exactly 0).
     after_attention : list of (B, T, d) ndarray
-        Each block's stream right after its attention sublayer, before its MLP and before any
-        norm after it: ``x + attn(x)`` (post-LN, whose ``N1`` follows) or ``x + ls1 attn(N1(x))``
-        (pre-LN): the update the theory is about.
+        Each block's stream right after its attention sublayer, before its MLP: ``N1(x + attn)``
+        (post-LN) or ``x + ls1 attn(N1(x))`` (pre-LN).
     output : (B, T, d) ndarray
         The graph output: the last hidden state after any final norm.
     """
@@ -122,8 +121,7 @@ def _block(
     x: np.ndarray, blk: ExpectedBlock, mlp: MlpReference, reference: Reference, keep: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Post-LN ``N2(h + mlp(h)), h = N1(x + attn(x))`` or pre-LN ``h + ls2 mlp(N2(h)),
-    h = x + ls1 attn(N1(x))``; returns the block output, the attention probabilities and the
-    attention residual sum (``x + attn(x)``, before the post-LN ``N1``; pre-LN: h)."""
+    h = x + ls1 attn(N1(x))``; returns the block output, the attention probabilities and h."""
     eps = reference.recipe.eps
 
     def norm(y: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None) -> np.ndarray:
@@ -132,7 +130,7 @@ def _block(
     if blk.norm == "post":
         attended, probs = _attention(x, blk, reference, keep)
         h = norm(x + attended, blk.gamma, blk.beta)
-        return norm(h + _mlp(h, mlp), mlp.norm_gamma, mlp.norm_beta), probs, x + attended
+        return norm(h + _mlp(h, mlp), mlp.norm_gamma, mlp.norm_beta), probs, h
     attended, probs = _attention(norm(x, blk.gamma, blk.beta), blk, reference, keep)
     h = x + (attended if blk.layer_scale is None else attended * blk.layer_scale)
     update = _mlp(norm(h, mlp.norm_gamma, mlp.norm_beta), mlp)

@@ -344,4 +344,5 @@ def test_the_stream_after_attention_is_a_tensor_of_the_graph_except_for_parallel
     outputs = Runner(model, expose=names, provider="cpu", threads=1).collect({"x": x})
     for block, name in zip(blocks, names, strict=True):
         assert outputs[name].shape == x.shape
-        assert name == block.residual_name  # before a post-LN norm: the theory's X + branch(X)
+        expected = block.norm_output_name if block.norm == "post" else block.residual_name
+        assert name == expected
