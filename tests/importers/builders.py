@@ -707,7 +707,8 @@ NEAR_MISS_SPECS: dict[str, tuple[str, str]] = {
     "value_matmul_missing": (
         "bert_legacy",
         "block 0: the Softmax output feeds a ReduceSum over keys that is multiplied elementwise "
-        "with V; no MatMul(probabilities, V) exists",
+        "with V; no MatMul(probabilities, V) exists (its probabilities are reduced away: not "
+        "attention, so the model is audited without it)",
     ),
     "softmax_axis": (
         "bert_dynamo",
@@ -752,7 +753,8 @@ NEAR_MISS_SPECS: dict[str, tuple[str, str]] = {
     "value_not_projected": (
         "bert_legacy",
         "block 0: the Softmax output is multiplied by a constant (1, H, T, d_head) initializer "
-        "instead of a projection of the tokens; there is no V projection",
+        "instead of a projection of the tokens; there is no V projection (a product with a "
+        "constant: not attention)",
     ),
     "score_scale_not_constant": (
         "scale_mul_scores",
