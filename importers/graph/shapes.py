@@ -58,7 +58,7 @@ class ShapeBasis:
         self.batch = batch
         self.sequence = sequence
         self.cache_axes = cache_inputs(index)
-        self._symbols = _bind_symbols(index, batch, sequence)
+        self._symbols = _bind_symbols(index, self.cache_axes, batch, sequence)
         self._inferred: dict[str, tuple[int, ...]] | None = None
 
     def context(self) -> ShapeContext:
@@ -101,10 +101,12 @@ class ShapeBasis:
         return self._inferred.get(name)
 
 
-def _bind_symbols(index: GraphIndex, batch: int, sequence: int) -> dict[str, int]:
+def _bind_symbols(
+    index: GraphIndex, cache_axes: Mapping[str, int], batch: int, sequence: int
+) -> dict[str, int]:
     """The size of each symbolic graph-input dimension: ``batch`` where the symbol first appears
-    (in graph-input order) on axis 0, ``sequence`` where it first appears on another axis."""
-    cache_axes = cache_inputs(index)
+    (in graph-input order) on axis 0, ``sequence`` where it first appears on another axis (a
+    cache's past axis aside)."""
     symbols: dict[str, int] = {}
     for name, value in index.graph_inputs.items():
         value_type = value.type

@@ -145,14 +145,16 @@ class StreamMatcher(NormMatcher):
         shape = self.context.shape(name)
         if shape is not None:
             return len(shape)
-        return self.basis.remembered("declared rank", name, lambda: self.declared_rank(name))
+        return self.basis.remembered("declared ranks", "", self.declared_ranks).get(name)
 
-    def declared_rank(self, name: str) -> int | None:
-        """The rank the graph's value_info (or outputs, which win) declares for ``name``, else None."""
-        for value in reversed((*self.index.graph.value_info, *self.index.graph.output)):
-            if value.name == name and value.type.tensor_type.HasField("shape"):
-                return len(value.type.tensor_type.shape.dim)
-        return None
+    def declared_ranks(self) -> dict[str, int]:
+        """The rank the graph's value_info (or outputs, which win) declares per tensor."""
+        values = [*self.index.graph.value_info, *self.index.graph.output]
+        return {
+            value.name: len(value.type.tensor_type.shape.dim)
+            for value in values
+            if value.type.tensor_type.HasField("shape")
+        }
 
     def in_layout_of(self, name: str, reference: str) -> str:
         """A view of ``name`` with the rank of ``reference`` (a 2-D MLP sum back in 3-D)."""

@@ -237,3 +237,22 @@ def test_a_layout_op_whose_shape_operand_is_unknown_is_named(op: str) -> None:
     node = Node(0, helper.make_node(op, ["x", "operand"], ["y"]))
     with pytest.raises(ValueError, match=rf"^the {op} .* could not be evaluated$"):
         apply_layout(node, np.zeros((2, 3)), [None], 0)
+
+
+def test_a_symbol_takes_its_size_from_its_first_graph_input_whatever_is_asked_first() -> None:
+    """``seq`` is axis 1 of the first input and axis 0 of the second: it is the sequence size in
+    both, even when the second input's shape is asked for first (it used to be the batch size
+    then, so the answer depended on which part of the matcher asked first)."""
+    first = helper.make_tensor_value_info("first", F, ["batch", "seq"])
+    second = helper.make_tensor_value_info("second", F, ["seq", 4])
+    nodes = [helper.make_node("Identity", ["second"], ["out"])]
+    graph = helper.make_graph(
+        nodes, "g", [first, second], [helper.make_tensor_value_info("out", F, None)]
+    )
+    index = model_from_proto(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ).index
+    for order in (["second", "first"], ["first", "second"]):
+        context = ShapeContext(index, batch=2, sequence=5)
+        shapes = {name: context.shape(name) for name in order}
+        assert shapes == {"first": (2, 5), "second": (5, 4)}
