@@ -630,3 +630,17 @@ def test_real_text_model_padding_equals_the_sequence_alone() -> None:
     padded_kinds = [c.kind for c in with_padding.dominance if c.input == 1]
     assert padded_kinds == [c.kind for c in by_itself.dominance]
     assert {c.n_tokens for c in with_padding.dominance if c.input == 1} == {n_real}
+
+
+def test_audit_takes_its_options_once_and_refuses_an_unknown_one(model_dir: Path) -> None:
+    """``audit()`` has no keyword list of its own: AuditOptions' fields, on top of ``options``."""
+    from importers.errors import ImporterInputError
+    from importers.run.audit import AuditOptions
+
+    path = saved_model(model_dir, "bert_legacy")
+    inputs = builder_inputs(_assembly("bert_legacy"))
+    with pytest.raises(ImporterInputError, match="`batchsize` is not an audit option"):
+        audit(path, inputs, provider="cpu", batchsize=2)
+    base = AuditOptions(provider="cpu", dominance="none", batch_size=1)
+    result = audit(path, inputs, base, batch_size=3, cache=False)
+    assert (result.config.batch_size, result.config.dominance) == (3, "none")
