@@ -55,6 +55,7 @@ Usage::
     python scripts/make_family_fixtures.py [--out tests/fixtures/families] [--only bert,gpt2]
     python scripts/make_family_fixtures.py --only gpt2,llama --with-past-only
     python scripts/make_family_fixtures.py --only llama,qwen2,mistral,phi3 --genai-only
+    python scripts/make_family_fixtures.py --static-only
 """
 
 from __future__ import annotations
@@ -97,6 +98,17 @@ NBITS_FAMILIES = frozenset({"bert", "gpt2", "llama", "vit"})
 #: encoders whose legacy export works: text, vision, audio, and T5's RMSNorm.
 OPSET14_FAMILIES = frozenset({"bert", "vit", "whisper_encoder", "t5_encoder", "gpt_neo"})
 OLD_LEGACY_OPSET = 14
+#: Static int8 quantisation (``quantize_static``, QDQ and QOperator forms, calibrated on the
+#: sample feeds): text encoders, a ViT, an audio encoder, T5's RMSNorm and a rotary GQA decoder.
+STATIC_FAMILIES = frozenset(
+    {"bert", "distilbert", "vit", "whisper_encoder", "t5_encoder", "llama"}
+)
+#: Families quantised statically only at their products (``op_types_to_quantize``), as decoders
+#: are deployed: the quantiser's default also quantises T5's relative-position bucket arithmetic
+#: (its Gather then reads out of range) and Llama's additive causal mask (the output then differs
+#: from the float model's by 44 % in QDQ form and 90 % in QOperator form, against 1.1 % with
+#: the products alone); every other family takes the quantiser's default op types.
+STATIC_PRODUCTS_ONLY = frozenset({"t5_encoder", "llama"})
 #: Codes per block along the input axis (d_model 32: two blocks per weight column).
 NBITS_BLOCK = 16
 #: Decoders also exported as shipped for generation, with key/value cache inputs (``with_past``):
@@ -1655,6 +1667,54 @@ def quantize(source: Path, path: Path) -> None:
     quantize_dynamic(str(source), str(path), weight_type=QuantType.QInt8)
 
 
+class _Calibration:
+    """onnxruntime's calibration reader over the sample feeds: each item alone, then the batch."""
+
+    def __init__(self, feeds: dict[str, np.ndarray], wanted: set[str]) -> None:
+        feeds = {name: value for name, value in feeds.items() if name in wanted}
+        if "position_ids" in wanted - set(feeds):  # optimum's decoders take them as an input
+            feeds["position_ids"] = np.tile(np.arange(TOKENS, dtype=np.int64), (BATCH, 1))
+        items = [{name: value[i : i + 1] for name, value in feeds.items()} for i in range(BATCH)]
+        self.items = [*items, feeds]
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return self.items.pop(0) if self.items else None
+
+
+def quantize_static_form(
+    source: Path, path: Path, feeds: dict[str, np.ndarray], form: str, products_only: bool
+) -> None:
+    """onnxruntime static int8 quantisation of the legacy export, ``form`` ``"qdq"`` or
+    ``"qoperator"``, with the quantiser's defaults otherwise (int8 weights per tensor, int8
+    activations; MinMax calibration on :class:`_Calibration`), after its own pre-processing
+    (``quant_pre_process``, without symbolic shape inference, which these graphs defeat);
+    ``products_only``: only ``MatMul`` and ``Gemm`` nodes (see :data:`STATIC_PRODUCTS_ONLY`)."""
+    from onnxruntime.quantization import QuantFormat, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    prepared = path.with_name(path.stem + "_prepared.onnx")
+    quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+    wanted = {value.name for value in onnx.load(str(prepared)).graph.input}
+    quant_format = QuantFormat.QDQ if form == "qdq" else QuantFormat.QOperator
+    try:
+        quantize_static(
+            str(prepared),
+            str(path),
+            _Calibration(feeds, wanted),
+            quant_format=quant_format,
+            op_types_to_quantize=["MatMul", "Gemm"] if products_only else None,
+        )
+    finally:
+        prepared.unlink(missing_ok=True)
+    import onnxruntime  # a file onnxruntime refuses is an export failure, not a fixture
+
+    try:
+        onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception:
+        path.unlink()
+        raise
+
+
 def quantize_nbits(source: Path, path: Path) -> None:
     """onnxruntime's 4-bit block quantisation (``MatMulNBits``, blocks of 16, with zero points)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
@@ -1696,6 +1756,35 @@ def int8_weights(int8_path: Path) -> dict[str, np.ndarray]:
             values[base.removesuffix("_Transposed")] = dq.T.astype(np.float32)
         else:
             values[base] = dq.astype(np.float32)
+    return values
+
+
+def static_weights(quantised_path: Path) -> dict[str, np.ndarray]:
+    """``{float initializer: its dequantised value}`` for the weights ``quantize_static`` stored
+    quantised (``<name>_quantized``): dequantised with the scale and zero point its reader gives
+    it — a ``DequantizeLinear``'s (QDQ; per tensor or per axis), or the two inputs after it in a
+    ``QLinear*`` node (QOperator; per tensor). A bias stored as int32 without its own scale (a
+    ``QLinearConv``'s) is left out: only matrices enter the truth."""
+    model = onnx.load(str(quantised_path))
+    ints = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    values = {}
+    for node in model.graph.node:
+        for position, name in enumerate(node.input):
+            if not name.endswith("_quantized") or name not in ints:
+                continue
+            parameters = list(node.input[position + 1 : position + 3])
+            if len(parameters) < 1 or parameters[0] not in ints:
+                continue
+            codes, scale = ints[name], ints[parameters[0]]
+            zero = ints.get(parameters[1], np.zeros(())) if len(parameters) > 1 else np.zeros(())
+            if scale.ndim == 1 and scale.size > 1:
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+                assert node.op_type == "DequantizeLinear", f"per-axis {node.op_type} {name}"
+                shape = [1] * codes.ndim
+                shape[axis] = scale.size
+                scale, zero = scale.reshape(shape), zero.reshape(shape)
+            dq = (codes.astype(np.float64) - zero.astype(np.float64)) * scale
+            values[name.removesuffix("_quantized")] = dq.astype(np.float32)
     return values
 
 
@@ -2126,9 +2215,51 @@ def _derived_variants(
                 **origin,
             )
     quantisers = [("int8", "torchscript+quantize_dynamic", quantize, int8_weights)]
+    if family.name in STATIC_FAMILIES:
+        quantisers += _static_quantisers(family, feeds)
     if family.name in NBITS_FAMILIES:
         quantisers.append(("nbits", "torchscript+matmul_nbits", quantize_nbits, nbits_weights))
         quantisers.append(("fp16", "torchscript+float16", to_float16, float16_weights))
+    _quantised_variants(corpus, family, model, feeds, legacy, quantisers)
+
+
+#: One quantised route: variant, exporter label, ``quantise(source, path)``, and the dequantised
+#: weights it stores (``{float initializer: value}``).
+Quantiser = tuple[
+    str, str, Callable[[Path, Path], None], Callable[[Path], dict[str, np.ndarray]]
+]
+
+
+def _static_quantisers(family: Family, feeds: dict[str, np.ndarray]) -> list[Quantiser]:
+    """``quantize_static`` in its QDQ and QOperator forms (int8 weights; :func:`static_weights`
+    reads what each stores)."""
+    return [
+        (
+            form,
+            f"torchscript+quantize_static_{form}",
+            functools.partial(
+                quantize_static_form,
+                feeds=feeds,
+                form=form,
+                products_only=family.name in STATIC_PRODUCTS_ONLY,
+            ),
+            static_weights,
+        )
+        for form in ("qdq", "qoperator")
+    ]
+
+
+def _quantised_variants(
+    corpus: Corpus,
+    family: Family,
+    model: nn.Module,
+    feeds: dict[str, np.ndarray],
+    legacy: Path,
+    quantisers: list[Quantiser],
+) -> None:
+    """Each quantiser's output of ``legacy``, with the truth of ``model`` holding the weights the
+    quantised file stores (``truth_<variant>.npz``)."""
+    folder = corpus.out / family.name
     for variant, exporter, quantise, dequantised_weights in quantisers:
         if not family.wants(variant):
             continue
@@ -2143,8 +2274,32 @@ def _derived_variants(
                 LEGACY_OPSET,
                 path,
                 truth=f"{family.name}/{name}",
-                **origin,
+                derived_from=legacy.name,
             )
+
+
+def build_static_only(corpus: Corpus, family: Family) -> None:
+    """Only the static-quantisation routes of a family already in the corpus, derived from the
+    committed file its ``int8`` route was made from (decompressed for the quantiser, then
+    removed)."""
+    import lzma
+
+    _log(f"{family.name} (static quantisation only)")
+    manifest = json.loads((corpus.out / "manifest.json").read_text(encoding="utf-8"))
+    (source,) = (
+        entry["derived_from"]
+        for entry in manifest["fixtures"]
+        if entry["id"] == f"{family.name}-int8"
+    )
+    legacy = corpus.out / family.name / source
+    legacy.write_bytes(lzma.decompress(legacy.with_name(legacy.name + ".xz").read_bytes()))
+    try:
+        feeds = sample_feeds(family)
+        _quantised_variants(
+            corpus, family, family.make("eager"), feeds, legacy, _static_quantisers(family, feeds)
+        )
+    finally:
+        legacy.unlink()
 
 
 def _compress(out: Path, entry: dict[str, Any]) -> None:
@@ -2227,6 +2382,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the onnxruntime-genai routes (and their truth files) of the chosen families",
     )
+    parser.add_argument(
+        "--static-only",
+        action="store_true",
+        help="only the quantize_static routes (QDQ, QOperator) of the chosen families",
+    )
     args = parser.parse_args(argv)
     chosen = set(filter(None, args.only.split(",")))
     unknown = chosen - {f.name for f in FAMILIES}
@@ -2238,7 +2398,9 @@ def main(argv: list[str] | None = None) -> int:
     routes = WITH_PAST_FAMILIES if args.with_past_only else frozenset(GENAI_FAMILIES)
     if args.genai_only:
         build = _genai_variants
-    partial = args.with_past_only or args.genai_only
+    if args.static_only:
+        build, routes = build_static_only, STATIC_FAMILIES
+    partial = args.with_past_only or args.genai_only or args.static_only
     for family in FAMILIES:
         if partial and family.name not in routes:
             continue

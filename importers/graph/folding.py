@@ -38,6 +38,7 @@ __all__ = [
     "fold_flatten",
     "fold_gather",
     "fold_gather_nd",
+    "fold_quantize",
     "fold_range",
     "fold_reshape",
     "fold_squeeze",
@@ -146,21 +147,65 @@ def onnx_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.divide(a, b)
 
 
+def _per_axis(node: Node, x: np.ndarray, *params: np.ndarray | None) -> list[np.ndarray | None]:
+    """A (de)quantiser's scale and zero point shaped to broadcast over ``x``: a 1-D parameter of
+    more than one element lies along ``axis`` (default 1), a scalar or one-element one everywhere."""
+    scale = params[0]
+    if scale is None or not (scale.ndim == 1 and scale.size > 1):
+        return list(params)
+    shape = [1] * x.ndim
+    shape[int(node.attr("axis", 1)) % x.ndim] = scale.size
+    return [None if value is None else value.reshape(shape) for value in params]
+
+
 def fold_dequantize(node: Node, values: list) -> np.ndarray | None:
+    """``DequantizeLinear``: ``(x − zero_point) · scale`` in the scale's dtype, per tensor or per
+    axis (blocked quantisation is not folded)."""
     if node.attr("block_size", 0):
         return None
-    x, scale = values[0], values[1]
+    x = values[0]
     zero_point = values[2] if len(values) > 2 and values[2] is not None else None
-    if scale.ndim == 1 and scale.size > 1:
-        axis = int(node.attr("axis", 1)) % x.ndim
-        shape = [1] * x.ndim
-        shape[axis] = scale.size
-        scale = scale.reshape(shape)
-        zero_point = None if zero_point is None else zero_point.reshape(shape)
+    scale, zero_point = _per_axis(node, x, values[1], zero_point)
     shifted = x.astype(np.int32)
     if zero_point is not None:
         shifted = shifted - zero_point.astype(np.int32)
     return shifted.astype(scale.dtype) * scale
+
+
+#: ``QuantizeLinear``'s integer output types by ONNX element type (``output_dtype``; without it
+#: and without a zero point the output is uint8).
+_QUANTISED_TYPES = {
+    onnx.TensorProto.UINT8: np.uint8,
+    onnx.TensorProto.INT8: np.int8,
+    onnx.TensorProto.UINT16: np.uint16,
+    onnx.TensorProto.INT16: np.int16,
+}
+
+
+def fold_quantize(node: Node, values: list) -> np.ndarray | None:
+    """``QuantizeLinear``: ``saturate(round(x / scale) + zero_point)``, rounding half to even, per
+    tensor or per axis, to the zero point's integer type (8 or 16 bits); None for blocked, 4-bit
+    or float8 outputs, which are not folded.
+
+    A float weight stored with a ``QuantizeLinear``→``DequantizeLinear`` pair (quantisation-aware
+    training exports) folds through both to the rounded weight the model multiplies by.
+    """
+    if node.attr("block_size", 0):
+        return None
+    x = values[0]
+    zero_point = values[2] if len(values) > 2 and values[2] is not None else None
+    if zero_point is not None:
+        dtype = zero_point.dtype.type
+    else:
+        dtype = _QUANTISED_TYPES.get(int(node.attr("output_dtype", onnx.TensorProto.UINT8)))
+    if dtype not in _QUANTISED_TYPES.values() or not np.issubdtype(x.dtype, np.floating):
+        return None
+    scale, zero_point = _per_axis(node, x, values[1], zero_point)
+    rounded = np.rint(x / scale.astype(x.dtype)).astype(np.float64)
+    if zero_point is not None:
+        rounded = rounded + zero_point.astype(np.float64)
+    limits = np.iinfo(dtype)
+    return np.clip(rounded, limits.min, limits.max).astype(dtype)
 
 
 def fold_range(_node: Node, values: list) -> np.ndarray:

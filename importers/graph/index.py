@@ -118,7 +118,7 @@ class GraphIndex:
         Initializers are read on first use (external data lazily, from inside the model's folder).
         Folded producers: Constant, Identity, Cast, Transpose, Reshape, Unsqueeze, Squeeze,
         Flatten, Concat, Gather, Neg, Sqrt, Reciprocal, Add/Sub/Mul/Div of constants (e.g. int8 Cast→Mul
-        dequantisation) and DequantizeLinear. Arithmetic keeps the graph's dtype, so a folded
+        dequantisation), DequantizeLinear and QuantizeLinear. Arithmetic keeps the graph's dtype, so a folded
         float32 product equals what the runtime computes.
         """
         if not name:

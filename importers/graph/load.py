@@ -32,6 +32,7 @@ from importers.graph.index import GraphIndex, external_data_path, graph_tensors
 from importers.graph.kv_cache import cache_inputs
 from importers.graph.node import DEFAULT_DOMAINS
 from importers.graph.opsets import LOWEST_OPSET, READ_OPSET, mirror_outputs, to_read_opset
+from importers.graph.quantized import ReadThrough, read_through_activation_pairs
 
 __all__ = ["SUPPORTED_OPSETS", "GraphInput", "OnnxModel", "load_model", "model_from_proto"]
 
@@ -115,9 +116,13 @@ class OnnxModel:
         The ``If`` nodes of a merged decoder read through their no-cache branch
         (:mod:`importers.graph.branches`); ``proto`` and ``index`` hold the branch inlined.
     source : onnx.ModelProto or None
-        The model as read, when ``proto`` is only its conversion to opset 13 (an older model with
-        nothing else rewritten): onnxruntime runs ``source`` (:meth:`session_model`). None when
-        onnxruntime runs ``proto``.
+        The model onnxruntime runs (:meth:`session_model`) when ``proto`` is only a reading of it:
+        an older model's conversion to opset 13 with nothing else rewritten, or a statically
+        quantised model with its activation quantise/dequantise pairs read through
+        (:mod:`importers.graph.quantized`; ``source`` keeps them). None when onnxruntime runs
+        ``proto``.
+    read_through : ReadThrough or None
+        The activation quantise/dequantise pairs ``proto`` reads through (None: there are none).
     """
 
     path: Path | None
@@ -128,13 +133,15 @@ class OnnxModel:
     declined: tuple[Declined, ...] = ()
     branches: tuple[CacheBranch, ...] = ()
     source: onnx.ModelProto | None = field(default=None, repr=False)
+    read_through: ReadThrough | None = None
 
     def session_model(self) -> onnx.ModelProto:
         """The model onnxruntime runs: ``source`` where there is one (the shipped graph, with the
         optional outputs the matcher named in ``proto`` named there too), else ``proto``.
 
-        Every tensor name of ``source`` is in ``proto`` (:func:`~importers.graph.opsets.to_read_opset`
-        checks it), so what the audit asks for by name is found in the graph that runs.
+        Every tensor the audit asks for by name is found in the graph that runs: the conversion
+        keeps every tensor name of ``source`` (:func:`~importers.graph.opsets.to_read_opset`
+        checks it), and reading through quantisation pairs only removes tensors.
         """
         if self.source is None:
             return self.proto
@@ -216,7 +223,10 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
     its no-cache branch (:func:`importers.graph.branches.read_no_cache_branch`). Fused attention
     operators are rewritten into the
     standard-ONNX subgraph they stand for (:func:`importers.graph.defuse.defuse_attention`; the
-    caller's ``proto`` is left unchanged): every later step sees, and runs, that graph.
+    caller's ``proto`` is left unchanged): every later step sees, and runs, that graph. Last,
+    statically quantised activations are read through
+    (:func:`importers.graph.quantized.read_through_activation_pairs`): the matcher reads the graph
+    without their quantise/dequantise pairs, onnxruntime runs it with them.
     """
     where = repr(str(path)) if path is not None else "the model"
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
@@ -251,6 +261,10 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
     if defusion.proto is not None:
         proto, source = defusion.proto, None
         index = GraphIndex(proto.graph, base_dir, proto.opset_import, model_path=path)
+    read, read_through = read_through_activation_pairs(proto, index)
+    if read is not None:
+        proto, source = read, source if source is not None else proto
+        index = GraphIndex(proto.graph, base_dir, proto.opset_import, model_path=path)
     return OnnxModel(
         path=path,
         proto=proto,
@@ -260,6 +274,7 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
         declined=defusion.declined,
         branches=branches,
         source=source,
+        read_through=read_through,
     )
 
 

@@ -3,7 +3,7 @@
 Three parts of the importer evaluate ONNX ops without onnxruntime, and all three read this table:
 
 - constant folding of weight chains (:class:`~importers.graph.index.GraphIndex`: int8 Cast→Mul,
-  DequantizeLinear, Transpose, Reshape of constants; the ops marked ``weights``);
+  DequantizeLinear, QuantizeLinear, Transpose, Reshape of constants; the ops marked ``weights``);
 - shape arithmetic (:class:`~importers.graph.shapes.ShapeContext`: an op's ``shape`` rule, else the
   shape of its ``value``);
 - the numeric layout probe (:mod:`importers.match.layout`): a pure layout op (``layout`` set)
@@ -140,6 +140,7 @@ _WEIGHT_VALUES: dict[str, ValueRule] = {
     "Mul": _one(f.binary_fold(np.multiply)),
     "Div": _one(f.binary_fold(f.onnx_divide)),
     "DequantizeLinear": _one(f.fold_dequantize),
+    "QuantizeLinear": _one(f.fold_quantize),
 }
 #: Value semantics used by shape arithmetic and the layout probe only.
 _OTHER_VALUES: dict[str, ValueRule] = {

@@ -376,6 +376,7 @@ def prepare(
     caches = [spec.name for spec in graph.inputs if spec.past_axis is not None]
     notes += [Note("kv-cache", cache_note(caches))] if caches else []
     notes += [Note("kv-cache", item.note()) for item in graph.branches]
+    notes += [Note("quantized", graph.read_through.note())] if graph.read_through else []
     inputs = default_inputs(graph.inputs, ref.entry) if inputs is None else inputs
     if inputs.batch_size == 0:
         raise ImporterInputError("`inputs` must hold at least one item; got none")

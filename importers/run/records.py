@@ -81,7 +81,15 @@ H_DEFINITION = (
 
 
 NoteKind = Literal[
-    "partial", "departure", "kv-cache", "random", "not-computed", "layers", "batching", "providers"
+    "partial",
+    "departure",
+    "kv-cache",
+    "quantized",
+    "random",
+    "not-computed",
+    "layers",
+    "batching",
+    "providers",
 ]
 
 
@@ -91,11 +99,12 @@ class Note:
 
     Attributes
     ----------
-    kind : {"partial", "departure", "kv-cache", "random", "not-computed", "layers", "batching", \
-"providers"}
+    kind : {"partial", "departure", "kv-cache", "quantized", "random", "not-computed", "layers", \
+"batching", "providers"}
         ``partial``: blocks left unmatched (``--partial``), shown first; ``departure``: blocks
         outside the linear update; ``kv-cache``: the model's key/value cache inputs were fed
-        empty (audited at past length 0); ``random``: the inputs are noise; ``not-computed``: metrics
+        empty (audited at past length 0); ``quantized``: activation quantise/dequantise pairs
+        read through (:mod:`importers.graph.quantized`); ``random``: the inputs are noise; ``not-computed``: metrics
         skipped; ``layers``: how a layer was chosen; ``batching``: how inputs were batched;
         ``providers``: shards that ran on different onnxruntime providers.
     text : str

@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     departed = departures_note(report.blocks)
     if departed:
         print(departed)
+    if model.read_through is not None:
+        print(model.read_through.note())
     if args.explain:
         print(report.explain())
         return 0

@@ -1,0 +1,204 @@
+"""Statically quantised activations read through: each activation's ``QuantizeLinear`` →
+``DequantizeLinear`` pair is, for reading, the float tensor it rounds.
+
+Static quantisation in QDQ form (``onnxruntime.quantization.quantize_static`` with
+``QuantFormat.QDQ``, and quantisation-aware training exports) stores int8 weights behind a
+``DequantizeLinear`` and puts a ``QuantizeLinear`` → ``DequantizeLinear`` pair on activations: the
+scores before the Softmax, the attention probabilities after it, Q, K and V, the residual stream,
+every norm's input. Each pair rounds its float input ``x`` to
+``(saturate(round(x / s) + z) − z) · s``, within half a step ``s/2`` of ``x`` (inside the calibrated
+range), and leaves its meaning unchanged: the next op reads ``x`` to 8 bits.
+
+The matcher reads the graph with every such pair removed (:func:`read_through_activation_pairs`):
+the consumers of the ``DequantizeLinear`` read the pair's float input. The structure it then sees
+is the float model's, so every route the importer knows (exporter, optimizer, norm form) is read
+in its quantised form too, with no pair handled anywhere else. onnxruntime runs the model as
+shipped (:meth:`importers.graph.OnnxModel.session_model`, with the pairs), and every tensor the
+audit asks for by name exists there: the pairs' float inputs (the Softmax output, the residual
+sums) are the graph's own tensors, as the model computes them before each rounding.
+
+Weights are not read through: a pair on a constant (a float weight stored with its own
+``QuantizeLinear``) folds through both nodes to the rounded weight the model multiplies by
+(:func:`importers.graph.folding.fold_quantize`), and an int8 weight's ``DequantizeLinear`` folds
+as before. A pair is read through only where rounding is all it does: the ``DequantizeLinear``
+reads the ``QuantizeLinear``'s output with the same scale, zero point, axis and block size (the
+same tensors, or constants of equal value), its input is not a constant, and its output is not a
+graph output nor read inside a subgraph.
+
+Public API
+----------
+ReadThrough
+    How many activation pairs a model's reading removed.
+read_through_activation_pairs
+    The graph with its activation pairs removed (or None where it has none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from importers.graph.index import GraphIndex
+from importers.graph.node import Node
+
+__all__ = ["ReadThrough", "read_through_activation_pairs"]
+
+#: Domains whose ``QuantizeLinear``/``DequantizeLinear`` mean the ONNX ops (onnxruntime's
+#: ``com.microsoft`` ones are the same ops under its own domain, for 16-bit and older opsets).
+_QUANTISER_DOMAINS = frozenset({"", "ai.onnx", "com.microsoft"})
+#: Attributes that must agree between a pair's two nodes for it to round and nothing else, with
+#: the value ONNX gives an absent one.
+_PAIR_ATTRIBUTES = {"axis": 1, "block_size": 0}
+
+
+@dataclass(frozen=True)
+class ReadThrough:
+    """The activation ``QuantizeLinear`` → ``DequantizeLinear`` pairs a model's reading removed.
+
+    Attributes
+    ----------
+    pairs : int
+        How many ``DequantizeLinear`` nodes were read as their pair's float input.
+    """
+
+    pairs: int
+
+    def note(self) -> str:
+        """One line for the report: what was read through, and what the audit measures."""
+        return (
+            f"statically quantised activations (QDQ): {self.pairs} QuantizeLinear→DequantizeLinear "
+            "pairs read as the float tensors they round; the audit measures each tensor as the "
+            "model computes it, before its rounding to the quantised type"
+        )
+
+
+def read_through_activation_pairs(
+    proto: onnx.ModelProto, index: GraphIndex
+) -> tuple[onnx.ModelProto | None, ReadThrough | None]:
+    """``proto`` with every activation quantise/dequantise pair removed, for reading.
+
+    Parameters
+    ----------
+    proto : onnx.ModelProto
+        The model as it runs; not changed.
+    index : GraphIndex
+        Its index.
+
+    Returns
+    -------
+    read : onnx.ModelProto or None
+        A copy in which each paired ``DequantizeLinear`` is gone and its consumers read the pair's
+        float input; a ``QuantizeLinear`` left with no reader is gone too. None where no pair
+        qualifies (see the module docstring).
+    read_through : ReadThrough or None
+        How many pairs were removed (None with ``read``).
+    """
+    inner = _names_read_in_subgraphs(proto.graph)
+    outputs = set(index.graph_outputs)
+    replaced: dict[str, str] = {}
+    for dequantize in index.nodes:
+        quantize = _paired_quantizer(index, dequantize)
+        if quantize is None:
+            continue
+        name = dequantize.outputs[0]
+        if name in outputs or name in inner or index.is_constant(quantize.inputs[0]):
+            continue
+        replaced[name] = quantize.inputs[0]
+    if not replaced:
+        return None, None
+    for name, source in replaced.items():  # a pair reading another pair's output (Q→DQ→Q→DQ)
+        while source in replaced:
+            source = replaced[source]
+        replaced[name] = source
+    read = onnx.ModelProto()
+    read.CopyFrom(proto)
+    _rewire(read.graph, replaced, _unread_quantizers(index, replaced, outputs | inner))
+    return read, ReadThrough(pairs=len(replaced))
+
+
+def _paired_quantizer(index: GraphIndex, node: Node) -> Node | None:
+    """The ``QuantizeLinear`` that ``node`` (a ``DequantizeLinear``) exactly undoes the integer
+    encoding of, else None."""
+    if node.op_type != "DequantizeLinear" or node.domain not in _QUANTISER_DOMAINS:
+        return None
+    quantize = index.producer(node.input(0))
+    if (
+        quantize is None
+        or quantize.op_type != "QuantizeLinear"
+        or quantize.domain not in _QUANTISER_DOMAINS
+        or any(
+            quantize.attr(key, default) != node.attr(key, default)
+            for key, default in _PAIR_ATTRIBUTES.items()
+        )
+    ):
+        return None
+    for position in (1, 2):
+        if not _same_parameter(index, quantize.input(position), node.input(position)):
+            return None
+    return quantize
+
+
+def _same_parameter(index: GraphIndex, first: str, second: str) -> bool:
+    """Whether two scale (or zero point) inputs are the same tensor or equal constants; two
+    absent zero points are the same (both mean 0 of the default type)."""
+    if first == second:
+        return True
+    if not first or not second:
+        return False
+    a, b = index.constant_value(first), index.constant_value(second)
+    return (
+        a is not None
+        and b is not None
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and bool(np.array_equal(a, b))
+    )
+
+
+def _unread_quantizers(index: GraphIndex, replaced: dict[str, str], kept: set[str]) -> set[str]:
+    """Outputs of the ``QuantizeLinear`` nodes that every reader of was a removed
+    ``DequantizeLinear`` (and that are no graph output): those nodes go too."""
+    gone = set()
+    for name in replaced:
+        dequantize = index.producer(name)
+        assert dequantize is not None  # replaced holds node outputs only
+        encoded = dequantize.input(0)
+        readers = index.consumers(encoded)
+        if encoded not in kept and all(reader.outputs[0] in replaced for reader in readers):
+            gone.add(encoded)
+    return gone
+
+
+def _rewire(graph: onnx.GraphProto, replaced: dict[str, str], gone: set[str]) -> None:
+    """Drop the paired ``DequantizeLinear`` nodes (outputs in ``replaced``) and the quantisers
+    whose outputs are in ``gone``; every remaining input named in ``replaced`` reads its float
+    tensor. Value infos of dropped tensors are dropped with them."""
+    dropped = set(replaced) | gone
+    kept = [node for node in graph.node if not (node.output and node.output[0] in dropped)]
+    for node in kept:
+        for position, name in enumerate(node.input):
+            if name in replaced:
+                node.input[position] = replaced[name]
+    del graph.node[:]
+    graph.node.extend(kept)
+    infos = [info for info in graph.value_info if info.name not in dropped]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
+
+
+def _names_read_in_subgraphs(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name a node inside a subgraph (If, Loop, Scan bodies) reads, at any depth;
+    an outer tensor read there keeps its pair (the rewiring is of the top level only)."""
+    return {name for subgraph in _subgraphs(graph) for node in subgraph.node for name in node.input}
+
+
+def _subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    for node in graph.node:
+        for attribute in node.attribute:
+            nested = [attribute.g] if attribute.HasField("g") else []
+            for subgraph in (*nested, *attribute.graphs):
+                yield subgraph
+                yield from _subgraphs(subgraph)
