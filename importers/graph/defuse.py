@@ -63,6 +63,7 @@ from importers.graph.defuse_parts import (
     refuse,
     refuse_inputs,
     refuse_outputs,
+    with_replaced_nodes,
 )
 from importers.graph.index import GraphIndex
 from importers.graph.node import DEFAULT_DOMAINS, Node
@@ -419,40 +420,6 @@ def defuse_attention(proto: onnx.ModelProto, index: GraphIndex) -> Defusion:
             defused.append(Defused(node.label, _origin(node), softmax))
     if not replaced:
         return Defusion(None, (), tuple(declined))
-    return Defusion(_rewritten(proto, index, replaced), tuple(defused), tuple(declined))
-
-
-def _rewritten(
-    proto: onnx.ModelProto, index: GraphIndex, replaced: dict[int, Emitter]
-) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
-    copy.CopyFrom(proto)
-    nodes: list[onnx.NodeProto] = []
-    for node in index.nodes:
-        nodes.extend(replaced[node.position].nodes if node.position in replaced else [node.proto])
-    del copy.graph.node[:]
-    copy.graph.node.extend(nodes)
-    read = _names_read(nodes) | {value.name for value in copy.graph.output}
-    gone = {name for position in replaced for name in index.nodes[position].inputs} - read
-    gone &= set(index.initializers) | {
-        name for emitter in replaced.values() for name in emitter.unneeded_inputs
-    }
-    for container in (copy.graph.initializer, copy.graph.input):
-        kept = [item for item in container if item.name not in gone]
-        del container[:]
-        container.extend(kept)
-    for emitter in replaced.values():
-        copy.graph.initializer.extend(emitter.initializers)
-    return copy
-
-
-def _names_read(nodes: list[onnx.NodeProto]) -> set[str]:
-    """The tensors ``nodes`` read, their subgraphs' (If, Loop, Scan) included."""
-    names: set[str] = set()
-    for node in nodes:
-        names.update(node.input)
-        for attribute in node.attribute:
-            graphs = [attribute.g] if attribute.HasField("g") else list(attribute.graphs)
-            for graph in graphs:
-                names |= _names_read(list(graph.node))
-    return names
+    return Defusion(
+        with_replaced_nodes(proto, index, replaced), tuple(defused), tuple(declined)
+    )

@@ -17,6 +17,8 @@ Facts
     element types.
 refuse, refuse_inputs, refuse_outputs, num_heads, attention_scale
     The checks every rewrite makes of its node (each raises :class:`DeclinedError`).
+with_replaced_nodes
+    A model with some nodes replaced by the subgraphs emitted for them.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ __all__ = [
     "refuse",
     "refuse_inputs",
     "refuse_outputs",
+    "with_replaced_nodes",
 ]
 
 #: Batch and sequence sizes at which mask and input shapes are evaluated to tell their form.
@@ -410,3 +413,43 @@ class Emitter:
         per_head = self.op("Gather", [table, bucket], axis=0)  # (q, k, heads)
         transposed = self.op("Transpose", [per_head], perm=[2, 0, 1])
         return self.op("Unsqueeze", [transposed, self.ints("axis", [0])])
+
+
+def with_replaced_nodes(
+    proto: onnx.ModelProto, index: GraphIndex, replaced: dict[int, Emitter]
+) -> onnx.ModelProto:
+    """A copy of ``proto`` with each node at a position of ``replaced`` replaced in place by that
+    emitter's nodes (which write the same output names), the emitters' constants added, and the
+    initializers and graph inputs only the replaced nodes read dropped (constants always; graph
+    inputs where the emitter names them :attr:`Emitter.unneeded_inputs`)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    nodes: list[onnx.NodeProto] = []
+    for node in index.nodes:
+        nodes.extend(replaced[node.position].nodes if node.position in replaced else [node.proto])
+    del copy.graph.node[:]
+    copy.graph.node.extend(nodes)
+    read = _names_read(nodes) | {value.name for value in copy.graph.output}
+    gone = {name for position in replaced for name in index.nodes[position].inputs} - read
+    gone &= set(index.initializers) | {
+        name for emitter in replaced.values() for name in emitter.unneeded_inputs
+    }
+    for container in (copy.graph.initializer, copy.graph.input):
+        kept = [item for item in container if item.name not in gone]
+        del container[:]
+        container.extend(kept)
+    for emitter in replaced.values():
+        copy.graph.initializer.extend(emitter.initializers)
+    return copy
+
+
+def _names_read(nodes: list[onnx.NodeProto]) -> set[str]:
+    """The tensors ``nodes`` read, their subgraphs' (If, Loop, Scan) included."""
+    names: set[str] = set()
+    for node in nodes:
+        names.update(node.input)
+        for attribute in node.attribute:
+            graphs = [attribute.g] if attribute.HasField("g") else list(attribute.graphs)
+            for graph in graphs:
+                names |= _names_read(list(graph.node))
+    return names

@@ -166,15 +166,17 @@ def fold_dequantize(node: Node, values: list) -> np.ndarray | None:
     x = values[0]
     zero_point = values[2] if len(values) > 2 and values[2] is not None else None
     scale, zero_point = _per_axis(node, x, values[1], zero_point)
+    assert scale is not None  # a fold has every input value
     shifted = x.astype(np.int32)
     if zero_point is not None:
         shifted = shifted - zero_point.astype(np.int32)
-    return shifted.astype(scale.dtype) * scale
+    with np.errstate(over="ignore"):  # a mask's scale: ±inf, as the runtime's float32 gives
+        return shifted.astype(scale.dtype) * scale
 
 
 #: ``QuantizeLinear``'s integer output types by ONNX element type (``output_dtype``; without it
 #: and without a zero point the output is uint8).
-_QUANTISED_TYPES = {
+_QUANTISED_TYPES: dict[int, type] = {
     onnx.TensorProto.UINT8: np.uint8,
     onnx.TensorProto.INT8: np.int8,
     onnx.TensorProto.UINT16: np.uint16,
@@ -201,6 +203,7 @@ def fold_quantize(node: Node, values: list) -> np.ndarray | None:
     if dtype not in _QUANTISED_TYPES.values() or not np.issubdtype(x.dtype, np.floating):
         return None
     scale, zero_point = _per_axis(node, x, values[1], zero_point)
+    assert scale is not None  # a fold has every input value
     rounded = np.rint(x / scale.astype(x.dtype)).astype(np.float64)
     if zero_point is not None:
         rounded = rounded + zero_point.astype(np.float64)

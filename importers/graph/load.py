@@ -18,7 +18,7 @@ SUPPORTED_OPSETS
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,7 @@ from importers.graph.index import GraphIndex, external_data_path, graph_tensors
 from importers.graph.kv_cache import cache_inputs
 from importers.graph.node import DEFAULT_DOMAINS
 from importers.graph.opsets import LOWEST_OPSET, READ_OPSET, mirror_outputs, to_read_opset
+from importers.graph.qoperators import expand_quantized_operators
 from importers.graph.quantized import ReadThrough, read_through_activation_pairs
 
 __all__ = ["SUPPORTED_OPSETS", "GraphInput", "OnnxModel", "load_model", "model_from_proto"]
@@ -223,7 +224,9 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
     its no-cache branch (:func:`importers.graph.branches.read_no_cache_branch`). Fused attention
     operators are rewritten into the
     standard-ONNX subgraph they stand for (:func:`importers.graph.defuse.defuse_attention`; the
-    caller's ``proto`` is left unchanged): every later step sees, and runs, that graph. Last,
+    caller's ``proto`` is left unchanged): every later step sees, and runs, that graph; so are
+    quantised operators (QOperator form) into ``DequantizeLinear`` → float operator →
+    ``QuantizeLinear`` (:func:`importers.graph.qoperators.expand_quantized_operators`). Last,
     statically quantised activations are read through
     (:func:`importers.graph.quantized.read_through_activation_pairs`): the matcher reads the graph
     without their quantise/dequantise pairs, onnxruntime runs it with them.
@@ -257,11 +260,17 @@ def model_from_proto(proto: onnx.ModelProto, *, path: Path | None = None) -> Onn
     if inlined is not None:
         proto, source = inlined, None
         index = GraphIndex(proto.graph, index.base_dir, proto.opset_import, model_path=path)
+    expansion = expand_quantized_operators(proto, index)
+    if expansion.proto is not None:
+        proto, source = expansion.proto, None
+        index = GraphIndex(proto.graph, base_dir, proto.opset_import, model_path=path)
     defusion = defuse_attention(proto, index)
     if defusion.proto is not None:
         proto, source = defusion.proto, None
         index = GraphIndex(proto.graph, base_dir, proto.opset_import, model_path=path)
     read, read_through = read_through_activation_pairs(proto, index)
+    if expansion.expanded:
+        read_through = replace(read_through or ReadThrough(0), expanded=expansion.expanded)
     if read is not None:
         proto, source = read, source if source is not None else proto
         index = GraphIndex(proto.graph, base_dir, proto.opset_import, model_path=path)

@@ -62,16 +62,27 @@ class ReadThrough:
     ----------
     pairs : int
         How many ``DequantizeLinear`` nodes were read as their pair's float input.
+    expanded : tuple of (str, int)
+        Quantised operators (QOperator form) expanded at load into ``DequantizeLinear`` → float
+        operator → ``QuantizeLinear`` (:mod:`importers.graph.qoperators`), by type, with counts.
     """
 
     pairs: int
+    expanded: tuple[tuple[str, int], ...] = ()
 
     def note(self) -> str:
         """One line for the report: what was read through, and what the audit measures."""
+        expanded = ", ".join(f"{op} ×{count}" for op, count in self.expanded)
+        run_as = (
+            f"quantised operators ({expanded}) run as DequantizeLinear → float operator → "
+            "QuantizeLinear, as they are defined; "
+            if expanded
+            else ""
+        )
         return (
-            f"statically quantised activations (QDQ): {self.pairs} QuantizeLinear→DequantizeLinear "
-            "pairs read as the float tensors they round; the audit measures each tensor as the "
-            "model computes it, before its rounding to the quantised type"
+            f"statically quantised activations: {run_as}{self.pairs} QuantizeLinear→"
+            "DequantizeLinear pairs read as the float tensors they round; the audit measures "
+            "each tensor as the model computes it, before its rounding to the quantised type"
         )
 
 
@@ -96,6 +107,10 @@ def read_through_activation_pairs(
     read_through : ReadThrough or None
         How many pairs were removed (None with ``read``).
     """
+    hoisted = _dequantised_before_layout(proto, index)
+    if hoisted is not None:
+        index = GraphIndex(hoisted.graph, index.base_dir, hoisted.opset_import, index.model_path)
+        proto = hoisted
     inner = _names_read_in_subgraphs(proto.graph)
     outputs = set(index.graph_outputs)
     replaced: dict[str, str] = {}
@@ -108,7 +123,7 @@ def read_through_activation_pairs(
             continue
         replaced[name] = quantize.inputs[0]
     if not replaced:
-        return None, None
+        return hoisted, None if hoisted is None else ReadThrough(pairs=0)
     for name, source in replaced.items():  # a pair reading another pair's output (Q→DQ→Q→DQ)
         while source in replaced:
             source = replaced[source]
@@ -117,6 +132,98 @@ def read_through_activation_pairs(
     read.CopyFrom(proto)
     _rewire(read.graph, replaced, _unread_quantizers(index, replaced, outputs | inner))
     return read, ReadThrough(pairs=len(replaced))
+
+
+def _dequantised_before_layout(proto: onnx.ModelProto, index: GraphIndex) -> onnx.ModelProto | None:
+    """A copy of ``proto`` in which every per-tensor ``DequantizeLinear`` of integer codes that a
+    layout op moved (``Reshape``, ``Transpose``, ... of the codes; the QOperator form moves the
+    codes of Q, K and V so) dequantises before that op instead, and the op moves the float
+    values; None where there is none.
+
+    Dequantising each element with one scale and zero point commutes with any op that only moves
+    or copies elements, so the rewrite is exact, and each ``DequantizeLinear`` climbs until it
+    reads its ``QuantizeLinear`` (a pair, read through after) or something else. The moved op
+    writes the ``DequantizeLinear``'s output name (the float tensor the graph has); the new
+    dequantised input gets a fresh name, which the graph onnxruntime runs does not have and
+    nothing asks it for.
+    """
+    nodes = [onnx.NodeProto() for _ in proto.graph.node]
+    for copy, node in zip(nodes, proto.graph.node, strict=True):
+        copy.CopyFrom(node)
+    producers = {out: copy for copy in nodes for out in copy.output if out}
+    moved = 0
+    for position, copy in enumerate(nodes):
+        while _climbs(copy, producers.get(copy.input[0]) if copy.input else None, index):
+            layout = producers[copy.input[0]]
+            fresh = f"{copy.output[0]}/dequantised_{moved}"
+            below, above = onnx.NodeProto(), onnx.NodeProto()
+            below.CopyFrom(copy)  # the DequantizeLinear, now of the layout op's input
+            below.input[0], below.output[0] = layout.input[0], fresh
+            above.CopyFrom(layout)  # the layout op, now of the float values
+            above.input[0], above.output[0] = fresh, copy.output[0]
+            nodes[position] = copy = below
+            nodes.insert(position + 1, above)
+            producers[fresh], producers[above.output[0]] = below, above
+            moved += 1
+    if not moved:
+        return None
+    read = onnx.ModelProto()
+    read.CopyFrom(proto)
+    del read.graph.node[:]
+    read.graph.node.extend(_without_unread_moves(nodes, set(index.graph_outputs)))
+    return read
+
+
+def _without_unread_moves(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
+    """``nodes`` less the element moves that nothing reads any more (the integer codes' moves
+    whose ``DequantizeLinear`` now reads before them), repeatedly."""
+    while True:
+        read = {name for node in nodes for name in node.input} | outputs
+        dead = [
+            node
+            for node in nodes
+            if node.op_type in _MOVES_ELEMENTS and not any(out in read for out in node.output)
+        ]
+        if not dead:
+            return nodes
+        gone = {id(node) for node in dead}
+        nodes = [node for node in nodes if id(node) not in gone]
+
+
+#: Ops that only move or copy the elements of their first input (the other inputs are shapes,
+#: permutations, indices), so that dequantising per tensor commutes with them.
+_MOVES_ELEMENTS = frozenset(
+    "Reshape Transpose Squeeze Unsqueeze Flatten Identity Slice Gather Expand Tile".split()
+)
+
+
+#: Element moves followed back from a ``DequantizeLinear`` to the ``QuantizeLinear`` whose codes
+#: they move (the QOperator form has two or three: head split, transpose).
+_MAX_MOVES = 16
+
+
+def _climbs(dequantize: onnx.NodeProto, layout: onnx.NodeProto | None, index: GraphIndex) -> bool:
+    """Whether ``dequantize`` dequantises per tensor the single-output element move ``layout``
+    makes of codes a ``QuantizeLinear`` wrote (codes of other origins, such as
+    ``DynamicQuantizeLinear``'s, stay as the matcher reads them)."""
+    if (
+        layout is None
+        or dequantize.op_type != "DequantizeLinear"
+        or dequantize.domain not in _QUANTISER_DOMAINS
+        or layout.op_type not in _MOVES_ELEMENTS
+        or layout.domain not in _QUANTISER_DOMAINS
+        or len([out for out in layout.output if out]) != 1
+    ):
+        return False
+    scale = index.constant_value(dequantize.input[1])
+    if scale is None or scale.size != 1:
+        return False
+    codes = index.producer(layout.input[0])
+    for _ in range(_MAX_MOVES):  # the codes a QuantizeLinear wrote, moved only
+        if codes is None or codes.op_type not in _MOVES_ELEMENTS:
+            break
+        codes = index.producer(codes.input(0))
+    return codes is not None and codes.op_type == "QuantizeLinear"
 
 
 def _paired_quantizer(index: GraphIndex, node: Node) -> Node | None:

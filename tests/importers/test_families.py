@@ -60,13 +60,7 @@ RIVAL_MARGIN = 2.0
 CORPUS_MIB = 25
 
 #: Fixtures that fail today, with the first line of the failure (see docs/fixtures.md).
-KNOWN_FAILURES: dict[str, str] = {
-    "bert-qoperator": "no attention block found: the graph has no Softmax node",
-    "distilbert-qoperator": "no attention block found: the graph has no Softmax node",
-    "llama-qoperator": "no attention block found among 2 Softmax node(s); QK^T MatMul not found",
-    "t5_encoder-qoperator": "no attention block found among 2 Softmax node(s); QK^T MatMul not "
-    "found",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def _relative(found: np.ndarray, truth: np.ndarray) -> float:

@@ -1,0 +1,307 @@
+"""Quantised operators (QOperator form) expanded into ``DequantizeLinear`` → float op →
+``QuantizeLinear``, and integer codes moved by layout ops dequantised before the move.
+
+Each operator's expansion is checked against onnxruntime's own integer kernel on one node with
+random codes: the output codes agree, except where the float32 product lands within rounding of a
+half step (at most one code, on at most :data:`MOVED_FRACTION` of them). A constant operand whose
+float32 dequantisation overflows (a quantised ``finfo.min`` mask) is saturated, as the kernel
+never forms it. A node with a scale that is not a constant is left as it is. For reading, a
+``DequantizeLinear`` of moved codes climbs the moves to its ``QuantizeLinear`` (a pair then),
+and only then: codes of ``DynamicQuantizeLinear`` and integer weights are read as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from importers.graph import GraphIndex, model_from_proto
+from importers.graph.qoperators import expand_quantized_operators
+from importers.graph.quantized import read_through_activation_pairs
+
+MS = "com.microsoft"
+SEED = 11
+#: Codes that may move by one step between the integer kernel and its float expansion: onnxruntime
+#: requantises an exact integer accumulator, the expansion a float32 result, and a value within
+#: float32 rounding of a half step rounds either way.
+MOVED_FRACTION = 0.02
+I8, U8, F = TensorProto.INT8, TensorProto.UINT8, TensorProto.FLOAT
+
+
+def _codes(rng: np.random.Generator, shape: tuple[int, ...], dtype: type = np.int8) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, size=shape).astype(dtype)
+
+
+def _model(
+    node: onnx.NodeProto,
+    inputs: dict[str, np.ndarray],
+    constants: dict[str, np.ndarray],
+    output_type: int,
+) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [node],
+        "one",
+        [
+            helper.make_tensor_value_info(
+                name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape
+            )
+            for name, value in inputs.items()
+        ],
+        [helper.make_tensor_value_info(node.output[0], output_type, None)],
+        [numpy_helper.from_array(value, name) for name, value in constants.items()],
+    )
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)],
+        ir_version=9,
+    )
+
+
+def _scalar(value: float) -> np.ndarray:
+    return np.array(value, np.float32)
+
+
+def _case(name: str, rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """One quantised node with its feeds: the integer inputs fed, scales and weights constant."""
+    zero8 = np.array(0, np.int8)
+    if name in ("QLinearMatMul", "QLinearMatMul_per_column"):
+        per_column = name.endswith("per_column")
+        b_scale = rng.uniform(0.005, 0.02, 6) if per_column else rng.uniform(0.005, 0.02)
+        node = helper.make_node(
+            "QLinearMatMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"]
+        )
+        constants = {
+            "sa": _scalar(0.05),
+            "za": zero8,
+            "b": _codes(rng, (16, 6)),
+            "sb": np.asarray(b_scale, np.float32),
+            "zb": np.zeros(np.shape(b_scale), np.int8),
+            "sy": _scalar(0.4),
+            "zy": np.array(3, np.int8),
+        }
+        feeds = {"a": _codes(rng, (2, 5, 16))}
+        return _model(node, feeds, constants, I8), feeds
+    if name in ("QLinearAdd", "QLinearMul"):
+        node = helper.make_node(
+            name, ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"], domain=MS
+        )
+        constants = {
+            "sa": _scalar(0.05),
+            "za": np.array(4, np.uint8),
+            "sb": _scalar(0.03),
+            "zb": np.array(200, np.uint8),
+            "sy": _scalar(0.07 if name == "QLinearAdd" else 0.04),
+            "zy": np.array(128, np.uint8),
+        }
+        feeds = {"a": _codes(rng, (3, 8), np.uint8), "b": _codes(rng, (3, 8), np.uint8)}
+        return _model(node, feeds, constants, U8), feeds
+    unary = {
+        "QLinearSoftmax": ({"axis": -1, "opset": 13}, (2, 3, 7)),
+        "QLinearSigmoid": ({}, (4, 9)),
+        "QLinearLeakyRelu": ({"alpha": 0.1}, (4, 9)),
+        "QLinearAveragePool": ({"kernel_shape": [2], "strides": [1]}, (2, 3, 8)),
+        "QLinearGlobalAveragePool": ({}, (2, 3, 8)),
+    }
+    if name in unary:
+        attributes, shape = unary[name]
+        node = helper.make_node(name, ["x", "sx", "zx", "sy", "zy"], ["y"], domain=MS, **attributes)
+        y_scale = 1 / 256 if name == "QLinearSoftmax" else 0.02
+        y_zero = np.array(0 if name == "QLinearSoftmax" else 5, np.uint8)
+        constants = {
+            "sx": _scalar(0.1),
+            "zx": np.array(128, np.uint8),
+            "sy": _scalar(y_scale),
+            "zy": y_zero,
+        }
+        feeds = {"x": _codes(rng, shape, np.uint8)}
+        return _model(node, feeds, constants, U8), feeds
+    if name == "QLinearConcat":
+        node = helper.make_node(
+            name, ["sy", "zy", "a", "sa", "za", "b", "sb", "zb"], ["y"], domain=MS, axis=1
+        )
+        constants = {
+            "sy": _scalar(0.06),
+            "zy": zero8,
+            "sa": _scalar(0.05),
+            "za": zero8,
+            "sb": _scalar(0.08),
+            "zb": np.array(-3, np.int8),
+        }
+        feeds = {"a": _codes(rng, (2, 3)), "b": _codes(rng, (2, 4))}
+        return _model(node, feeds, constants, I8), feeds
+    if name in ("QGemm", "QGemm_float_output"):
+        node_inputs = ["a", "sa", "za", "b", "sb", "zb", "c"]
+        node_inputs += ["sy", "zy"] if name == "QGemm" else []
+        node = helper.make_node("QGemm", node_inputs, ["y"], domain=MS, transB=1, alpha=0.5)
+        constants = {
+            "sa": _scalar(0.05),
+            "za": zero8,
+            "b": _codes(rng, (6, 16)),
+            "sb": rng.uniform(0.005, 0.02, 6).astype(np.float32),
+            "zb": np.zeros(6, np.int8),
+            "c": rng.integers(-500, 500, 6).astype(np.int32),
+            "sy": _scalar(0.3),
+            "zy": zero8,
+        }
+        feeds = {"a": _codes(rng, (5, 16))}
+        return _model(node, feeds, constants, I8 if name == "QGemm" else F), feeds
+    if name == "QLinearConv":
+        node = helper.make_node(
+            name,
+            ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy", "bias"],
+            ["y"],
+            kernel_shape=[3],
+            pads=[1, 1],
+        )
+        constants = {
+            "sx": _scalar(0.05),
+            "zx": zero8,
+            "w": _codes(rng, (4, 2, 3)),
+            "sw": rng.uniform(0.005, 0.02, 4).astype(np.float32),
+            "zw": np.zeros(4, np.int8),
+            "sy": _scalar(0.2),
+            "zy": zero8,
+            "bias": rng.integers(-300, 300, 4).astype(np.int32),
+        }
+        feeds = {"x": _codes(rng, (2, 2, 9))}
+        return _model(node, feeds, constants, I8), feeds
+    raise AssertionError(name)
+
+
+CASES = [
+    "QLinearMatMul",
+    "QLinearMatMul_per_column",
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearSoftmax",
+    "QLinearSigmoid",
+    "QLinearLeakyRelu",
+    "QLinearAveragePool",
+    "QLinearGlobalAveragePool",
+    "QLinearConcat",
+    "QGemm",
+    "QGemm_float_output",
+    "QLinearConv",
+]
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_an_expanded_operator_computes_what_the_integer_kernel_does(name: str) -> None:
+    model, feeds = _case(name, np.random.default_rng(SEED))
+    expansion = expand_quantized_operators(model, GraphIndex(model.graph))
+    assert expansion.proto is not None
+    assert expansion.expanded == ((model.graph.node[0].op_type, 1),)
+    ops = [node.op_type for node in expansion.proto.graph.node]
+    assert model.graph.node[0].op_type not in ops
+    kernel, expanded = _run(model, feeds), _run(expansion.proto, feeds)
+    assert expanded.dtype == kernel.dtype
+    assert expanded.shape == kernel.shape
+    if kernel.dtype == np.float32:  # QGemm without an output scale: a float output
+        np.testing.assert_allclose(expanded, kernel, rtol=1e-5, atol=1e-5)
+        return
+    steps = np.abs(expanded.astype(np.int64) - kernel.astype(np.int64))
+    assert steps.max() <= 1
+    assert np.count_nonzero(steps) <= MOVED_FRACTION * steps.size
+
+
+def test_a_constant_whose_float_dequantisation_overflows_is_saturated() -> None:
+    """``(1 − mask) · finfo.min`` quantised with a scale a hair too large: kept tokens stay 0,
+    as in the integer kernel (float32 dequantisation would give 0 · −inf = NaN → the lowest code:
+    every token masked)."""
+    node = helper.make_node(
+        "QLinearMul", ["keep", "s1", "z", "big", "sbig", "z", "s1", "z"], ["y"], domain=MS
+    )
+    constants = {
+        "s1": _scalar(1.0),
+        "z": np.array(0, np.int8),
+        "big": np.array(-127, np.int8),
+        "sbig": _scalar(2.6793887e36),
+    }
+    feeds = {"keep": np.array([[0, 0, 1, 1]], np.int8)}
+    model = _model(node, feeds, constants, I8)
+    expansion = expand_quantized_operators(model, GraphIndex(model.graph))
+    assert expansion.proto is not None
+    np.testing.assert_array_equal(_run(expansion.proto, feeds), _run(model, feeds))
+    np.testing.assert_array_equal(_run(expansion.proto, feeds), [[0, 0, -128, -128]])
+
+
+def test_an_operator_whose_scale_is_computed_is_left_as_it_is() -> None:
+    model, _ = _case("QLinearAdd", np.random.default_rng(SEED))
+    scale = next(t for t in model.graph.initializer if t.name == "sa")
+    model.graph.initializer.remove(scale)
+    model.graph.input.append(helper.make_tensor_value_info("sa", F, []))
+    expansion = expand_quantized_operators(model, GraphIndex(model.graph))
+    assert expansion.proto is None
+
+
+def _moved_codes_model(quantiser: str) -> onnx.ModelProto:
+    """x → (``QuantizeLinear`` or ``DynamicQuantizeLinear``) → Reshape → Transpose →
+    ``DequantizeLinear`` → Relu."""
+    nodes: list[Any] = []
+    if quantiser == "QuantizeLinear":
+        nodes.append(helper.make_node("QuantizeLinear", ["x", "s", "z"], ["codes"]))
+        scale, zero = "s", "z"
+    else:
+        nodes.append(helper.make_node("DynamicQuantizeLinear", ["x"], ["codes", "ds", "dz"]))
+        scale, zero = "ds", "dz"
+    nodes += [
+        helper.make_node("Reshape", ["codes", "shape"], ["split"]),
+        helper.make_node("Transpose", ["split"], ["moved"], perm=[0, 2, 1, 3]),
+        helper.make_node("DequantizeLinear", ["moved", scale, zero], ["float"]),
+        helper.make_node("Relu", ["float"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "moved",
+        [helper.make_tensor_value_info("x", F, [2, 3, 8])],
+        [helper.make_tensor_value_info("y", F, None)],
+        [
+            numpy_helper.from_array(np.float32(0.05), "s"),
+            numpy_helper.from_array(np.uint8(128), "z"),
+            numpy_helper.from_array(np.array([2, 3, 2, 4], np.int64), "shape"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_a_dequantisation_of_moved_codes_reads_the_moves_of_the_float_tensor() -> None:
+    proto = _moved_codes_model("QuantizeLinear")
+    read, read_through = read_through_activation_pairs(proto, GraphIndex(proto.graph))
+    assert read is not None
+    assert read_through is not None
+    assert read_through.pairs == 1
+    assert [(n.op_type, n.input[0]) for n in read.graph.node] == [
+        ("Reshape", "x"),
+        ("Transpose", read.graph.node[0].output[0]),
+        ("Relu", "float"),
+    ]
+    x = np.random.default_rng(SEED).normal(size=(2, 3, 8)).astype(np.float32)
+    shipped, as_read = _run(proto, {"x": x}), _run(read, {"x": x})
+    np.testing.assert_allclose(as_read, shipped, atol=0.05 / 2 + 1e-7)  # half a step
+
+
+def test_codes_of_a_dynamic_quantiser_are_not_moved() -> None:
+    proto = _moved_codes_model("DynamicQuantizeLinear")
+    read, read_through = read_through_activation_pairs(proto, GraphIndex(proto.graph))
+    assert read is None
+    assert read_through is None
+
+
+def test_the_expansion_is_what_onnxruntime_runs_and_what_the_matcher_reads_through() -> None:
+    model, _ = _case("QLinearMatMul", np.random.default_rng(SEED))
+    loaded = model_from_proto(model)
+    assert loaded.read_through is not None
+    assert loaded.read_through.expanded == (("QLinearMatMul", 1),)
+    assert "QLinearMatMul ×1" in loaded.read_through.note()
+    assert "QLinearMatMul" not in {node.op_type for node in loaded.session_model().graph.node}
