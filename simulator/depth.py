@@ -49,6 +49,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from simulator.errors import InputError
 from simulator.operator import _householder, _reflect
+from simulator.theory import value_spectrum
 from simulator.validation import as_float_array, as_row_stochastic
 
 __all__ = [
@@ -147,8 +148,9 @@ def nonnormality(W_V: ArrayLike, W_O: ArrayLike) -> tuple[FloatArray, FloatArray
     ----------
     W_V : (..., d, r) array_like
     W_O : (..., r, d) array_like
-        The factors (a dense M is ``W_V = M``, ``W_O = I``). ρ(M) comes from the r×r
-        ``W_O W_V`` (the nonzero eigenvalues are shared), σ_max(M) from the r×r ``R_V R_Oᵀ`` of
+        The factors (a dense M is ``W_V = M``, ``W_O = I``). ρ(M) comes from the smaller of
+        ``W_V W_O`` and ``W_O W_V`` (:func:`simulator.theory.value_spectrum`: they share the
+        nonzero eigenvalues), σ_max(M) from the r×r ``R_V R_Oᵀ`` of
         the QR factors ``W_V = Q_V R_V``, ``W_Oᵀ = Q_O R_O``; the antisymmetric part from M itself
         (a difference of traces would lose the digits of a nearly symmetric M).
 
@@ -162,14 +164,9 @@ def nonnormality(W_V: ArrayLike, W_O: ArrayLike) -> tuple[FloatArray, FloatArray
     asymmetry : (...) float ndarray
         In [0, 2]: 0 for a symmetric M, 2 for a skew-symmetric one; 0.0 for M = 0.
     """
+    rho = np.abs(value_spectrum(W_V, W_O)).max(axis=-1)  # checks the factors' shapes
     left = as_float_array(W_V, "W_V", min_ndim=2)
     right = as_float_array(W_O, "W_O", min_ndim=2)
-    d, r = left.shape[-2:]
-    if right.shape[-2:] != (r, d):
-        raise InputError(
-            f"`W_O` must have shape (..., {r}, {d}) to follow `W_V`; got {right.shape}"
-        )
-    rho = np.abs(np.linalg.eigvals(right @ left)).max(axis=-1)
     R_V = np.linalg.qr(left, mode="r")
     R_O = np.linalg.qr(np.swapaxes(right, -1, -2), mode="r")
     sigma = np.linalg.norm(R_V @ np.swapaxes(R_O, -1, -2), ord=2, axis=(-2, -1))

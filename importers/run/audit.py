@@ -415,9 +415,7 @@ def prepare(
     spectra = cached_value_spectra(blocks, sha256, use_cache=options.cache)
     dominance = options.dominance
     granularity = "head" if dominance == "operator" else dominance
-    eig_H = (
-        dominance_spectra(blocks, spectra, granularity, options.h) if dominance != "none" else []
-    )
+    eig_H = dominance_spectra(blocks, spectra, granularity, options.h) if dominance != "none" else []
     operator = operator_factors(blocks, options.h) if dominance == "operator" else ()
     prepared = PreparedAudit(
         model=ModelInfo(ref.name, str(ref.path), sha256, len(blocks)),
@@ -481,9 +479,7 @@ def measure(
     per_input = {name: np.full(shape, np.nan) for name in names}
     batches = session.batches(prepared.items, progress=options.progress)
     remaining = options.operator_inputs - first_input
-    plan = (
-        OperatorPlan(prepared.operator, remaining) if prepared.operator and remaining > 0 else None
-    )
+    plan = OperatorPlan(prepared.operator, remaining) if prepared.operator and remaining > 0 else None
     stream = {name: np.full(shape, np.nan) for name in STREAM_TERMS}
     measure_batch = functools.partial(
         batch_work,

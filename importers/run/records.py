@@ -687,7 +687,9 @@ class AuditResult:
         """Tidy ``block,metric,mean,std,n`` rows of the stream right after each block's attention
         sublayer (blocks without one are left out)."""
         return [
-            {"block": row.pop("layer"), **row} for row in _tidy(self.attention_part) if row["n"] > 0
+            {"block": row.pop("layer"), **row}
+            for row in _tidy(self.attention_part)
+            if row["n"] > 0
         ]
 
     def final_metrics(self) -> dict[str, float]:
