@@ -10,6 +10,7 @@ from typing import Literal, get_args
 
 __all__ = [
     "BATCH_SIZE",
+    "DEPTH_INPUTS",
     "DOMINANCE_MODES",
     "H_CHOICES",
     "OPERATOR_INPUTS",
@@ -41,3 +42,8 @@ RANDOM_VOCAB_SIZE = 1000
 #: a few hundred applications of each block's operator per input (DINOv2 on 2 CPU cores: 384 of
 #: them and about 6 s per (input, block), 11x the whole per-head audit for one input).
 OPERATOR_INPUTS = 2
+
+#: Inputs the depth step's attention spectra run on by default (|λ₂(A_h)| and each head's growth
+#: of HFC/LFC: one (n−1)×(n−1) eigensolve per (input, block, head), about 25 ms at n = 257 on one
+#: core, so DINOv2's 72 heads add about 1.8 s of CPU per input; docs/theory.md §6.11).
+DEPTH_INPUTS = 1

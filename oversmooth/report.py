@@ -21,10 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from importers.run.records import (
+    DEPTH_COLUMNS,
     DOMINANCE_COLUMNS,
+    HEAD_COLUMNS,
     LAYER_COLUMNS,
     OPERATOR_COLUMNS,
+    Agreement,
     AuditResult,
+    DepthSummary,
     DominanceSummary,
     OperatorSummary,
 )
@@ -51,6 +55,9 @@ REPORT_FILES = (
 )
 #: The operator dominance's file, written with ``dominance="operator"`` only.
 OPERATOR_FILE = "operator.csv"
+#: The depth step's files (docs/theory.md §6.11): one row per block, one per (block, head);
+#: written whenever the result has a depth summary.
+DEPTH_FILES = ("depth.csv", "heads.csv")
 #: Columns of ``attention.csv``: the stream right after each block's attention sublayer.
 ATTENTION_COLUMNS = ("block", "metric", "mean", "std", "n")
 
@@ -75,6 +82,10 @@ def write_audit_files(
     if result.operator:  # --dominance operator only
         paths.append(folder / OPERATOR_FILE)
         write_tidy_csv(paths[-1], OPERATOR_COLUMNS, (case.row() for case in result.operator))
+    if result.depth is not None:
+        paths += [folder / name for name in DEPTH_FILES]
+        write_tidy_csv(paths[-2], DEPTH_COLUMNS, (row.row() for row in result.depth.per_block))
+        write_tidy_csv(paths[-1], HEAD_COLUMNS, (row.row() for row in result.depth.heads))
     with atomic_output(paths[4]) as handle:
         handle.write(render_report(result, figures))
     return paths
@@ -121,10 +132,10 @@ def save_audit(
     return target
 
 
-def _fmt(value: float | None, *, signed: bool = False) -> str:
+def _fmt(value: float | None, *, signed: bool = False, digits: int = 3) -> str:
     if value is None or not np.isfinite(value):
         return "—"
-    return f"{value:+.3f}" if signed else f"{value:.3g}"
+    return f"{value:+.3f}" if signed else f"{value:.{digits}g}"
 
 
 def _causal_paragraph(result: AuditResult) -> list[str]:
@@ -157,12 +168,94 @@ def _agreement_sentence(dom: DominanceSummary) -> str:
         return f"No block has both a predicted and an observed direction ({undecided})."
     return (
         f"Prediction and observation agree in {found.agree} of {found.decided} blocks with both "
-        f"directions ({undecided}). Chance level: shuffling the observed directions among those "
-        f"blocks (as many smoothing as measured) gives {found.expected:.2f} agreements on average, "
-        f"and {found.agree} or more with probability p = {found.p_value:.3f} (exact permutation "
-        "test)"
-        + (": no better than chance." if found.p_value > 0.05 else ".")
+        f"directions ({undecided}). " + _chance_level(found, "as many smoothing as measured")
     )
+
+
+def _chance_level(found: Agreement, margins: str) -> str:
+    """The chance level of an agreement count: the shuffle's mean and the exact p-value."""
+    return (
+        "Chance level: shuffling the observed directions among those "
+        f"blocks ({margins}) gives {found.expected:.2f} agreements on average, "
+        f"and {found.agree} or more with probability p = {found.p_value:.3f} (exact permutation "
+        "test)" + (": no better than chance." if found.p_value > 0.05 else ".")
+    )
+
+
+def _growth_agreement(found: Agreement | None, what: str) -> str:
+    """How often ``what`` predicts the direction of the measured HFC/LFC change per block."""
+    if found is None:
+        return f"No block has both a decided {what} and a measured change."
+    return (
+        f"The {what} predicts whether HFC/LFC grows (ratio > 1) in {found.agree} of "
+        f"{found.decided} blocks. " + _chance_level(found, "as many growing as measured")
+    )
+
+
+def _depth_paragraph(result: AuditResult, depth: DepthSummary) -> list[str]:
+    """The depth step: predicted against measured growth, the heads, the omitted terms."""
+    operator = result.operator != []
+    lines = [
+        "",
+        "## Depth: predicted against measured HFC/LFC (docs/theory.md §6.11)",
+        "",
+        "Per block, the theory's growth of HFC/LFC per layer is ρ_q/ρ_lfc, the spectral radius of "
+        "I + H⊗A off the low-frequency subspace over the one on it; **predicted** is its "
+        f"geometric mean over the block's heads on the first {depth.inputs} input(s) (each head "
+        "alone, Lemma 1)"
+        + (
+            ", **operator** the same of the whole multi-head operator (`operator.csv`)"
+            if operator
+            else ""
+        )
+        + ", and the HFC/LFC columns are the measured layer-0 value "
+        f"({_fmt(depth.start)}) times their product over depth, against the measured mean at the "
+        "block's output (`layers.csv`; measured growth = HFC/LFC after the block / before it). "
+        "|λ₂| is the attention's second eigenvalue modulus (mean over inputs and heads); σ/ρ is "
+        "σ_max(M_h)/ρ(M_h) of the heads' H (median and largest over the block's heads; 1 for a "
+        "normal M_h), asym ‖M_h − M_hᵀ‖_F/‖M_h‖_F (median; 0 symmetric, 2 skew). The effective H "
+        "leaves out the pre-norm's per-token scale (mean 1/σ, multiplying every M_h token by "
+        "token) and the bias row c the branch adds to every token (‖c‖/‖x̄‖ against the mean "
+        "token of the block's input). Per block in `depth.csv`, per head in `heads.csv`.",
+        "",
+        "| block | predicted growth"
+        + (" | operator growth" if operator else "")
+        + " | measured growth | predicted HFC/LFC"
+        + (" | operator HFC/LFC" if operator else "")
+        + " | measured HFC/LFC | mean abs(λ₂) | σ/ρ median (max) | asym median "
+        "| per-token scale | mean 1/σ | ‖c‖ | ‖c‖/‖x̄‖ |",
+        "|---" * (12 + 2 * operator) + "|",
+    ]
+    heads: dict[int, list[tuple[float, float]]] = {}
+    for head in depth.heads:
+        heads.setdefault(head.block, []).append((head.sigma_max_over_rho, head.asymmetry))
+    for row in depth.per_block:
+        ratio = np.array([value for value, _ in heads.get(row.block, [])])
+        asym = np.array([value for _, value in heads.get(row.block, [])])
+        spread = (
+            f"{_fmt(float(np.median(ratio)))} ({_fmt(float(ratio.max()))})" if ratio.size else "—"
+        )
+        cells = [
+            str(row.block),
+            _fmt(row.predicted_growth, digits=4),
+            *([_fmt(row.operator_growth, digits=4)] if operator else []),
+            _fmt(row.measured_growth, digits=4),
+            _fmt(row.predicted_hfc_lfc),
+            *([_fmt(row.operator_hfc_lfc)] if operator else []),
+            _fmt(row.measured_hfc_lfc),
+            _fmt(row.lambda2_mean),
+            spread,
+            _fmt(float(np.median(asym))) if asym.size else "—",
+            row.norm_scale,
+            _fmt(row.inverse_scale_mean),
+            _fmt(row.bias_norm),
+            _fmt(row.bias_ratio),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", _growth_agreement(depth.agreement, "per-head prediction")]
+    if operator:
+        lines += ["", _growth_agreement(depth.operator_agreement, "operator prediction")]
+    return lines
 
 
 def _operator_paragraph(summary: OperatorSummary | None) -> list[str]:
@@ -279,6 +372,8 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
         lines += _operator_paragraph(dom.operator)
     else:
         lines.append("Not computed (dominance disabled).")
+    if result.depth is not None:
+        lines += _depth_paragraph(result, result.depth)
     lines += [
         "",
         "## Eigenvalues of the value products (Fig. 5)",
@@ -314,6 +409,11 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
         "iterations",
         "- `spectra.csv`: `block,head,kind,real,imag` eigenvalues (head −1 = whole layer; kinds "
         "`head`/`layer` stored, `head-effective`/`layer-effective` the effective H)",
+        "- `depth.csv`: one row per block: predicted (per head; operator) and measured growth of "
+        "HFC/LFC and their products over depth, mean abs(λ₂), the pre-norm's mean 1/σ, ‖c‖ and "
+        "‖c‖/‖x̄‖ (docs/theory.md §6.11)",
+        "- `heads.csv`: one row per (block, head): σ_max/ρ and ‖M − Mᵀ‖_F/‖M‖_F of its H, "
+        "mean and std of abs(λ₂(A_h)) and its growth over the depth step's inputs",
         "",
         "## Provenance",
         "",

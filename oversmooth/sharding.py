@@ -216,7 +216,14 @@ def _merged(parts: Sequence[Measurement], where: Mapping[str, object]) -> Measur
         key: sum(part.attention_to_host.get(key, 0) for part in parts)
         for key in parts[0].attention_to_host
     }
-    return Measurement(metrics, cases, parts[0].provider, runner, attention_part, exact, to_host)
+    heads = [case for part in parts for case in part.heads]
+    stream = {
+        name: np.concatenate([part.stream[name] for part in parts], axis=0)
+        for name in parts[0].stream
+    }
+    return Measurement(
+        metrics, cases, parts[0].provider, runner, attention_part, exact, to_host, heads, stream
+    )
 
 
 def _provider_notes(parts: Sequence[Measurement]) -> list[Note]:

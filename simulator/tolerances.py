@@ -107,6 +107,11 @@ QUANT_STEP_RTOL = 1e-5
 #: float32 terms"; both are float64 eigensolves of the same float32-valued weights).
 HEAD_SPECTRUM_RTOL = 1e-6
 
+#: An eigenvalue of a value product whose modulus is at most this times its kind's spectral radius
+#: is a null-space zero (rank deficiency, the pre-LayerNorm centring): the computed ones are round-off,
+#: about 1e-16 relative; the audit's spectra figure leaves them out and counts them.
+ZERO_EIGENVALUE_RTOL = 1e-9
+
 #: The effective spectrum (pre-norm centring and gamma, LayerScale folded) must differ from the stored
 #: one by more than this, relative
 #: to the spectral radius (the sums of the eigenvalues, i.e. the traces, are compared).

@@ -65,6 +65,7 @@ import numpy as np
 
 from importers.defaults import (
     BATCH_SIZE,
+    DEPTH_INPUTS,
     DOMINANCE_MODES,
     OPERATOR_INPUTS,
     Granularity,
@@ -81,6 +82,7 @@ from importers.match import (
 )
 from importers.run.batching import items_per_call, run_notes
 from importers.run.cache import cached_value_spectra
+from importers.run.depth import depth_summary
 from importers.run.dominance import (
     dominance_spectra,
 )
@@ -90,6 +92,7 @@ from importers.run.records import (
     AuditConfig,
     AuditResult,
     DominanceCase,
+    HeadCase,
     InputsInfo,
     ModelInfo,
     Note,
@@ -98,6 +101,7 @@ from importers.run.records import (
 )
 from importers.run.runner import default_threads
 from importers.run.session import (
+    STREAM_TERMS,
     AuditSession,
     OperatorPlan,
     audit_session,
@@ -157,6 +161,10 @@ class AuditOptions:
         (:mod:`importers.run.operator_step`).
     operator_inputs : int
         Inputs of the operator dominance (default :data:`OPERATOR_INPUTS`).
+    depth_inputs : int
+        Inputs of the depth step's attention spectra (``|λ₂(A_h)|``, each head's predicted growth
+        of HFC/LFC; default :data:`~importers.defaults.DEPTH_INPUTS`; docs/theory.md §6.11).
+        Needs a dominance step (its attention and H); 0 is refused, ``dominance="none"`` skips it.
     h : {"effective", "stored"}
         The H of the dominance step: the effective product of every linear factor of the branch
         (default), or ``W_V W_O`` as the checkpoint stores it (the paper's protocol).
@@ -190,6 +198,7 @@ class AuditOptions:
     exclude_prefix: bool | int = False
     dominance: Granularity = "head"
     operator_inputs: int = OPERATOR_INPUTS
+    depth_inputs: int = DEPTH_INPUTS
     h: HChoice = "effective"
     spectral: bool = True
     spectral_norm: bool = False
@@ -203,6 +212,7 @@ class AuditOptions:
         check_choice(self.dominance, "dominance", DOMINANCE_MODES, error=ImporterInputError)
         check_choice(self.h, "h", H_CHOICES, error=ImporterInputError)
         check_positive_int(self.operator_inputs, "operator_inputs", error=ImporterInputError)
+        check_positive_int(self.depth_inputs, "depth_inputs", error=ImporterInputError)
         if self.spectral_norm and not self.spectral:
             raise ImporterInputError(
                 "`spectral_norm` needs the Gram matrices of the spectral metrics; got spectral False"
@@ -298,6 +308,10 @@ class Measurement:
         What the dominance step handed to the host's dense eigensolver: ``bytes`` and ``arrays``
         (the undecided heads' matrices), and ``device_bytes``, the part copied from a GPU
         (:class:`~simulator.backend.HostCopies`).
+    heads : list of HeadCase
+        The depth step's attention spectra per (input, block, head), for the inputs it ran on.
+    stream : dict of str to (n_inputs, n_layers) ndarray
+        The depth step's stream terms (:data:`~importers.run.session.STREAM_TERMS`).
     """
 
     metrics: dict[str, np.ndarray]
@@ -307,12 +321,15 @@ class Measurement:
     attention_part: dict[str, np.ndarray]
     operator: list[OperatorCase] = dataclasses.field(default_factory=list)
     attention_to_host: dict[str, int] = dataclasses.field(default_factory=dict)
+    heads: list[HeadCase] = dataclasses.field(default_factory=list)
+    stream: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     def shifted(self, start: int) -> Measurement:
         """The same measurement with its cases' inputs counted from ``start``."""
         cases = [dataclasses.replace(case, input=case.input + start) for case in self.dominance]
         exact = [dataclasses.replace(case, input=case.input + start) for case in self.operator]
-        return dataclasses.replace(self, dominance=cases, operator=exact)
+        heads = [dataclasses.replace(case, input=case.input + start) for case in self.heads]
+        return dataclasses.replace(self, dominance=cases, operator=exact, heads=heads)
 
 
 def open_model(
@@ -464,10 +481,19 @@ def measure(
     batches = session.batches(prepared.items, progress=options.progress)
     remaining = options.operator_inputs - first_input
     plan = OperatorPlan(prepared.operator, remaining) if prepared.operator and remaining > 0 else None
+    stream = {name: np.full(shape, np.nan) for name in STREAM_TERMS}
     measure_batch = functools.partial(
-        batch_work, session, prepared.blocks, prepared.eig_H, options.tie_rtol, per_input, plan
+        batch_work,
+        session,
+        prepared.blocks,
+        prepared.eig_H,
+        options.tie_rtol,
+        per_input,
+        plan,
+        stream=stream,
+        depth_inputs=max(options.depth_inputs - first_input, 0),
     )
-    cases, exact = pipelined(batches, measure_batch, threads)
+    cases, exact, heads = pipelined(batches, measure_batch, threads)
     runner = session.runner
     provider = ProviderInfo(options.provider, tuple(runner.provider_used), runner.provider_note)
     n_layers, n_blocks = len(session.layers), len(prepared.blocks)
@@ -478,7 +504,15 @@ def measure(
     copies = session.copies
     to_host = {"bytes": copies.bytes, "arrays": copies.arrays, "device_bytes": copies.device_bytes}
     return Measurement(
-        layers, cases, provider, runner.provenance(), attention_part, exact, to_host
+        layers,
+        cases,
+        provider,
+        runner.provenance(),
+        attention_part,
+        exact,
+        to_host,
+        heads,
+        {name: values[:, :n_layers] for name, values in stream.items()},
     )
 
 
@@ -492,13 +526,14 @@ def audit_result(
     """The :class:`~importers.run.records.AuditResult` of a prepared audit and its measurement.
 
     ``prepared.blocks`` must hold the weights (the preparing process's value); ``notes`` are added
-    after the prepared ones.
+    after the prepared ones. The depth step's summary (:func:`~importers.run.depth.depth_summary`)
+    is made here, where the weights are.
     """
     options = prepared.options
     blocks = [block for block in prepared.blocks if isinstance(block, BlockWeights)]
     if len(blocks) != len(prepared.blocks):
         raise TypeError("audit_result needs the prepared blocks with their weights")
-    return AuditResult(
+    result = AuditResult(
         model=prepared.model,
         inputs=InputsInfo(
             inputs.source, inputs.digest, inputs.batch_size, inputs.random, tuple(inputs.labels)
@@ -508,6 +543,8 @@ def audit_result(
         metrics=measurement.metrics,
         attention_part=measurement.attention_part,
         operator=measurement.operator,
+        heads=measurement.heads,
+        stream=measurement.stream,
         dominance=measurement.dominance,
         spectra=spectrum_rows(prepared.spectra),
         config=AuditConfig(
@@ -519,6 +556,7 @@ def audit_result(
             tie_rtol=options.tie_rtol,
             metrics=tuple(m for m in METRICS if options.spectral or m not in SPECTRAL_METRICS)
             + ((SPECTRAL_NORM_METRIC,) if options.spectral_norm else ()),
+            depth_inputs=options.depth_inputs if options.dominance != "none" else 0,
         ),
         provenance=Provenance(
             python=platform.python_version(),
@@ -528,6 +566,7 @@ def audit_result(
         ),
         notes=[*prepared.notes, *run_notes(measurement.runner), *notes],
     )
+    return dataclasses.replace(result, depth=depth_summary(result))
 
 
 def run_audit(

@@ -14,8 +14,11 @@ DominanceCase
 DominanceSummary, BlockVerdict
     Perron / non-Perron fractions overall and per attention block, with each block's predicted and
     observed direction.
-LAYER_COLUMNS, DOMINANCE_COLUMNS
-    The columns of ``layers.csv`` and ``dominance.csv``.
+HeadCase, HeadDepth, DepthBlock, DepthSummary
+    The depth step (docs/theory.md §6.11): per (input, block, head) attention spectra, per head
+    non-normality and |λ₂|, per block predicted against measured growth of HFC/LFC.
+LAYER_COLUMNS, DOMINANCE_COLUMNS, DEPTH_COLUMNS, HEAD_COLUMNS
+    The columns of ``layers.csv``, ``dominance.csv``, ``depth.csv`` and ``heads.csv``.
 """
 
 from __future__ import annotations
@@ -31,13 +34,19 @@ from importers.value_spectra import SpectrumRow, summarize_spectra
 from importers.weights import BlockWeights
 
 __all__ = [
+    "DEPTH_COLUMNS",
     "DOMINANCE_COLUMNS",
+    "HEAD_COLUMNS",
     "LAYER_COLUMNS",
     "AuditConfig",
     "AuditResult",
     "BlockVerdict",
+    "DepthBlock",
+    "DepthSummary",
     "DominanceCase",
     "DominanceSummary",
+    "HeadCase",
+    "HeadDepth",
     "InputsInfo",
     "ModelInfo",
     "Provenance",
@@ -159,6 +168,7 @@ class AuditConfig(Record):
     h: str
     tie_rtol: float
     metrics: tuple[str, ...]
+    depth_inputs: int = 0
 
 
 @dataclass(frozen=True)
@@ -262,6 +272,140 @@ class OperatorCase(Record):
         return dict(zip(OPERATOR_COLUMNS, self.row(), strict=True))
 
 
+#: Columns of ``heads.csv``: one row per (block, head) (docs/theory.md §6.11).
+HEAD_COLUMNS = (
+    "block",
+    "head",
+    "sigma_max_over_rho",
+    "asymmetry",
+    "lambda2_mean",
+    "lambda2_std",
+    "growth",
+    "cases",
+)
+#: Columns of ``depth.csv``: one row per block (docs/theory.md §6.11).
+DEPTH_COLUMNS = (
+    "block",
+    "predicted_growth",
+    "operator_growth",
+    "measured_growth",
+    "predicted_hfc_lfc",
+    "operator_hfc_lfc",
+    "measured_hfc_lfc",
+    "lambda2_mean",
+    "norm_scale",
+    "inverse_scale_mean",
+    "bias_norm",
+    "bias_ratio",
+)
+
+
+@dataclass(frozen=True)
+class HeadCase(Record):
+    """One (input, block, head) of the depth step: A's second eigenvalue modulus and the two
+    spectral radii of ``I + H_h ⊗ A`` split by the low-frequency subspace (Lemma 1).
+
+    ``lambda2`` is ``|λ₂(A)|`` (:func:`simulator.depth.second_eigenvalue_modulus`);
+    ``rho_lfc = max_j |1 + λ^H_j|`` and ``rho_quotient = max |1 + λ^H_j λ_i|`` over A's other
+    eigenvalues (:func:`simulator.depth.head_growth`), with the H eigenvalues of the dominance
+    step; their ratio is the head's predicted growth of HFC/LFC per layer.
+    """
+
+    input: int
+    block: int
+    head: int
+    n_tokens: int
+    lambda2: float
+    rho_lfc: float
+    rho_quotient: float
+
+    @property
+    def growth(self) -> float:
+        """``rho_quotient / rho_lfc`` (inf when only rho_lfc is 0, NaN when both are)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.float64(self.rho_quotient) / np.float64(self.rho_lfc))
+
+
+@dataclass(frozen=True)
+class HeadDepth(Record):
+    """One head: its value product's non-normality and its attention's spectrum over inputs.
+
+    ``sigma_max_over_rho`` and ``asymmetry`` are those of the head's ``M_h`` as the dominance step
+    uses it (effective or stored: :func:`simulator.depth.nonnormality`); ``lambda2_mean`` and
+    ``lambda2_std`` are over the ``cases`` inputs of the depth step, ``growth`` the geometric
+    mean of the head's ``rho_quotient / rho_lfc`` over them (NaN without cases).
+    """
+
+    block: int
+    head: int
+    sigma_max_over_rho: float
+    asymmetry: float
+    lambda2_mean: float
+    lambda2_std: float
+    growth: float
+    cases: int
+
+    def row(self) -> tuple[Any, ...]:
+        """The ``heads.csv`` row, in :data:`HEAD_COLUMNS` order."""
+        return tuple(getattr(self, name) for name in HEAD_COLUMNS)
+
+
+@dataclass(frozen=True)
+class DepthBlock(Record):
+    """One block of the depth step: its predicted and measured growth of HFC/LFC, and the terms
+    the effective H leaves out (docs/theory.md §6.11).
+
+    ``predicted_growth``: the geometric mean of its heads' ``rho_quotient / rho_lfc`` over the
+    depth step's (input, head) cases; ``operator_growth``: the same of the whole operator's
+    ``rho_quotient / rho_lfc`` over its (input) cases (``--dominance operator``; else NaN);
+    ``measured_growth``: ``hfc_lfc[block + 1] / hfc_lfc[block]`` of the layer means.
+    ``*_hfc_lfc``: the measured HFC/LFC at layer 0 times the product of the predicted growths up
+    to this block (the predicted value at layer ``block + 1``), and the measured one there.
+    ``lambda2_mean``: mean ``|λ₂(A_h)|`` over the block's cases. ``norm_scale`` names the
+    per-token scale (``1/sigma`` of a pre-LayerNorm, ``1/rms`` of a pre-RMSNorm, or why it does
+    not apply); ``inverse_scale_mean`` its mean over tokens and inputs. ``bias_norm`` is ‖c‖, c the
+    constant row the branch adds, ``bias_ratio`` the mean over inputs of ‖c‖ / ‖x̄‖, x̄ the mean
+    token of the block's input stream (layer ``block``).
+    """
+
+    block: int
+    predicted_growth: float
+    operator_growth: float
+    measured_growth: float
+    predicted_hfc_lfc: float
+    operator_hfc_lfc: float
+    measured_hfc_lfc: float
+    lambda2_mean: float
+    norm_scale: str
+    inverse_scale_mean: float
+    bias_norm: float
+    bias_ratio: float
+
+    def row(self) -> tuple[Any, ...]:
+        """The ``depth.csv`` row, in :data:`DEPTH_COLUMNS` order."""
+        return tuple(getattr(self, name) for name in DEPTH_COLUMNS)
+
+
+@dataclass(frozen=True)
+class DepthSummary(Record):
+    """What the theory predicts over depth against what was measured, and the heads behind it.
+
+    ``inputs``: the inputs of the depth step's attention spectra (the first ``depth_inputs``);
+    ``start``: the measured mean HFC/LFC at layer 0, where both curves start; ``agreement``:
+    per block, predicted growth > 1 against measured growth > 1 (blocks with a ratio of exactly
+    1 or undefined left out), with its chance level (:class:`Agreement`);
+    ``operator_agreement`` the same for the whole operator's growth (None without it).
+    """
+
+    definition: str
+    inputs: int
+    start: float
+    per_block: tuple[DepthBlock, ...]
+    heads: tuple[HeadDepth, ...]
+    agreement: Agreement | None
+    operator_agreement: Agreement | None
+
+
 @dataclass(frozen=True)
 class BlockVerdict(Record):
     """One attention block: its dominance fractions against what it did to the stream.
@@ -313,13 +457,25 @@ class Agreement(Record):
     @classmethod
     def of(cls, verdicts: Sequence[BlockVerdict]) -> Agreement | None:
         """The agreement of ``verdicts``; None when no block is decided."""
-        decided = [v for v in verdicts if v.agree is not None]
+        return cls.of_pairs(
+            [
+                (v.predicted == "smoothing", v.observed == "smoothing")
+                for v in verdicts
+                if v.agree is not None
+            ]
+        )
+
+    @classmethod
+    def of_pairs(cls, pairs: Sequence[tuple[bool, bool]]) -> Agreement | None:
+        """The agreement of decided blocks given as (predicted, observed) directions (True: the
+        one direction, e.g. smoothing, or HFC/LFC growing); None when there are none."""
+        decided = list(pairs)
         if not decided:
             return None
         m = len(decided)
-        predicted = sum(v.predicted == "smoothing" for v in decided)
-        observed = sum(v.observed == "smoothing" for v in decided)
-        agree = sum(bool(v.agree) for v in decided)
+        predicted = sum(bool(p) for p, _ in decided)
+        observed = sum(bool(o) for _, o in decided)
+        agree = sum(bool(p) == bool(o) for p, o in decided)
         # X, the blocks predicted and observed smoothing, is hypergeometric under the shuffle
         expected = 2 * predicted * observed / m + m - predicted - observed
         # agree >= k  <=>  X >= (k - m + predicted + observed) / 2
@@ -499,6 +655,16 @@ class AuditResult:
     provenance : Provenance
     notes : list of Note
         Observations worth reading (random inputs, a layer-boundary mismatch), typed.
+    attention_part : dict of str to (n_inputs, n_blocks) ndarray
+        Every metric of the stream right after each block's attention sublayer.
+    operator : list of OperatorCase
+    heads : list of HeadCase
+        The depth step's attention spectra, per (input, block, head) of its first inputs.
+    stream : dict of str to (n_inputs, n_layers) ndarray
+        ``mean_norm`` (‖x̄‖, the mean token's norm) and ``inverse_scale`` (the mean per-token
+        ``1/s_t`` of the norm reading the layer; NaN where none does) per input and layer.
+    depth : DepthSummary or None
+        The depth step's summary (:func:`importers.run.depth.depth_summary`), None when not made.
     """
 
     model: ModelInfo
@@ -513,6 +679,9 @@ class AuditResult:
     notes: list[Note] = field(default_factory=list)
     attention_part: dict[str, np.ndarray] = field(default_factory=dict)
     operator: list[OperatorCase] = field(default_factory=list)
+    heads: list[HeadCase] = field(default_factory=list)
+    stream: dict[str, np.ndarray] = field(default_factory=dict)
+    depth: DepthSummary | None = None
 
     @property
     def n_layers(self) -> int:
@@ -590,6 +759,7 @@ class AuditResult:
                     for b in self.blocks
                 ],
             },
+            "depth": self.depth,
             "spectra": self.spectra_summary(),
             "config": self.config,
             "provenance": self.provenance,

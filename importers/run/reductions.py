@@ -15,6 +15,10 @@ excluded prefix tokens) and ``Xm = w ⊙ X`` (rows zeroed)::
     m      = #{t : ||Xm_t|| > 0}           dong_num_sq = max col |C| sum × max row |C| sum (same for X)
     G      = Xm Xmᵀ (k = T) or Xmᵀ Xm (k = D), whichever is smaller
 
+and, for a layer that a pre-norm reads (the depth step, docs/theory.md §6.11), the token weights'
+sum of the norm's per-token scale ``1/s_t``: ``s_t = sqrt(var_f(X_t) + eps)`` (LayerNorm, biased
+variance over the features) or ``sqrt(mean_f(X_t²) + eps)`` (RMSNorm).
+
 The weights come from an extra graph input ``oversmooth.token_mask`` (B, T) when the inputs carry
 a padding mask, else they are all ones built from X's own shape; prefix tokens are zeroed in the
 graph. Node spellings follow the default-domain opset of the graph that runs
@@ -57,6 +61,8 @@ from simulator.statistics import (
 __all__ = ["MASK_INPUT", "GraphExtension", "ReductionPlan", "plan_reductions"]
 
 Gram = Literal["tokens", "features", "none"]
+#: A norm's per-token scale to reduce: its kind and epsilon (:attr:`ReductionPlan.token_scale`).
+TokenScale = tuple[Literal["layernorm", "rmsnorm"], float]
 
 #: The extra graph input carrying the (B, T) token weights, when the inputs have a padding mask.
 MASK_INPUT = "oversmooth.token_mask"
@@ -122,6 +128,8 @@ class ReductionPlan:
     spectral_norm : bool
         Also the centred Gram's largest eigenvalue (``hfc_top``, for the spectral-norm HFC/LFC):
         each layer's sum of counted rows comes back too when the Gram is D×D.
+    token_scale : tuple of (kind, eps) or None
+        Per layer, the norm whose per-token scale is reduced (:meth:`inverse_scale`), or None.
     """
 
     layers: tuple[str, ...]
@@ -130,6 +138,7 @@ class ReductionPlan:
     extension: GraphExtension = field(repr=False)
     prefix: int = 0
     spectral_norm: bool = False
+    token_scale: tuple[TokenScale | None, ...] = ()
 
     def scalars_name(self, layer: int) -> str:
         return f"{_PREFIX}.{layer}.scalars"
@@ -143,6 +152,16 @@ class ReductionPlan:
 
     def totals_name(self, layer: int) -> str:
         return f"{_PREFIX}.{layer}.totals"
+
+    def inverse_scale_name(self, layer: int) -> str:
+        return f"{_PREFIX}.{layer}.inverse_scale"
+
+    def inverse_scale(self, outputs: Mapping[str, np.ndarray], layer: int) -> np.ndarray | None:
+        """(B,) token-weighted sum of ``1/s_t`` of ``layer`` (None when it has no norm to
+        reduce); divided by the token count, the mean per-token scale of the norm reading it."""
+        if layer >= len(self.token_scale) or self.token_scale[layer] is None:
+            return None
+        return np.asarray(to_numpy(outputs[self.inverse_scale_name(layer)]), dtype=np.float64)
 
     def statistics(
         self,
@@ -281,10 +300,12 @@ def _layer_nodes(
     gram: Gram,
     time_major: bool,
     totals: bool = False,
+    token_scale: TokenScale | None = None,
 ) -> None:
     """Append the statistics nodes of one layer tensor ``x`` (B, T, D), or (T, B, D) when
     ``time_major`` (transposed to (B, T, D) first); with ``totals``, the (B, D) sum of the
-    counted rows is an output too."""
+    counted rows is an output too; with ``token_scale``, the weighted sum of the norm's
+    ``1/s_t``."""
     if time_major:
         x = b.op("Transpose", [x], f"{layer}.batch_first", perm=[1, 0, 2])
     xd = b.op("Cast", [x], f"{layer}.x64", to=_DOUBLE)
@@ -322,10 +343,30 @@ def _layer_nodes(
     }
     columns = [b.unsqueeze(statistics[name], 1, f"{layer}.col") for name in SCALAR_FIELDS]
     b.output("Concat", columns, f"{_PREFIX}.{layer}.scalars", axis=1)
+    if token_scale is not None:
+        _inverse_scale_nodes(b, xd, w, layer, token_scale)
     if gram != "none":
         xt = b.op("Transpose", [xm], f"{layer}.xt", perm=[0, 2, 1])
         pair = [xm, xt] if gram == "tokens" else [xt, xm]
         b.output("MatMul", pair, f"{_PREFIX}.{layer}.gram")
+
+
+def _inverse_scale_nodes(b: _Builder, xd: str, w: str, layer: int, scale: TokenScale) -> None:
+    """``Σ_t w_t / s_t`` (B,) of the (B, T, D) double ``xd``: s_t the norm's per-token scale."""
+    kind, eps = scale
+    centred = xd
+    if kind == "layernorm":
+        mean = b.reduce("ReduceMean", xd, [2], f"{layer}.feature_mean", keepdims=1)
+        centred = b.op("Sub", [xd, mean], f"{layer}.feature_dev")
+    square = b.op("Mul", [centred, centred], f"{layer}.feature_sq")
+    variance = b.reduce("ReduceMean", square, [2], f"{layer}.feature_var")
+    scale_t = b.op(
+        "Sqrt", [b.op("Add", [variance, b.const(eps, np.float64)], "var_eps")], "token_scale"
+    )
+    inverse = b.op("Reciprocal", [scale_t], f"{layer}.inverse_scale_t")
+    weighted = b.op("Mul", [inverse, w], f"{layer}.weighted_inverse")
+    total = b.reduce("ReduceSum", weighted, [1], f"{layer}.inverse_scale_sum")
+    b.output("Identity", [total], f"{_PREFIX}.{layer}.inverse_scale")
 
 
 def _typed(name: str, dims: Sequence[str | int]) -> onnx.ValueInfoProto:
@@ -348,6 +389,7 @@ def plan_reductions(
     gram: Gram = "tokens",
     time_major: Sequence[bool] = (),
     spectral_norm: bool = False,
+    token_scale: Sequence[TokenScale | None] = (),
 ) -> ReductionPlan:
     """Plan the in-graph statistics of ``layers`` (each a (B, T, D) tensor of ``model``).
 
@@ -369,6 +411,10 @@ def plan_reductions(
         every layer is batch-first.
     spectral_norm : bool
         Also return what the spectral-norm HFC/LFC needs (:attr:`ReductionPlan.spectral_norm`).
+    token_scale : sequence of (kind, eps) or None
+        Per layer (a prefix of ``layers``; missing entries are None), the norm reading it whose
+        per-token scale to reduce (:meth:`ReductionPlan.inverse_scale`): ``"layernorm"`` or
+        ``"rmsnorm"`` with its epsilon.
 
     Returns
     -------
@@ -387,12 +433,27 @@ def plan_reductions(
         raise ImporterInputError(
             f"`time_major` needs one flag per layer ({len(layers)}); got {len(time_major)}"
         )
+    if len(token_scale) > len(layers):
+        raise ImporterInputError(
+            f"`token_scale` has {len(token_scale)} entries for {len(layers)} layers"
+        )
+    scales = (*token_scale, *([None] * (len(layers) - len(token_scale))))
     for layer, name in enumerate(layers):
         totals = spectral_norm and gram == "features"
         _layer_nodes(
-            builder, name, layer, mask, prefix, gram, bool(time_major and time_major[layer]), totals
+            builder,
+            name,
+            layer,
+            mask,
+            prefix,
+            gram,
+            bool(time_major and time_major[layer]),
+            totals,
+            scales[layer],
         )
         outputs.append(_typed(f"{_PREFIX}.{layer}.scalars", ["batch", len(SCALAR_FIELDS)]))
+        if scales[layer] is not None:
+            outputs.append(_typed(f"{_PREFIX}.{layer}.inverse_scale", ["batch"]))
         if gram != "none":
             outputs.append(_typed(f"{_PREFIX}.{layer}.gram", ["batch", "k", "k"]))
         if totals:
@@ -403,4 +464,4 @@ def plan_reductions(
         inputs=(_typed(MASK_INPUT, ["batch", "tokens"]),) if masked else (),
         outputs=tuple(outputs),
     )
-    return ReductionPlan(tuple(layers), gram, masked, extension, prefix, spectral_norm)
+    return ReductionPlan(tuple(layers), gram, masked, extension, prefix, spectral_norm, scales)

@@ -36,11 +36,12 @@ from importers.graph import OnnxModel
 from importers.graph.shapes import ShapeContext
 from importers.match import AttentionBlock
 from importers.run.batching import run_batches
+from importers.run.depth import head_cases
 from importers.run.dominance import PendingCases, dominance_problems, nonfinite_attention
 from importers.run.feeds import Inputs
 from importers.run.operator_step import OperatorCase, operator_cases
-from importers.run.records import DominanceCase
-from importers.run.reductions import Gram, ReductionPlan, plan_reductions
+from importers.run.records import DominanceCase, HeadCase
+from importers.run.reductions import Gram, ReductionPlan, TokenScale, plan_reductions
 from importers.run.runner import Runner, default_threads
 from simulator.backend import HostCopies, array_module, to_numpy
 from simulator.metrics import METRICS
@@ -54,6 +55,7 @@ from simulator.statistics import (
 
 __all__ = [
     "LOOKAHEAD_BATCHES",
+    "STREAM_TERMS",
     "AuditSession",
     "Cases",
     "OperatorPlan",
@@ -67,6 +69,11 @@ __all__ = [
 
 #: Batches whose host work (metrics, dominance) may still run while the next batch is inferred.
 LOOKAHEAD_BATCHES = 1
+
+#: What the depth step reads of each layer besides the metrics (per input and layer): the mean
+#: token's norm ‖x̄‖ and the mean per-token ``1/s_t`` of the pre-norm reading it (docs/theory.md
+#: §6.11).
+STREAM_TERMS = ("mean_norm", "inverse_scale")
 
 
 def layer_tensors(
@@ -161,7 +168,6 @@ def _gram_orientation(graph: OnnxModel, layer0: str, first: Inputs, block: Atten
         token_axis = 0 if block.time_major else 1
         tokens = dims[token_axis] if dims is not None and len(dims) == 3 else None
     return "tokens" if tokens is not None and tokens <= block.d_model else "features"
-
 
 
 @dataclass(frozen=True)
@@ -262,6 +268,7 @@ def audit_session(
     time_major = [blocks[0].time_major] + [block.time_major for block in blocks]
     time_major += [blocks[i].time_major for i in sublayers]
     gram = _gram_orientation(graph, layers[0], first, blocks[0]) if spectral else "none"
+    token_scale = [_token_scale(block) for block in blocks]  # layer i is what block i reads
     plan = plan_reductions(
         graph,
         [*layers, *(str(mids[blocks[i].index]) for i in sublayers)],
@@ -270,6 +277,7 @@ def audit_session(
         gram=gram,
         time_major=time_major,
         spectral_norm=spectral_norm,
+        token_scale=token_scale,
     )
     grams = [plan.gram_name(layer) for layer in range(len(plan.layers))] if spectral else []
     runner = Runner(
@@ -283,6 +291,15 @@ def audit_session(
     return AuditSession(
         layers, probs, sublayers, plan, runner, inputs, notes, threads or default_threads()
     )
+
+
+def _token_scale(block: AttentionBlock) -> TokenScale | None:
+    """The pre-norm whose per-token scale the depth step reads on the block's input layer (the
+    stream a pre-norm normalises), or None: post-LN and norm-free blocks, an unknown epsilon."""
+    norm = block.norm_match
+    if block.norm != "pre" or norm is None or norm.eps is None:
+        return None
+    return (norm.kind, float(norm.eps))
 
 
 def attention_sublayer_tensor(block: AttentionBlock) -> str | None:
@@ -318,11 +335,14 @@ def _measure_layers(
     per_input: dict[str, np.ndarray],
     labels: Sequence[str],
     token_mask: np.ndarray | None = None,
+    stream: dict[str, np.ndarray] | None = None,
 ) -> int:
     """Fill ``per_input[metric][item, layer]`` for one batch from its in-graph statistics.
 
-    Without a Gram matrix (``spectral=False``) only the scalar metrics are filled. Returns the
-    batch size.
+    Without a Gram matrix (``spectral=False``) only the scalar metrics are filled. ``stream``
+    (:data:`STREAM_TERMS`, (n_inputs, layers) each) gets ‖x̄‖ = sqrt(lfc_sq / n) and, where the
+    plan reduces a norm's scale, the mean ``1/s_t`` over the counted tokens. Returns the batch
+    size.
     """
     names = [name for name in METRICS if plan.gram != "none" or name not in SPECTRAL_METRICS]
     names += [SPECTRAL_NORM_METRIC] if plan.spectral_norm and plan.gram != "none" else []
@@ -334,6 +354,13 @@ def _measure_layers(
         for metric, value in values.items():
             batch = len(value)
             per_input[metric][start : start + batch, layer] = value
+        if stream is not None:
+            n = np.asarray(statistics.n_tokens, dtype=np.float64)
+            rows = slice(start, start + len(n))
+            stream["mean_norm"][rows, layer] = np.sqrt(np.asarray(statistics.lfc_sq) / n)
+            inverse = plan.inverse_scale(outputs, layer)
+            if inverse is not None:
+                stream["inverse_scale"][rows, layer] = inverse / n
     return batch
 
 
@@ -346,8 +373,9 @@ class OperatorPlan:
     inputs: int
 
 
-#: A batch's cases: per (input, block, head), and per (input, block) of the whole operator.
-Cases = tuple[list[DominanceCase], list[OperatorCase]]
+#: A batch's cases: per (input, block, head), per (input, block) of the whole operator, and per
+#: (input, block, head) of the depth step.
+Cases = tuple[list[DominanceCase], list[OperatorCase], list[HeadCase]]
 
 
 class _BatchWork:
@@ -358,22 +386,26 @@ class _BatchWork:
         metrics: Future[int],
         dominance: PendingCases | None,
         operator: Future[list[OperatorCase]] | None = None,
+        heads: Future[list[HeadCase]] | None = None,
     ) -> None:
         self._metrics = metrics
         self._dominance = dominance
         self._operator = operator
+        self._heads = heads
 
     def result(self) -> Cases:
         self._metrics.result()
         cases = self._dominance.result() if self._dominance is not None else []
-        return cases, self._operator.result() if self._operator is not None else []
+        exact = self._operator.result() if self._operator is not None else []
+        return cases, exact, self._heads.result() if self._heads is not None else []
 
     def cancel(self) -> None:
         self._metrics.cancel()
         if self._dominance is not None:
             self._dominance.cancel()
-        if self._operator is not None:
-            self._operator.cancel()
+        for future in (self._operator, self._heads):
+            if future is not None:
+                future.cancel()
 
 
 def _bad_items(arrays: Sequence[Any]) -> np.ndarray:
@@ -452,13 +484,24 @@ def batch_work(
     batch: Inputs,
     start: int,
     outputs: dict[str, np.ndarray],
+    *,
+    stream: dict[str, np.ndarray] | None = None,
+    depth_inputs: int = 0,
 ) -> _BatchWork:
-    """Start a batch's host work: its layer metrics (into ``per_input``), its dominance cases, and
-    the operator cases of its inputs below ``operator.inputs``, once its outputs are checked
-    finite (:func:`check_finite_outputs`)."""
+    """Start a batch's host work: its layer metrics (into ``per_input``, the depth step's stream
+    terms into ``stream``), its dominance cases, the operator cases of its inputs below
+    ``operator.inputs`` and the depth step's head cases of those below ``depth_inputs``, once its
+    outputs are checked finite (:func:`check_finite_outputs`)."""
     check_finite_outputs(session, blocks, outputs, batch, start)
     metrics = pool.submit(
-        _measure_layers, outputs, session.plan, start, per_input, batch.labels, batch.token_mask
+        _measure_layers,
+        outputs,
+        session.plan,
+        start,
+        per_input,
+        batch.labels,
+        batch.token_mask,
+        stream,
     )
     if not session.attention:
         return _BatchWork(metrics, None)
@@ -466,10 +509,11 @@ def batch_work(
     exact = None
     if operator is not None and start < operator.inputs:
         exact = pool.submit(operator_cases, problems, operator.factors, tie_rtol, operator.inputs)
+    heads = pool.submit(head_cases, problems, depth_inputs) if start < depth_inputs else None
     pending = PendingCases(
         problems, tie_rtol, pool, to_host=session.copies, parallel=session.threads
     )
-    return _BatchWork(metrics, pending, exact)
+    return _BatchWork(metrics, pending, exact, heads)
 
 
 def pipelined(
@@ -487,13 +531,15 @@ def pipelined(
     """
     cases: list[DominanceCase] = []
     exact: list[OperatorCase] = []
+    heads: list[HeadCase] = []
     pending: deque[_BatchWork] = deque()
     start = 0
 
     def collect(work: _BatchWork) -> None:
-        per_head, whole = work.result()
+        per_head, whole, depth = work.result()
         cases.extend(per_head)
         exact.extend(whole)
+        heads.extend(depth)
 
     with threadpool_limits(limits=1, user_api="blas"):
         pool = ThreadPoolExecutor(max_workers=threads)
@@ -509,4 +555,4 @@ def pipelined(
             for work in pending:
                 work.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
-    return cases, exact
+    return cases, exact, heads

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from importers.defaults import (
     BATCH_SIZE,
+    DEPTH_INPUTS,
     DOMINANCE_MODES,
     H_CHOICES,
     OPERATOR_INPUTS,
@@ -135,6 +136,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help=f"inputs of --dominance operator (default {OPERATOR_INPUTS}; DINOv2 on 2 CPU cores: "
         "about 6 s per input and block)",
+    )
+    p.add_argument(
+        "--depth-inputs",
+        type=positive_int,
+        default=DEPTH_INPUTS,
+        metavar="N",
+        help=f"inputs of the depth step's attention spectra: |λ₂(A_h)| and each head's predicted "
+        f"growth of HFC/LFC (default {DEPTH_INPUTS}; DINOv2 on 2 CPU cores: about 1.8 s of CPU "
+        "per input)",
     )
     p.add_argument(
         "--h",
@@ -295,6 +305,7 @@ def audit_options(args: argparse.Namespace) -> AuditOptions:
         exclude_prefix=args.exclude_prefix,
         dominance=args.dominance,
         operator_inputs=args.operator_inputs or OPERATOR_INPUTS,
+        depth_inputs=args.depth_inputs,
         h=args.h,
         spectral=not args.no_spectral,
         spectral_norm=args.spectral_hfc,
