@@ -155,6 +155,25 @@ class GraphWalker:
                 frontier.extend(operand for operand in node.inputs if operand)
         return False
 
+    def computed_from(self, name: str, sources: set[str]) -> bool:
+        """Whether the value of ``name`` is computed from one of ``sources`` (or is one), through
+        any op, Softmax included; reads of a tensor's shape do not count. Past
+        :data:`MAX_ANCESTRY` tensors it is taken to be."""
+        frontier, seen = [name], set()
+        while frontier:
+            tensor = frontier.pop()
+            if tensor in sources:
+                return True
+            node = self.producer(tensor)
+            if node is None or tensor in seen or self.const(tensor) is not None:
+                continue
+            seen.add(tensor)
+            if len(seen) > MAX_ANCESTRY:
+                return True
+            if node.op_type not in ("Shape", "Size"):
+                frontier.extend(operand for operand in node.inputs if operand)
+        return False
+
     def input_free(self, name: str) -> bool:
         """Whether the value of ``name`` is computed without reading a graph input's values (reads
         of shapes do not count; past :data:`MAX_ANCESTRY` tensors, it is taken to read one)."""
