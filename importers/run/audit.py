@@ -12,7 +12,8 @@ Layers
 Layer 0 is the residual stream entering the first attention block (after the embeddings and any
 embedding norm); layer i is the output of block i-1, i.e. the stream entering block i. For a post-LN
 block that is the output of its last norm; for a pre-LN block the residual after its MLP add, before
-any final norm. Padding tokens (from the attention mask) never enter a metric; prefix tokens (CLS,
+any final norm. A decoder layer's cross-attention, skipped by design, is inside its layer: layer i
+is the output of the whole decoder layer i-1, as Hugging Face's ``hidden_states`` count them. Padding tokens (from the attention mask) never enter a metric; prefix tokens (CLS,
 registers) are left out of the metrics when ``exclude_prefix`` is set.
 
 Dominance counting
@@ -74,13 +75,16 @@ from importers.errors import ImporterInputError
 from importers.graph import OnnxModel, load_model
 from importers.match import (
     AttentionBlock,
+    MatchFailure,
     check_complete,
     departures_note,
     find_attention_blocks,
     missing_blocks_note,
+    skipped_blocks_note,
 )
 from importers.run.batching import items_per_call, run_notes
 from importers.run.cache import cached_value_spectra
+from importers.run.decoder_feeds import cache_note, encoder_states_note
 from importers.run.dominance import (
     dominance_spectra,
 )
@@ -240,6 +244,8 @@ class PreparedAudit:
         prepared, their structure only after :meth:`structure` (what workers receive).
     matched_part_only : bool
         The blocks are only the matched part of the model (``partial`` with unmatched blocks).
+    skipped : tuple of MatchFailure
+        The attention skipped by design (outside the theory): named in the result, not audited.
     spectra : tuple of BlockSpectra
         The value spectra per block (Fig. 5, the dominance step's H).
     eig_H : tuple of ndarray
@@ -266,6 +272,7 @@ class PreparedAudit:
     prefix: int
     items: int
     notes: tuple[Note, ...]
+    skipped: tuple[MatchFailure, ...] = ()
 
     def structure(self) -> PreparedAudit:
         """This value with every block's weights dropped: what a worker needs to measure (with
@@ -333,17 +340,6 @@ def open_model(
     return ref, load_model(ref.path)
 
 
-def cache_note(caches: Sequence[str]) -> str:
-    """The note of an audit of a model with key/value cache inputs (``caches``, graph input names)."""
-    named = ", ".join(map(repr, caches[:4]))
-    named += f" and {len(caches) - 4} more" if len(caches) > 4 else ""
-    return (
-        f"audited at past length 0: the {len(caches)} KV cache input(s) {named} were fed empty, so "
-        f"the model computes without a cache (the attention covers the given tokens only); its "
-        f"present key/value outputs are ignored"
-    )
-
-
 def prepare(
     ref: ModelRef,
     graph: OnnxModel,
@@ -371,6 +367,7 @@ def prepare(
     check_complete(report, partial=options.partial)
     blocks = [block_weights(graph, block) for block in report.blocks]
     notes = [Note("partial", missing_blocks_note(report))] if report.unmatched else []
+    notes += [Note("skipped", skipped_blocks_note(report))] if report.skipped else []
     departed = departures_note(report.blocks)
     notes += [Note("departure", departed)] if departed else []
     caches = [spec.name for spec in graph.inputs if spec.past_axis is not None]
@@ -379,6 +376,8 @@ def prepare(
     inputs = default_inputs(graph.inputs, ref.entry) if inputs is None else inputs
     if inputs.batch_size == 0:
         raise ImporterInputError("`inputs` must hold at least one item; got none")
+    states = encoder_states_note(graph.inputs, inputs.source)
+    notes += [Note("encoder-states", states)] if states else []
     if inputs.random:
         notes.append(
             Note(
@@ -390,7 +389,10 @@ def prepare(
         text = f"not computed (spectral=False): {', '.join(SPECTRAL_METRICS)}"
         notes.append(Note("not-computed", text))
     layer_notes: list[str] = []
-    layer_tensors(blocks, layer_notes, partial=bool(report.unmatched))
+    skipped = [failure.softmax for failure in report.skipped]
+    layer_tensors(
+        blocks, layer_notes, partial=bool(report.unmatched), skipped=skipped, index=graph.index
+    )
     notes += [Note("layers", text) for text in layer_notes]
     items, batch_notes = items_per_call(graph, options.batch_size)
     notes += [Note("batching", text) for text in batch_notes]
@@ -411,6 +413,7 @@ def prepare(
         prefix=prefix,
         items=items,
         notes=tuple(notes),
+        skipped=tuple(report.skipped),
     )
     return prepared, inputs
 
@@ -432,6 +435,7 @@ def measure_session(
         threads=options.threads or threads or default_threads(),
         partial=prepared.matched_part_only,
         spectral_norm=options.spectral_norm,
+        skipped=[failure.softmax for failure in prepared.skipped],
     )
 
 
@@ -526,6 +530,7 @@ def audit_result(
             inputs_digest=inputs.digest,
         ),
         notes=[*prepared.notes, *run_notes(measurement.runner), *notes],
+        skipped=prepared.skipped,
     )
 
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from importers.match import MatchFailure
 from importers.value_spectra import SpectrumRow, summarize_spectra
 from importers.weights import BlockWeights
 
@@ -81,7 +82,8 @@ H_DEFINITION = (
 
 
 NoteKind = Literal[
-    "partial", "departure", "kv-cache", "random", "not-computed", "layers", "batching", "providers"
+    "partial", "skipped", "departure", "kv-cache", "encoder-states", "random", "not-computed",
+    "layers", "batching", "providers"
 ]
 
 
@@ -91,11 +93,13 @@ class Note:
 
     Attributes
     ----------
-    kind : {"partial", "departure", "kv-cache", "random", "not-computed", "layers", "batching", \
-"providers"}
-        ``partial``: blocks left unmatched (``--partial``), shown first; ``departure``: blocks
+    kind : {"partial", "skipped", "departure", "kv-cache", "encoder-states", "random", \
+"not-computed", "layers", "batching", "providers"}
+        ``partial``: blocks left unmatched (``--partial``), shown first; ``skipped``: attention
+        skipped by design (outside the theory), shown next; ``departure``: blocks
         outside the linear update; ``kv-cache``: the model's key/value cache inputs were fed
-        empty (audited at past length 0); ``random``: the inputs are noise; ``not-computed``: metrics
+        empty (audited at past length 0); ``encoder-states``: what a decoder's encoder-state
+        inputs were fed; ``random``: the inputs are noise; ``not-computed``: metrics
         skipped; ``layers``: how a layer was chosen; ``batching``: how inputs were batched;
         ``providers``: shards that ran on different onnxruntime providers.
     text : str
@@ -490,6 +494,8 @@ class AuditResult:
     provenance : Provenance
     notes : list of Note
         Observations worth reading (random inputs, a layer-boundary mismatch), typed.
+    skipped : tuple of MatchFailure
+        The attention skipped by design, outside the theory: each Softmax, code and reason.
     """
 
     model: ModelInfo
@@ -504,6 +510,7 @@ class AuditResult:
     notes: list[Note] = field(default_factory=list)
     attention_part: dict[str, np.ndarray] = field(default_factory=dict)
     operator: list[OperatorCase] = field(default_factory=list)
+    skipped: tuple[MatchFailure, ...] = ()
 
     @property
     def n_layers(self) -> int:
@@ -561,6 +568,7 @@ class AuditResult:
             "n_inputs": self.inputs.n_inputs,
             "inputs": self.inputs,
             "blocks": self.blocks,
+            "skipped": self.skipped,
             "layers": {
                 "definition": "layer 0 = stream entering block 0; layer i = output of block i-1",
                 "count": self.n_layers,

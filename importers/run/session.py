@@ -32,7 +32,7 @@ from importers.errors import (
     LayerStreamError,
     NonFiniteModelError,
 )
-from importers.graph import OnnxModel
+from importers.graph import GraphIndex, OnnxModel
 from importers.graph.shapes import ShapeContext
 from importers.match import AttentionBlock
 from importers.run.batching import run_batches
@@ -70,7 +70,12 @@ LOOKAHEAD_BATCHES = 1
 
 
 def layer_tensors(
-    blocks: Sequence[AttentionBlock], notes: list[str] | None = None, *, partial: bool = False
+    blocks: Sequence[AttentionBlock],
+    notes: list[str] | None = None,
+    *,
+    partial: bool = False,
+    skipped: Sequence[str] = (),
+    index: GraphIndex | None = None,
 ) -> list[str]:
     """Graph tensors of the recorded layers: block 0's input, then every block's output.
 
@@ -92,6 +97,10 @@ def layer_tensors(
         The blocks are only the matched part of the model (``--partial``): between two of them an
         unmatched block may sit, so a break of the chain is noted (the earlier block's output is
         used) instead of refused.
+    skipped, index : sequence of str, GraphIndex
+        The Softmaxes skipped by design (labels) and the graph: a break of the chain with one of
+        them between the two blocks (computed from the earlier block's output, read by the later
+        block's input: a whole windowed layer) is noted the same way instead of refused.
 
     Returns
     -------
@@ -124,7 +133,13 @@ def layer_tensors(
             f"block {i} reads {blocks[i].input_name!r} but block {i - 1} ends at "
             f"{blocks[i - 1].output_name!r}"
         )
-        if not partial:
+        between = _skipped_between(index, skipped, blocks[i - 1].output_name, blocks[i].input_name)
+        if between:
+            mismatch += (
+                f": the block(s) skipped by design {', '.join(map(repr, between))} lie between "
+                f"them, outside every layer"
+            )
+        elif not partial:
             raise LayerStreamError(
                 f"layer {i} would not be the residual stream: {mismatch}, and the importer "
                 f"does not follow what changes the stream between them (for example a term "
@@ -137,6 +152,35 @@ def layer_tensors(
             f"two layers would read the same tensor ({', '.join(map(repr, names))}): internal error"
         )
     return names
+
+
+def _skipped_between(
+    index: GraphIndex | None, skipped: Sequence[str], start: str, end: str
+) -> list[str]:
+    """The Softmaxes of ``skipped`` (labels) computed from ``start`` whose output ``end`` is
+    computed from (none without ``index``)."""
+    if index is None or not skipped:
+        return []
+    before_end = _ancestors(index, end)
+    return [
+        node.label
+        for node in index.nodes_of_type("Softmax")
+        if node.label in skipped
+        and node.outputs[0] in before_end
+        and start in _ancestors(index, node.inputs[0])
+    ]
+
+
+def _ancestors(index: GraphIndex, name: str) -> set[str]:
+    """``name`` and every tensor its value is computed from."""
+    found, frontier = {name}, [name]
+    while frontier:
+        node = index.producer(frontier.pop())
+        for operand in node.inputs if node is not None else ():
+            if operand and operand not in found:
+                found.add(operand)
+                frontier.append(operand)
+    return found
 
 
 def _gram_orientation(graph: OnnxModel, layer0: str, first: Inputs, block: AttentionBlock) -> Gram:
@@ -242,6 +286,7 @@ def audit_session(
     threads: int | None = None,
     partial: bool = False,
     spectral_norm: bool = False,
+    skipped: Sequence[str] = (),
 ) -> AuditSession:
     """Build the session the audit runs: layer statistics reduced in the graph, attention exposed.
 
@@ -251,10 +296,10 @@ def audit_session(
     them). On a GPU with CuPy the Gram matrices and the attention probabilities stay there
     (:attr:`Runner.on_device`): their eigenvalues and the perron certificate are computed there
     and only small records come back. ``partial``: ``blocks`` are only the matched part of the
-    model (see :func:`layer_tensors`).
+    model; ``skipped``: the Softmaxes skipped by design (see :func:`layer_tensors`).
     """
     notes: list[str] = []
-    layers = layer_tensors(blocks, notes, partial=partial)
+    layers = layer_tensors(blocks, notes, partial=partial, skipped=skipped, index=graph.index)
     probs = [block.attention_name for block in blocks] if attention else []
     first = inputs.read(0, 1)  # masked or not, and the token count, without reading every input
     mids = {block.index: attention_sublayer_tensor(block) for block in blocks}
