@@ -239,7 +239,8 @@ def test_a_block_attending_in_windows_is_skipped_by_design(
     assert not any(note.startswith("PARTIAL") for note in doc["notes"])
     report = (out / "report.md").read_text(encoding="utf-8")
     assert skipped["softmax"] in report.splitlines()[2]
-    assert summary.startswith("SKIPPED by design") and skipped["softmax"] in summary.splitlines()[0]
+    assert summary.startswith("SKIPPED by design")
+    assert skipped["softmax"] in summary.splitlines()[0]
     with (out / "dominance.csv").open(encoding="utf-8", newline="") as handle:
         assert {row["block"] for row in csv.DictReader(handle)} == {"0", "1"}
 

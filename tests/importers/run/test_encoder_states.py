@@ -61,7 +61,8 @@ def test_text_inputs_get_random_states_the_same_for_an_item_in_any_batch() -> No
     ids = np.random.default_rng(0).integers(3, 100, size=(3, 5))
     whole = for_graph(_text(ids), DECODER)
     states = whole.feeds["encoder_hidden_states"]
-    assert states.shape == (3, 5, D_MODEL) and states.dtype == np.float32
+    assert states.shape == (3, 5, D_MODEL)
+    assert states.dtype == np.float32
     assert np.array_equal(whole.feeds["encoder_attention_mask"], np.ones((3, 5), np.int64))
     assert np.array_equal(whole.token_mask, whole.feeds["attention_mask"].astype(bool))
     alone = for_graph(_text(ids[[1, 2]]), DECODER).feeds["encoder_hidden_states"]
@@ -81,7 +82,7 @@ def test_states_given_are_kept() -> None:
 
 def test_states_of_an_open_width_are_refused_in_one_line() -> None:
     open_width = (*DECODER[:3], GraphInput("encoder_hidden_states", FLOAT32, ("b", "s", "d")))
-    with pytest.raises(FeedError, match="feature axis is left open; feed them in an .npz"):
+    with pytest.raises(FeedError, match=r"feature axis is left open; feed them in an \.npz"):
         with_encoder_states({"input_ids": np.ones((1, 2), np.int64)}, open_width)
 
 
@@ -97,5 +98,6 @@ def test_random_inputs_take_the_decoders_own_mask_as_the_token_mask() -> None:
 )
 def test_the_note_says_what_the_states_were_fed(source: str, said: str) -> None:
     note = encoder_states_note(DECODER, source)
-    assert "'encoder_hidden_states'" in note and said in note
+    assert "'encoder_hidden_states'" in note
+    assert said in note
     assert encoder_states_note(DECODER[1:3], source) == ""
