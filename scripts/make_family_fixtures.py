@@ -350,6 +350,13 @@ _VIT_PROJ = (
     "attention.output.dense",
 )
 _SELF_ATTN = ("separate", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+_T5_PROJ = (
+    "separate",
+    "layer.0.SelfAttention.q",
+    "layer.0.SelfAttention.k",
+    "layer.0.SelfAttention.v",
+    "layer.0.SelfAttention.o",
+)
 _POST, _PRE = _features("post"), _features("pre")
 _ROPE_GQA = _features("pre", rotary="full", causal=True, gqa=True)
 
@@ -652,13 +659,7 @@ FAMILIES: tuple[Family, ...] = (
             },
         ),
         "encoder.block",
-        (
-            "separate",
-            "layer.0.SelfAttention.q",
-            "layer.0.SelfAttention.k",
-            "layer.0.SelfAttention.v",
-            "layer.0.SelfAttention.o",
-        ),
+        _T5_PROJ,
         "text",
         _features("pre", score_bias="relative"),
         sdpa=False,
@@ -1259,13 +1260,7 @@ FAMILIES: tuple[Family, ...] = (
         "t5_decoder",
         _decoder_of("T5Model", "T5Config", _T5),
         "block",
-        (
-            "separate",
-            "layer.0.SelfAttention.q",
-            "layer.0.SelfAttention.k",
-            "layer.0.SelfAttention.v",
-            "layer.0.SelfAttention.o",
-        ),
+        _T5_PROJ,
         "text",
         _features("pre", causal=True, score_bias="relative") | {"cross_attention": True},
         sdpa=False,
