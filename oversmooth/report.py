@@ -304,7 +304,7 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
     """The ``report.md`` text: what was run, per-layer smoothing, dominance, spectra, provenance."""
     dom = result.dominance_summary()
     model, inputs, provider = result.model, result.inputs, result.provider
-    partial = [note for note in result.notes if note.kind == "partial"]
+    partial = [note for note in result.notes if note.kind in ("partial", "skipped")]
     lines = [
         f"# Oversmoothing audit: {model.name}",
         "",
@@ -316,7 +316,7 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
         + (" — **RANDOM inputs, not real data**" if inputs.random else ""),
         f"- input digest: `{inputs.digest}`",
     ]
-    lines += [f"- note: {note.text}" for note in result.notes if note.kind != "partial"]
+    lines += [f"- note: {note.text}" for note in result.notes if note not in partial]
     lines += [
         "",
         "## Smoothing per layer (mean ± std over inputs)",

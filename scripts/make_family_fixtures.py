@@ -87,6 +87,9 @@ SEED = 0
 D_MODEL, N_HEADS, N_KV, D_FF, VOCAB, N_LAYERS = 32, 4, 2, 64, 128, 2
 BATCH, TOKENS = 2, 8
 IMAGE, PATCH, MELS, AUDIO_POSITIONS = 32, 8, 8, 16
+#: Tokens of the encoder output a decoder's cross-attention reads (``encoder_hidden_states``):
+#: fewer than the decoder's, so the cross-attention's (query, key) matrix is not square.
+ENCODER_TOKENS = 6
 #: Samples of a raw waveform: HuBERT's convolutions (kernel 10 stride 5, kernel 3 stride 2) leave
 #: 15 frames.
 WAVE = 160
@@ -199,6 +202,13 @@ class Family:
         the one whose input ends the last layer (its final norm). The truth's layers are then the
         stream entering each attention and the last layer's stream before its final norm, the
         audit's definition (the layer hooks would give the layers' own inputs).
+    encoder_states : bool
+        The model is a decoder stack with cross-attention: it also takes ``encoder_hidden_states``
+        (batch, :data:`ENCODER_TOKENS`, d_model), random, and ``encoder_attention_mask``. Its
+        blocks are the decoder layers (self-attention, cross-attention, MLP); the truth's weights
+        are the self-attention's, the cross-attention being outside the theory.
+    pooled : bool
+        The model's output is one vector per input (batch, d_model), not a sequence.
     """
 
     name: str
@@ -219,6 +229,8 @@ class Family:
     channels_first: bool = False
     hooked: tuple[str, str] = ("", "")
     macaron: tuple[str, str] | None = None
+    encoder_states: bool = False
+    pooled: bool = False
 
     def wants(self, variant: str) -> bool:
         """Whether ``variant`` is made for this family."""
@@ -300,6 +312,17 @@ def _encoder_of(model: str, cfg: str, config: dict[str, Any]) -> Callable[[str],
     return make
 
 
+def _decoder_of(model: str, cfg: str, config: dict[str, Any]) -> Callable[[str], nn.Module]:
+    """A ``make`` function returning the decoder stack of an encoder-decoder model (its own token
+    embedding, self- and cross-attention per layer)."""
+
+    def make(attn: str) -> nn.Module:
+        whole = _build(getattr(tf, model), getattr(tf, cfg)(**config), attn)
+        return whole.get_decoder().eval()
+
+    return make
+
+
 def _stablelm(config: dict[str, Any]) -> Callable[[str], nn.Module]:
     """A ``make`` function for StableLM: transformers 4.57's ``_init_weights`` zeroes every
     LayerNorm's bias, and the per-head Q/K LayerNorms of ``qk_layernorm`` have none; here those
@@ -339,6 +362,13 @@ _VIT_PROJ = (
     "attention.output.dense",
 )
 _SELF_ATTN = ("separate", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+_T5_PROJ = (
+    "separate",
+    "layer.0.SelfAttention.q",
+    "layer.0.SelfAttention.k",
+    "layer.0.SelfAttention.v",
+    "layer.0.SelfAttention.o",
+)
 _POST, _PRE = _features("post"), _features("pre")
 _ROPE_GQA = _features("pre", rotary="full", causal=True, gqa=True)
 
@@ -385,6 +415,26 @@ _BART = {
 }
 
 
+_T5 = {
+    "vocab_size": VOCAB,
+    "d_model": D_MODEL,
+    "d_kv": 8,
+    "d_ff": D_FF,
+    "num_layers": N_LAYERS,
+    "num_decoder_layers": N_LAYERS,
+    "num_heads": N_HEADS,
+    "relative_attention_num_buckets": 8,
+    "decoder_start_token_id": 0,
+}
+_MARIAN = _BART | {
+    "encoder_layers": 1,
+    "decoder_layers": N_LAYERS,
+    "pad_token_id": 0,
+    "eos_token_id": 2,
+    "decoder_start_token_id": 0,
+}
+
+
 class TorchEncoder(nn.Module):
     """PyTorch's own ``nn.TransformerEncoder`` (no Hugging Face code) on a token embedding:
     ``nn.MultiheadAttention`` projects a (tokens, batch) view of the stream with one fused
@@ -417,6 +467,25 @@ class TorchEncoder(nn.Module):
 
 def _torch_encoder(norm_first: bool, batch_first: bool = True) -> Callable[[str], nn.Module]:
     return lambda _attn: TorchEncoder(norm_first, batch_first)
+
+
+class PooledEncoder(nn.Module):
+    """:class:`TorchEncoder` (post-LN, batch-first), then attention pooling: per input the weights
+    ``softmax(x w + b)`` over its real tokens (``w`` a learned vector), the output their weighted
+    sum of the encoder's states, one (d_model,) vector per input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = TorchEncoder(norm_first=False)
+        torch.manual_seed(SEED + 1)
+        self.pool = nn.Linear(D_MODEL, 1)
+        self.eval()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor]:
+        (hidden,) = self.encoder(input_ids, attention_mask)
+        scores = self.pool(hidden).squeeze(-1).masked_fill(attention_mask == 0, -1e4)
+        weights = torch.softmax(scores, dim=-1)
+        return ((weights.unsqueeze(-1) * hidden).sum(dim=1),)
 
 
 class TimmFeatures(nn.Module):
@@ -602,13 +671,7 @@ FAMILIES: tuple[Family, ...] = (
             },
         ),
         "encoder.block",
-        (
-            "separate",
-            "layer.0.SelfAttention.q",
-            "layer.0.SelfAttention.k",
-            "layer.0.SelfAttention.v",
-            "layer.0.SelfAttention.o",
-        ),
+        _T5_PROJ,
         "text",
         _features("pre", score_bias="relative"),
         sdpa=False,
@@ -1201,6 +1264,49 @@ FAMILIES: tuple[Family, ...] = (
         sdpa=False,
         optimizer="gpt2",
     ),
+    # Decoder stacks with cross-attention, taking the encoder's output as the graph input
+    # ``encoder_hidden_states``: each layer's causal self-attention is read, its cross-attention
+    # skipped by design (outside the theory). T5's is pre-LN without biases, with the relative
+    # position bias on the self-attention; Marian's post-LN with sinusoidal positions.
+    Family(
+        "t5_decoder",
+        _decoder_of("T5Model", "T5Config", _T5),
+        "block",
+        _T5_PROJ,
+        "text",
+        _features("pre", causal=True, score_bias="relative") | {"cross_attention": True},
+        sdpa=False,
+        optimum=False,
+        variants=frozenset({"dynamo_eager"}),
+        encoder_states=True,
+    ),
+    Family(
+        "marian_decoder",
+        _decoder_of("MarianModel", "MarianConfig", _MARIAN),
+        "layers",
+        (*_SELF_ATTN, "self_attn.out_proj"),
+        "text",
+        _features("post", causal=True) | {"cross_attention": True},
+        sdpa=False,
+        optimum=False,
+        variants=frozenset({"dynamo_eager"}),
+        encoder_states=True,
+    ),
+    # PyTorch's post-LN encoder followed by attention pooling: weights softmax(x w + b) over the
+    # tokens, the pooled vector their weighted sum. That Softmax's scores are a product with a
+    # constant (no attention): counted neither as a block nor as a declined one.
+    Family(
+        "torch_encoder_pooled",
+        lambda _attn: PooledEncoder(),
+        "encoder.encoder.layers",
+        ("mha", "self_attn"),
+        "text",
+        _features("post"),
+        sdpa=False,
+        optimum=False,
+        variants=frozenset({"dynamo_eager"}),
+        pooled=True,
+    ),
 )
 
 
@@ -1370,7 +1476,12 @@ def sample_feeds(family: Family) -> dict[str, np.ndarray]:
     if family.inputs == "waveform":
         return {"input_values": rng.standard_normal((BATCH, WAVE)).astype(np.float32)}
     ids = rng.integers(3, VOCAB, size=(BATCH, TOKENS), dtype=np.int64)
-    return {"input_ids": ids, "attention_mask": np.ones((BATCH, TOKENS), dtype=np.int64)}
+    feeds = {"input_ids": ids, "attention_mask": np.ones((BATCH, TOKENS), dtype=np.int64)}
+    if family.encoder_states:
+        states = rng.standard_normal((BATCH, ENCODER_TOKENS, family.d_model)).astype(np.float32)
+        feeds["encoder_hidden_states"] = states
+        feeds["encoder_attention_mask"] = np.ones((BATCH, ENCODER_TOKENS), dtype=np.int64)
+    return feeds
 
 
 def _call(model: nn.Module, family: Family, feeds: dict[str, np.ndarray]) -> Any:
@@ -1403,7 +1514,11 @@ class Wrapper(nn.Module):
 
 def _dynamic_axes(family: Family, names: list[str]) -> dict[str, dict[int, str]]:
     axes = {0: "batch"} if family.inputs != "text" else {0: "batch", 1: "sequence"}
-    return dict.fromkeys(names, axes) | {"last_hidden_state": {0: "batch", 1: "sequence"}}
+    encoder = {0: "batch", 1: "encoder_sequence"}
+    output = {0: "batch"} if family.pooled else {0: "batch", 1: "sequence"}
+    return {name: encoder if name.startswith("encoder_") else axes for name in names} | {
+        "last_hidden_state": output
+    }
 
 
 def export_legacy(
@@ -1434,7 +1549,10 @@ def _dynamo_shapes(family: Family, names: list[str]) -> tuple[dict[int, Any], ..
     if family.inputs != "text":
         return tuple({0: batch} for _ in names)
     sequence = torch.export.Dim("sequence", min=2, max=16)
-    return tuple({0: batch, 1: sequence} for _ in names)
+    encoder = torch.export.Dim("encoder_sequence", min=2, max=16)
+    return tuple(
+        {0: batch, 1: encoder if name.startswith("encoder_") else sequence} for name in names
+    )
 
 
 def export_dynamo(

@@ -7,8 +7,9 @@ find_attention_blocks
     rejected Softmax failed), or raises :class:`NoAttentionBlocksError` (exit status 1).
 AttentionBlock, MatchReport, MatchFailure, LinearMatch, NormMatch
     The results (structure only; :mod:`importers.weights` reads the numbers).
-check_complete, missing_blocks_note, IncompleteMatchError
-    All or nothing: refuse a result that would miss unmatched attention (:mod:`.coverage`).
+check_complete, missing_blocks_note, skipped_blocks_note, IncompleteMatchError
+    All or nothing: refuse a result that would miss unmatched attention, and name the attention
+    skipped by design, outside the theory (:mod:`.coverage`).
 
 How a block is matched (names are never used, only op types, constants and shapes):
 
@@ -76,6 +77,7 @@ from importers.match.coverage import (
     fused_attention_failures,
     missing_blocks_note,
     not_attention_reason,
+    skipped_blocks_note,
 )
 from importers.match.limits import LONG_PROBE_SEQUENCE, PROBE_BATCH, PROBE_SEQUENCE
 from importers.match.results import (
@@ -107,6 +109,7 @@ __all__ = [
     "match_softmax",
     "missing_blocks_note",
     "retry_sizes",
+    "skipped_blocks_note",
 ]
 
 

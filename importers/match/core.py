@@ -204,6 +204,13 @@ class Matcher(GraphWalker):
                 f"{' and '.join(roles)} {'reads' if len(roles) == 1 else 'read'} {source!r}"
                 for source, roles in readers.items()
             )
+            if self.reads_another_sequence(readers):
+                raise RejectError(
+                    RejectCode.CROSS_ATTENTION,
+                    f"cross-attention ({described}, which is not computed from the stream Q "
+                    f"reads): A mixes another sequence's values into the stream, outside the "
+                    f"theory of self-attention X + A X W_V W_O",
+                )
             raise RejectError(
                 RejectCode.NOT_SELF_ATTENTION,
                 f"Q, K and V project different tensors ({described}): cross-attention, or keys "
@@ -211,6 +218,17 @@ class Matcher(GraphWalker):
                 f"self-attention, one square A over one stream, is supported",
             )
         return (), False
+
+    def reads_another_sequence(self, readers: dict[str, list[str]]) -> bool:
+        """Whether the projections' ``readers`` (tensor -> roles) are a cross-attention's: Q
+        projects one tensor, K and V another that is not computed from it (a decoder's keys and
+        values from the encoder's output). Keys and values computed from the queries' stream
+        (SegFormer's spatially reduced sequence) or Q and K on one tensor (MobileBERT's
+        bottleneck) are not."""
+        roles = {tuple(found): source for source, found in readers.items()}
+        if set(roles) != {("Q",), ("K", "V")}:
+            return False
+        return not self.computed_from(roles["K", "V"], {roles["Q",]})
 
     def rotated_inputs(self, q: Trace, k: Trace, v: Trace) -> str:
         """The rotary style when Q and K both project V's stream rotated in place (one tensor

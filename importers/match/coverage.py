@@ -4,8 +4,13 @@ A result over some of a model's attention blocks silently drops layers (the audi
 output of the i-th *matched* block), so the audit and the weights refuse it unless asked
 (``partial=True``, ``--partial``) and then say first which blocks are missing.
 
-Only token self-attention is an attention block. A Softmax the matcher rejected counts as
-unmatched attention unless :func:`not_attention_reason` gives a reason it is none:
+Only token self-attention is an attention block. Attention declined by design, outside the
+theory (cross-attention, windowed attention: :data:`~importers.match.codes.DISPOSITIONS`), is
+*skipped*: it does not make a result partial, and every result names it
+(:func:`skipped_blocks_note`); the residual-stream walk keeps a cross-attention sub-layer inside
+the layer of the self-attention block before it (:mod:`importers.match.stream`). A Softmax the
+matcher rejected for any other reason counts as unmatched attention unless
+:func:`not_attention_reason` gives a reason it is none:
 
 - its scores are a product of activations with a constant matrix (``x W + b``: a classifier's or
   a router's logits), not of two activations (``Q Kᵀ``, with or without an additive bias such as
@@ -46,10 +51,14 @@ is_attention_softmax
     The scores rule alone: False for a classifier's Softmax.
 fused_attention_failures
     One failure per fused attention operator in the graph.
+score_product, score_operands
+    The product behind a Softmax's scores and its two factors.
 check_complete
     Raise :class:`IncompleteMatchError` when attention is unmatched and ``partial`` is not set.
 missing_blocks_note
     The one-line statement of what a partial result lacks.
+skipped_blocks_note
+    The one-line statement of the attention skipped by design, each block and why.
 IncompleteMatchError
     Exit status 1: some attention was not matched.
 """
@@ -75,6 +84,9 @@ __all__ = [
     "is_attention_softmax",
     "missing_blocks_note",
     "not_attention_reason",
+    "score_operands",
+    "score_product",
+    "skipped_blocks_note",
 ]
 
 #: Fused attention operators (any domain): their structure is inside one node.
@@ -128,6 +140,15 @@ def is_attention_softmax(index: GraphIndex, softmax: Node) -> bool:
     nodes deep) to the first product: two activations (``Q Kᵀ``) or nothing found → attention;
     an activation times a constant (logits ``x W + b``) → not attention.
     """
+    product = score_product(index, softmax)
+    if product is None:
+        return True
+    return not any(index.is_constant(x) for x in score_operands(product))
+
+
+def score_product(index: GraphIndex, softmax: Node) -> Node | None:
+    """The first product behind the Softmax's scores, walking back through masks, scales, casts
+    and layout ops (at most 8 nodes deep); None when none is found."""
     frontier = [name for name in softmax.inputs[:1] if name]
     for _ in range(SOFTMAX_SEARCH_DEPTH):
         following: list[str] = []
@@ -136,14 +157,18 @@ def is_attention_softmax(index: GraphIndex, softmax: Node) -> bool:
             if node is None:
                 continue
             if node.op_type in _PRODUCTS:
-                operands = [x for x in node.inputs[:2] if x]
-                return not any(index.is_constant(x) for x in operands)
+                return node
             if node.op_type in _THROUGH:
                 following += [x for x in node.inputs if x and not index.is_constant(x)]
         if not following:
-            return True
+            return None
         frontier = following
-    return True
+    return None
+
+
+def score_operands(product: Node) -> list[str]:
+    """The two factors of a score product (its first two inputs that are set)."""
+    return [x for x in product.inputs[:2] if x]
 
 
 def fused_attention_failures(
@@ -168,10 +193,15 @@ def fused_attention_failures(
     ]
 
 
+def _attention_count(report: MatchReport) -> int:
+    """The model's attention: blocks matched, unmatched and skipped by design."""
+    return len(report.blocks) + len(report.unmatched) + len(report.skipped)
+
+
 def missing_blocks_note(report: MatchReport) -> str:
     """``PARTIAL: k of n attention blocks not matched (...)``, naming each and its reason."""
     unmatched = report.unmatched
-    total = len(report.blocks) + len(unmatched)
+    total = _attention_count(report)
     named = "; ".join(f"{failure.softmax!r}: {failure.reason}" for failure in unmatched)
     return (
         f"PARTIAL: {len(unmatched)} of {total} attention blocks not matched ({named}); layers "
@@ -180,14 +210,35 @@ def missing_blocks_note(report: MatchReport) -> str:
     )
 
 
+def skipped_blocks_note(report: MatchReport) -> str:
+    """``SKIPPED by design: k of n attention blocks ...``, naming each skipped block and why
+    (empty when none is)."""
+    skipped = report.skipped
+    if not skipped:
+        return ""
+    named = "; ".join(
+        f"{failure.softmax!r} [{failure.code}]: {failure.reason}" for failure in skipped
+    )
+    return (
+        f"SKIPPED by design: {len(skipped)} of {_attention_count(report)} attention blocks are "
+        f"outside the theory, which is about self-attention, and are not audited ({named}); the "
+        f"layers are the residual stream at the boundaries of the {len(report.blocks)} "
+        "self-attention blocks, a sub-layer skipped between two of them inside the layer of the "
+        "first"
+    )
+
+
 def check_complete(report: MatchReport, *, partial: bool) -> None:
-    """Raise :class:`IncompleteMatchError` when attention is unmatched, unless ``partial``."""
+    """Raise :class:`IncompleteMatchError` when attention is unmatched, unless ``partial``.
+
+    Attention skipped by design (:attr:`MatchReport.skipped`) is not unmatched: it never refuses.
+    """
     if report.unmatched and not partial:
         unmatched = report.unmatched
         first = unmatched[0]
         more = f" and {len(unmatched) - 1} more" if len(unmatched) > 1 else ""
         raise IncompleteMatchError(
-            f"{len(unmatched)} of {len(report.blocks) + len(unmatched)} attention blocks are not "
+            f"{len(unmatched)} of {_attention_count(report)} attention blocks are not "
             f"matched ({first.softmax!r}: {first.reason}{more}); a result would silently miss "
             "their layers: pass --partial to use the matched blocks only"
         )

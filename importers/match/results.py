@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from importers.errors import ImporterError
-from importers.match.codes import RejectCode
+from importers.match.codes import RejectCode, by_design
 
 #: How a block may depart from the update ``X + A X W_V W_O``, linear in X for the A the graph
 #: computes, and still be read (short names in :attr:`AttentionBlock.departures`, with what each
@@ -60,15 +60,24 @@ class MatchFailure:
         """Whether the Softmax is attention left unmatched (``not_attention`` is None)."""
         return self.not_attention is None
 
+    @property
+    def skipped(self) -> bool:
+        """Whether it is attention declined by design, outside the theory (cross-attention,
+        windowed attention: :data:`~importers.match.codes.DISPOSITIONS`): a result over the
+        other blocks misses nothing the theory is about."""
+        return self.attention and by_design(self.code)
+
     def to_dict(self) -> dict[str, Any]:
-        """The failure's JSON record: ``softmax``, ``code``, ``reason``, ``nodes``, ``attention``
-        and ``not_attention`` (the reason it is not attention, or null)."""
+        """The failure's JSON record: ``softmax``, ``code``, ``reason``, ``nodes``, ``attention``,
+        ``skipped`` (declined by design) and ``not_attention`` (the reason it is not attention,
+        or null)."""
         return {
             "softmax": self.softmax,
             "code": self.code,
             "reason": self.reason,
             "nodes": list(self.nodes),
             "attention": self.attention,
+            "skipped": self.skipped,
             "not_attention": self.not_attention,
         }
 
@@ -348,8 +357,14 @@ class MatchReport:
 
     @property
     def unmatched(self) -> list[MatchFailure]:
-        """The failures that are attention (fused operators included): blocks a result would miss."""
-        return [failure for failure in self.failures if failure.attention]
+        """The failures that are attention the theory covers and the matcher could not read (fused
+        operators included): blocks a result would miss."""
+        return [failure for failure in self.failures if failure.attention and not failure.skipped]
+
+    @property
+    def skipped(self) -> list[MatchFailure]:
+        """The attention declined by design (:attr:`MatchFailure.skipped`): named, not audited."""
+        return [failure for failure in self.failures if failure.skipped]
 
     @property
     def not_attention(self) -> list[MatchFailure]:
@@ -357,11 +372,12 @@ class MatchReport:
         return [failure for failure in self.failures if not failure.attention]
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"n_softmax", "n_unmatched_attention", "n_not_attention", "blocks": [...],
+        """``{"n_softmax", "n_unmatched_attention", "n_skipped", "n_not_attention", "blocks": [...],
         "failures": [...]}`` (see :meth:`AttentionBlock.to_dict`, :meth:`MatchFailure.to_dict`)."""
         return {
             "n_softmax": self.n_softmax,
             "n_unmatched_attention": len(self.unmatched),
+            "n_skipped": len(self.skipped),
             "n_not_attention": len(self.not_attention),
             "blocks": [block.to_dict() for block in self.blocks],
             "failures": [failure.to_dict() for failure in self.failures],
@@ -370,7 +386,9 @@ class MatchReport:
     def explain(self) -> str:
         """Multi-line text: for each Softmax, what matched, why it is not attention, or why it
         was rejected."""
-        others = f" ({len(self.not_attention)} not attention)" if self.not_attention else ""
+        groups = ((self.skipped, "skipped by design"), (self.not_attention, "not attention"))
+        others = ", ".join(f"{len(group)} {label}" for group, label in groups if group)
+        others = f" ({others})" if others else ""
         lines = [
             f"{self.n_softmax} Softmax node(s): {len(self.blocks)} attention block(s) matched, "
             f"{len(self.failures)} rejected{others}"
@@ -383,7 +401,10 @@ class MatchReport:
                 lines.append(f"  residual stream not established: {block.stream_error}")
         for failure in self.failures:
             rejected = f"rejected [{failure.code}]: {failure.reason}"
-            if failure.not_attention is None:
+            if failure.skipped:
+                skipped = f"skipped by design [{failure.code}]: {failure.reason}"
+                lines.append(f"Softmax {failure.softmax!r}: {skipped}")
+            elif failure.not_attention is None:
                 lines.append(f"Softmax {failure.softmax!r}: {rejected}")
             else:
                 lines.append(f"Softmax {failure.softmax!r}: not attention: {failure.not_attention}")

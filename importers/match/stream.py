@@ -21,6 +21,13 @@ attention Softmax (scores from a product of two activations); a mixture-of-exper
 is recorded in ``stream_error``, one line naming what was not found; the audit refuses such a block
 instead of reading a guess.
 
+A decoder layer's cross-attention (its queries read the stream, its keys and values another
+sequence that is not computed from it: the encoder's output) is a sub-layer of the block like the
+MLP: a branch whose Softmax reads the stream only through its queries is passed, so the block's
+output is the stream after the whole decoder layer (self-attention, cross-attention, MLP), as
+Hugging Face's ``hidden_states`` count it; the matcher skips the cross-attention itself by design
+(:data:`~importers.match.codes.DISPOSITIONS`), and the block names the sum in a note.
+
 Two variations are followed. A norm reading the attention output itself (Gemma-2, OLMo-2:
 ``h + norm(attention(h))``) is passed before the residual sum is sought, and the block lists it in
 ``departures``: the update is then not linear in the stream. A block whose input adds terms that do
@@ -30,11 +37,11 @@ that stream as ``input_base``, which the layer check accepts as the previous blo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from importers.graph import Node
-from importers.match.coverage import is_attention_softmax
+from importers.match.coverage import is_attention_softmax, score_operands, score_product
 from importers.match.limits import MAX_BRANCH_NODES, MAX_SUM_CHAIN, VIEW_FORWARD_DEPTH, VIEW_STEPS
 from importers.match.norms import (
     SKIP_NORMS,
@@ -54,13 +61,16 @@ class ResidualSum:
     """A residual sum: an ``Add`` of two non-constant tensors or a fused skip norm.
 
     ``terms`` are its two summands; ``output`` is the sum (for a skip norm, its optional fourth
-    output, possibly still to be named); ``normed`` the skip norm's normalised output.
+    output, possibly still to be named); ``normed`` the skip norm's normalised output; ``branch``
+    what the summand it closes is (:meth:`StreamMatcher.branch_kind`: ``"branch"``, or
+    ``"cross-attention"`` for a decoder's cross-attention sub-layer).
     """
 
     node: Node
     terms: tuple[str, str]
     output: str
     normed: str | None
+    branch: str = "branch"
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,17 @@ class BlockStream:
     roles: dict[str, str]
     notes: tuple[str, ...]
     departures: tuple[str, ...]
+
+
+def cross_attention_notes(sums: list[str]) -> tuple[str, ...]:
+    """The note of a block whose layer holds cross-attention sub-layers (their residual sums)."""
+    if not sums:
+        return ()
+    return (
+        f"cross-attention sub-layer(s) inside this block's layer (residual sum "
+        f"{', '.join(map(repr, sums))}): skipped by design, outside the theory; the block's "
+        f"output is the stream after the whole layer",
+    )
 
 
 class StreamError(Exception):
@@ -167,15 +188,17 @@ class StreamMatcher(NormMatcher):
         raise StreamError(f"no view of {name!r} has the rank {want} of the block input")
 
     def branch_kind(self, term: str, streams: set[str]) -> str:
-        """Whether ``term`` is computed from ``streams`` without attention: ``"branch"``,
-        ``"attention"`` (a Softmax on the way), ``"other"`` (it never reaches them) or
-        ``"unknown"`` (too long to tell). Attention is a Softmax of scores from a product of
-        two activations (``Q Kᵀ``, :func:`~importers.match.coverage.is_attention_softmax`); a
-        Softmax of scores ``x W`` (a mixture-of-experts router) is part of the branch, as is
-        whatever else it contains (TopK, gathers, scatters, shared experts). Shape arithmetic is
-        not followed; a fused skip norm whose sum is one of ``streams`` counts as reaching it
-        (the branch reads its norm)."""
-        frontier, seen, reached = [term], set(), False
+        """Whether ``term`` is computed from ``streams`` without self-attention: ``"branch"``,
+        ``"cross-attention"`` (a branch through a cross-attention), ``"attention"`` (a Softmax
+        on the way), ``"other"`` (it never reaches them) or ``"unknown"`` (too long to tell).
+        Attention is a Softmax of scores from a product of two activations (``Q Kᵀ``,
+        :func:`~importers.match.coverage.is_attention_softmax`); one whose keys are not computed
+        from ``streams`` while its queries are (:meth:`queries_only`) is a cross-attention, part
+        of the branch; a Softmax of scores ``x W`` (a mixture-of-experts router) is part of the
+        branch, as is whatever else it contains (TopK, gathers, scatters, shared experts). Shape
+        arithmetic is not followed; a fused skip norm whose sum is one of ``streams`` counts as
+        reaching it (the branch reads its norm)."""
+        frontier, seen, reached, cross = [term], set(), False, False
         while frontier:
             tensor = frontier.pop()
             if tensor in streams or self.view_source(tensor) in streams:
@@ -189,12 +212,27 @@ class StreamMatcher(NormMatcher):
                 continue
             seen.add(node.position)
             if node.op_type == "Softmax" and is_attention_softmax(self.index, node):
-                return "attention"
+                if not self.queries_only(node, streams):
+                    return "attention"
+                cross = True
             if len(seen) > MAX_BRANCH_NODES:
                 return "unknown"
             if node.op_type not in ("Shape", "Size"):
                 frontier.extend(operand for operand in node.inputs if operand)
-        return "branch" if reached else "other"
+        if not reached:
+            return "other"
+        return "cross-attention" if cross else "branch"
+
+    def queries_only(self, softmax: Node, streams: set[str]) -> bool:
+        """Whether the attention of ``softmax`` reads ``streams`` only through its queries: the
+        first factor of its score product (Q) is computed from them, the second (Kᵀ: another
+        sequence, such as the encoder's output a decoder's cross-attention reads) is not."""
+        product = score_product(self.index, softmax)
+        if product is None:
+            return False
+        operands = score_operands(product)
+        reading = [self.computed_from(operand, streams) for operand in operands]
+        return reading == [True, False]
 
     # -- the block -------------------------------------------------------------------------------
     def attention_residual(
@@ -220,12 +258,13 @@ class StreamMatcher(NormMatcher):
         )
 
     def mlp_residual(self, stream: str, streams: set[str]) -> ResidualSum | None:
-        """The sum closing a non-attention branch (the MLP) on ``stream``; None if it has none."""
+        """The sum closing a non-attention branch (the MLP, or a cross-attention sub-layer:
+        :attr:`ResidualSum.branch`) on ``stream``; None if it has none."""
         found, unknown = [], []
         for total, other in self.sums_reading(stream):
             kind = self.branch_kind(other, streams)
-            if kind == "branch":
-                found.append(total)
+            if kind in ("branch", "cross-attention"):
+                found.append(replace(total, branch=kind))
             elif kind == "unknown":
                 unknown.append(total.node.label)
         if len(found) == 1:
@@ -240,29 +279,48 @@ class StreamMatcher(NormMatcher):
             )
         return None
 
-    def further_sublayers(self, output: str, streams: set[str], roles: dict[str, str]) -> str:
-        """The stream after the residual sub-layers that follow the MLP before the next
-        attention: more sums closing non-attention branches on it, each possibly after a norm of
-        the stream (a Conformer's macaron block: the convolution module, the second half-step
-        FFN, the layer's final LayerNorm and the next layer's first half-step FFN all lie between
-        two attentions); ``output`` itself where none follows (every other family)."""
+    def further_sublayers(
+        self,
+        output: str,
+        streams: set[str],
+        roles: dict[str, str],
+        crossed: list[str],
+        post_ln: bool = False,
+    ) -> str:
+        """The stream after the residual sub-layers that follow before the next attention: more
+        sums closing non-attention branches on it, each possibly after a norm of the stream (a
+        Conformer's macaron block: the convolution module, the second half-step FFN, the layer's
+        final LayerNorm and the next layer's first half-step FFN all lie between two
+        attentions; a decoder layer: the MLP after its cross-attention); ``output`` itself where
+        none follows (every encoder family). A post-LN block's stream continues on each sum's
+        norm. The labels of the cross-attention sums passed are appended to ``crossed``."""
         passed: list[str] = []
         for _ in range(MAX_SUM_CHAIN):
             streams = streams | {output, self.view_source(output)}
             total = self.mlp_residual(output, streams)
             if total is None:
                 norm = self.norm_starting_at(output)
-                if norm is None:
+                if norm is None or post_ln:
                     break
                 total = self.mlp_residual(norm.output, streams | {norm.output})
                 if total is None:
                     break
                 passed.append(f"{norm.kind} {', '.join(norm.nodes)}")
-            passed.append(f"{total.node.op_type} {total.node.label!r}")
-            output = self.requested(total.output)
+            passed.append(self.sum_label(total, crossed))
+            output = self.post_norm(total).output if post_ln else self.requested(total.output)
         if passed:
             roles["further sub-layers"] = "; ".join(passed)
         return output
+
+    @staticmethod
+    def sum_label(total: ResidualSum, crossed: list[str]) -> str:
+        """``Add 'name'`` (with `` (cross-attention)`` for a cross-attention sub-layer's sum,
+        whose label is then appended to ``crossed``)."""
+        label = f"{total.node.op_type} {total.node.label!r}"
+        if total.branch != "cross-attention":
+            return label
+        crossed.append(total.node.label)
+        return f"{label} (cross-attention)"
 
     def continues_on_sum(self, total: ResidualSum, norm: NormMatch, streams: set[str]) -> bool:
         """Whether the MLP residual adds its branch to the attention sum, not to the norm after it.
@@ -355,7 +413,9 @@ class StreamMatcher(NormMatcher):
             "stream_error": None,
         }
         try:
-            result.update(self.trace_stream(branch, candidates, pre, roles))
+            traced = self.trace_stream(branch, candidates, pre, roles)
+            notes += cross_attention_notes(traced.pop("crossed"))
+            result.update(traced)
             if o.channel_axis != -1:
                 views = self.tokens_last(result, roles)
                 notes += views.pop("notes")
@@ -447,14 +507,17 @@ class StreamMatcher(NormMatcher):
         else:
             streams |= {after, self.view_source(after)}
             mlp = self.mlp_residual(after, streams)
+        crossed: list[str] = []
         if mlp is None:
             output = after
             roles["MLP residual"] = "none (the next sum on the stream is attention)"
         else:
             if mlp is not residual:
-                roles["MLP residual"] = f"{mlp.node.op_type} {mlp.node.label!r}"
+                role = "cross-attention residual" if mlp.branch == "cross-attention" else "MLP residual"
+                roles[role] = self.sum_label(mlp, crossed)
             output = self.post_norm(mlp).output if post_ln else self.requested(mlp.output)
             if not extra:
-                output = self.further_sublayers(output, streams, roles)
+                output = self.further_sublayers(output, streams, roles, crossed, post_ln)
         found["output_name"] = self.in_layout_of(output, stream_in)
+        found["crossed"] = crossed
         return found

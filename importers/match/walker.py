@@ -140,16 +140,22 @@ class GraphWalker:
     def depends_on(self, name: str, hidden: set[str]) -> bool:
         """Whether the value of ``name`` is computed from a ``hidden`` tensor or a Softmax output
         (reads of a tensor's shape do not count; past :data:`MAX_ANCESTRY` tensors, it does)."""
+        return self.computed_from(name, hidden, through_softmax=False)
+
+    def computed_from(self, name: str, sources: set[str], *, through_softmax: bool = True) -> bool:
+        """Whether the value of ``name`` is computed from one of ``sources`` (or is one), through
+        any op (a Softmax output counts as such a source unless ``through_softmax``); reads of a
+        tensor's shape do not count. Past :data:`MAX_ANCESTRY` tensors it is taken to be."""
         frontier, seen = [name], set()
         while frontier:
             tensor = frontier.pop()
-            if tensor in hidden:
+            if tensor in sources:
                 return True
             node = self.producer(tensor)
             if node is None or tensor in seen or self.const(tensor) is not None:
                 continue
             seen.add(tensor)
-            if len(seen) > MAX_ANCESTRY or node.op_type == "Softmax":
+            if len(seen) > MAX_ANCESTRY or (node.op_type == "Softmax" and not through_softmax):
                 return True
             if node.op_type not in ("Shape", "Size"):
                 frontier.extend(operand for operand in node.inputs if operand)
@@ -161,20 +167,7 @@ class GraphWalker:
         data = {
             tensor for tensor in self.index.graph_inputs if tensor not in self.index.initializers
         }
-        frontier, seen = [name], set()
-        while frontier:
-            tensor = frontier.pop()
-            if tensor in data:
-                return False
-            node = self.producer(tensor)
-            if node is None or tensor in seen or self.const(tensor) is not None:
-                continue
-            seen.add(tensor)
-            if len(seen) > MAX_ANCESTRY:
-                return False
-            if node.op_type not in ("Shape", "Size"):
-                frontier.extend(operand for operand in node.inputs if operand)
-        return True
+        return not self.computed_from(name, data)
 
     def origin(self, name: str) -> str:
         """Where a tensor comes from, for messages (graph inputs it is computed from, if few)."""

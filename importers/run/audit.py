@@ -12,7 +12,8 @@ Layers
 Layer 0 is the residual stream entering the first attention block (after the embeddings and any
 embedding norm); layer i is the output of block i-1, i.e. the stream entering block i. For a post-LN
 block that is the output of its last norm; for a pre-LN block the residual after its MLP add, before
-any final norm. Padding tokens (from the attention mask) never enter a metric; prefix tokens (CLS,
+any final norm. A decoder layer's cross-attention, skipped by design, is inside its layer: layer i
+is the output of the whole decoder layer i-1, as Hugging Face's ``hidden_states`` count them. Padding tokens (from the attention mask) never enter a metric; prefix tokens (CLS,
 registers) are left out of the metrics when ``exclude_prefix`` is set.
 
 Dominance counting
@@ -64,22 +65,18 @@ from typing import Any
 import numpy as np
 
 from importers.defaults import (
-    BATCH_SIZE,
-    DEPTH_INPUTS,
     DOMINANCE_MODES,
     OPERATOR_INPUTS,
-    Granularity,
-    Provider,
 )
 from importers.errors import ImporterInputError
 from importers.graph import OnnxModel, load_model
 from importers.match import (
     AttentionBlock,
+    MatchFailure,
     check_complete,
-    departures_note,
     find_attention_blocks,
-    missing_blocks_note,
 )
+from importers.run.audit_notes import input_notes, model_notes
 from importers.run.batching import items_per_call, run_notes
 from importers.run.cache import cached_value_spectra
 from importers.run.depth import depth_summary
@@ -88,6 +85,7 @@ from importers.run.dominance import (
 )
 from importers.run.feeds import Inputs
 from importers.run.operator_step import OperatorCase, operator_factors
+from importers.run.options import AuditOptions
 from importers.run.records import (
     AuditConfig,
     AuditResult,
@@ -110,15 +108,13 @@ from importers.run.session import (
     pipelined,
 )
 from importers.run.sources import default_inputs
-from importers.value_spectra import H_CHOICES, BlockSpectra, HChoice, spectrum_rows
+from importers.value_spectra import BlockSpectra, HChoice, spectrum_rows
 from importers.weights import BlockWeights, block_weights
 from importers.zoo import ModelRef, ZooModel, file_sha256, lookup
 from simulator.metrics import METRICS
 from simulator.operator import HeadFactors
 from simulator.output import package_versions
 from simulator.statistics import SPECTRAL_METRICS, SPECTRAL_NORM_METRIC
-from simulator.tolerances import TIE_RTOL
-from simulator.validation import check_choice, check_positive_int
 
 __all__ = [
     "DOMINANCE_MODES",
@@ -140,104 +136,6 @@ _PACKAGES = ("oversmooth", "numpy", "scipy", "onnx", "onnxruntime", "onnxruntime
 
 
 @dataclass(frozen=True)
-class AuditOptions:
-    """Every option of an audit, checked once when made (:class:`ImporterInputError` otherwise).
-
-    Attributes
-    ----------
-    provider : {"auto", "cpu", "cuda"}
-        onnxruntime execution provider; ``"cuda"`` fails unless the session really runs on CUDA.
-    batch_size : int
-        Inputs per onnxruntime call (bounds memory). A graph that fixes its batch size runs at
-        that size; one with nodes that mix the inputs of a batch (``DynamicQuantizeLinear``) runs
-        every input alone, so the numbers never depend on it (a note says so; see
-        :mod:`importers.run.batching`).
-    exclude_prefix : bool or int
-        Leave prefix tokens out of the metrics: True uses the zoo's count (CLS = 1), an int counts.
-    dominance : {"head", "layer", "operator", "none"}
-        H granularity of the dominance table, or skip it (no attention tensors fetched);
-        ``"operator"`` is ``"head"`` plus the exact dominance of each block's whole operator
-        ``I + Σ_h M_hᵀ ⊗ A_h`` on the first ``operator_inputs`` inputs
-        (:mod:`importers.run.operator_step`).
-    operator_inputs : int
-        Inputs of the operator dominance (default :data:`OPERATOR_INPUTS`).
-    depth_inputs : int
-        Inputs of the depth step's attention spectra (``|λ₂(A_h)|``, each head's predicted growth
-        of HFC/LFC; default :data:`~importers.defaults.DEPTH_INPUTS`; docs/theory.md §6.11).
-        Needs a dominance step (its attention and H); 0 is refused, ``dominance="none"`` skips it.
-    h : {"effective", "stored"}
-        The H of the dominance step: the effective product of every linear factor of the branch
-        (default), or ``W_V W_O`` as the checkpoint stores it (the paper's protocol).
-    spectral_norm : bool
-        Also the HFC/LFC in the spectral norm (the poster's variant, metric ``hfc_lfc_spectral``:
-        ``||X − 𝟙x̄ᵀ||₂ / ||𝟙x̄ᵀ||₂``, from the Gram matrix the spectral metrics already reduce);
-        needs ``spectral``.
-    spectral : bool
-        Compute the singular-value metrics (sigma_ratio, rank1_residual, effective_rank). They
-        need one min(T, D)² Gram matrix per input and layer from the device, most of what an
-        audit on a GPU moves; without them those columns are NaN and a note says so.
-    partial : bool
-        Audit a model whose attention is only partly matched; the first note then names the
-        missing blocks (else :class:`~importers.match.IncompleteMatchError`, exit status 1).
-    tie_rtol : float
-        Relative tolerance for ties of |μ|.
-    progress : bool
-        Show a progress bar (stderr).
-    cache : bool
-        Reuse (and store) the input-independent value spectra in the per-user cache, keyed by
-        the model file's sha256 (:mod:`importers.run.cache`); False computes them afresh.
-    threads : int, optional
-        The cores the audit may use: onnxruntime's intra-op threads and the threads of the host
-        work (metrics, dominance). Default: every core this process may use
-        (:func:`~importers.run.runner.default_threads`); a shard on a cluster worker, its
-        worker's share of its host's cores.
-    """
-
-    provider: Provider = "auto"
-    batch_size: int = BATCH_SIZE
-    exclude_prefix: bool | int = False
-    dominance: Granularity = "head"
-    operator_inputs: int = OPERATOR_INPUTS
-    depth_inputs: int = DEPTH_INPUTS
-    h: HChoice = "effective"
-    spectral: bool = True
-    spectral_norm: bool = False
-    partial: bool = False
-    tie_rtol: float = TIE_RTOL
-    progress: bool = False
-    cache: bool = True
-    threads: int | None = None
-
-    def __post_init__(self) -> None:
-        check_choice(self.dominance, "dominance", DOMINANCE_MODES, error=ImporterInputError)
-        check_choice(self.h, "h", H_CHOICES, error=ImporterInputError)
-        check_positive_int(self.operator_inputs, "operator_inputs", error=ImporterInputError)
-        check_positive_int(self.depth_inputs, "depth_inputs", error=ImporterInputError)
-        if self.spectral_norm and not self.spectral:
-            raise ImporterInputError(
-                "`spectral_norm` needs the Gram matrices of the spectral metrics; got spectral False"
-            )
-        check_positive_int(self.batch_size, "batch_size", error=ImporterInputError)
-        if self.threads is not None:
-            check_positive_int(self.threads, "threads", error=ImporterInputError)
-        if not isinstance(self.exclude_prefix, bool) and (
-            not isinstance(self.exclude_prefix, int | np.integer) or self.exclude_prefix < 0
-        ):
-            raise ImporterInputError(
-                "`exclude_prefix` must be a bool or a non-negative integer; "
-                f"got {self.exclude_prefix!r}"
-            )
-
-    def prefix_count(self, entry: ZooModel | None) -> int:
-        """Prefix tokens left out of the metrics: the zoo's count for ``True`` (else 1)."""
-        if isinstance(self.exclude_prefix, bool):
-            if not self.exclude_prefix:
-                return 0
-            return int(entry.prefix_tokens) if entry is not None else 1
-        return int(self.exclude_prefix)
-
-
-@dataclass(frozen=True)
 class PreparedAudit:
     """What an audit knows before it runs an input: the input-independent part, computed once.
 
@@ -250,6 +148,8 @@ class PreparedAudit:
         prepared, their structure only after :meth:`structure` (what workers receive).
     matched_part_only : bool
         The blocks are only the matched part of the model (``partial`` with unmatched blocks).
+    skipped : tuple of MatchFailure
+        The attention skipped by design (outside the theory): named in the result, not audited.
     spectra : tuple of BlockSpectra
         The value spectra per block (Fig. 5, the dominance step's H).
     eig_H : tuple of ndarray
@@ -276,6 +176,7 @@ class PreparedAudit:
     prefix: int
     items: int
     notes: tuple[Note, ...]
+    skipped: tuple[MatchFailure, ...] = ()
 
     def structure(self) -> PreparedAudit:
         """This value with every block's weights dropped: what a worker needs to measure (with
@@ -350,17 +251,6 @@ def open_model(
     return ref, load_model(ref.path)
 
 
-def cache_note(caches: Sequence[str]) -> str:
-    """The note of an audit of a model with key/value cache inputs (``caches``, graph input names)."""
-    named = ", ".join(map(repr, caches[:4]))
-    named += f" and {len(caches) - 4} more" if len(caches) > 4 else ""
-    return (
-        f"audited at past length 0: the {len(caches)} KV cache input(s) {named} were fed empty, so "
-        f"the model computes without a cache (the attention covers the given tokens only); its "
-        f"present key/value outputs are ignored"
-    )
-
-
 def prepare(
     ref: ModelRef,
     graph: OnnxModel,
@@ -387,28 +277,15 @@ def prepare(
     report = find_attention_blocks(graph)
     check_complete(report, partial=options.partial)
     blocks = [block_weights(graph, block) for block in report.blocks]
-    notes = [Note("partial", missing_blocks_note(report))] if report.unmatched else []
-    departed = departures_note(report.blocks)
-    notes += [Note("departure", departed)] if departed else []
-    caches = [spec.name for spec in graph.inputs if spec.past_axis is not None]
-    notes += [Note("kv-cache", cache_note(caches))] if caches else []
-    notes += [Note("kv-cache", item.note()) for item in graph.branches]
-    notes += [Note("quantized", graph.read_through.note())] if graph.read_through else []
     inputs = default_inputs(graph.inputs, ref.entry) if inputs is None else inputs
     if inputs.batch_size == 0:
         raise ImporterInputError("`inputs` must hold at least one item; got none")
-    if inputs.random:
-        notes.append(
-            Note(
-                "random",
-                "inputs are RANDOM, not real data: smoothing of noise says little about the model",
-            )
-        )
-    if not options.spectral:
-        text = f"not computed (spectral=False): {', '.join(SPECTRAL_METRICS)}"
-        notes.append(Note("not-computed", text))
+    notes = model_notes(report, graph) + input_notes(graph, inputs, spectral=options.spectral)
     layer_notes: list[str] = []
-    layer_tensors(blocks, layer_notes, partial=bool(report.unmatched))
+    skipped = [failure.softmax for failure in report.skipped]
+    layer_tensors(
+        blocks, layer_notes, partial=bool(report.unmatched), skipped=skipped, index=graph.index
+    )
     notes += [Note("layers", text) for text in layer_notes]
     items, batch_notes = items_per_call(graph, options.batch_size)
     notes += [Note("batching", text) for text in batch_notes]
@@ -429,6 +306,7 @@ def prepare(
         prefix=prefix,
         items=items,
         notes=tuple(notes),
+        skipped=tuple(report.skipped),
     )
     return prepared, inputs
 
@@ -450,6 +328,7 @@ def measure_session(
         threads=options.threads or threads or default_threads(),
         partial=prepared.matched_part_only,
         spectral_norm=options.spectral_norm,
+        skipped=[failure.softmax for failure in prepared.skipped],
     )
 
 
@@ -565,6 +444,7 @@ def audit_result(
             inputs_digest=inputs.digest,
         ),
         notes=[*prepared.notes, *run_notes(measurement.runner), *notes],
+        skipped=prepared.skipped,
     )
     return dataclasses.replace(result, depth=depth_summary(result))
 

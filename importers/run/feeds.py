@@ -41,7 +41,13 @@ from numpy.typing import NDArray
 
 from importers.errors import FeedError, ImporterInputError
 from importers.graph import GraphInput
-from importers.run.decoder_feeds import positions, takes_positions, with_empty_caches
+from importers.run.decoder_feeds import (
+    encoder_inputs,
+    positions,
+    takes_positions,
+    with_empty_caches,
+    with_encoder_states,
+)
 
 __all__ = [
     "IMAGE_FEED",
@@ -461,10 +467,12 @@ def _map_text(
     feeds: Mapping[str, np.ndarray], expected: Sequence[GraphInput]
 ) -> dict[str, np.ndarray]:
     """Text feeds onto the graph's inputs: ids, mask and types by name, position ids counted from
-    the mask (:func:`positions`); key/value caches are added later (:func:`with_empty_caches`)."""
+    the mask (:func:`positions`); key/value caches and a decoder's encoder states and mask are
+    added later (:func:`with_empty_caches`, :func:`with_encoder_states`)."""
     mapped: dict[str, np.ndarray] = {}
+    encoder = encoder_inputs(expected).names
     for spec in expected:
-        if spec.past_axis is not None and spec.name not in feeds:
+        if (spec.past_axis is not None or spec.name in encoder) and spec.name not in feeds:
             continue
         if takes_positions(spec) and spec.name not in feeds:
             mask = feeds.get("attention_mask", np.ones_like(feeds["input_ids"]))
@@ -478,7 +486,8 @@ def _map_text(
 
 
 def _fixed_sequence(expected: Sequence[GraphInput]) -> int | None:
-    sizes = {spec.shape[1] for spec in expected if len(spec.shape) == 2}
+    encoder = encoder_inputs(expected).names
+    sizes = {spec.shape[1] for spec in expected if len(spec.shape) == 2 and spec.name not in encoder}
     fixed = [size for size in sizes if isinstance(size, int)]
     return fixed[0] if len(fixed) == 1 else None
 
@@ -530,12 +539,14 @@ def _map_feeds(
     if IMAGE_FEED in feeds:
         return _map_image(feeds, expected), token_mask
     if set(feeds) & set(TEXT_FEEDS):
-        mask_name = next(
-            (spec.name for spec in expected if _text_source_for(spec, feeds) == "attention_mask"),
-            None,
+        own = [spec for spec in expected if spec.name not in encoder_inputs(expected).names]
+        mask_name, ids = (
+            next((spec.name for spec in own if _text_source_for(spec, feeds) == name), None)
+            for name in ("attention_mask", "input_ids")
         )
         fitted, mask = _fit_sequence(_map_text(feeds, expected), token_mask, expected, mask_name)
-        return with_empty_caches(fitted, expected), mask
+        fitted = with_encoder_states(with_empty_caches(fitted, expected), expected, ids or "")
+        return fitted, mask
     return with_empty_caches(feeds, expected), token_mask
 
 

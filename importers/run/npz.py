@@ -36,7 +36,7 @@ from numpy.typing import NDArray
 
 from importers.errors import FeedError, ImporterInputError
 from importers.graph import GraphInput
-from importers.run.decoder_feeds import with_empty_caches
+from importers.run.decoder_feeds import token_mask_input, with_empty_caches
 from importers.run.feeds import (
     DIGEST_CHUNK_BYTES,
     Inputs,
@@ -381,7 +381,7 @@ def from_npz(path: str | os.PathLike[str], graph: Sequence[GraphInput]) -> Input
         sizes.append(_check_shapes(file, members, first, graph))
         labels += _labels(file, members.get(_LABELS), sizes[-1], len(labels))
     names = [name for name in first if name != _LABELS]
-    mask_name = next((spec.name for spec in graph if "mask" in spec.name.lower()), None)
+    mask_name = token_mask_input(graph)
     reader = _NpzReader(shards, sizes, names, mask_name, graph)
     digest = reader.check_and_digest(graph, labels)
     return Inputs(reader=reader, labels=labels, source=f"npz:{digest[:12]}", digest=digest)

@@ -29,7 +29,6 @@ from threadpoolctl import threadpool_limits
 from importers.errors import (
     ImporterError,
     ImporterInputError,
-    LayerStreamError,
     NonFiniteModelError,
 )
 from importers.graph import OnnxModel
@@ -39,6 +38,7 @@ from importers.run.batching import run_batches
 from importers.run.depth import head_cases
 from importers.run.dominance import PendingCases, dominance_problems, nonfinite_attention
 from importers.run.feeds import Inputs
+from importers.run.layers import layer_tensors
 from importers.run.operator_step import OperatorCase, operator_cases
 from importers.run.records import DominanceCase, HeadCase
 from importers.run.reductions import Gram, ReductionPlan, TokenScale, plan_reductions
@@ -74,76 +74,6 @@ LOOKAHEAD_BATCHES = 1
 #: token's norm ‖x̄‖ and the mean per-token ``1/s_t`` of the pre-norm reading it (docs/theory.md
 #: §6.11).
 STREAM_TERMS = ("mean_norm", "inverse_scale")
-
-
-def layer_tensors(
-    blocks: Sequence[AttentionBlock], notes: list[str] | None = None, *, partial: bool = False
-) -> list[str]:
-    """Graph tensors of the recorded layers: block 0's input, then every block's output.
-
-    Layer 0 is the stream entering block 0, layer i the output of block i-1 (see
-    :mod:`importers.run.audit`, Layers); the matcher traces both from the graph's residual sums
-    (:mod:`importers.match.stream`). Every layer is checked against the block structure: block
-    i-1's output, found walking forward from its MLP residual, must be the stream block i reads,
-    found walking back from its attention (its norm's input, or the attention input, that its
-    attention residual adds), or the stream that one adds input-independent terms to
-    (``input_base``: YOLOS' position embeddings between blocks; noted).
-
-    Parameters
-    ----------
-    blocks : sequence of AttentionBlock
-        The matched blocks in depth order.
-    notes : list of str, optional
-        Notes on the layer choice are appended here.
-    partial : bool
-        The blocks are only the matched part of the model (``--partial``): between two of them an
-        unmatched block may sit, so a break of the chain is noted (the earlier block's output is
-        used) instead of refused.
-
-    Returns
-    -------
-    list of str
-
-    Raises
-    ------
-    LayerStreamError
-        A block's residual stream could not be established, or a layer tensor is not the stream
-        entering the next block.
-    """
-    for block in blocks:
-        if block.stream_error is not None:
-            raise LayerStreamError(
-                f"layer {block.index + 1} (the output of block {block.index}) cannot be read: "
-                f"{block.stream_error}"
-            )
-    names = [blocks[0].input_name] + [block.output_name for block in blocks]
-    for i in range(1, len(blocks)):
-        if blocks[i].input_name == blocks[i - 1].output_name:
-            continue
-        if blocks[i].input_base == blocks[i - 1].output_name:
-            if notes is not None:
-                notes.append(
-                    f"block {i} reads block {i - 1}'s output plus a term that does not depend on "
-                    f"the inputs ({blocks[i].input_name!r}); layer {i} is block {i - 1}'s output"
-                )
-            continue
-        mismatch = (
-            f"block {i} reads {blocks[i].input_name!r} but block {i - 1} ends at "
-            f"{blocks[i - 1].output_name!r}"
-        )
-        if not partial:
-            raise LayerStreamError(
-                f"layer {i} would not be the residual stream: {mismatch}, and the importer "
-                f"does not follow what changes the stream between them (for example a term "
-                f"added between blocks, as YOLOS adds position embeddings)"
-            )
-        if notes is not None:
-            notes.append(f"{mismatch}; layer {i} uses the latter")
-    if len(set(names)) != len(names):
-        raise LayerStreamError(
-            f"two layers would read the same tensor ({', '.join(map(repr, names))}): internal error"
-        )
-    return names
 
 
 def _gram_orientation(graph: OnnxModel, layer0: str, first: Inputs, block: AttentionBlock) -> Gram:
@@ -248,6 +178,7 @@ def audit_session(
     threads: int | None = None,
     partial: bool = False,
     spectral_norm: bool = False,
+    skipped: Sequence[str] = (),
 ) -> AuditSession:
     """Build the session the audit runs: layer statistics reduced in the graph, attention exposed.
 
@@ -257,10 +188,10 @@ def audit_session(
     them). On a GPU with CuPy the Gram matrices and the attention probabilities stay there
     (:attr:`Runner.on_device`): their eigenvalues and the perron certificate are computed there
     and only small records come back. ``partial``: ``blocks`` are only the matched part of the
-    model (see :func:`layer_tensors`).
+    model; ``skipped``: the Softmaxes skipped by design (see :func:`layer_tensors`).
     """
     notes: list[str] = []
-    layers = layer_tensors(blocks, notes, partial=partial)
+    layers = layer_tensors(blocks, notes, partial=partial, skipped=skipped, index=graph.index)
     probs = [block.attention_name for block in blocks] if attention else []
     first = inputs.read(0, 1)  # masked or not, and the token count, without reading every input
     mids = {block.index: attention_sublayer_tensor(block) for block in blocks}

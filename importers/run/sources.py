@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 from importers.defaults import RANDOM_SEQ_LEN, RANDOM_VOCAB_SIZE
 from importers.errors import FeedError, ImporterInputError, MissingDependencyError
 from importers.graph import GraphInput
-from importers.run.decoder_feeds import takes_positions
+from importers.run.decoder_feeds import takes_positions, token_mask_input
 from importers.run.feeds import IMAGE_FEED, TEXT_FEEDS, Inputs, for_graph, streamed_digest
 from importers.run.npz import from_npz
 from importers.zoo import IMAGENET_MEAN, IMAGENET_STD, ZooModel
@@ -496,9 +496,7 @@ class _RandomReader:
         self.seed = seed
         self.n_items = n_items
         self.vocab_size = vocab_size
-        self.mask_name = next(
-            (spec.name for spec in self.specs if "mask" in spec.name.lower()), None
-        )
+        self.mask_name = token_mask_input(self.specs)
 
     def _item(self, index: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng((self.seed, index))

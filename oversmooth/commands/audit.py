@@ -264,7 +264,7 @@ def _check_random_options(args: argparse.Namespace, graph: Sequence[GraphInput])
 def _summary(result: AuditResult, out: Path) -> str:
     rows = {(r["layer"], r["metric"]): r["mean"] for r in result.layer_rows()}
     model, inputs, provider = result.model, result.inputs, result.provider
-    partial = [note for note in result.notes if note.kind == "partial"]
+    partial = [note for note in result.notes if note.kind in ("partial", "skipped")]
     lines = [
         *(note.text for note in partial),
         f"model {model.name} ({model.n_blocks} blocks), "
@@ -285,7 +285,7 @@ def _summary(result: AuditResult, out: Path) -> str:
             f"{100 * (dom.perron or 0):.2f}% perron, {100 * (dom.non_perron or 0):.2f}% non-perron, "
             f"{100 * (dom.contracting or 0):.2f}% contracting"
         )
-    lines += [f"note: {note.text}" for note in result.notes if note.kind != "partial"]
+    lines += [f"note: {note.text}" for note in result.notes if note not in partial]
     lines.append(f"report: {out / 'report.md'}")
     return "\n".join(lines)
 

@@ -7,7 +7,9 @@ disentangled or other). ``--json`` prints ``{"model", "opset", "n_softmax", "blo
 instead (each block as :meth:`~importers.match.AttentionBlock.to_dict`, the same record as in
 ``audit.json``; each failure with ``attention`` and ``not_attention``, the reason a Softmax is
 no attention at all, or null);
-``--explain`` adds, for every Softmax, the nodes matched or the reason it was rejected. A Softmax
+``--explain`` adds, for every Softmax, the nodes matched or the reason it was rejected. Attention
+skipped by design, outside the theory (cross-attention, windowed attention), is listed first,
+each block with its reason, and counts as no unmatched block. A Softmax
 that is not attention (:func:`importers.match.coverage.not_attention_reason`: a classifier's, a
 pooling, a gate, class probabilities returned as an output...) is listed as ``Softmax 'name': not
 attention: <reason>`` and counts neither as a block nor as an unmatched one. Exit status 1
@@ -73,13 +75,20 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(_as_json(model, report))
         return 0
+    total = len(report.blocks) + len(report.unmatched) + len(report.skipped)
     if report.unmatched:  # said first: audit and weights refuse such a model without --partial
-        total = len(report.blocks) + len(report.unmatched)
         print(
             f"{len(report.unmatched)} of {total} attention blocks NOT matched "
             f"({', '.join(repr(f.softmax) for f in report.unmatched)}): audit and weights refuse "
             "this model unless --partial (reasons: --explain)"
         )
+    if report.skipped:  # outside the theory: the audit reads the other blocks and names these
+        print(
+            f"{len(report.skipped)} of {total} attention blocks skipped by design, outside the "
+            "theory of self-attention (audit and weights read the others):"
+        )
+        for failure in report.skipped:
+            print(f"  Softmax {failure.softmax!r} [{failure.code}]: {failure.reason}")
     print(f"model: {model.path} (opset {model.opset})")
     print(_table(report.blocks))
     for block in report.blocks:  # the rewrite of fused operators is said, never silent

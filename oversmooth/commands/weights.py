@@ -36,7 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from importers.match import check_complete, find_attention_blocks, missing_blocks_note
+    from importers.match import (
+        check_complete,
+        find_attention_blocks,
+        missing_blocks_note,
+        skipped_blocks_note,
+    )
     from importers.weights import block_weights
     from simulator.output import atomic_output
 
@@ -45,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     check_complete(report, partial=args.partial)
     if report.unmatched:
         print(missing_blocks_note(report))
+    if report.skipped:
+        print(skipped_blocks_note(report))
     blocks = [block_weights(model, block) for block in report.blocks]
     arrays: dict[str, Any] = {
         f"blocks.{block.index}.{key}": value

@@ -56,7 +56,8 @@ RIVAL_MARGIN = 2.0
 
 #: The corpus's size limit (issue 11: 20 MiB; 25 MiB since issue 26 added the onnxruntime-genai
 #: routes, 1.75 MiB, and the routes of StableLM, DETR, SqueezeBERT, ConViT, Keras, EVA-02 and
-#: wav2vec2-conformer, 1.44 MiB, and the optimized KV-cache files, 0.26 MiB).
+#: wav2vec2-conformer, 1.44 MiB, and the optimized KV-cache files, 0.26 MiB; issue 32's decoders
+#: with cross-attention and pooled encoder, 0.77 MiB, kept it under).
 CORPUS_MIB = 25
 
 #: Fixtures that fail today, with the first line of the failure (see docs/fixtures.md).
@@ -85,7 +86,7 @@ def _blocks(model: OnnxModel, n_layers: int) -> list[BlockWeights] | str:
         report = find_attention_blocks(model)
     except NoAttentionBlocksError as err:
         return one_line(err)
-    if report.unmatched:  # a classifier's Softmax (a mixture-of-experts router) is not attention
+    if report.unmatched:  # a classifier's Softmax is not attention, a cross-attention skipped
         first = report.unmatched[0]
         return f"{len(report.unmatched)} of {report.n_softmax} Softmax rejected: {first.reason}"
     if len(report.blocks) != n_layers:
@@ -339,6 +340,46 @@ def test_a_time_major_audit_equals_its_batch_first_twin(variant: str) -> None:
     assert [case.kind for case in time_major.dominance] == [
         case.kind for case in batch_first.dominance
     ]
+
+
+#: The exporter's name for a cross-attention module, as it appears in a legacy export's node names.
+CROSS_MODULES = ("EncDecAttention", "encoder_attn")
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param(entry, id=entry["id"])
+        for entry in MANIFEST["fixtures"]
+        if entry["features"].get("cross_attention")
+    ],
+)
+def test_a_decoders_cross_attention_is_skipped_inside_its_layer(entry: dict[str, Any]) -> None:
+    """A decoder stack with cross-attention (T5's, Marian's): one self-attention block per layer
+    read, one cross-attention per layer skipped by design and none unmatched; each block notes
+    the cross-attention sub-layer inside its layer (the layers themselves are checked against the
+    truth by ``test_fixture_matches_its_truth``). Legacy exports name the torch modules: the
+    skipped Softmaxes are the cross-attention modules', the blocks' are not."""
+    report = find_attention_blocks(load_fixture(entry["file"]))
+    n_layers = _truth(entry["truth"])["W_Q"].shape[0]
+    assert (len(report.blocks), len(report.skipped), report.unmatched) == (n_layers, n_layers, [])
+    assert {failure.code for failure in report.skipped} == {"cross_attention"}
+    for block in report.blocks:
+        assert any(note.startswith("cross-attention sub-layer(s)") for note in block.notes)
+    if entry["variant"] == "legacy_eager":
+        assert all(any(m in f.softmax for m in CROSS_MODULES) for f in report.skipped)
+        assert not any(any(m in b.softmax for m in CROSS_MODULES) for b in report.blocks)
+
+
+@pytest.mark.parametrize("variant", ["legacy_eager", "dynamo_eager"])
+def test_a_pooling_softmax_is_neither_a_block_nor_skipped(variant: str) -> None:
+    """PyTorch's encoder followed by attention pooling (weights softmax(x w + b) over the tokens):
+    that Softmax is no attention, so it counts neither as a block nor as a skipped one."""
+    report = find_attention_blocks(load_fixture(f"torch_encoder_pooled/{variant}.onnx.xz"))
+    assert (len(report.blocks), report.skipped, report.unmatched) == (2, [], [])
+    (pooling,) = report.not_attention
+    assert pooling.not_attention is not None
+    assert "constant matrix" in pooling.not_attention
 
 
 def test_known_failures_name_real_fixtures() -> None:

@@ -216,24 +216,31 @@ def test_npz_inputs_and_cpu_provider_are_recorded(
     assert doc["config"]["exclude_prefix"] == 1
 
 
-def test_a_block_attending_in_windows_is_left_out_under_partial(
+def test_a_block_attending_in_windows_is_skipped_by_design(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The middle of three blocks folds 4 windows into its Softmax's leading axis: without
-    ``--partial`` the audit refuses, naming the windows; with it the two blocks around it are
-    audited (no window is ever read as an input)."""
+    """The middle of three blocks folds 4 windows into its Softmax's leading axis: windowed
+    attention is outside the theory, so without ``--partial`` the two blocks around it are
+    audited (no window is ever read as an input), and the summary, ``audit.json`` and
+    ``report.md`` name the skipped block and why; layer 1 is block 0's output, the windowed
+    layer after it outside every layer (noted)."""
     model = tmp_path / "windows.onnx"
     onnx.save(windowed_decoder(), model)
     out = tmp_path / "report"
-    argv = [str(model), "--random", "2", "--out", str(out)]
-    code, _, err = run_audit(argv, capsys)
-    assert code == 1
-    assert_one_line_error(err, "1 of 3 attention blocks", "within 4 windows of 4 tokens")
-    code, _, err = run_audit([*argv, "--partial"], capsys)
+    code, summary, err = run_audit([str(model), "--random", "2", "--out", str(out)], capsys)
     assert code == 0, err
     doc = json.loads((out / "audit.json").read_text(encoding="utf-8"))
     assert len(doc["blocks"]) == 2
-    assert "within 4 windows of 4 tokens" in doc["notes"][0]
+    (skipped,) = doc["skipped"]
+    assert skipped["code"] == "windowed_attention"
+    assert "within 4 windows of 4 tokens" in skipped["reason"]
+    assert doc["notes"][0].startswith("SKIPPED by design: 1 of 3 attention blocks")
+    assert any("outside every layer" in note for note in doc["notes"])
+    assert not any(note.startswith("PARTIAL") for note in doc["notes"])
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert skipped["softmax"] in report.splitlines()[2]
+    assert summary.startswith("SKIPPED by design")
+    assert skipped["softmax"] in summary.splitlines()[0]
     with (out / "dominance.csv").open(encoding="utf-8", newline="") as handle:
         assert {row["block"] for row in csv.DictReader(handle)} == {"0", "1"}
 

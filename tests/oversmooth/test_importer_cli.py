@@ -152,8 +152,8 @@ def test_weights_npz_holds_every_block_in_the_documented_layout(
 
 
 def test_weights_failure_leaves_no_output_file(capsys, tmp_path):
-    near_miss = NEAR_MISSES["kv_from_other_input"](0)
-    path = tmp_path / "cross.onnx"
+    near_miss = NEAR_MISSES["q_weight_not_constant"](0)  # a failure: refused without --partial
+    path = tmp_path / "unread.onnx"
     onnx.save(near_miss.model, path)
     out_file = tmp_path / "W.npz"
     status, _, _ = run_cli(capsys, "weights", path, "--out", out_file)

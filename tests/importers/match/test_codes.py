@@ -1,15 +1,17 @@
-"""Reject codes are one enumeration: every code a failure carries is a member."""
+"""Reject codes are one enumeration: every code a failure carries is a member, and each is
+classified once as skipped by design or a failure."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 import importers
 from importers.match import RejectCode
-from importers.match.codes import projection_code
+from importers.match.codes import DISPOSITIONS, Disposition, by_design, projection_code
 
 MATCH = Path(importers.__file__).parent / "match"
 
@@ -36,3 +38,17 @@ def test_no_matcher_module_spells_a_code_as_a_string() -> None:
             if isinstance(code, ast.Constant | ast.JoinedStr):
                 found.append(f"{path.name}:{node.lineno}")
     assert not found, found
+
+
+def test_every_code_is_classified_by_design_or_failure() -> None:
+    """One table classifies every RejectCode; only cross-attention and windowed attention lie
+    outside the theory of self-attention (skipped by design), every other decline is a failure."""
+    assert set(DISPOSITIONS) == set(RejectCode)
+    assert set(DISPOSITIONS.values()) <= set(get_args(Disposition))
+    skipped = {code for code in RejectCode if by_design(code)}
+    assert skipped == {RejectCode.CROSS_ATTENTION, RejectCode.WINDOWED_ATTENTION}
+
+
+def test_the_table_cannot_be_changed_at_run_time() -> None:
+    with pytest.raises(TypeError):
+        DISPOSITIONS[RejectCode.HEAD_LAYOUT] = "by_design"  # type: ignore[index]

@@ -1,4 +1,5 @@
-"""All or nothing: unmatched attention stops audit and weights unless --partial, which says it first."""
+"""All or nothing: unmatched attention stops audit and weights unless --partial, which says it first;
+attention skipped by design (outside the theory) never does, and is named."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ import onnx
 import pytest
 
 from importers.graph import model_from_proto
-from importers.match import IncompleteMatchError, check_complete, find_attention_blocks
+from importers.match import (
+    IncompleteMatchError,
+    MatchFailure,
+    MatchReport,
+    RejectCode,
+    check_complete,
+    find_attention_blocks,
+    skipped_blocks_note,
+)
+from importers.match.codes import by_design
 from importers.run.audit import audit
 from importers.run.feeds import Inputs
 from oversmooth.cli import main
@@ -118,3 +128,37 @@ def test_a_fused_attention_operator_counts_as_unmatched() -> None:
     assert [failure.code for failure in report.unmatched] == ["fused_attention_op"]
     with pytest.raises(IncompleteMatchError, match="fused"):
         check_complete(report, partial=False)
+
+
+def _failure(code: RejectCode) -> MatchFailure:
+    return MatchFailure(f"Softmax_{code}", f"declined: {code}", (), code)
+
+
+@pytest.mark.parametrize("code", list(RejectCode))
+def test_only_a_decline_by_design_leaves_the_result_whole(code: RejectCode) -> None:
+    """A block declined by design (cross-attention, windowed attention) is skipped and named; any
+    other decline makes the result partial, refused without --partial."""
+    report = MatchReport([], [_failure(code)], 1)
+    if by_design(code):
+        assert (report.skipped, report.unmatched) == ([_failure(code)], [])
+        check_complete(report, partial=False)
+        assert skipped_blocks_note(report).startswith("SKIPPED by design: 1 of 1")
+        assert f"[{code}]: declined: {code}" in skipped_blocks_note(report)
+    else:
+        assert (report.skipped, report.unmatched) == ([], [_failure(code)])
+        with pytest.raises(IncompleteMatchError, match=f"declined: {code}"):
+            check_complete(report, partial=False)
+        assert skipped_blocks_note(report) == ""
+    assert report.to_dict()["n_skipped"] == int(by_design(code))
+    assert report.to_dict()["failures"][0]["skipped"] is by_design(code)
+
+
+def test_a_skipped_block_beside_a_failed_one_still_refuses(tmp_path: Path) -> None:
+    """The near miss whose block 0 the matcher cannot read (K never transposed) stays refused when
+    a cross-attention is skipped beside it: the failure, not the skip, decides."""
+    report = find_attention_blocks(model_from_proto(NEAR_MISSES["k_not_transposed"](SEED).model))
+    (missing,) = report.unmatched
+    with_skip = MatchReport(report.blocks, [*report.failures, _failure(RejectCode.CROSS_ATTENTION)], 3)
+    with pytest.raises(IncompleteMatchError, match=r"1 of 3 attention blocks are not matched"):
+        check_complete(with_skip, partial=False)
+    assert missing.code == RejectCode.K_NOT_TRANSPOSED

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from importers.run.records import Agreement, BlockVerdict, _fractions
+from importers.run.cases import Agreement, BlockVerdict, kind_fractions
 
 
 def _verdict(predicted: str, observed: str) -> BlockVerdict:
@@ -78,6 +78,6 @@ def test_ties_and_mixed_blocks_are_left_out_of_the_agreement() -> None:
 
 def test_fractions_keep_the_contracting_class_apart() -> None:
     kinds = np.array(["perron", "non-perron", "balanced", "contracting", "contracting"])
-    perron, non_perron, balanced, contracting = _fractions(kinds)
+    perron, non_perron, balanced, contracting = kind_fractions(kinds)
     assert (perron, balanced, contracting) == (0.2, 0.2, 0.4)
     assert math.isclose(non_perron, 0.4)
