@@ -302,7 +302,7 @@ def _real_basis(vectors: ComplexArray) -> FloatArray:
 
 def _kind(basis: FloatArray, n: int, d: int, atol: float) -> Kind:
     """Perron when the span lies in L, balanced when it meets L, else non-perron."""
-    high = _hfc(basis.T.reshape(-1, n, d)).reshape(basis.shape[1], -1).T
+    high = np.asarray(_hfc(basis.T.reshape(-1, n, d)), np.float64).reshape(basis.shape[1], -1).T
     s = np.linalg.svd(high, compute_uv=False)
     if s.max(initial=0.0) <= atol:
         return "perron"
