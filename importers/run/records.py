@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from importers.run.sublayer_summary import sublayer_json
 from importers.value_spectra import SpectrumRow, summarize_spectra
 from importers.weights import BlockWeights
 
@@ -682,6 +683,8 @@ class AuditResult:
     heads: list[HeadCase] = field(default_factory=list)
     stream: dict[str, np.ndarray] = field(default_factory=dict)
     depth: DepthSummary | None = None
+    operating: list[Any] = field(default_factory=list)
+    attribution: list[Any] = field(default_factory=list)
 
     @property
     def n_layers(self) -> int:
@@ -760,6 +763,7 @@ class AuditResult:
                 ],
             },
             "depth": self.depth,
+            **sublayer_json(self.operating, self.attribution),
             "spectra": self.spectra_summary(),
             "config": self.config,
             "provenance": self.provenance,
