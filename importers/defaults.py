@@ -26,7 +26,7 @@ __all__ = [
 Provider = Literal["auto", "cpu", "cuda"]
 PROVIDERS: tuple[Provider, ...] = get_args(Provider)
 #: H granularity of the dominance table, or no dominance step (:class:`~importers.run.audit.AuditOptions`).
-Granularity = Literal["head", "layer", "operator", "none"]
+Granularity = Literal["head", "layer", "operator", "operating", "none"]
 DOMINANCE_MODES: tuple[Granularity, ...] = get_args(Granularity)
 #: The H of the dominance step: the effective product of the branch's linear factors, or W_V W_O.
 HChoice = Literal["effective", "stored"]

@@ -33,6 +33,7 @@ from importers.run.records import (
     OperatorSummary,
 )
 from importers.value_spectra import SPECTRA_COLUMNS
+from oversmooth.sublayer_report import sublayer_sections, write_sublayer_files
 from simulator.output import atomic_directory, atomic_output, to_json, write_json, write_tidy_csv
 
 __all__ = [
@@ -86,6 +87,7 @@ def write_audit_files(
         paths += [folder / name for name in DEPTH_FILES]
         write_tidy_csv(paths[-2], DEPTH_COLUMNS, (row.row() for row in result.depth.per_block))
         write_tidy_csv(paths[-1], HEAD_COLUMNS, (row.row() for row in result.depth.heads))
+    paths += write_sublayer_files(result, folder)
     with atomic_output(paths[4]) as handle:
         handle.write(render_report(result, figures))
     return paths
@@ -370,6 +372,7 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
         lines += _causal_paragraph(result)
         lines += ["", _agreement_sentence(dom)]
         lines += _operator_paragraph(dom.operator)
+        lines += sublayer_sections(result, dom.per_block)
     else:
         lines.append("Not computed (dominance disabled).")
     if result.depth is not None:
@@ -414,6 +417,13 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
         "‖c‖/‖x̄‖ (docs/theory.md §6.11)",
         "- `heads.csv`: one row per (block, head): σ_max/ρ and ‖M − Mᵀ‖_F/‖M‖_F of its H, "
         "mean and std of abs(λ₂(A_h)) and its growth over the depth step's inputs",
+        "- `attribution.csv`: one row per (block, input, part) of the first `--operator-inputs` "
+        "inputs: the change of HFC/LFC and cosine due to the linear effective-H operator, the "
+        "per-token scale, the bias row, a post-LN norm, the reconstruction residual and the MLP "
+        "(Shapley and sequential), and the rebuilt sublayer's relative residual",
+        "- `operating.csv` (with `--dominance operating`): one row per (input, block): the "
+        "operating-point operator's kind, dominating eigenvalue, HFC share and limit HFC/LFC, "
+        "the input's HFC/LFC and the direction",
         "",
         "## Provenance",
         "",

@@ -222,7 +222,17 @@ def _merged(parts: Sequence[Measurement], where: Mapping[str, object]) -> Measur
         for name in parts[0].stream
     }
     return Measurement(
-        metrics, cases, parts[0].provider, runner, attention_part, exact, to_host, heads, stream
+        metrics,
+        cases,
+        parts[0].provider,
+        runner,
+        attention_part,
+        exact,
+        to_host,
+        heads,
+        stream,
+        [case for part in parts for case in part.operating],
+        [case for part in parts for case in part.attribution],
     )
 
 

@@ -67,7 +67,8 @@ own A_h and M_h (its group's shared W_V^h repeated for each query head of the gr
 
 Functions
 ---------
-apply_layer          -- T(X) = X + Σ_h A_h X M_h for a batch of token matrices
+apply_layer          -- T(X) = X + Σ_h A_h D X M_h for a batch of token matrices (D = I by default;
+                        the per-token D is the operating point's, simulator.operating)
 lfc_eigenvalues      -- 1 + eig(Σ_h M_h): T on the low-frequency subspace
 quotient_matrix      -- the dense (n−1)d × (n−1)d matrix of T on the quotient (small sizes)
 quotient_radius      -- spectral radius and dominating eigenvalue of T on the quotient
@@ -188,11 +189,13 @@ class OperatorDominance:
 @dataclass(frozen=True)
 class _Layer:
     """Validated heads: A (heads, n, n) with exact unit row sums, W_V (heads, d, r) or None for
-    dense products, W_O (heads, r, d) (the dense M_h when W_V is None)."""
+    dense products, W_O (heads, r, d) (the dense M_h when W_V is None), and the per-token scale
+    D = diag(scale) (n,) read before every head, or None for D = I."""
 
     A: FloatArray
     W_V: FloatArray | None
     W_O: FloatArray
+    scale: FloatArray | None = None
 
     @property
     def n(self) -> int:
@@ -231,7 +234,19 @@ def _products(M_heads: ArrayLike | HeadFactors) -> tuple[FloatArray | None, Floa
     return None, M
 
 
-def _layer(A_heads: ArrayLike, M_heads: ArrayLike | HeadFactors) -> _Layer:
+def _scale(scale: ArrayLike | None, n: int) -> FloatArray | None:
+    """The per-token scale as a positive finite (n,) vector, or None (D = I)."""
+    if scale is None:
+        return None
+    values = as_float_array(scale, "scale", min_ndim=1)
+    if values.shape != (n,) or not np.all(values > 0):
+        raise InputError(f"`scale` must be {n} positive finite numbers; got shape {values.shape}")
+    return values
+
+
+def _layer(
+    A_heads: ArrayLike, M_heads: ArrayLike | HeadFactors, scale: ArrayLike | None = None
+) -> _Layer:
     A = _heads(as_row_stochastic(A_heads, "A_heads"), "A_heads")
     W_V, W_O = _products(M_heads)
     if W_O.shape[0] != A.shape[0]:
@@ -240,15 +255,18 @@ def _layer(A_heads: ArrayLike, M_heads: ArrayLike | HeadFactors) -> _Layer:
         )
     # Exact row sums make L exactly invariant: the LFC eigenvalues are then those of T itself.
     A = A / A.sum(axis=-1, keepdims=True)
-    return _Layer(A, W_V, W_O)
+    return _Layer(A, W_V, W_O, _scale(scale, A.shape[-1]))
 
 
 # -- the layer map and the quotient map ------------------------------------------------------------
 
 
 def _heads_sum(layer: _Layer, Z: FloatArray) -> FloatArray:
-    """``Σ_h A_h Z M_h`` for Z of shape (..., n, d), as three matrix products."""
+    """``Σ_h A_h D Z M_h`` for Z of shape (..., n, d), as three matrix products (D = I unless
+    the layer has a per-token scale)."""
     A, W_V, W_O = layer.A, layer.W_V, layer.W_O
+    if layer.scale is not None:
+        Z = Z * layer.scale[:, None]
     heads, r, d = W_O.shape
     if W_V is None:
         U = A @ Z[..., None, :, :]  # (..., heads, n, d)
@@ -260,8 +278,14 @@ def _heads_sum(layer: _Layer, Z: FloatArray) -> FloatArray:
     return stacked @ W_O.reshape(heads * r, d)
 
 
-def apply_layer(A_heads: ArrayLike, M_heads: ArrayLike | HeadFactors, X: ArrayLike) -> FloatArray:
-    """Apply the linear multi-head layer ``T(X) = X + Σ_h A_h X M_h``.
+def apply_layer(
+    A_heads: ArrayLike,
+    M_heads: ArrayLike | HeadFactors,
+    X: ArrayLike,
+    *,
+    scale: ArrayLike | None = None,
+) -> FloatArray:
+    """Apply the linear multi-head layer ``T(X) = X + Σ_h A_h D X M_h`` (D = I by default).
 
     Parameters
     ----------
@@ -271,12 +295,15 @@ def apply_layer(A_heads: ArrayLike, M_heads: ArrayLike | HeadFactors, X: ArrayLi
         ``M_h = W_V^h W_O^h``, dense or factored.
     X : (..., n, d) array_like
         Token matrices.
+    scale : (n,) array_like, optional
+        The per-token scale ``D = diag(scale)`` (positive; a pre-norm's ``1/σ_t`` at its
+        operating point, :mod:`simulator.operating`); None is D = I.
 
     Returns
     -------
     (..., n, d) ndarray
     """
-    layer = _layer(A_heads, M_heads)
+    layer = _layer(A_heads, M_heads, scale)
     X = as_float_array(X, "X", min_ndim=2)
     if X.shape[-2:] != (layer.n, layer.d):
         raise InputError(f"`X` must have shape (..., {layer.n}, {layer.d}); got {X.shape}")

@@ -84,6 +84,13 @@ from importers.run.dominance import (
     dominance_spectra,
 )
 from importers.run.feeds import Inputs
+from importers.run.operating_step import (
+    AttributionCase,
+    BlockTerms,
+    OperatingCase,
+    block_terms,
+    sublayer_plan,
+)
 from importers.run.operator_step import OperatorCase, operator_factors
 from importers.run.options import AuditOptions
 from importers.run.records import (
@@ -157,6 +164,9 @@ class PreparedAudit:
     operator : tuple of HeadFactors
         Per block, every head's factored ``M_h`` for the operator dominance (empty unless
         ``dominance="operator"``).
+    terms : tuple of BlockTerms
+        Per block what the rebuilt attention sublayer needs (operating point, attribution;
+        empty without a dominance step).
     prefix : int
         Prefix tokens left out of the metrics.
     items : int
@@ -177,6 +187,7 @@ class PreparedAudit:
     items: int
     notes: tuple[Note, ...]
     skipped: tuple[MatchFailure, ...] = ()
+    terms: tuple[BlockTerms, ...] = ()
 
     def structure(self) -> PreparedAudit:
         """This value with every block's weights dropped: what a worker needs to measure (with
@@ -224,13 +235,17 @@ class Measurement:
     attention_to_host: dict[str, int] = dataclasses.field(default_factory=dict)
     heads: list[HeadCase] = dataclasses.field(default_factory=list)
     stream: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    operating: list[OperatingCase] = dataclasses.field(default_factory=list)
+    attribution: list[AttributionCase] = dataclasses.field(default_factory=list)
 
     def shifted(self, start: int) -> Measurement:
         """The same measurement with its cases' inputs counted from ``start``."""
-        cases = [dataclasses.replace(case, input=case.input + start) for case in self.dominance]
-        exact = [dataclasses.replace(case, input=case.input + start) for case in self.operator]
-        heads = [dataclasses.replace(case, input=case.input + start) for case in self.heads]
-        return dataclasses.replace(self, dominance=cases, operator=exact, heads=heads)
+        names = ("dominance", "operator", "heads", "operating", "attribution")
+        moved: dict[str, Any] = {
+            name: [dataclasses.replace(c, input=c.input + start) for c in getattr(self, name)]
+            for name in names
+        }
+        return dataclasses.replace(self, **moved)
 
 
 def open_model(
@@ -292,7 +307,7 @@ def prepare(
     sha256 = file_sha256(ref.path)
     spectra = cached_value_spectra(blocks, sha256, use_cache=options.cache)
     dominance = options.dominance
-    granularity = "head" if dominance == "operator" else dominance
+    granularity = "head" if dominance in ("operator", "operating") else dominance
     eig_H = dominance_spectra(blocks, spectra, granularity, options.h) if dominance != "none" else []
     operator = operator_factors(blocks, options.h) if dominance == "operator" else ()
     prepared = PreparedAudit(
@@ -303,6 +318,7 @@ def prepare(
         spectra=tuple(spectra),
         eig_H=tuple(eig_H),
         operator=operator,
+        terms=block_terms(blocks) if dominance != "none" else (),
         prefix=prefix,
         items=items,
         notes=tuple(notes),
@@ -329,6 +345,7 @@ def measure_session(
         partial=prepared.matched_part_only,
         spectral_norm=options.spectral_norm,
         skipped=[failure.softmax for failure in prepared.skipped],
+        token_rows=bool(prepared.terms),
     )
 
 
@@ -357,8 +374,9 @@ def measure(
     shape = (inputs.batch_size, len(session.plan.layers))  # the layers, then the sublayers
     names = [*METRICS, *([SPECTRAL_NORM_METRIC] if options.spectral_norm else [])]
     per_input = {name: np.full(shape, np.nan) for name in names}
-    batches = session.batches(prepared.items, progress=options.progress)
     remaining = options.operator_inputs - first_input
+    rows = max(remaining, 0) if prepared.terms else 0
+    batches = session.batches(prepared.items, progress=options.progress, rows=rows)
     plan = OperatorPlan(prepared.operator, remaining) if prepared.operator and remaining > 0 else None
     stream = {name: np.full(shape, np.nan) for name in STREAM_TERMS}
     measure_batch = functools.partial(
@@ -371,8 +389,16 @@ def measure(
         plan,
         stream=stream,
         depth_inputs=max(options.depth_inputs - first_input, 0),
+        sublayer=sublayer_plan(
+            prepared.terms,
+            rows,
+            options.dominance == "operating",
+            session.plan,
+            session.sublayers,
+            options.tie_rtol,
+        ),
     )
-    cases, exact, heads = pipelined(batches, measure_batch, threads)
+    cases, exact, heads, (operating, parts) = pipelined(batches, measure_batch, threads)
     runner = session.runner
     provider = ProviderInfo(options.provider, tuple(runner.provider_used), runner.provider_note)
     n_layers, n_blocks = len(session.layers), len(prepared.blocks)
@@ -392,6 +418,8 @@ def measure(
         to_host,
         heads,
         {name: values[:, :n_layers] for name, values in stream.items()},
+        operating,
+        parts,
     )
 
 
@@ -422,6 +450,8 @@ def audit_result(
         metrics=measurement.metrics,
         attention_part=measurement.attention_part,
         operator=measurement.operator,
+        operating=measurement.operating,
+        attribution=measurement.attribution,
         heads=measurement.heads,
         stream=measurement.stream,
         dominance=measurement.dominance,
@@ -430,7 +460,7 @@ def audit_result(
             batch_size=options.batch_size,
             exclude_prefix=prepared.prefix,
             dominance=options.dominance,
-            operator_inputs=options.operator_inputs if options.dominance == "operator" else 0,
+            operator_inputs=options.operator_inputs if options.dominance != "none" else 0,
             h=options.h,
             tie_rtol=options.tie_rtol,
             metrics=tuple(m for m in METRICS if options.spectral or m not in SPECTRAL_METRICS)

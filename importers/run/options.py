@@ -51,7 +51,9 @@ class AuditOptions:
         H granularity of the dominance table, or skip it (no attention tensors fetched);
         ``"operator"`` is ``"head"`` plus the exact dominance of each block's whole operator
         ``I + Σ_h M_hᵀ ⊗ A_h`` on the first ``operator_inputs`` inputs
-        (:mod:`importers.run.operator_step`).
+        (:mod:`importers.run.operator_step`); ``"operating"`` is ``"head"`` plus the operator
+        frozen at each input's norm, ``X + Σ_h A_h D X M_h`` (:mod:`importers.run.operating_step`).
+        Every mode but ``"none"`` attributes each block's change on those inputs.
     operator_inputs : int
         Inputs of the operator dominance (default :data:`~importers.defaults.OPERATOR_INPUTS`).
     depth_inputs : int

@@ -53,6 +53,7 @@ from importers.run.cases import (
     kind_fractions,
     operator_summary,
 )
+from importers.run.sublayer_summary import sublayer_json
 from importers.value_spectra import SpectrumRow, summarize_spectra
 from importers.weights import BlockWeights
 
@@ -260,6 +261,8 @@ class AuditResult:
     stream: dict[str, np.ndarray] = field(default_factory=dict)
     depth: DepthSummary | None = None
     skipped: tuple[MatchFailure, ...] = ()
+    operating: list[Any] = field(default_factory=list)
+    attribution: list[Any] = field(default_factory=list)
 
     @property
     def n_layers(self) -> int:
@@ -339,6 +342,7 @@ class AuditResult:
                 ],
             },
             "depth": self.depth,
+            **sublayer_json(self.operating, self.attribution),
             "spectra": self.spectra_summary(),
             "config": self.config,
             "provenance": self.provenance,

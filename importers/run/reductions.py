@@ -58,7 +58,7 @@ from simulator.statistics import (
     gram_eigenvalues,
 )
 
-__all__ = ["MASK_INPUT", "GraphExtension", "ReductionPlan", "plan_reductions"]
+__all__ = ["MASK_INPUT", "ROWS_INPUT", "GraphExtension", "ReductionPlan", "plan_reductions"]
 
 Gram = Literal["tokens", "features", "none"]
 #: A norm's per-token scale to reduce: its kind and epsilon (:attr:`ReductionPlan.token_scale`).
@@ -66,6 +66,9 @@ TokenScale = tuple[Literal["layernorm", "rmsnorm"], float]
 
 #: The extra graph input carrying the (B, T) token weights, when the inputs have a padding mask.
 MASK_INPUT = "oversmooth.token_mask"
+#: The extra graph input selecting the (B,) items whose layer tensors come back whole
+#: (:attr:`ReductionPlan.token_rows`): 1 for an item to return, 0 otherwise.
+ROWS_INPUT = "oversmooth.token_rows"
 _PREFIX = "oversmooth.reduce"
 _DOUBLE = TensorProto.DOUBLE
 
@@ -130,6 +133,11 @@ class ReductionPlan:
         each layer's sum of counted rows comes back too when the Gram is D×D.
     token_scale : tuple of (kind, eps) or None
         Per layer, the norm whose per-token scale is reduced (:meth:`inverse_scale`), or None.
+    token_rows : bool
+        Every layer also comes back whole, float64 and batch-first, for the items the caller
+        marks in :data:`ROWS_INPUT` only (:meth:`tokens_name`, :meth:`rows_feed`): a ``(K, T,
+        D)`` output for the K marked items, ``(0, T, D)`` for a batch with none, so a long audit
+        copies the few items the operating point and the attribution read, not every item.
     """
 
     layers: tuple[str, ...]
@@ -139,6 +147,15 @@ class ReductionPlan:
     prefix: int = 0
     spectral_norm: bool = False
     token_scale: tuple[TokenScale | None, ...] = ()
+    token_rows: bool = False
+
+    def tokens_name(self, layer: int) -> str:
+        return f"{_PREFIX}.{layer}.tokens"
+
+    def rows_feed(self, keep: np.ndarray) -> dict[str, np.ndarray]:
+        """The extra feed marking the (B,) items whose layers come back whole (empty unless
+        :attr:`token_rows`)."""
+        return {ROWS_INPUT: np.asarray(keep, dtype=np.float64)} if self.token_rows else {}
 
     def scalars_name(self, layer: int) -> str:
         return f"{_PREFIX}.{layer}.scalars"
@@ -301,11 +318,12 @@ def _layer_nodes(
     time_major: bool,
     totals: bool = False,
     token_scale: TokenScale | None = None,
+    rows: str | None = None,
 ) -> None:
     """Append the statistics nodes of one layer tensor ``x`` (B, T, D), or (T, B, D) when
     ``time_major`` (transposed to (B, T, D) first); with ``totals``, the (B, D) sum of the
     counted rows is an output too; with ``token_scale``, the weighted sum of the norm's
-    ``1/s_t``."""
+    ``1/s_t``; with ``rows`` (a (K,) index tensor), the float64 layer of those items."""
     if time_major:
         x = b.op("Transpose", [x], f"{layer}.batch_first", perm=[1, 0, 2])
     xd = b.op("Cast", [x], f"{layer}.x64", to=_DOUBLE)
@@ -345,6 +363,8 @@ def _layer_nodes(
     b.output("Concat", columns, f"{_PREFIX}.{layer}.scalars", axis=1)
     if token_scale is not None:
         _inverse_scale_nodes(b, xd, w, layer, token_scale)
+    if rows is not None:
+        b.output("Gather", [xd, rows], f"{_PREFIX}.{layer}.tokens", axis=0)
     if gram != "none":
         xt = b.op("Transpose", [xm], f"{layer}.xt", perm=[0, 2, 1])
         pair = [xm, xt] if gram == "tokens" else [xt, xm]
@@ -390,6 +410,7 @@ def plan_reductions(
     time_major: Sequence[bool] = (),
     spectral_norm: bool = False,
     token_scale: Sequence[TokenScale | None] = (),
+    token_rows: bool = False,
 ) -> ReductionPlan:
     """Plan the in-graph statistics of ``layers`` (each a (B, T, D) tensor of ``model``).
 
@@ -415,6 +436,10 @@ def plan_reductions(
         Per layer (a prefix of ``layers``; missing entries are None), the norm reading it whose
         per-token scale to reduce (:meth:`ReductionPlan.inverse_scale`): ``"layernorm"`` or
         ``"rmsnorm"`` with its epsilon.
+    token_rows : bool
+        Also return every layer whole for the items marked in :data:`ROWS_INPUT`
+        (:attr:`ReductionPlan.token_rows`; from opset 9, which has ``NonZero``: an older graph
+        gets a plan whose ``token_rows`` is False).
 
     Returns
     -------
@@ -438,6 +463,7 @@ def plan_reductions(
             f"`token_scale` has {len(token_scale)} entries for {len(layers)} layers"
         )
     scales = (*token_scale, *([None] * (len(layers) - len(token_scale))))
+    rows = _marked_rows(builder) if token_rows else None
     for layer, name in enumerate(layers):
         totals = spectral_norm and gram == "features"
         _layer_nodes(
@@ -450,8 +476,11 @@ def plan_reductions(
             bool(time_major and time_major[layer]),
             totals,
             scales[layer],
+            rows,
         )
         outputs.append(_typed(f"{_PREFIX}.{layer}.scalars", ["batch", len(SCALAR_FIELDS)]))
+        if rows is not None:
+            outputs.append(_typed(f"{_PREFIX}.{layer}.tokens", ["rows", "tokens", "d"]))
         if scales[layer] is not None:
             outputs.append(_typed(f"{_PREFIX}.{layer}.inverse_scale", ["batch"]))
         if gram != "none":
@@ -461,7 +490,23 @@ def plan_reductions(
     extension = GraphExtension(
         nodes=tuple(builder.nodes),
         initializers=tuple(builder.initializers.values()),
-        inputs=(_typed(MASK_INPUT, ["batch", "tokens"]),) if masked else (),
+        inputs=(_typed(MASK_INPUT, ["batch", "tokens"]),) * masked
+        + (_typed(ROWS_INPUT, ["batch"]),) * (rows is not None),
         outputs=tuple(outputs),
     )
-    return ReductionPlan(tuple(layers), gram, masked, extension, prefix, spectral_norm, scales)
+    return ReductionPlan(
+        tuple(layers), gram, masked, extension, prefix, spectral_norm, scales, rows is not None
+    )
+
+
+def _marked_rows(b: _Builder) -> str | None:
+    """(K,) int64: the indices of the items marked in :data:`ROWS_INPUT`; None before opset 9
+    (no ``NonZero``: the layers do not come back whole, and the plan says so)."""
+    if b.opset < 9:
+        return None
+    if ROWS_INPUT in b.taken:
+        raise ImporterInputError(f"the model already has a tensor named {ROWS_INPUT!r}")
+    # fixed names, not b.fresh's numbered ones: the statistics' nodes keep their names
+    marked = b.output("Greater", [ROWS_INPUT, b.const(0.0, np.float64)], f"{_PREFIX}.rows.marked")
+    found = b.output("NonZero", [marked], f"{_PREFIX}.rows.nonzero")  # (1, K)
+    return b.output("Reshape", [found, b.const([-1], np.int64)], f"{_PREFIX}.rows.index")

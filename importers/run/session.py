@@ -39,6 +39,12 @@ from importers.run.depth import head_cases
 from importers.run.dominance import PendingCases, dominance_problems, nonfinite_attention
 from importers.run.feeds import Inputs
 from importers.run.layers import layer_tensors
+from importers.run.operating_step import (
+    AttributionCase,
+    OperatingCase,
+    OperatingPlan,
+    sublayer_cases,
+)
 from importers.run.operator_step import OperatorCase, operator_cases
 from importers.run.records import DominanceCase, HeadCase
 from importers.run.reductions import Gram, ReductionPlan, TokenScale, plan_reductions
@@ -150,16 +156,25 @@ class AuditSession:
         return self.batch_feeds(self.inputs)
 
     def batches(
-        self, items: int, *, progress: bool = False
+        self, items: int, *, progress: bool = False, rows: int = 0
     ) -> Iterator[tuple[Inputs, dict[str, np.ndarray]]]:
         """``(batch, outputs)`` for the inputs read ``items`` at a time (see :func:`run_batches`).
 
-        Each batch's outputs stay valid while :data:`LOOKAHEAD_BATCHES` more are run.
+        Each batch's outputs stay valid while :data:`LOOKAHEAD_BATCHES` more are run. With a
+        plan that returns whole layers (:attr:`ReductionPlan.token_rows`), those of the first
+        ``rows`` inputs come back (the batches are read in order).
         """
+        first = [0]
+
+        def feeds(batch: Inputs) -> dict[str, np.ndarray]:
+            keep = first[0] + np.arange(batch.batch_size) < rows
+            first[0] += batch.batch_size
+            return {**self.batch_feeds(batch), **self.plan.rows_feed(keep)}
+
         return run_batches(
             self.runner,
             self.inputs,
-            self.batch_feeds,
+            feeds,
             items,
             progress=progress,
             keep=LOOKAHEAD_BATCHES + 1,
@@ -179,6 +194,7 @@ def audit_session(
     partial: bool = False,
     spectral_norm: bool = False,
     skipped: Sequence[str] = (),
+    token_rows: bool = False,
 ) -> AuditSession:
     """Build the session the audit runs: layer statistics reduced in the graph, attention exposed.
 
@@ -209,6 +225,7 @@ def audit_session(
         time_major=time_major,
         spectral_norm=spectral_norm,
         token_scale=token_scale,
+        token_rows=token_rows,
     )
     grams = [plan.gram_name(layer) for layer in range(len(plan.layers))] if spectral else []
     runner = Runner(
@@ -304,9 +321,14 @@ class OperatorPlan:
     inputs: int
 
 
-#: A batch's cases: per (input, block, head), per (input, block) of the whole operator, and per
-#: (input, block, head) of the depth step.
-Cases = tuple[list[DominanceCase], list[OperatorCase], list[HeadCase]]
+#: A batch's cases: per (input, block, head), per (input, block) of the whole operator, per
+#: (input, block, head) of the depth step, and the operating point's and attribution's.
+Cases = tuple[
+    list[DominanceCase],
+    list[OperatorCase],
+    list[HeadCase],
+    tuple[list[OperatingCase], list[AttributionCase]],
+]
 
 
 class _BatchWork:
@@ -318,23 +340,26 @@ class _BatchWork:
         dominance: PendingCases | None,
         operator: Future[list[OperatorCase]] | None = None,
         heads: Future[list[HeadCase]] | None = None,
+        sublayer: Future[tuple[list[OperatingCase], list[AttributionCase]]] | None = None,
     ) -> None:
         self._metrics = metrics
         self._dominance = dominance
         self._operator = operator
         self._heads = heads
+        self._sublayer = sublayer
 
     def result(self) -> Cases:
         self._metrics.result()
         cases = self._dominance.result() if self._dominance is not None else []
         exact = self._operator.result() if self._operator is not None else []
-        return cases, exact, self._heads.result() if self._heads is not None else []
+        sublayer = self._sublayer.result() if self._sublayer is not None else ([], [])
+        return cases, exact, self._heads.result() if self._heads is not None else [], sublayer
 
     def cancel(self) -> None:
         self._metrics.cancel()
         if self._dominance is not None:
             self._dominance.cancel()
-        for future in (self._operator, self._heads):
+        for future in (self._operator, self._heads, self._sublayer):
             if future is not None:
                 future.cancel()
 
@@ -418,11 +443,13 @@ def batch_work(
     *,
     stream: dict[str, np.ndarray] | None = None,
     depth_inputs: int = 0,
+    sublayer: OperatingPlan | None = None,
 ) -> _BatchWork:
     """Start a batch's host work: its layer metrics (into ``per_input``, the depth step's stream
     terms into ``stream``), its dominance cases, the operator cases of its inputs below
-    ``operator.inputs`` and the depth step's head cases of those below ``depth_inputs``, once its
-    outputs are checked finite (:func:`check_finite_outputs`)."""
+    ``operator.inputs``, the depth step's head cases of those below ``depth_inputs`` and the
+    operating point's and attribution's of those below ``sublayer.inputs``, once its outputs are
+    checked finite (:func:`check_finite_outputs`)."""
     check_finite_outputs(session, blocks, outputs, batch, start)
     metrics = pool.submit(
         _measure_layers,
@@ -441,10 +468,13 @@ def batch_work(
     if operator is not None and start < operator.inputs:
         exact = pool.submit(operator_cases, problems, operator.factors, tie_rtol, operator.inputs)
     heads = pool.submit(head_cases, problems, depth_inputs) if start < depth_inputs else None
+    parts = None
+    if sublayer is not None and start < sublayer.inputs:
+        parts = pool.submit(sublayer_cases, problems, outputs, sublayer, start)
     pending = PendingCases(
         problems, tie_rtol, pool, to_host=session.copies, parallel=session.threads
     )
-    return _BatchWork(metrics, pending, exact, heads)
+    return _BatchWork(metrics, pending, exact, heads, parts)
 
 
 def pipelined(
@@ -463,14 +493,18 @@ def pipelined(
     cases: list[DominanceCase] = []
     exact: list[OperatorCase] = []
     heads: list[HeadCase] = []
+    operating: list[OperatingCase] = []
+    parts: list[AttributionCase] = []
     pending: deque[_BatchWork] = deque()
     start = 0
 
     def collect(work: _BatchWork) -> None:
-        per_head, whole, depth = work.result()
+        per_head, whole, depth, (points, split) = work.result()
         cases.extend(per_head)
         exact.extend(whole)
         heads.extend(depth)
+        operating.extend(points)
+        parts.extend(split)
 
     with threadpool_limits(limits=1, user_api="blas"):
         pool = ThreadPoolExecutor(max_workers=threads)
@@ -486,4 +520,4 @@ def pipelined(
             for work in pending:
                 work.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
-    return cases, exact, heads
+    return cases, exact, heads, (operating, parts)

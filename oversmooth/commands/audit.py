@@ -128,14 +128,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="head",
         help="H per head (default) or whole layer for the dominance table, or skip it; "
         "operator: per head plus the exact dominance of each block's whole multi-head operator "
-        "on the first --operator-inputs inputs (operator.csv)",
+        "on the first --operator-inputs inputs (operator.csv); operating: per head plus the "
+        "sublayer frozen at each of those inputs' norm, X + sum_h A_h D X M_h (operating.csv)",
     )
     p.add_argument(
         "--operator-inputs",
         type=positive_int,
         metavar="N",
-        help=f"inputs of --dominance operator (default {OPERATOR_INPUTS}; DINOv2 on 2 CPU cores: "
-        "about 6 s per input and block)",
+        help=f"inputs of --dominance operator/operating and of the attribution (attribution.csv; "
+        f"default {OPERATOR_INPUTS}; the operator on DINOv2, 2 CPU cores: about 6 s per input and "
+        "block)",
     )
     p.add_argument(
         "--depth-inputs",
