@@ -9,6 +9,9 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 __all__ = [
+    "AUTO_EVERY",
+    "AUTO_FIRST",
+    "AUTO_WIDTH",
     "BATCH_SIZE",
     "DEPTH_INPUTS",
     "DOMINANCE_MODES",
@@ -47,3 +50,9 @@ OPERATOR_INPUTS = 2
 #: of HFC/LFC: one (n−1)×(n−1) eigensolve per (input, block, head), about 25 ms at n = 257 on one
 #: core, so DINOv2's 72 heads add about 1.8 s of CPU per input; docs/theory.md §6.11).
 DEPTH_INPUTS = 1
+#: ``--dominance-inputs auto``: every share's 95 % interval over inputs at most this wide (5
+#: percentage points), looked at after AUTO_FIRST inputs (fewer all count) and every AUTO_EVERY
+#: after that (:mod:`importers.run.dominance_inputs`).
+AUTO_WIDTH = 0.05
+AUTO_FIRST = 32
+AUTO_EVERY = 16

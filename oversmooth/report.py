@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from importers.defaults import AUTO_EVERY, AUTO_FIRST, AUTO_WIDTH
 from importers.run.records import (
     DEPTH_COLUMNS,
     DOMINANCE_COLUMNS,
@@ -345,6 +346,8 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
             "other |1 + λ^H| exceeds 1), decided without A's spectrum and with no mode "
             "(docs/theory.md §6.10).",
             "",
+            _dominance_inputs_sentence(result),
+            "",
             _h_paragraph(result),
             "",
             "Per block: the theory predicts smoothing when more than half the cases are perron-type "
@@ -433,3 +436,26 @@ def render_report(result: AuditResult, figures: Sequence[tuple[str, str]] = ()) 
         "",
     ]
     return "\n".join(lines)
+
+
+def _dominance_inputs_sentence(result: AuditResult) -> str:
+    """How many inputs the dominance step used, why, and how precise its shares are."""
+    dom = result.dominance_summary()
+    n_inputs = result.inputs.n_inputs
+    used = n_inputs if dom.inputs is None else dom.inputs
+    rule = {
+        "auto": "`--dominance-inputs auto`: the first inputs whose four shares' 95 % intervals "
+        f"over inputs are all at most {100 * AUTO_WIDTH:g} points wide, looked at after "
+        f"{AUTO_FIRST} inputs and every {AUTO_EVERY} after (fewer than {AUTO_FIRST}: all)",
+        "all": "`--dominance-inputs all`",
+    }.get(str(dom.rule), f"`--dominance-inputs {dom.rule}`")
+    width = (
+        "not computed"
+        if dom.interval_width is None
+        else f"{100 * dom.interval_width:.1f} percentage points"
+    )
+    return (
+        f"The dominance step used the first {used} of the {n_inputs} inputs ({rule}); the widest "
+        f"95 % bootstrap interval over inputs of the four shares there is {width}. The layer "
+        "metrics cover every input."
+    )

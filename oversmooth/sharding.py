@@ -192,8 +192,13 @@ def _measure_shard(
     (:meth:`~oversmooth.executor.Executor.task_threads`); the graph is loaded, never matched.
     """
     graph = load_model(_local_copy(model))
-    return measure(
-        prepared, graph, shard.inputs, threads=own_threads(threads), first_input=shard.start
+    return measure(  # every dominance case: the merge applies --dominance-inputs to all inputs
+        prepared,
+        graph,
+        shard.inputs,
+        threads=own_threads(threads),
+        first_input=shard.start,
+        stop_early=False,
     )
 
 

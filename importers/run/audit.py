@@ -83,6 +83,7 @@ from importers.run.depth import depth_summary
 from importers.run.dominance import (
     dominance_spectra,
 )
+from importers.run.dominance_inputs import DominanceBudget, dominance_stop
 from importers.run.feeds import Inputs
 from importers.run.operating_step import (
     AttributionCase,
@@ -357,6 +358,7 @@ def measure(
     threads: int | None = None,
     first_input: int = 0,
     session: AuditSession | None = None,
+    stop_early: bool = True,
 ) -> Measurement:
     """Run the audit's session on ``inputs``: every metric per (input, layer), every dominance case.
 
@@ -364,7 +366,9 @@ def measure(
     ``threads`` (a cluster worker's share of its host), else every core this process may use.
     ``first_input`` is the number of the first of ``inputs`` among all the audit's inputs (a
     shard's start): the operator dominance runs on the audit's first ``operator_inputs`` only.
-    ``session``: one already built by :func:`measure_session` for these inputs.
+    ``session``: one already built by :func:`measure_session` for these inputs. ``stop_early``:
+    let ``--dominance-inputs auto`` stop the dominance step once its shares are precise enough
+    (a shard, which sees only its inputs, computes them all and the merge decides).
     """
     options = prepared.options
     threads = options.threads or threads or default_threads()
@@ -379,6 +383,7 @@ def measure(
     batches = session.batches(prepared.items, progress=options.progress, rows=rows)
     plan = OperatorPlan(prepared.operator, remaining) if prepared.operator and remaining > 0 else None
     stream = {name: np.full(shape, np.nan) for name in STREAM_TERMS}
+    budget = DominanceBudget(options.dominance_inputs, first_input, stop_early)
     measure_batch = functools.partial(
         batch_work,
         session,
@@ -397,8 +402,9 @@ def measure(
             session.sublayers,
             options.tie_rtol,
         ),
+        budget=budget,
     )
-    cases, exact, heads, (operating, parts) = pipelined(batches, measure_batch, threads)
+    cases, exact, heads, (operating, parts) = pipelined(batches, measure_batch, threads, budget)
     runner = session.runner
     provider = ProviderInfo(options.provider, tuple(runner.provider_used), runner.provider_note)
     n_layers, n_blocks = len(session.layers), len(prepared.blocks)
@@ -440,6 +446,9 @@ def audit_result(
     blocks = [block for block in prepared.blocks if isinstance(block, BlockWeights)]
     if len(blocks) != len(prepared.blocks):
         raise TypeError("audit_result needs the prepared blocks with their weights")
+    stop = None
+    if options.dominance != "none":
+        stop = dominance_stop(measurement.dominance, options.dominance_inputs, inputs.batch_size)
     result = AuditResult(
         model=prepared.model,
         inputs=InputsInfo(
@@ -454,7 +463,7 @@ def audit_result(
         attribution=measurement.attribution,
         heads=measurement.heads,
         stream=measurement.stream,
-        dominance=measurement.dominance,
+        dominance=[c for c in measurement.dominance if stop is None or c.input < stop.inputs],
         spectra=spectrum_rows(prepared.spectra),
         config=AuditConfig(
             batch_size=options.batch_size,
@@ -466,6 +475,7 @@ def audit_result(
             metrics=tuple(m for m in METRICS if options.spectral or m not in SPECTRAL_METRICS)
             + ((SPECTRAL_NORM_METRIC,) if options.spectral_norm else ()),
             depth_inputs=options.depth_inputs if options.dominance != "none" else 0,
+            dominance_inputs=options.dominance_inputs,
         ),
         provenance=Provenance(
             python=platform.python_version(),
@@ -475,6 +485,7 @@ def audit_result(
         ),
         notes=[*prepared.notes, *run_notes(measurement.runner), *notes],
         skipped=prepared.skipped,
+        dominance_stop=stop,
     )
     return dataclasses.replace(result, depth=depth_summary(result))
 

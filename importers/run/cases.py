@@ -386,7 +386,12 @@ class Agreement(Record):
 @dataclass(frozen=True)
 class DominanceSummary(Record):
     """Fractions of perron / non-perron (balanced among them) / contracting cases overall (None
-    without cases) and per block; perron, non-perron and contracting add up to 1."""
+    without cases) and per block; perron, non-perron and contracting add up to 1.
+
+    ``inputs`` is how many of the audit's first inputs the cases come from, ``rule`` how that
+    number was chosen (``--dominance-inputs``: a number, ``all`` or ``auto``) and
+    ``interval_width`` the widest 95 % bootstrap interval over inputs of the four shares there
+    (:mod:`importers.run.dominance_inputs`; None where not computed)."""
 
     cases: int
     perron: float | None
@@ -396,6 +401,9 @@ class DominanceSummary(Record):
     per_block: tuple[BlockVerdict, ...]
     agreement: Agreement | None = None
     operator: OperatorSummary | None = None
+    inputs: int | None = None
+    rule: str | None = None
+    interval_width: float | None = None
 
 
 @dataclass(frozen=True)

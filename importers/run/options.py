@@ -24,6 +24,7 @@ from importers.defaults import (
     Provider,
 )
 from importers.errors import ImporterInputError
+from importers.run.dominance_inputs import DominanceInputs, check_dominance_inputs
 from importers.value_spectra import H_CHOICES, HChoice
 from importers.zoo import ZooModel
 from simulator.tolerances import TIE_RTOL
@@ -54,6 +55,11 @@ class AuditOptions:
         (:mod:`importers.run.operator_step`); ``"operating"`` is ``"head"`` plus the operator
         frozen at each input's norm, ``X + Σ_h A_h D X M_h`` (:mod:`importers.run.operating_step`).
         Every mode but ``"none"`` attributes each block's change on those inputs.
+    dominance_inputs : int, "all" or "auto"
+        Inputs the dominance step (the per-head table and its shares) uses: the first N, every
+        one, or (default) the first whose four shares' 95 % intervals over inputs are all at most
+        5 points wide, looked at after 32 inputs and every 16 after that (fewer than 32: all);
+        :mod:`importers.run.dominance_inputs`. The layer metrics always cover every input.
     operator_inputs : int
         Inputs of the operator dominance (default :data:`~importers.defaults.OPERATOR_INPUTS`).
     depth_inputs : int
@@ -92,6 +98,7 @@ class AuditOptions:
     batch_size: int = BATCH_SIZE
     exclude_prefix: bool | int = False
     dominance: Granularity = "head"
+    dominance_inputs: DominanceInputs = "auto"
     operator_inputs: int = OPERATOR_INPUTS
     depth_inputs: int = DEPTH_INPUTS
     h: HChoice = "effective"
@@ -106,6 +113,7 @@ class AuditOptions:
     def __post_init__(self) -> None:
         check_choice(self.dominance, "dominance", DOMINANCE_MODES, error=ImporterInputError)
         check_choice(self.h, "h", H_CHOICES, error=ImporterInputError)
+        check_dominance_inputs(self.dominance_inputs)
         check_positive_int(self.operator_inputs, "operator_inputs", error=ImporterInputError)
         check_positive_int(self.depth_inputs, "depth_inputs", error=ImporterInputError)
         if self.spectral_norm and not self.spectral:

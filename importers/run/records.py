@@ -26,6 +26,7 @@ re-exported here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -56,6 +57,7 @@ from importers.run.cases import (
 from importers.run.sublayer_summary import sublayer_json
 from importers.value_spectra import SpectrumRow, summarize_spectra
 from importers.weights import BlockWeights
+from simulator.sampling import Stop
 
 __all__ = [
     "DEPTH_COLUMNS",
@@ -179,6 +181,7 @@ class AuditConfig(Record):
     tie_rtol: float
     metrics: tuple[str, ...]
     depth_inputs: int = 0
+    dominance_inputs: int | str = "auto"
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,9 @@ class AuditResult:
         The depth step's summary (:func:`importers.run.depth.depth_summary`), None when not made.
     skipped : tuple of MatchFailure
         The attention skipped by design, outside the theory: each Softmax, code and reason.
+    dominance_stop : Stop or None
+        How many of the first inputs ``dominance`` covers and the widest share interval there
+        (:func:`importers.run.dominance_inputs.dominance_stop`); None without a dominance step.
     """
 
     model: ModelInfo
@@ -263,6 +269,7 @@ class AuditResult:
     skipped: tuple[MatchFailure, ...] = ()
     operating: list[Any] = field(default_factory=list)
     attribution: list[Any] = field(default_factory=list)
+    dominance_stop: Stop | None = None
 
     @property
     def n_layers(self) -> int:
@@ -300,12 +307,16 @@ class AuditResult:
             block_verdict(int(block), kinds[blocks == block], means, attention)
             for block in np.unique(blocks)
         )
+        stop = self.dominance_stop
         return DominanceSummary(
             int(kinds.size),
             *kind_fractions(kinds),
             per_block,
             agreement=Agreement.of(per_block),
             operator=operator_summary(self.operator, self.dominance),
+            inputs=None if stop is None else stop.inputs,
+            rule=None if stop is None else str(self.config.dominance_inputs),
+            interval_width=None if stop is None or math.isnan(stop.width) else stop.width,
         )
 
     def spectra_summary(self) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from importers.match import AttentionBlock
 from importers.run.batching import run_batches
 from importers.run.depth import head_cases
 from importers.run.dominance import PendingCases, dominance_problems, nonfinite_attention
+from importers.run.dominance_inputs import DominanceBudget
 from importers.run.feeds import Inputs
 from importers.run.layers import layer_tensors
 from importers.run.operating_step import (
@@ -444,12 +445,14 @@ def batch_work(
     stream: dict[str, np.ndarray] | None = None,
     depth_inputs: int = 0,
     sublayer: OperatingPlan | None = None,
+    budget: DominanceBudget | None = None,
 ) -> _BatchWork:
     """Start a batch's host work: its layer metrics (into ``per_input``, the depth step's stream
     terms into ``stream``), its dominance cases, the operator cases of its inputs below
     ``operator.inputs``, the depth step's head cases of those below ``depth_inputs`` and the
     operating point's and attribution's of those below ``sublayer.inputs``, once its outputs are
-    checked finite (:func:`check_finite_outputs`)."""
+    checked finite (:func:`check_finite_outputs`); the dominance cases only of the inputs
+    ``budget`` still wants (:class:`~importers.run.dominance_inputs.DominanceBudget`)."""
     check_finite_outputs(session, blocks, outputs, batch, start)
     metrics = pool.submit(
         _measure_layers,
@@ -471,9 +474,8 @@ def batch_work(
     parts = None
     if sublayer is not None and start < sublayer.inputs:
         parts = pool.submit(sublayer_cases, problems, outputs, sublayer, start)
-    pending = PendingCases(
-        problems, tie_rtol, pool, to_host=session.copies, parallel=session.threads
-    )
+    wanted = problems if budget is None else [p for p in problems if budget.wants(p.item)]
+    pending = PendingCases(wanted, tie_rtol, pool, to_host=session.copies, parallel=session.threads)
     return _BatchWork(metrics, pending, exact, heads, parts)
 
 
@@ -481,6 +483,7 @@ def pipelined(
     batches: Iterator[tuple[Inputs, dict[str, np.ndarray]]],
     measure: Callable[[ThreadPoolExecutor, Inputs, int, dict[str, np.ndarray]], _BatchWork],
     threads: int,
+    budget: DominanceBudget | None = None,
 ) -> Cases:
     """Run every batch's host work on worker threads while onnxruntime runs the next batches.
 
@@ -488,19 +491,23 @@ def pipelined(
     memory stays bounded; the cases come back in batch order. Many small eigenvalue problems: one
     BLAS thread each, ``threads`` worker threads, one per core (this also avoids the collapse of
     multithreaded BLAS on a busy machine, 5-20x measured on 2 cores). On an error or Ctrl-C the
-    work not yet started is cancelled.
+    work not yet started is cancelled. ``budget`` sees each batch's dominance cases as they come
+    back, in order, and may stop later batches from computing theirs.
     """
     cases: list[DominanceCase] = []
     exact: list[OperatorCase] = []
     heads: list[HeadCase] = []
     operating: list[OperatingCase] = []
     parts: list[AttributionCase] = []
-    pending: deque[_BatchWork] = deque()
+    pending: deque[tuple[_BatchWork, int]] = deque()
     start = 0
 
-    def collect(work: _BatchWork) -> None:
+    def collect(item: tuple[_BatchWork, int]) -> None:
+        work, end = item
         per_head, whole, depth, (points, split) = work.result()
         cases.extend(per_head)
+        if budget is not None:
+            budget.observe(cases, end)
         exact.extend(whole)
         heads.extend(depth)
         operating.extend(points)
@@ -510,14 +517,14 @@ def pipelined(
         pool = ThreadPoolExecutor(max_workers=threads)
         try:
             for batch, outputs in batches:
-                pending.append(measure(pool, batch, start, outputs))
+                pending.append((measure(pool, batch, start, outputs), start + batch.batch_size))
                 start += batch.batch_size
                 while len(pending) > LOOKAHEAD_BATCHES:
                     collect(pending.popleft())
             while pending:
                 collect(pending.popleft())
         finally:
-            for work in pending:
+            for work, _ in pending:
                 work.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
     return cases, exact, heads, (operating, parts)

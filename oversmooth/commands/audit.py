@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from importers.defaults import (
+    AUTO_EVERY,
+    AUTO_FIRST,
+    AUTO_WIDTH,
     BATCH_SIZE,
     DEPTH_INPUTS,
     DOMINANCE_MODES,
@@ -25,7 +28,7 @@ from importers.defaults import (
 )
 from importers.errors import ImporterInputError
 from importers.zoo import ZooModel, lookup
-from oversmooth.commands.common import add_scheduler_options, positive_int
+from oversmooth.commands.common import add_scheduler_options, count_or_rule, positive_int
 
 if TYPE_CHECKING:  # types only: the audit's modules (onnx, the matcher) load when the command runs
     from importers.graph import GraphInput
@@ -130,6 +133,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "operator: per head plus the exact dominance of each block's whole multi-head operator "
         "on the first --operator-inputs inputs (operator.csv); operating: per head plus the "
         "sublayer frozen at each of those inputs' norm, X + sum_h A_h D X M_h (operating.csv)",
+    )
+    p.add_argument(
+        "--dominance-inputs",
+        type=count_or_rule,
+        default="auto",
+        metavar="N|all|auto",
+        help=f"inputs of the dominance table and its shares: the first N, all, or (default) the "
+        f"first whose four shares' 95%% intervals over inputs are all at most "
+        f"{AUTO_WIDTH * 100:g} points wide, looked at after {AUTO_FIRST} inputs and every "
+        f"{AUTO_EVERY} after that (fewer: all); the layer metrics cover every input",
     )
     p.add_argument(
         "--operator-inputs",
@@ -296,16 +309,17 @@ def audit_options(args: argparse.Namespace) -> AuditOptions:
     """The :class:`~importers.run.audit.AuditOptions` the command line asks for."""
     from importers.run.audit import AuditOptions
 
-    if args.operator_inputs is not None and args.dominance != "operator":
+    if args.operator_inputs is not None and args.dominance == "none":
         raise ImporterInputError(
-            "`--operator-inputs` applies to `--dominance operator`; got dominance "
-            f"{args.dominance!r}"
+            "`--operator-inputs` applies to the operator, operating point and attribution of a "
+            "dominance step; got dominance 'none'"
         )
     return AuditOptions(
         provider=args.provider,
         batch_size=args.batch_size,
         exclude_prefix=args.exclude_prefix,
         dominance=args.dominance,
+        dominance_inputs=args.dominance_inputs,
         operator_inputs=args.operator_inputs or OPERATOR_INPUTS,
         depth_inputs=args.depth_inputs,
         h=args.h,

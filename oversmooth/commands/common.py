@@ -13,6 +13,18 @@ if TYPE_CHECKING:  # a type only; importing onnx here would slow every `oversmoo
     from importers.graph import OnnxModel
 
 
+def count_or_rule(text: str) -> int | str:
+    """argparse ``type`` of ``--dominance-inputs``: a positive integer, ``all`` or ``auto``."""
+    if text in ("all", "auto"):
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer, 'all' or 'auto'; got {text!r}"
+        ) from None
+
+
 def positive_int(text: str) -> int:
     """argparse ``type`` of a count (``--threads``, ``--batch-size``, ...): refused at parse time,
     with the option named, before any work starts."""

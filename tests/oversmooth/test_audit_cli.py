@@ -360,7 +360,8 @@ def test_provider_cuda_without_a_usable_gpu_is_bad_input(
         ),
         (["--text", "sentences.txt"], "--tokenizer"),
         (["--h", "folded"], "argument --h: invalid choice"),
-        (["--operator-inputs", "3"], "`--operator-inputs` applies to `--dominance operator`"),
+        (["--dominance-inputs", "0"], "must be a positive integer, 'all' or 'auto'"),
+        (["--operator-inputs", "3", "--dominance", "none"], "`--operator-inputs` applies to the"),
         (["--spectral-hfc", "--no-spectral"], "`spectral_norm` needs the Gram matrices"),
     ],
 )
