@@ -83,7 +83,8 @@ def layer_boundaries(basis: MatchBasis, blocks: list[AttentionBlock]) -> list[At
                 output_name=output,
                 attention_input_name=block.input_name,
                 notes=(*block.notes, _note(k, start, block.input_name)),
-                roles=block.roles | {"layer input": f"{k} sub-layer(s) before {block.input_name!r}"},
+                roles=block.roles
+                | {"layer input": f"{k} sub-layer(s) before {block.input_name!r}"},
             )
         )
     return moved

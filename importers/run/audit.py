@@ -396,6 +396,7 @@ def measure(
             session.plan,
             session.sublayers,
             options.tie_rtol,
+            session.reads,
         ),
     )
     cases, exact, heads, (operating, parts) = pipelined(batches, measure_batch, threads)
@@ -404,7 +405,8 @@ def measure(
     n_layers, n_blocks = len(session.layers), len(prepared.blocks)
     attention_part = {name: np.full((inputs.batch_size, n_blocks), np.nan) for name in names}
     for name, values in per_input.items():
-        attention_part[name][:, session.sublayers] = values[:, n_layers:]
+        sublayers = values[:, n_layers : n_layers + len(session.sublayers)]
+        attention_part[name][:, session.sublayers] = sublayers
     layers = {name: values[:, :n_layers] for name, values in per_input.items()}
     copies = session.copies
     to_host = {"bytes": copies.bytes, "arrays": copies.arrays, "device_bytes": copies.device_bytes}
@@ -417,10 +419,19 @@ def measure(
         exact,
         to_host,
         heads,
-        {name: values[:, :n_layers] for name, values in stream.items()},
+        {name: _read_streams(values, n_layers, session.reads) for name, values in stream.items()},
         operating,
         parts,
     )
+
+
+def _read_streams(values: np.ndarray, n_layers: int, reads: list[int]) -> np.ndarray:
+    """The depth step's stream terms per layer, column i (i < blocks) taken from the stream block
+    i's attention reads (its layer, or its attention input's plan entry, :attr:`AuditSession.
+    reads`)."""
+    out = values[:, :n_layers].copy()
+    out[:, : len(reads)] = values[:, reads]
+    return out
 
 
 def audit_result(
