@@ -58,6 +58,17 @@ def layer_boundaries(basis: MatchBasis, blocks: list[AttentionBlock]) -> list[At
     becomes ``attention_input_name``), block i-1's output is that same stream, and the last
     block's output also passes the norm its sub-layer ends with where the others' do. A boundary
     that is not found is the block's ``stream_error`` (the audit refuses it).
+
+    Parameters
+    ----------
+    basis : MatchBasis
+        The graph's match basis (its queries: sums, norms, branches).
+    blocks : list of AttentionBlock
+        Every matched block, numbered, their streams as the walk left them.
+
+    Returns
+    -------
+    list of AttentionBlock
     """
     k = sublayers_before_attention(blocks)
     if k == 0:
@@ -70,9 +81,13 @@ def layer_boundaries(basis: MatchBasis, blocks: list[AttentionBlock]) -> list[At
         if start is None:
             moved.append(_lost(block, f"the stream {k} residual sub-layer(s) before it"))
             continue
-        output = starts[i + 1] if i + 1 < len(blocks) else _last_output(walker, block, starts[-1])
+        if i + 1 < len(blocks):
+            output, missing = starts[i + 1], "the next layer's input"
+        else:
+            output = _last_output(walker, block, start)
+            missing = "the norm closing its layer, as the other layers close"
         if output is None:
-            moved.append(_lost(block, "the norm closing its layer, as the other layers close"))
+            moved.append(_lost(block, missing))
             continue
         base = walker.before_constant_terms(start)
         moved.append(

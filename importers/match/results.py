@@ -178,7 +178,9 @@ class AttentionBlock:
     output_name : str
         The stream leaving the block, in the layout of ``input_name``: the residual sum closing the
         MLP branch (pre-LN, no norm), its norm (post-LN), the sum after both branches (parallel),
-        or the attention sub-block's stream where no MLP branch follows.
+        or the attention sub-block's stream where no MLP branch follows; where residual
+        sub-layers come before each attention inside a layer, the layer's output
+        (:mod:`importers.match.boundaries`).
     attention_name : str
         The Softmax output (attention probabilities, shape (batch, n_heads, T, T), or
         (batch · n_heads, T, T) where the scores are batched 3-D products: see

@@ -9,12 +9,15 @@ it reports the eigenvalues of the value products per head and layer, stored and 
 
 Layers
 ------
-Layer 0 is the residual stream entering the first attention block (after the embeddings and any
+Layer 0 is the residual stream entering the first block (after the embeddings and any
 embedding norm); layer i is the output of block i-1, i.e. the stream entering block i. For a post-LN
 block that is the output of its last norm; for a pre-LN block the residual after its MLP add, before
 any final norm. A decoder layer's cross-attention, skipped by design, is inside its layer: layer i
-is the output of the whole decoder layer i-1, as Hugging Face's ``hidden_states`` count them. Padding tokens (from the attention mask) never enter a metric; prefix tokens (CLS,
-registers) are left out of the metrics when ``exclude_prefix`` is set.
+is the output of the whole decoder layer i-1, as Hugging Face's ``hidden_states`` count them; so
+are the sub-layers a layer holds before its attention (a Conformer's first half-step FFN: layer i
+is then the output of layer i-1 after its final norm, :mod:`importers.match.boundaries`). Padding
+tokens (from the attention mask) never enter a metric; prefix tokens (CLS, registers) are left out
+of the metrics when ``exclude_prefix`` is set.
 
 Dominance counting
 ------------------
