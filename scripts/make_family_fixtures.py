@@ -196,12 +196,6 @@ class Family:
     hooked : (str, str)
         The submodules of a block whose input and output are the block's, where the block's own
         hooks do not fire (SqueezeBERT's encoder calls ``layer.forward`` directly); "": the block.
-    macaron : (str, str) or None
-        For layers with more residual sub-layers than attention and MLP (a Conformer's macaron
-        block): the submodule whose input is the stream each attention reads (its pre-norm) and
-        the one whose input ends the last layer (its final norm). The truth's layers are then the
-        stream entering each attention and the last layer's stream before its final norm, the
-        audit's definition (the layer hooks would give the layers' own inputs).
     encoder_states : bool
         The model is a decoder stack with cross-attention: it also takes ``encoder_hidden_states``
         (batch, :data:`ENCODER_TOKENS`, d_model), random, and ``encoder_attention_mask``. Its
@@ -228,7 +222,6 @@ class Family:
     build: Callable[[Corpus, Family], None] | None = None
     channels_first: bool = False
     hooked: tuple[str, str] = ("", "")
-    macaron: tuple[str, str] | None = None
     encoder_states: bool = False
     pooled: bool = False
 
@@ -1205,7 +1198,8 @@ FAMILIES: tuple[Family, ...] = (
     ),
     # wav2vec2-conformer with rotary positions: the rotary embedding is applied to the block's
     # normalised stream before the Q and K projections (V projects it unrotated); each layer is
-    # a macaron block (half FFN, attention, convolution module, half FFN, final LayerNorm).
+    # a macaron block (half FFN, attention, convolution module, half FFN, final LayerNorm): its
+    # layers are the whole layers' input and outputs, as every other family's (the layer hooks).
     Family(
         "w2v2_conformer",
         _hf(
@@ -1239,7 +1233,6 @@ FAMILIES: tuple[Family, ...] = (
         optimizer=None,
         optimum=False,
         variants=frozenset({"dynamo_eager"}),
-        macaron=("self_attn_layer_norm", "final_layer_norm"),
     ),
     # XGLM: scores as batched (B·H, T, T) products, viewed as (B, H, T, T) for the mask and a
     # floor at finfo.min, then back for the Softmax; sinusoidal positions.
@@ -1414,14 +1407,10 @@ def truth(family: Family, model: nn.Module, feeds: dict[str, np.ndarray]) -> dic
     first, last = family.hooked
     starts = [_module(b, first) if first else b for b in blocks]
     ends = [_module(b, last) if last else b for b in blocks]
-    if family.macaron is not None:  # the stream entering each attention, then the last layer's
-        before, final = family.macaron
-        starts = [_module(b, before) for b in blocks] + [_module(blocks[-1], final)]
-        ends = []
     with torch.no_grad(), _boundaries(starts, ends) as (inputs, outputs):
         _call(model, family, feeds)
     weights = [block_weights(family, b) for b in blocks for _ in range(family.repeat)]
-    hidden = inputs if family.macaron else [inputs[0], *outputs]
+    hidden = [inputs[0], *outputs]
     if family.channels_first:
         hidden = [h.transpose(1, 2) for h in hidden]
     out = {

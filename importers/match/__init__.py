@@ -54,11 +54,14 @@ How a block is matched (names are never used, only op types, constants and shape
    are fused ``LayerNormalization``, the decomposed LayerNorm chain, RMSNorm
    (Pow/ReduceMean/Add/Sqrt/Reciprocal-or-Div/Mul/Mul), ``SimplifiedLayerNormalization``,
    ``RMSNormalization`` or the fused skip norms (:mod:`importers.match.norms`).
+7. Once every block is matched, the layers' boundaries (:mod:`importers.match.boundaries`): where a
+   layer holds residual sub-layers before its attention (a Conformer's half-step FFN), each block's
+   input and output move that many sub-layers back, to the stream between whole layers.
 
 This package's ``__init__`` is the public face; the work is done in its modules: :mod:`importers.match.results`
 (the result classes), :mod:`importers.match.core` (the Softmax-anchored walk, steps 1, 2 and 5),
 :mod:`importers.match.projections` (step 3), :mod:`importers.match.layout` (the probe, steps 4 and 5),
-:mod:`importers.match.stream` and :mod:`importers.match.norms` (step 6) and :mod:`importers.match.walker` (the shared graph queries).
+:mod:`importers.match.stream` and :mod:`importers.match.norms` (step 6), :mod:`importers.match.boundaries` (step 7) and :mod:`importers.match.walker` (the shared graph queries).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from collections.abc import Callable
 
 from importers.errors import ImporterError
 from importers.graph import GraphIndex, Node, OnnxModel
+from importers.match.boundaries import layer_boundaries
 from importers.match.codes import RejectCode
 from importers.match.core import SCALE_RTOL as SCALE_RTOL
 from importers.match.core import Matcher
@@ -158,6 +162,7 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
         )
         for position, block in enumerate(blocks)
     ]
+    blocks = layer_boundaries(bases.at((PROBE_BATCH, PROBE_SEQUENCE)), blocks)
     return MatchReport(blocks=blocks, failures=failures + fused, n_softmax=len(softmaxes))
 
 

@@ -163,6 +163,7 @@ class Matcher(GraphWalker):
             output_name=stream.output_name,
             parallel=stream.parallel,
             stream_error=stream.stream_error,
+            further_sums=stream.further_sums,
         )
 
     def check_self_attention(self, q: Trace, k: Trace, v: Trace) -> tuple[tuple[str, ...], bool]:

@@ -167,7 +167,9 @@ class AttentionBlock:
     scale : float
         Product of the scalar factors found on Q, K and the scores (1/sqrt(d_head) normally).
     input_name : str
-        Residual stream entering the block (pre-LN: the norm's input; post-LN: the attention input).
+        Residual stream entering the block: its layer's input (:mod:`importers.match.boundaries`),
+        which is the stream the attention reads (pre-LN: the norm's input; post-LN: the attention
+        input) unless residual sub-layers come before the attention inside the layer.
     residual_name : str or None
         Output of the attention residual sum (an ``Add``, or a fused skip norm's sum output; for
         parallel blocks the sum after both branches).
@@ -176,7 +178,9 @@ class AttentionBlock:
     output_name : str
         The stream leaving the block, in the layout of ``input_name``: the residual sum closing the
         MLP branch (pre-LN, no norm), its norm (post-LN), the sum after both branches (parallel),
-        or the attention sub-block's stream where no MLP branch follows.
+        or the attention sub-block's stream where no MLP branch follows; where residual
+        sub-layers come before each attention inside a layer, the layer's output
+        (:mod:`importers.match.boundaries`).
     attention_name : str
         The Softmax output (attention probabilities, shape (batch, n_heads, T, T), or
         (batch · n_heads, T, T) where the scores are batched 3-D products: see
@@ -226,6 +230,14 @@ class AttentionBlock:
     time_major : bool
         The block's stream tensors are (tokens, batch, features), not (batch, tokens, features)
         (PyTorch's ``nn.TransformerEncoder`` without ``batch_first``).
+    further_sums : int
+        Residual sums closing non-attention branches that the stream walk passed after the MLP
+        residual up to the next attention (:meth:`~importers.match.stream.StreamMatcher.
+        further_sublayers`; 0 in most families).
+    attention_input_name : str or None
+        The stream the attention reads (as ``input_name`` describes it) where residual
+        sub-layers come before the attention inside the layer, so that it is not ``input_name``
+        (a Conformer's half-step FFN); None otherwise.
     """
 
     index: int
@@ -265,6 +277,8 @@ class AttentionBlock:
     input_base: str | None = None
     time_major: bool = False
     defused_from: str | None = None
+    further_sums: int = 0
+    attention_input_name: str | None = None
 
     @property
     def sources(self) -> dict[str, str]:
@@ -309,7 +323,8 @@ class AttentionBlock:
                 "norm_output": self.norm_output_name,
                 "output": self.output_name,
                 "attention": self.attention_name,
-            },
+            }
+            | ({"attention_input": self.attention_input_name} if self.attention_input_name else {}),
             "notes": list(self.notes),
             "stream_error": self.stream_error,
         }

@@ -77,7 +77,7 @@ class ResidualSum:
 class BlockStream:
     """What :meth:`StreamMatcher.block_stream` found of one block's stream and norm.
 
-    The first twelve fields become :class:`~importers.match.results.AttentionBlock`'s of the same
+    The first thirteen fields become :class:`~importers.match.results.AttentionBlock`'s of the same
     names; ``roles``, ``notes`` and ``departures`` are added to the block's own.
     """
 
@@ -93,6 +93,7 @@ class BlockStream:
     output_name: str
     parallel: bool
     stream_error: str | None
+    further_sums: int
     roles: dict[str, str]
     notes: tuple[str, ...]
     departures: tuple[str, ...]
@@ -286,15 +287,17 @@ class StreamMatcher(NormMatcher):
         roles: dict[str, str],
         crossed: list[str],
         post_ln: bool = False,
-    ) -> str:
+    ) -> tuple[str, int]:
         """The stream after the residual sub-layers that follow before the next attention: more
         sums closing non-attention branches on it, each possibly after a norm of the stream (a
         Conformer's macaron block: the convolution module, the second half-step FFN, the layer's
         final LayerNorm and the next layer's first half-step FFN all lie between two
         attentions; a decoder layer: the MLP after its cross-attention); ``output`` itself where
         none follows (every encoder family). A post-LN block's stream continues on each sum's
-        norm. The labels of the cross-attention sums passed are appended to ``crossed``."""
+        norm. The labels of the cross-attention sums passed are appended to ``crossed``. Returns
+        that stream and the number of sums passed."""
         passed: list[str] = []
+        count = 0
         for _ in range(MAX_SUM_CHAIN):
             streams = streams | {output, self.view_source(output)}
             total = self.mlp_residual(output, streams)
@@ -307,10 +310,11 @@ class StreamMatcher(NormMatcher):
                     break
                 passed.append(f"{norm.kind} {', '.join(norm.nodes)}")
             passed.append(self.sum_label(total, crossed))
+            count += 1
             output = self.post_norm(total).output if post_ln else self.requested(total.output)
         if passed:
             roles["further sub-layers"] = "; ".join(passed)
-        return output
+        return output, count
 
     @staticmethod
     def sum_label(total: ResidualSum, crossed: list[str]) -> str:
@@ -411,6 +415,7 @@ class StreamMatcher(NormMatcher):
             "output_name": o.output,
             "parallel": False,
             "stream_error": None,
+            "further_sums": 0,
         }
         try:
             traced = self.trace_stream(branch, candidates, pre, roles)
@@ -508,6 +513,7 @@ class StreamMatcher(NormMatcher):
             streams |= {after, self.view_source(after)}
             mlp = self.mlp_residual(after, streams)
         crossed: list[str] = []
+        found["further_sums"] = 0
         if mlp is None:
             output = after
             roles["MLP residual"] = "none (the next sum on the stream is attention)"
@@ -517,7 +523,9 @@ class StreamMatcher(NormMatcher):
                 roles[role] = self.sum_label(mlp, crossed)
             output = self.post_norm(mlp).output if post_ln else self.requested(mlp.output)
             if not extra:
-                output = self.further_sublayers(output, streams, roles, crossed, post_ln)
+                output, found["further_sums"] = self.further_sublayers(
+                    output, streams, roles, crossed, post_ln
+                )
         found["output_name"] = self.in_layout_of(output, stream_in)
         found["crossed"] = crossed
         return found

@@ -9,12 +9,15 @@ it reports the eigenvalues of the value products per head and layer, stored and 
 
 Layers
 ------
-Layer 0 is the residual stream entering the first attention block (after the embeddings and any
+Layer 0 is the residual stream entering the first block (after the embeddings and any
 embedding norm); layer i is the output of block i-1, i.e. the stream entering block i. For a post-LN
 block that is the output of its last norm; for a pre-LN block the residual after its MLP add, before
 any final norm. A decoder layer's cross-attention, skipped by design, is inside its layer: layer i
-is the output of the whole decoder layer i-1, as Hugging Face's ``hidden_states`` count them. Padding tokens (from the attention mask) never enter a metric; prefix tokens (CLS,
-registers) are left out of the metrics when ``exclude_prefix`` is set.
+is the output of the whole decoder layer i-1, as Hugging Face's ``hidden_states`` count them; so
+are the sub-layers a layer holds before its attention (a Conformer's first half-step FFN: layer i
+is then the output of layer i-1 after its final norm, :mod:`importers.match.boundaries`). Padding
+tokens (from the attention mask) never enter a metric; prefix tokens (CLS, registers) are left out
+of the metrics when ``exclude_prefix`` is set.
 
 Dominance counting
 ------------------
@@ -401,6 +404,7 @@ def measure(
             session.plan,
             session.sublayers,
             options.tie_rtol,
+            session.reads,
         ),
         budget=budget,
     )
@@ -410,7 +414,8 @@ def measure(
     n_layers, n_blocks = len(session.layers), len(prepared.blocks)
     attention_part = {name: np.full((inputs.batch_size, n_blocks), np.nan) for name in names}
     for name, values in per_input.items():
-        attention_part[name][:, session.sublayers] = values[:, n_layers:]
+        sublayers = values[:, n_layers : n_layers + len(session.sublayers)]
+        attention_part[name][:, session.sublayers] = sublayers
     layers = {name: values[:, :n_layers] for name, values in per_input.items()}
     copies = session.copies
     to_host = {"bytes": copies.bytes, "arrays": copies.arrays, "device_bytes": copies.device_bytes}
@@ -423,10 +428,19 @@ def measure(
         exact,
         to_host,
         heads,
-        {name: values[:, :n_layers] for name, values in stream.items()},
+        {name: _read_streams(values, n_layers, session.reads) for name, values in stream.items()},
         operating,
         parts,
     )
+
+
+def _read_streams(values: np.ndarray, n_layers: int, reads: list[int]) -> np.ndarray:
+    """The depth step's stream terms per layer, column i (i < blocks) taken from the stream block
+    i's attention reads (its layer, or its attention input's plan entry, :attr:`AuditSession.
+    reads`)."""
+    out = values[:, :n_layers].copy()
+    out[:, : len(reads)] = values[:, reads]
+    return out
 
 
 def audit_result(

@@ -261,7 +261,8 @@ class DepthBlock(Record):
     per-token scale (``1/sigma`` of a pre-LayerNorm, ``1/rms`` of a pre-RMSNorm, or why it does
     not apply); ``inverse_scale_mean`` its mean over tokens and inputs. ``bias_norm`` is ‖c‖, c the
     constant row the branch adds, ``bias_ratio`` the mean over inputs of ‖c‖ / ‖x̄‖, x̄ the mean
-    token of the block's input stream (layer ``block``).
+    token of the stream the block's attention reads (layer ``block``, or the stream after the
+    sub-layers that come before the attention inside the layer: a Conformer's).
     """
 
     block: int

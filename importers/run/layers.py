@@ -35,7 +35,10 @@ def layer_tensors(
     i-1's output, found walking forward from its MLP residual, must be the stream block i reads,
     found walking back from its attention (its norm's input, or the attention input, that its
     attention residual adds), or the stream that one adds input-independent terms to
-    (``input_base``: YOLOS' position embeddings between blocks; noted).
+    (``input_base``: YOLOS' position embeddings between blocks; noted). Where residual
+    sub-layers come before each attention inside its layer (a Conformer's half-step FFN), the
+    blocks' inputs and outputs are already the whole layers' boundaries
+    (:mod:`importers.match.boundaries`; noted).
 
     Parameters
     ----------
@@ -97,11 +100,25 @@ def layer_tensors(
             )
         if notes is not None:
             notes.append(f"{mismatch}; layer {i} uses the latter")
+    if notes is not None and blocks[0].attention_input_name is not None:
+        notes.append(_boundary_note(blocks[0]))
     if len(set(names)) != len(names):
         raise LayerStreamError(
             f"two layers would read the same tensor ({', '.join(map(repr, names))}): internal error"
         )
     return names
+
+
+def _boundary_note(first: AttentionBlock) -> str:
+    """The note of layers that begin before sub-layers that come before each attention."""
+    return (
+        f"residual sub-layers come before the attention inside each layer: layer 0 is block 0's "
+        f"input ({first.input_name!r}) and layer i block i-1's output, the stream between whole "
+        f"layers as Hugging Face's hidden_states count them; the attention reads another stream "
+        f"({first.attention_input_name!r} in block 0), on which the pre-norm's per-token scale, "
+        f"the operating point and the attribution are read (the earlier sub-layers' change joins "
+        f"the attribution's mlp part)"
+    )
 
 
 def _skipped_between(

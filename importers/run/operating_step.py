@@ -145,7 +145,8 @@ def block_terms(blocks: Sequence[BlockWeights]) -> tuple[BlockTerms, ...]:
 class OperatingPlan:
     """What the batch work needs: per block its terms, the inputs (those numbered below
     ``inputs``), whether to classify the operating point, the layer plan and the position in it
-    of every block's sublayer tensor (None: a parallel block, no attribution)."""
+    of every block's sublayer tensor (None: a parallel block, no attribution) and of the stream
+    its attention reads (``reads``; empty: block b reads layer b)."""
 
     terms: tuple[BlockTerms, ...]
     inputs: int
@@ -153,6 +154,7 @@ class OperatingPlan:
     plan: ReductionPlan
     sublayers: tuple[int | None, ...]
     tie_rtol: float
+    reads: tuple[int, ...] = ()
 
 
 def sublayer_plan(
@@ -162,15 +164,17 @@ def sublayer_plan(
     plan: ReductionPlan,
     sublayers: Sequence[int],
     tie_rtol: float,
+    reads: Sequence[int] = (),
 ) -> OperatingPlan | None:
     """The :class:`OperatingPlan` of a session whose ``plan`` returns whole layers, the blocks
-    ``sublayers`` (in that order) having their sublayer tensor after the layers; None when there
-    is nothing to do (no terms, no inputs, or a plan without the layers' rows)."""
+    ``sublayers`` (in that order) having their sublayer tensor after the layers, block b's
+    attention reading plan layer ``reads[b]``; None when there is nothing to do (no terms, no
+    inputs, or a plan without the layers' rows)."""
     if not terms or inputs <= 0 or not plan.token_rows:
         return None
     where = {block: position for position, block in enumerate(sublayers)}
     positions = tuple(where.get(block) for block in range(len(terms)))
-    return OperatingPlan(tuple(terms), inputs, operating, plan, positions, tie_rtol)
+    return OperatingPlan(tuple(terms), inputs, operating, plan, positions, tie_rtol, tuple(reads))
 
 
 @dataclass(frozen=True)
@@ -235,8 +239,14 @@ def _attribution(
     tensors: tuple[np.ndarray, np.ndarray, np.ndarray],
     scale: np.ndarray | None,
     counted: np.ndarray,
+    layer: np.ndarray,
 ) -> list[AttributionCase]:
-    """The parts of one (input, block): X, the graph's sublayer tensor and the block's output."""
+    """The parts of one (input, block): X, the graph's sublayer tensor and the block's output.
+
+    ``layer`` is the block's input, X itself unless sub-layers come before the attention inside
+    the layer (a Conformer's half-step FFN): their change joins the ``mlp`` part (every
+    non-attention sub-layer of the block), so the parts still sum to the block's change.
+    """
     X, graph, output = tensors
     states = sublayer_states(A, terms.factors, X, scale, terms.bias)
     named = {
@@ -248,7 +258,10 @@ def _attribution(
     named |= {"graph": graph, "output": output}
     residual = relative_residual(graph, rebuilt)
     split = {
-        f.__name__: attribute({name: float(f(Z[counted])) for name, Z in named.items()})
+        f.__name__: _with_before(
+            attribute({name: float(f(Z[counted])) for name, Z in named.items()}),
+            float(f(X[counted]) - f(layer[counted])) if layer is not X else 0.0,
+        )
         for f in (hfc_lfc, cosine)
     }
     return [
@@ -262,6 +275,15 @@ def _attribution(
         )
         for part in PARTS
     ]
+
+
+def _with_before(
+    split: dict[str, tuple[float, float]], before: float
+) -> dict[str, tuple[float, float]]:
+    """``split`` with ``before`` (the change of the sub-layers before the attention) added to
+    its ``mlp`` part, in both columns."""
+    shapley, sequential = split["mlp"]
+    return split | {"mlp": (shapley + before, sequential + before)}
 
 
 def _operating(
@@ -321,7 +343,8 @@ def sublayer_cases(
         row, b, terms = problem.item - start, problem.layer, plan.terms[problem.layer]
         keep = np.asarray(problem.token_mask, dtype=bool)
         A = np.asarray(to_numpy(problem.attention()), np.float64)
-        X = _rows(outputs, plan.plan, b, row, keep)
+        source = plan.reads[b] if plan.reads else b  # the stream the attention reads
+        X = _rows(outputs, plan.plan, source, row, keep)
         scale = token_inverse_scale(X, *terms.pre_scale) if terms.pre_scale else None  # type: ignore[arg-type]
         if plan.operating:
             operating.append(_operating(problem, terms, A, X, scale, plan.tie_rtol))
@@ -334,5 +357,6 @@ def sublayer_cases(
             _rows(outputs, plan.plan, n_layers + mid, row, keep),
             _rows(outputs, plan.plan, b + 1, row, keep),
         )
-        parts += _attribution(problem, terms, A, tensors, scale, counted)
+        layer = _rows(outputs, plan.plan, b, row, keep) if source != b else X
+        parts += _attribution(problem, terms, A, tensors, scale, counted, layer)
     return operating, parts

@@ -119,6 +119,11 @@ class AuditSession:
         The blocks whose stream after the attention sublayer
         (:func:`attention_sublayer_tensor`) is reduced too; their statistics follow the layers'
         in the plan, in this order.
+    attention_inputs : list of int
+        The blocks whose attention reads another stream than their layer's input
+        (:attr:`~importers.match.AttentionBlock.attention_input_name`: sub-layers come before the
+        attention inside the layer); that stream is reduced too, after the sublayers' in the
+        plan, in this order (:attr:`reads`).
     attention : list of str
         The attention probabilities fetched per block (empty without dominance).
     plan : ReductionPlan
@@ -145,6 +150,15 @@ class AuditSession:
     notes: list[str]
     threads: int = 1
     copies: HostCopies = field(default_factory=HostCopies)
+    attention_inputs: list[int] = field(default_factory=list)
+
+    @property
+    def reads(self) -> list[int]:
+        """Per block, the plan layer of the stream its attention reads: its layer, or its entry
+        after the sublayers' (:attr:`attention_inputs`)."""
+        after = len(self.layers) + len(self.sublayers)
+        extra = {block: after + j for j, block in enumerate(self.attention_inputs)}
+        return [extra.get(i, i) for i in range(len(self.layers) - 1)]
 
     def batch_feeds(self, batch: Inputs) -> dict[str, np.ndarray]:
         """A batch's feeds plus the token mask the reductions read (padding never counts)."""
@@ -213,13 +227,18 @@ def audit_session(
     first = inputs.read(0, 1)  # masked or not, and the token count, without reading every input
     mids = {block.index: attention_sublayer_tensor(block) for block in blocks}
     sublayers = [i for i, block in enumerate(blocks) if mids[block.index] is not None]
+    reads = [i for i, block in enumerate(blocks) if block.attention_input_name is not None]
     time_major = [blocks[0].time_major] + [block.time_major for block in blocks]
-    time_major += [blocks[i].time_major for i in sublayers]
+    time_major += [blocks[i].time_major for i in [*sublayers, *reads]]
     gram = _gram_orientation(graph, layers[0], first, blocks[0]) if spectral else "none"
-    token_scale = [_token_scale(block) for block in blocks]  # layer i is what block i reads
+    token_scale = _token_scales(blocks, len(sublayers), reads)
     plan = plan_reductions(
         graph,
-        [*layers, *(str(mids[blocks[i].index]) for i in sublayers)],
+        [
+            *layers,
+            *(str(mids[blocks[i].index]) for i in sublayers),
+            *(str(blocks[i].attention_input_name) for i in reads),
+        ],
         prefix=prefix,
         masked=first.token_mask is not None,
         gram=gram,
@@ -238,8 +257,27 @@ def audit_session(
         device_outputs=[*probs, *grams],
     )
     return AuditSession(
-        layers, probs, sublayers, plan, runner, inputs, notes, threads or default_threads()
+        layers,
+        probs,
+        sublayers,
+        plan,
+        runner,
+        inputs,
+        notes,
+        threads or default_threads(),
+        attention_inputs=reads,
     )
+
+
+def _token_scales(
+    blocks: Sequence[AttentionBlock], n_sublayers: int, reads: Sequence[int]
+) -> list[TokenScale | None]:
+    """Per plan layer, the pre-norm whose per-token scale is reduced on it: block i's on layer i
+    (what its attention reads), or on its attention input's entry where it has one (``reads``)."""
+    if not reads:
+        return [_token_scale(block) for block in blocks]
+    on_layers = [None if i in reads else _token_scale(block) for i, block in enumerate(blocks)]
+    return [*on_layers, *[None] * (1 + n_sublayers), *(_token_scale(blocks[i]) for i in reads)]
 
 
 def _token_scale(block: AttentionBlock) -> TokenScale | None:
@@ -385,8 +423,9 @@ def check_finite_outputs(
     """Refuse a batch whose layer statistics or attention probabilities hold NaN or infinities,
     naming the first input and the first place in depth order that went non-finite.
 
-    Depth order: layer i (the stream entering block i), block i's attention probabilities, the
-    stream after block i's attention sublayer, layer i + 1. The feeds were checked finite before
+    Depth order: layer i (the stream entering block i), the stream block i's attention reads
+    where it is another, block i's attention probabilities, the stream after block i's attention
+    sublayer, layer i + 1. The feeds were checked finite before
     the batch ran (:func:`~importers.run.feeds.check_finite`), so the model produced these values;
     nothing computed from them (Gram eigenvalues, dominating eigenvalues) would mean anything,
     and LAPACK would fail on them.
@@ -397,7 +436,7 @@ def check_finite_outputs(
         Exit status 1.
     """
     plan, n_layers = session.plan, len(session.layers)
-    found: list[tuple[int, str, np.ndarray]] = []
+    found: list[tuple[float, str, np.ndarray]] = []
     for layer in range(len(plan.layers)):
         scalars = outputs[plan.scalars_name(layer)]
         _check_counted_tokens(TokenStatistics.from_packed(scalars).n_tokens, batch.labels)
@@ -405,7 +444,11 @@ def check_finite_outputs(
         bad = _bad_items(arrays)
         if not bad.any():
             continue
-        if layer >= n_layers:
+        if layer >= n_layers + len(session.sublayers):
+            i = session.attention_inputs[layer - n_layers - len(session.sublayers)]
+            where = f"the stream block {blocks[i].index}'s attention reads"
+            found.append((3 * i + 0.5, where, bad))
+        elif layer >= n_layers:
             i = session.sublayers[layer - n_layers]
             where = f"the stream after block {blocks[i].index}'s attention sublayer"
             found.append((3 * i + 2, where, bad))

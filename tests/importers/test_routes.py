@@ -247,7 +247,8 @@ def _producers(proto: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
 def test_rotary_before_the_projections_is_recorded(variant: str) -> None:
     """wav2vec2-conformer rotates the normalised stream before its Q and K projections (V reads
     it unrotated): W_Q and W_K are read on the stream, the block is rotary and its note says
-    where; the macaron block's further residual sub-layers lie between two attentions."""
+    where; the macaron block's further residual sub-layers lie between two attentions, and each
+    layer begins before its half-step FFN: the block's input is not the stream its attention reads."""
     report = find_attention_blocks(load_fixture(f"w2v2_conformer/{variant}.onnx.xz"))
     assert len(report.blocks) == 2
     for block in report.blocks:
@@ -256,6 +257,8 @@ def test_rotary_before_the_projections_is_recorded(variant: str) -> None:
         assert len(notes) == 1, block.notes
     assert "further sub-layers" in report.blocks[0].roles
     assert report.blocks[0].output_name == report.blocks[1].input_name
+    for block in report.blocks:
+        assert block.attention_input_name not in (None, block.input_name)
 
 
 def test_a_qk_input_computed_otherwise_from_the_stream_is_refused() -> None:
