@@ -49,10 +49,24 @@ def _direction(delta: float) -> str:
     return "lowers" if delta < 0 else ("raises" if delta > 0 else "keeps")
 
 
-def _because(row: dict) -> str:
-    """The part the theory leaves out that moved HFC/LFC most, with its change."""
-    part = max(OTHER_PARTS, key=lambda name: abs(row["parts"][name]["delta_hfc_lfc"]))
-    return f"{part} {_signed(row['parts'][part]['delta_hfc_lfc'])}"
+def _because(row: dict, observed: float, linear: float) -> str:
+    """Why the attention sublayer moved HFC/LFC the way it did: of the effective-H operator and
+    the parts the theory leaves out (the per-token scale, the bias row, a post-LN norm), the one
+    that moved it most in the observed direction, with every part listed."""
+    parts = {"linear": linear} | {  # the reconstruction residual (~1e-7) explains nothing
+        name: row["parts"][name]["delta_hfc_lfc"]
+        for name in OTHER_PARTS
+        if name != "reconstruction" and row["parts"][name]["delta_hfc_lfc"] not in (0.0,)
+        and np.isfinite(row["parts"][name]["delta_hfc_lfc"])
+    }
+    listed = ", ".join(f"{name} {_signed(value)}" for name, value in parts.items())
+    along = {name: value for name, value in parts.items() if np.sign(value) == np.sign(observed)}
+    if not along or not np.isfinite(observed):
+        return f"against every part's sign: their interaction ({listed})"
+    part = max(along, key=lambda name: abs(along[name]))
+    if part == "linear":
+        return f"mostly through the effective-H operator, the part the theory covers ({listed})"
+    return f"mostly because of the {part} {_signed(along[part])}, outside the theory ({listed})"
 
 
 def _sentence(row: dict, verdict: BlockVerdict | None) -> str:
@@ -63,8 +77,8 @@ def _sentence(row: dict, verdict: BlockVerdict | None) -> str:
     return (
         f"- block {row['block']}: predicted **{predicted}** (per-head rule, effective H); the "
         f"effective-H operator alone {_direction(linear)} HFC/LFC ({_signed(linear)}); the "
-        f"attention sublayer {_direction(observed)} it ({_signed(observed)}), because of the "
-        f"{_because(row)}; the MLP {_signed(row['parts']['mlp']['delta_hfc_lfc'])}."
+        f"attention sublayer {_direction(observed)} it ({_signed(observed)}), "
+        f"{_because(row, observed, linear)}; the MLP {_signed(row['parts']['mlp']['delta_hfc_lfc'])}."
     )
 
 

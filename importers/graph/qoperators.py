@@ -6,7 +6,10 @@ quantisers) writes every quantised product, sum and Softmax as one integer opera
 ``QLinearMatMul``, ``QLinearConv`` (ONNX), ``QLinearAdd``, ``QLinearMul``, ``QLinearSoftmax``,
 ``QGemm``, ``QLinearSigmoid``, ``QLinearLeakyRelu``, ``QLinearConcat``, ``QLinearAveragePool``,
 ``QLinearGlobalAveragePool`` (onnxruntime's ``com.microsoft`` domain) — and moves the integer
-codes between them through ``Reshape``/``Transpose``. No float tensor of the residual stream or of
+codes between them through ``Reshape``/``Transpose``. onnxruntime's optimizer, saving a
+dynamically quantised graph, fuses its products into ``DynamicQuantizeMatMul`` and
+``MatMulIntegerToFloat``; those are expanded back into the ``DynamicQuantizeLinear`` →
+``MatMulInteger`` → ``Cast`` → ``Mul`` (→ bias ``Add``) they fuse, the form the matcher reads. No float tensor of the residual stream or of
 the attention probabilities exists in such a graph, and the matcher knows none of these operators.
 
 Each one is rewritten (:func:`expand_quantized_operators`) into the standard ONNX its definition
@@ -268,6 +271,45 @@ def _qlinear_conv(node: Node, facts: Facts, em: Emitter) -> None:
     _quantized(node, facts, em, conv, 6, node.input(0))
 
 
+def _integer_product(
+    node: Node, em: Emitter, codes: tuple[str, str, str], weight: tuple[str, str, str], bias: str
+) -> None:
+    """``Mul(Cast(MatMulInteger(A, B, a_zp, b_zp)), Mul(a_s, b_s))`` (+ bias) into the node's
+    output: the float product of quantised activations and weights as ``quantize_dynamic``
+    writes it. ``codes`` and ``weight`` are (codes, scale, zero point; "" when absent)."""
+    (a, a_scale, a_zero), (b, b_scale, b_zero) = codes, weight
+    zeros = [a_zero, b_zero] if b_zero else ([a_zero] if a_zero else [])
+    integer = em.op("MatMulInteger", [a, b, *zeros])
+    product = em.op("Cast", [integer], to=onnx.TensorProto.FLOAT)
+    scaled = em.op(
+        "Mul", [product, em.op("Mul", [a_scale, b_scale])], output="" if bias else node.outputs[0]
+    )
+    if bias:
+        em.op("Add", [scaled, bias], output=node.outputs[0])
+
+
+def _dynamic_quantize_matmul(node: Node, facts: Facts, em: Emitter) -> None:
+    """``DynamicQuantizeMatMul(A, B, b_s, b_zp, bias)``: A quantised per tensor at run time
+    (``DynamicQuantizeLinear``), then the integer product, scaled, plus the bias."""
+    _scale(facts, node.input(2), "weight")
+    quantize = em.fresh("DynamicQuantizeLinear")
+    codes = (f"{quantize}_codes", f"{quantize}_scale", f"{quantize}_zero_point")
+    em.nodes.append(
+        onnx.helper.make_node("DynamicQuantizeLinear", [node.input(0)], list(codes), name=quantize)
+    )
+    weight = (node.input(1), node.input(2), node.input(3))
+    _integer_product(node, em, codes, weight, node.input(4))
+
+
+def _matmul_integer_to_float(node: Node, facts: Facts, em: Emitter) -> None:
+    """``MatMulIntegerToFloat(A, B, a_s, b_s, a_zp, b_zp, bias)``: the integer product of two
+    quantised operands, scaled by ``a_s · b_s``, plus the bias."""
+    _scale(facts, node.input(3), "weight")
+    codes = (node.input(0), node.input(2), node.input(4))
+    weight = (node.input(1), node.input(3), node.input(5))
+    _integer_product(node, em, codes, weight, node.input(6))
+
+
 _MS = "com.microsoft"
 _REWRITES: dict[tuple[str, str], _Rewrite] = {
     ("", "QLinearMatMul"): _qlinear_matmul,
@@ -281,4 +323,6 @@ _REWRITES: dict[tuple[str, str], _Rewrite] = {
     (_MS, "QLinearGlobalAveragePool"): _qlinear_unary("GlobalAveragePool"),
     (_MS, "QLinearConcat"): _qlinear_concat,
     (_MS, "QGemm"): _qgemm,
+    (_MS, "DynamicQuantizeMatMul"): _dynamic_quantize_matmul,
+    (_MS, "MatMulIntegerToFloat"): _matmul_integer_to_float,
 }

@@ -2,7 +2,8 @@
 
 Each is one :class:`~importers.run.records.Note` (kind, one line), in the order the report shows
 them: blocks left unmatched, attention skipped by design, departures from the linear update,
-key/value caches fed empty, quantised activations read through; then what a decoder's encoder
+key/value caches fed empty, quantised activations read through, Softmaxes that are not
+attention; then what a decoder's encoder
 states were fed, random inputs, metrics not computed.
 
 Public API
@@ -39,7 +40,19 @@ def model_notes(report: MatchReport, graph: OnnxModel) -> list[Note]:
     notes += [Note("kv-cache", cache_note(caches))] if caches else []
     notes += [Note("kv-cache", item.note()) for item in graph.branches]
     notes += [Note("quantized", graph.read_through.note())] if graph.read_through else []
+    notes += [Note("not-attention", _not_attention_note(report))] if report.not_attention else []
     return notes
+
+
+def _not_attention_note(report: MatchReport) -> str:
+    """One line naming the Softmaxes that are not token attention (neither blocks nor declined)."""
+    found = report.not_attention
+    named = "; ".join(f"{failure.softmax!r}: {failure.not_attention}" for failure in found[:3])
+    more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+    return (
+        f"{len(found)} Softmax node(s) are not token attention and are neither audited nor "
+        f"counted as declined ({named}{more})"
+    )
 
 
 def input_notes(graph: OnnxModel, inputs: Inputs, *, spectral: bool) -> list[Note]:

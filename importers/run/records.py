@@ -104,6 +104,7 @@ NoteKind = Literal[
     "kv-cache",
     "encoder-states",
     "quantized",
+    "not-attention",
     "random",
     "not-computed",
     "layers",
@@ -119,13 +120,14 @@ class Note:
     Attributes
     ----------
     kind : {"partial", "skipped", "departure", "kv-cache", "encoder-states", "quantized", \
-"random", "not-computed", "layers", "batching", "providers"}
+"not-attention", "random", "not-computed", "layers", "batching", "providers"}
         ``partial``: blocks left unmatched (``--partial``), shown first; ``skipped``: attention
         skipped by design (outside the theory), shown next; ``departure``: blocks
         outside the linear update; ``kv-cache``: the model's key/value cache inputs were fed
         empty (audited at past length 0); ``encoder-states``: what a decoder's encoder-state
         inputs were fed; ``quantized``: activation quantise/dequantise pairs read through
-        (:mod:`importers.graph.quantized`); ``random``: the inputs are noise; ``not-computed``: metrics
+        (:mod:`importers.graph.quantized`); ``not-attention``: Softmaxes that are not token
+        attention (a pooling, a router), neither audited nor declined; ``random``: the inputs are noise; ``not-computed``: metrics
         skipped; ``layers``: how a layer was chosen; ``batching``: how inputs were batched;
         ``providers``: shards that ran on different onnxruntime providers.
     text : str

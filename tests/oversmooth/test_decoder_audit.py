@@ -70,3 +70,27 @@ def test_random_inputs_draw_the_encoder_states_too(
     assert main(["audit", *argv, "--provider", "cpu"]) == 0, capsys.readouterr().err
     notes = json.loads((out / "audit.json").read_text(encoding="utf-8"))["notes"]
     assert any("'encoder_hidden_states'" in note and "not real data" in note for note in notes)
+
+
+def test_a_softmax_that_is_not_attention_is_named_in_the_audit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pooled encoder's attention-pooling Softmax (scores x w + b) is neither a block nor a
+    declined block, and the audit says so in one note."""
+    fixture = "torch_encoder_pooled/legacy_eager.onnx.xz"  # sizes baked in: the truth's feeds
+    model = tmp_path / "pooled.onnx"
+    model.write_bytes(fixture_bytes(fixture))
+    with np.load(FIXTURES / Path(fixture).parent / "truth.npz") as truth:
+        feeds = {name: truth[f"feed_{name}"] for name in ("input_ids", "attention_mask")}
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    out = tmp_path / "report"
+    argv = [str(model), "--inputs", str(tmp_path / "feeds.npz"), "--out", str(out)]
+    assert main(["audit", *argv, "--provider", "cpu", "--no-progress"]) == 0, (
+        capsys.readouterr().err
+    )
+    doc = json.loads((out / "audit.json").read_text(encoding="utf-8"))
+    assert len(doc["blocks"]) == 2
+    assert doc["skipped"] == []
+    (note,) = [note for note in doc["notes"] if "not token attention" in note]
+    assert note.startswith("1 Softmax node(s) are not token attention")
+    assert "not token attention" in (out / "report.md").read_text(encoding="utf-8")

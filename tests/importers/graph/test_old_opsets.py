@@ -33,6 +33,7 @@ from tests.importers.builders import RECIPES, Assembly, assemble_recipe
 from tests.importers.old_opsets import downgrade
 from tests.importers.paddle_graph import paddle_ocr
 from tests.importers.run.test_audit import builder_inputs
+from tests.importers.sessions import captured_sessions
 
 SEED = 4
 F = TensorProto.FLOAT
@@ -180,21 +181,6 @@ def test_blocks_and_weights_are_those_of_the_opset_13_model(name: str, opset: in
             np.testing.assert_array_equal(getattr(got, role), getattr(want, role), err_msg=role)
 
 
-def _captured_sessions(monkeypatch: pytest.MonkeyPatch) -> list[onnx.ModelProto]:
-    """The models onnxruntime is given from now on (parsed from the bytes it receives)."""
-    captured: list[onnx.ModelProto] = []
-    real = runner_module._open_session
-
-    def spy(ort_module, model, *args, **kwargs):
-        captured.append(
-            onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model)
-        )
-        return real(ort_module, model, *args, **kwargs)
-
-    monkeypatch.setattr(runner_module, "_open_session", spy)
-    return captured
-
-
 @pytest.mark.parametrize(("name", "opset"), [("bert_legacy", 11), ("llama_rmsnorm_rope_gqa", 7)])
 def test_the_audit_runs_the_old_graph_and_measures_what_opset_13_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, opset: int
@@ -208,7 +194,7 @@ def test_the_audit_runs_the_old_graph_and_measures_what_opset_13_does(
     onnx.save(downgrade(assembly.built.model, opset), old)
     inputs = builder_inputs(assembly)
     expected = audit(new, inputs, provider="cpu", cache=False, exclude_prefix=1)
-    captured = _captured_sessions(monkeypatch)
+    captured = captured_sessions(monkeypatch)
     result = audit(old, inputs, provider="cpu", cache=False, exclude_prefix=1)
     (session_model,) = captured
     assert session_model.opset_import[0].version == opset

@@ -151,6 +151,27 @@ def _case(name: str, rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[st
         }
         feeds = {"a": _codes(rng, (5, 16))}
         return _model(node, feeds, constants, I8 if name == "QGemm" else F), feeds
+    if name == "DynamicQuantizeMatMul":
+        node = helper.make_node(name, ["a", "b", "sb", "zb", "bias"], ["y"], domain=MS)
+        constants = {
+            "b": _codes(rng, (16, 6)),
+            "sb": rng.uniform(0.005, 0.02, 6).astype(np.float32),
+            "zb": np.zeros(6, np.int8),
+            "bias": rng.normal(size=6).astype(np.float32),
+        }
+        feeds = {"a": rng.normal(size=(2, 5, 16)).astype(np.float32)}
+        return _model(node, feeds, constants, F), feeds
+    if name == "MatMulIntegerToFloat":
+        node = helper.make_node(name, ["a", "b", "sa", "sb", "za", "zb"], ["y"], domain=MS)
+        constants = {
+            "b": _codes(rng, (16, 6)),
+            "sa": _scalar(0.03),
+            "sb": _scalar(0.01),
+            "za": np.array(128, np.uint8),
+            "zb": np.array(0, np.int8),
+        }
+        feeds = {"a": _codes(rng, (5, 16), np.uint8)}
+        return _model(node, feeds, constants, F), feeds
     if name == "QLinearConv":
         node = helper.make_node(
             name,
@@ -188,6 +209,8 @@ CASES = [
     "QGemm",
     "QGemm_float_output",
     "QLinearConv",
+    "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",
 ]
 
 
@@ -207,7 +230,8 @@ def test_an_expanded_operator_computes_what_the_integer_kernel_does(name: str) -
     kernel, expanded = _run(model, feeds), _run(expansion.proto, feeds)
     assert expanded.dtype == kernel.dtype
     assert expanded.shape == kernel.shape
-    if kernel.dtype == np.float32:  # QGemm without an output scale: a float output
+    if kernel.dtype == np.float32:  # float outputs: QGemm without an output scale, the fused
+        # dynamic products
         np.testing.assert_allclose(expanded, kernel, rtol=1e-5, atol=1e-5)
         return
     steps = np.abs(expanded.astype(np.int64) - kernel.astype(np.int64))

@@ -26,13 +26,13 @@ from onnx import TensorProto, helper, numpy_helper
 from importers.graph import GraphIndex, model_from_proto
 from importers.graph.quantized import read_through_activation_pairs
 from importers.match import find_attention_blocks
-from importers.run import runner as runner_module
 from importers.run.audit import audit
 from importers.run.runner import Runner
 from importers.run.session import audit_session, layer_tensors
 from importers.weights import block_weights
 from tests.importers.builders import Assembly, assemble
 from tests.importers.run.test_audit import builder_inputs
+from tests.importers.sessions import captured_sessions
 
 SEED = 5
 MS = "com.microsoft"
@@ -185,20 +185,6 @@ def test_the_read_graph_has_the_float_models_blocks_and_weights(name: str) -> No
             np.testing.assert_array_equal(getattr(got, role), getattr(want, role), err_msg=role)
 
 
-def _captured_sessions(monkeypatch: pytest.MonkeyPatch) -> list[onnx.ModelProto]:
-    captured: list[onnx.ModelProto] = []
-    real = runner_module._open_session
-
-    def spy(ort_module, model, *args, **kwargs):
-        captured.append(
-            onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model)
-        )
-        return real(ort_module, model, *args, **kwargs)
-
-    monkeypatch.setattr(runner_module, "_open_session", spy)
-    return captured
-
-
 @pytest.mark.parametrize("name", RECIPE_NAMES)
 def test_the_audit_runs_the_pairs_and_measures_what_the_model_without_them_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
@@ -215,7 +201,7 @@ def test_the_audit_runs_the_pairs_and_measures_what_the_model_without_them_does(
     )
     inputs = builder_inputs(assembly)
     expected = audit(plain_file, inputs, provider="cpu", cache=False)
-    captured = _captured_sessions(monkeypatch)
+    captured = captured_sessions(monkeypatch)
     result = audit(quantised_file, inputs, provider="cpu", cache=False)
     (session_model,) = captured
     shipped = list(onnx.load(quantised_file).graph.node)
