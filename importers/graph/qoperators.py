@@ -9,7 +9,9 @@ quantisers) writes every quantised product, sum and Softmax as one integer opera
 codes between them through ``Reshape``/``Transpose``. onnxruntime's optimizer, saving a
 dynamically quantised graph, fuses its products into ``DynamicQuantizeMatMul`` and
 ``MatMulIntegerToFloat``; those are expanded back into the ``DynamicQuantizeLinear`` →
-``MatMulInteger`` → ``Cast`` → ``Mul`` (→ bias ``Add``) they fuse, the form the matcher reads. No float tensor of the residual stream or of
+``MatMulInteger`` → ``Cast`` → ``Mul`` (→ bias ``Add``) they fuse, the form the matcher reads;
+and ``quantize_dynamic`` of an optimizer-fused graph writes ``QAttention``, expanded into the
+``Attention`` of the dequantised input and weights, which is then defused. No float tensor of the residual stream or of
 the attention probabilities exists in such a graph, and the matcher knows none of these operators.
 
 Each one is rewritten (:func:`expand_quantized_operators`) into the standard ONNX its definition
@@ -23,9 +25,10 @@ probabilities the rewrite names. Against the integer kernels the rewrite is exac
 rounding of the float product before requantisation (onnxruntime requantises an exact integer
 accumulator; the rewrite a float32 product), which moves a few codes by one step.
 
-A node whose scales are not constants, whose per-axis scale lies where the definition does not
-put one, or whose channels are last (onnxruntime's ``channels_last``) is left as it is, and the
-matcher reports what it meets there.
+A node whose output scale or weight scale is not a constant, whose per-axis scale lies where the
+definition does not put one, or whose channels are last (onnxruntime's ``channels_last``) is left
+as it is, and the matcher reports what it meets there; an input scale computed at run time (a
+``DynamicQuantizeLinear``'s) is the one scale it is.
 
 Public API
 ----------
@@ -124,10 +127,21 @@ def _dequantized(
     *,
     axis: int | None = None,
 ) -> str:
-    """``DequantizeLinear`` of the node's input ``first`` with the scale and zero point after it;
-    a scale of more than one element only where ``axis`` says where it lies."""
-    codes, scale, zero = (node.input(first + k) for k in range(3))
-    per_axis = _scale(facts, scale, "input").size > 1
+    """``DequantizeLinear`` of the node's input ``first`` with the scale and zero point after it
+    (:func:`_dequantized_names`)."""
+    return _dequantized_names(
+        facts, em, node.input(first), node.input(first + 1), node.input(first + 2), axis=axis
+    )
+
+
+def _dequantized_names(
+    facts: Facts, em: Emitter, codes: str, scale: str, zero: str, *, axis: int | None = None
+) -> str:
+    """``DequantizeLinear(codes, scale, zero)``; a constant scale of more than one element only
+    where ``axis`` says where it lies, a scale computed at run time (a ``DynamicQuantizeLinear``'s)
+    taken as the one scale it is."""
+    value = facts.constant(scale)  # computed at run time (a dynamic quantiser's): one scale
+    per_axis = value is not None and value.size > 1
     refuse(per_axis and axis is None, "with a per-axis scale where one scale is defined")
     saturated = _saturated_constant(facts, codes, scale, zero, axis if per_axis else None)
     if saturated is not None:
@@ -310,6 +324,28 @@ def _matmul_integer_to_float(node: Node, facts: Facts, em: Emitter) -> None:
     _integer_product(node, em, codes, weight, node.input(6))
 
 
+def _qattention(node: Node, facts: Facts, em: Emitter) -> None:
+    """``QAttention(input, weight, bias, input_scale, weight_scale, mask_index, input_zp,
+    weight_zp, past)``: onnxruntime's ``Attention`` of the dequantised input and packed weights
+    (a weight scale per column or one), its attributes and outputs unchanged — which
+    :mod:`importers.graph.defuse` then rewrites like any ``Attention``."""
+    x = _dequantized_names(facts, em, node.input(0), node.input(3), node.input(6))
+    weight = _dequantized_names(facts, em, node.input(1), node.input(4), node.input(7), axis=1)
+    inputs = [x, weight, node.input(2), node.input(5), node.input(8)]
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    em.nodes.append(
+        onnx.helper.make_node(
+            "Attention",
+            inputs,
+            node.outputs,
+            name=em.fresh("Attention"),
+            domain="com.microsoft",
+            **_attributes(node),
+        )
+    )
+
+
 _MS = "com.microsoft"
 _REWRITES: dict[tuple[str, str], _Rewrite] = {
     ("", "QLinearMatMul"): _qlinear_matmul,
@@ -325,4 +361,5 @@ _REWRITES: dict[tuple[str, str], _Rewrite] = {
     (_MS, "QGemm"): _qgemm,
     (_MS, "DynamicQuantizeMatMul"): _dynamic_quantize_matmul,
     (_MS, "MatMulIntegerToFloat"): _matmul_integer_to_float,
+    (_MS, "QAttention"): _qattention,
 }

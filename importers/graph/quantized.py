@@ -17,6 +17,10 @@ shipped (:meth:`importers.graph.OnnxModel.session_model`, with the pairs), and e
 audit asks for by name exists there: the pairs' float inputs (the Softmax output, the residual
 sums) are the graph's own tensors, as the model computes them before each rounding.
 
+A ``DequantizeLinear`` of a ``DynamicQuantizeLinear``'s codes with that node's own scale and zero
+point (``quantize_dynamic`` of an optimizer-fused attention feeds ``QAttention`` so) is such a
+pair too: it rounds its input to the scale computed at run time.
+
 Weights are not read through: a pair on a constant (a float weight stored with its own
 ``QuantizeLinear``) folds through both nodes to the rounded weight the model multiplies by
 (:func:`importers.graph.folding.fold_quantize`), and an int8 weight's ``DequantizeLinear`` folds
@@ -227,19 +231,19 @@ def _climbs(dequantize: onnx.NodeProto, layout: onnx.NodeProto | None, index: Gr
 
 
 def _paired_quantizer(index: GraphIndex, node: Node) -> Node | None:
-    """The ``QuantizeLinear`` that ``node`` (a ``DequantizeLinear``) exactly undoes the integer
-    encoding of, else None."""
+    """The quantiser whose integer encoding ``node`` (a ``DequantizeLinear``) exactly undoes, else
+    None: a ``QuantizeLinear`` with the same scale, zero point and axis, or a
+    ``DynamicQuantizeLinear`` whose own scale and zero point (its outputs 1 and 2) it reads."""
     if node.op_type != "DequantizeLinear" or node.domain not in _QUANTISER_DOMAINS:
         return None
     quantize = index.producer(node.input(0))
-    if (
-        quantize is None
-        or quantize.op_type != "QuantizeLinear"
-        or quantize.domain not in _QUANTISER_DOMAINS
-        or any(
-            quantize.attr(key, default) != node.attr(key, default)
-            for key, default in _PAIR_ATTRIBUTES.items()
-        )
+    if quantize is None or quantize.domain not in _QUANTISER_DOMAINS:
+        return None
+    if quantize.op_type == "DynamicQuantizeLinear":
+        return quantize if node.inputs[1:3] == quantize.outputs[1:3] else None
+    if quantize.op_type != "QuantizeLinear" or any(
+        quantize.attr(key, default) != node.attr(key, default)
+        for key, default in _PAIR_ATTRIBUTES.items()
     ):
         return None
     for position in (1, 2):
@@ -266,16 +270,19 @@ def _same_parameter(index: GraphIndex, first: str, second: str) -> bool:
 
 
 def _unread_quantizers(index: GraphIndex, replaced: dict[str, str], kept: set[str]) -> set[str]:
-    """Outputs of the ``QuantizeLinear`` nodes that every reader of was a removed
-    ``DequantizeLinear`` (and that are no graph output): those nodes go too."""
+    """First outputs of the quantisers every output of which only removed ``DequantizeLinear``
+    nodes read (and none of which is kept: a graph output, read in a subgraph): those nodes go
+    too. A ``DynamicQuantizeLinear`` whose scale something else reads stays."""
     gone = set()
     for name in replaced:
         dequantize = index.producer(name)
         assert dequantize is not None  # replaced holds node outputs only
-        encoded = dequantize.input(0)
-        readers = index.consumers(encoded)
-        if encoded not in kept and all(reader.outputs[0] in replaced for reader in readers):
-            gone.add(encoded)
+        quantize = index.producer(dequantize.input(0))
+        assert quantize is not None  # a pair's codes have their quantiser
+        outputs = [output for output in quantize.outputs if output]
+        readers = [reader for output in outputs for reader in index.consumers(output)]
+        if not set(outputs) & kept and all(reader.outputs[0] in replaced for reader in readers):
+            gone.add(quantize.outputs[0])
     return gone
 
 

@@ -5,7 +5,8 @@ Each operator's expansion is checked against onnxruntime's own integer kernel on
 random codes: the output codes agree, except where the float32 product lands within rounding of a
 half step (at most one code, on at most :data:`MOVED_FRACTION` of them). A constant operand whose
 float32 dequantisation overflows (a quantised ``finfo.min`` mask) is saturated, as the kernel
-never forms it. A node with a scale that is not a constant is left as it is. For reading, a
+never forms it. A node with an output scale that is not a constant is left as it is;
+``QAttention`` runs as the ``Attention`` of its dequantised operands and is matched. For reading, a
 ``DequantizeLinear`` of moved codes climbs the moves to its ``QuantizeLinear`` (a pair then),
 and only then: codes of ``DynamicQuantizeLinear`` and integer weights are read as before.
 """
@@ -23,6 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 from importers.graph import GraphIndex, model_from_proto
 from importers.graph.qoperators import expand_quantized_operators
 from importers.graph.quantized import read_through_activation_pairs
+from importers.match import find_attention_blocks
+from importers.weights import block_weights
 
 MS = "com.microsoft"
 SEED = 11
@@ -260,11 +263,11 @@ def test_a_constant_whose_float_dequantisation_overflows_is_saturated() -> None:
     np.testing.assert_array_equal(_run(expansion.proto, feeds), [[0, 0, -128, -128]])
 
 
-def test_an_operator_whose_scale_is_computed_is_left_as_it_is() -> None:
+def test_an_operator_whose_output_scale_is_computed_is_left_as_it_is() -> None:
     model, _ = _case("QLinearAdd", np.random.default_rng(SEED))
-    scale = next(t for t in model.graph.initializer if t.name == "sa")
+    scale = next(t for t in model.graph.initializer if t.name == "sy")
     model.graph.initializer.remove(scale)
-    model.graph.input.append(helper.make_tensor_value_info("sa", F, []))
+    model.graph.input.append(helper.make_tensor_value_info("sy", F, []))
     expansion = expand_quantized_operators(model, GraphIndex(model.graph))
     assert expansion.proto is None
 
@@ -329,3 +332,62 @@ def test_the_expansion_is_what_onnxruntime_runs_and_what_the_matcher_reads_throu
     assert loaded.read_through.expanded == (("QLinearMatMul", 1),)
     assert "QLinearMatMul ×1" in loaded.read_through.note()
     assert "QLinearMatMul" not in {node.op_type for node in loaded.session_model().graph.node}
+
+
+def _qattention_block(rng: np.random.Generator) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """x → DynamicQuantizeLinear → QAttention (4 heads of 4, packed int8 QKV weight, one scale
+    per column) → W_O → + x, as ``quantize_dynamic`` writes an optimizer-fused attention; with
+    the dequantised packed weight and W_O."""
+    d, heads = 16, 4
+    codes = _codes(rng, (d, 3 * d))
+    scale = rng.uniform(0.01, 0.03, 3 * d).astype(np.float32)
+    w_o = (rng.normal(size=(d, d)) / 4).astype(np.float32)
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+        helper.make_node(
+            "QAttention",
+            ["xq", "w", "b", "xs", "ws", "", "xz", "wz"],
+            ["context"],
+            domain=MS,
+            num_heads=heads,
+        ),
+        helper.make_node("MatMul", ["context", "w_o"], ["o"]),
+        helper.make_node("Add", ["x", "o"], ["y"]),
+    ]
+    constants = {
+        "w": codes,
+        "ws": scale,
+        "wz": np.zeros(3 * d, np.int8),
+        "b": (rng.normal(size=3 * d) / 10).astype(np.float32),
+        "w_o": w_o,
+    }
+    graph = helper.make_graph(
+        nodes,
+        "qattention",
+        [helper.make_tensor_value_info("x", F, ["batch", "tokens", d])],
+        [helper.make_tensor_value_info("y", F, None)],
+        [numpy_helper.from_array(value, name) for name, value in constants.items()],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)],
+        ir_version=9,
+    )
+    return model, codes.astype(np.float32) * scale, w_o
+
+
+def test_qattention_runs_as_the_attention_of_its_dequantised_operands_and_is_matched() -> None:
+    rng = np.random.default_rng(SEED)
+    model, packed, w_o = _qattention_block(rng)
+    loaded = model_from_proto(model)
+    assert loaded.read_through is not None
+    assert ("QAttention", 1) in loaded.read_through.expanded
+    x = {"x": rng.normal(size=(2, 5, 16)).astype(np.float32)}
+    kernel, expanded = _run(model, x), _run(loaded.session_model(), x)
+    np.testing.assert_allclose(expanded, kernel, rtol=1e-4, atol=1e-5)
+    (block,) = find_attention_blocks(loaded).blocks
+    weights = block_weights(loaded, block)
+    assert (weights.n_heads, weights.d_head) == (4, 4)
+    np.testing.assert_array_equal(weights.W_V, packed[:, 32:])
+    np.testing.assert_array_equal(weights.W_Q, packed[:, :16])
+    np.testing.assert_array_equal(weights.W_O, w_o)

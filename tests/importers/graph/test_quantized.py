@@ -459,3 +459,35 @@ def test_a_pair_of_a_pair_reads_the_first_float_tensor() -> None:
         ("Relu", ["x"]),
         ("Neg", ["r"]),
     ]
+
+
+@pytest.mark.parametrize("scale_read_elsewhere", [False, True])
+def test_a_dequantised_dynamic_quantisation_is_read_as_its_input(
+    scale_read_elsewhere: bool,
+) -> None:
+    """``DequantizeLinear`` of a ``DynamicQuantizeLinear``'s codes with its own scale and zero
+    point rounds x; the quantiser goes with it unless something else reads its scale."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("DynamicQuantizeLinear", ["r"], ["c", "s", "z"]),
+        helper.make_node("DequantizeLinear", ["c", "s", "z"], ["d"]),
+        helper.make_node("Neg", ["d"], ["y"]),
+    ]
+    outputs = ["y"]
+    if scale_read_elsewhere:
+        nodes.append(helper.make_node("Identity", ["s"], ["s_copy"]))
+        outputs.append("s_copy")
+    graph = helper.make_graph(
+        nodes,
+        "dynamic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    result, read_through = read_through_activation_pairs(proto, GraphIndex(proto.graph))
+    assert result is not None
+    assert read_through is not None
+    assert read_through.pairs == 1
+    ops = [(n.op_type, list(n.input)) for n in result.graph.node]
+    assert ("Neg", ["r"]) in ops
+    assert ("DynamicQuantizeLinear" in [op for op, _ in ops]) == scale_read_elsewhere

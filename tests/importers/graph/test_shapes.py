@@ -104,7 +104,8 @@ def test_quantised_and_fused_ops_keep_the_shapes_a_reshape_target_reads() -> Non
     nodes = [
         helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
         helper.make_node("MatMulInteger", ["xq", "wq", "xz", "wz"], ["mi"]),
-        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["dq"]),
+        # a scale of its own: not the quantiser's pair, which the reading removes
+        helper.make_node("DequantizeLinear", ["xq", "dscale", "xz"], ["dq"]),
         helper.make_node(
             "SkipLayerNormalization",
             ["x", "dq", "gamma"],
@@ -122,6 +123,7 @@ def test_quantised_and_fused_ops_keep_the_shapes_a_reshape_target_reads() -> Non
     inits = [
         numpy_helper.from_array(np.zeros((8, 6), np.uint8), "wq"),
         numpy_helper.from_array(np.asarray(0, np.uint8), "wz"),
+        numpy_helper.from_array(np.asarray(0.5, np.float32), "dscale"),
         _floats("gamma", (8,)),
         numpy_helper.from_array(np.asarray(1, np.int64), "axis"),
         _ints("sizes", [1, 8, 5, 7]),
