@@ -11,7 +11,9 @@ dynamically quantised graph, fuses its products into ``DynamicQuantizeMatMul`` a
 ``MatMulIntegerToFloat``; those are expanded back into the ``DynamicQuantizeLinear`` →
 ``MatMulInteger`` → ``Cast`` → ``Mul`` (→ bias ``Add``) they fuse, the form the matcher reads;
 and ``quantize_dynamic`` of an optimizer-fused graph writes ``QAttention``, expanded into the
-``Attention`` of the dequantised input and weights, which is then defused. No float tensor of the residual stream or of
+``Attention`` of the dequantised input and weights, which is then defused. The same table
+expands the one fused float product onnxruntime's session optimizer saves in such graphs,
+``FusedMatMul`` (Q·Kᵀ with its scale), into ``Transpose`` → ``MatMul`` → ``Mul``. No float tensor of the residual stream or of
 the attention probabilities exists in such a graph, and the matcher knows none of these operators.
 
 Each one is rewritten (:func:`expand_quantized_operators`) into the standard ONNX its definition
@@ -346,6 +348,29 @@ def _qattention(node: Node, facts: Facts, em: Emitter) -> None:
     )
 
 
+def _fused_matmul(node: Node, facts: Facts, em: Emitter) -> None:
+    """``FusedMatMul(A, B)``: ``alpha · op(A) op(B)``, each operand's last two axes swapped where
+    ``transA``/``transB`` say (onnxruntime's session optimizer writes Q·Kᵀ so, the scale in
+    ``alpha``); the batch-axis transposes are left fused."""
+    refuse(node.attr("transBatchA", 0) or node.attr("transBatchB", 0), "with batch transposes")
+    operands = []
+    for position, flag in ((0, "transA"), (1, "transB")):
+        name = node.input(position)
+        if node.attr(flag, 0):
+            shape = facts.shape(name)
+            refuse(shape is None or len(shape) < 2, "with an operand of unknown rank")
+            assert shape is not None
+            perm = [*range(len(shape) - 2), len(shape) - 1, len(shape) - 2]
+            name = em.op("Transpose", [name], perm=perm)
+        operands.append(name)
+    alpha = float(node.attr("alpha", 1.0))
+    if alpha == 1.0:
+        em.op("MatMul", operands, output=node.outputs[0])
+        return
+    product = em.op("MatMul", operands)
+    em.op("Mul", [product, em.const("alpha", np.asarray(alpha, np.float32))], output=node.outputs[0])
+
+
 _MS = "com.microsoft"
 _REWRITES: dict[tuple[str, str], _Rewrite] = {
     ("", "QLinearMatMul"): _qlinear_matmul,
@@ -362,4 +387,5 @@ _REWRITES: dict[tuple[str, str], _Rewrite] = {
     (_MS, "DynamicQuantizeMatMul"): _dynamic_quantize_matmul,
     (_MS, "MatMulIntegerToFloat"): _matmul_integer_to_float,
     (_MS, "QAttention"): _qattention,
+    (_MS, "FusedMatMul"): _fused_matmul,
 }

@@ -75,19 +75,22 @@ class ReadThrough:
     expanded: tuple[tuple[str, int], ...] = ()
 
     def note(self) -> str:
-        """One line for the report: what was read through, and what the audit measures."""
-        expanded = ", ".join(f"{op} ×{count}" for op, count in self.expanded)
-        run_as = (
-            f"quantised operators ({expanded}) run as DequantizeLinear → float operator → "
-            "QuantizeLinear, as they are defined; "
-            if expanded
-            else ""
-        )
-        return (
-            f"statically quantised activations: {run_as}{self.pairs} QuantizeLinear→"
-            "DequantizeLinear pairs read as the float tensors they round; the audit measures "
-            "each tensor as the model computes it, before its rounding to the quantised type"
-        )
+        """One line for the report: what was expanded and read through, and what the audit
+        measures."""
+        parts = []
+        if self.expanded:
+            expanded = ", ".join(f"{op} ×{count}" for op, count in self.expanded)
+            parts.append(
+                f"operators expanded at load into the standard ops they are defined as ({expanded}),"
+                " which onnxruntime runs"
+            )
+        if self.pairs:
+            parts.append(
+                f"{self.pairs} activation QuantizeLinear→DequantizeLinear pairs read as the float "
+                "tensors they round: the audit measures each tensor as the model computes it, "
+                "before its rounding to the quantised type"
+            )
+        return "quantised or fused operators: " + "; ".join(parts)
 
 
 def read_through_activation_pairs(

@@ -13,6 +13,7 @@ and only then: codes of ``DynamicQuantizeLinear`` and integer weights are read a
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from importers.graph.qoperators import expand_quantized_operators
 from importers.graph.quantized import read_through_activation_pairs
 from importers.match import find_attention_blocks
 from importers.weights import block_weights
+from tests.importers.family_corpus import fixture_bytes
 
 MS = "com.microsoft"
 SEED = 11
@@ -175,6 +177,13 @@ def _case(name: str, rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[st
         }
         feeds = {"a": _codes(rng, (5, 16), np.uint8)}
         return _model(node, feeds, constants, F), feeds
+    if name == "FusedMatMul":
+        node = helper.make_node(name, ["q", "k"], ["y"], domain=MS, transB=1, alpha=0.125)
+        feeds = {
+            "q": rng.normal(size=(2, 4, 5, 8)).astype(np.float32),
+            "k": rng.normal(size=(2, 4, 5, 8)).astype(np.float32),
+        }
+        return _model(node, feeds, {}, F), feeds
     if name == "QLinearConv":
         node = helper.make_node(
             name,
@@ -214,6 +223,7 @@ CASES = [
     "QLinearConv",
     "DynamicQuantizeMatMul",
     "MatMulIntegerToFloat",
+    "FusedMatMul",
 ]
 
 
@@ -391,3 +401,29 @@ def test_qattention_runs_as_the_attention_of_its_dequantised_operands_and_is_mat
     np.testing.assert_array_equal(weights.W_V, packed[:, 32:])
     np.testing.assert_array_equal(weights.W_Q, packed[:, :16])
     np.testing.assert_array_equal(weights.W_O, w_o)
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert", "vit"])
+def test_a_graph_saved_by_onnxruntimes_optimizer_reads_as_the_graph_it_optimised(
+    tmp_path: Path, family: str
+) -> None:
+    """onnxruntime's session optimizer, saving a dynamically quantised graph, fuses its products
+    into DynamicQuantizeMatMul / MatMulIntegerToFloat and Q·Kᵀ with its scale into FusedMatMul:
+    read back, every block and product equals the graph it optimised."""
+    source = fixture_bytes(f"{family}/int8.onnx.xz")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "saved.onnx")
+    ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    saved = onnx.load(tmp_path / "saved.onnx")
+    fused = {node.op_type for node in saved.graph.node}
+    assert {"FusedMatMul", "DynamicQuantizeMatMul"} <= fused
+    model, reference = model_from_proto(saved), model_from_proto(onnx.load_from_string(source))
+    found, expected = find_attention_blocks(model).blocks, find_attention_blocks(reference).blocks
+    assert len(found) == len(expected) == 2
+    for block, twin in zip(found, expected, strict=True):
+        got, want = block_weights(model, block), block_weights(reference, twin)
+        assert block.score_bias == twin.score_bias
+        assert block.scale == pytest.approx(twin.scale, rel=1e-6)  # float32 alpha vs Div by √d
+        for role in ("W_Q", "W_K", "W_V", "W_O"):
+            np.testing.assert_array_equal(getattr(got, role), getattr(want, role), err_msg=role)
