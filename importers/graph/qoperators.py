@@ -349,10 +349,14 @@ def _qattention(node: Node, facts: Facts, em: Emitter) -> None:
 
 
 def _fused_matmul(node: Node, facts: Facts, em: Emitter) -> None:
-    """``FusedMatMul(A, B)``: ``alpha · op(A) op(B)``, each operand's last two axes swapped where
-    ``transA``/``transB`` say (onnxruntime's session optimizer writes Q·Kᵀ so, the scale in
-    ``alpha``); the batch-axis transposes are left fused."""
+    """``FusedMatMul(A, B)`` of two activations: ``alpha · op(A) op(B)``, each operand's last two
+    axes swapped where ``transA``/``transB`` say (onnxruntime's session optimizer writes Q·Kᵀ so,
+    the scale in ``alpha``); a product with a constant weight (a projection, which the matcher
+    reads as it is) and the batch-axis transposes are left fused."""
     refuse(node.attr("transBatchA", 0) or node.attr("transBatchB", 0), "with batch transposes")
+    refuse(  # a projection: the matcher reads FusedMatMul with a constant weight as it is
+        any(facts.constant(node.input(k)) is not None for k in (0, 1)), "with a constant operand"
+    )
     operands = []
     for position, flag in ((0, "transA"), (1, "transB")):
         name = node.input(position)
