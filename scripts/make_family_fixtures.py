@@ -198,7 +198,8 @@ class Family:
         hooks do not fire (SqueezeBERT's encoder calls ``layer.forward`` directly); "": the block.
     encoder_states : bool
         The model is a decoder stack with cross-attention: it also takes ``encoder_hidden_states``
-        (batch, :data:`ENCODER_TOKENS`, d_model), random, and ``encoder_attention_mask``. Its
+        (batch, :data:`ENCODER_TOKENS`, d_model), random, and ``encoder_attention_mask`` (unless
+        ``encoder_mask`` is False: Whisper's decoder takes none). Its
         blocks are the decoder layers (self-attention, cross-attention, MLP); the truth's weights
         are the self-attention's, the cross-attention being outside the theory.
     pooled : bool
@@ -223,6 +224,7 @@ class Family:
     channels_first: bool = False
     hooked: tuple[str, str] = ("", "")
     encoder_states: bool = False
+    encoder_mask: bool = True
     pooled: bool = False
 
     def wants(self, variant: str) -> bool:
@@ -418,6 +420,17 @@ _T5 = {
     "num_heads": N_HEADS,
     "relative_attention_num_buckets": 8,
     "decoder_start_token_id": 0,
+}
+_WHISPER = _BART | {
+    "num_mel_bins": MELS,
+    "max_source_positions": AUDIO_POSITIONS,
+    "max_target_positions": 16,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "decoder_start_token_id": 1,
+    "begin_suppress_tokens": None,
+    "suppress_tokens": None,
 }
 _MARIAN = _BART | {
     "encoder_layers": 1,
@@ -686,18 +699,7 @@ FAMILIES: tuple[Family, ...] = (
         _encoder_of(
             "WhisperModel",
             "WhisperConfig",
-            _BART
-            | {
-                "num_mel_bins": MELS,
-                "max_source_positions": AUDIO_POSITIONS,
-                "max_target_positions": 16,
-                "pad_token_id": 0,
-                "bos_token_id": 1,
-                "eos_token_id": 2,
-                "decoder_start_token_id": 1,
-                "begin_suppress_tokens": None,
-                "suppress_tokens": None,
-            },
+            _WHISPER,
         ),
         "layers",
         (*_SELF_ATTN, "self_attn.out_proj"),
@@ -1273,6 +1275,19 @@ FAMILIES: tuple[Family, ...] = (
         variants=frozenset({"dynamo_eager"}),
         encoder_states=True,
     ),
+    Family(  # Whisper's decoder: pre-LN, learned positions, no encoder mask among its inputs
+        "whisper_decoder",
+        _decoder_of("WhisperModel", "WhisperConfig", _WHISPER | {"decoder_layers": N_LAYERS}),
+        "layers",
+        (*_SELF_ATTN, "self_attn.out_proj"),
+        "text",
+        _features("pre", causal=True) | {"cross_attention": True},
+        sdpa=False,
+        optimum=False,
+        variants=frozenset({"dynamo_eager"}),
+        encoder_states=True,
+        encoder_mask=False,
+    ),
     Family(
         "marian_decoder",
         _decoder_of("MarianModel", "MarianConfig", _MARIAN),
@@ -1469,7 +1484,8 @@ def sample_feeds(family: Family) -> dict[str, np.ndarray]:
     if family.encoder_states:
         states = rng.standard_normal((BATCH, ENCODER_TOKENS, family.d_model)).astype(np.float32)
         feeds["encoder_hidden_states"] = states
-        feeds["encoder_attention_mask"] = np.ones((BATCH, ENCODER_TOKENS), dtype=np.int64)
+        if family.encoder_mask:
+            feeds["encoder_attention_mask"] = np.ones((BATCH, ENCODER_TOKENS), dtype=np.int64)
     return feeds
 
 
