@@ -48,7 +48,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from simulator.errors import InputError
-from simulator.operator import _householder, _reflect
+from simulator.operator import householder, reflect
 from simulator.theory import value_spectrum
 from simulator.validation import as_float_array, as_row_stochastic
 
@@ -84,9 +84,9 @@ def quotient_spectrum(A: ArrayLike) -> ComplexArray:
     n = exact.shape[-1]
     if n == 1:
         return np.zeros((*exact.shape[:-2], 0), dtype=np.complex128)
-    v, beta = _householder(n)
-    HA = _reflect(v, beta, exact)
-    HAH = np.swapaxes(_reflect(v, beta, np.swapaxes(HA, -1, -2)), -1, -2)  # H symmetric
+    v, beta = householder(n)
+    HA = reflect(v, beta, exact)
+    HAH = np.swapaxes(reflect(v, beta, np.swapaxes(HA, -1, -2)), -1, -2)  # H symmetric
     return np.linalg.eigvals(HAH[..., 1:, 1:]).astype(np.complex128)
 
 

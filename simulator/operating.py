@@ -73,11 +73,11 @@ from simulator.operator import (
     ARPACK_WANTED,
     DENSE_FALLBACK_MAX_ORDER,
     DENSE_MAX_ORDER,
+    CheckedLayer,
     HeadFactors,
     QuotientConvergenceError,
-    _heads_sum,
-    _Layer,
-    _layer,
+    checked_layer,
+    heads_sum,
 )
 from simulator.theory import Kind
 from simulator.tolerances import ARPACK_RETRY_TOL, ARPACK_TOL, SMOOTH_THRESHOLD, TIE_RTOL
@@ -166,7 +166,7 @@ def token_inverse_scale(
 class _FullOperator(LinearOperator):
     """``X ↦ T_D(X)`` on the row-major vec of the n×d X, counting applications."""
 
-    def __init__(self, layer: _Layer) -> None:
+    def __init__(self, layer: CheckedLayer) -> None:
         self.layer = layer
         self.shape_x = (layer.n, layer.d)
         self.count = 0
@@ -174,7 +174,7 @@ class _FullOperator(LinearOperator):
         super().__init__(dtype=np.float64, shape=(order, order))
 
     def _apply(self, X: FloatArray) -> FloatArray:
-        return X + _heads_sum(self.layer, X)
+        return X + heads_sum(self.layer, X)
 
     def _matvec(self, x: FloatArray) -> FloatArray:
         self.count += 1
@@ -206,7 +206,7 @@ def operating_matrix(
     -------
     (n d, n d) ndarray
     """
-    op = _FullOperator(_layer(A_heads, M_heads, scale))
+    op = _FullOperator(checked_layer(A_heads, M_heads, scale))
     if op.shape[0] > DENSE_FALLBACK_MAX_ORDER:
         raise InputError(
             f"the operator of order {op.shape[0]} is larger than {DENSE_FALLBACK_MAX_ORDER}; "
@@ -353,7 +353,7 @@ def operating_dominance(
     OperatingDominance
     """
     check_choice(method, "method", ("auto", "dense", "arpack"))
-    layer = _layer(A_heads, M_heads, scale)
+    layer = checked_layer(A_heads, M_heads, scale)
     op = _FullOperator(layer)
     values, vectors = _eigenpairs(op, method, tol)
     top = _dominating(values, tie_rtol)

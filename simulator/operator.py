@@ -92,14 +92,19 @@ from simulator.validation import as_float_array, as_row_stochastic, check_choice
 __all__ = [
     "DENSE_FALLBACK_MAX_ORDER",
     "DENSE_MAX_ORDER",
+    "CheckedLayer",
     "HeadFactors",
     "OperatorDominance",
     "QuotientConvergenceError",
     "apply_layer",
+    "checked_layer",
+    "heads_sum",
+    "householder",
     "lfc_eigenvalues",
     "operator_dominance",
     "quotient_matrix",
     "quotient_radius",
+    "reflect",
 ]
 
 FloatArray = NDArray[np.float64]
@@ -187,7 +192,7 @@ class OperatorDominance:
 
 
 @dataclass(frozen=True)
-class _Layer:
+class CheckedLayer:
     """Validated heads: A (heads, n, n) with exact unit row sums, W_V (heads, d, r) or None for
     dense products, W_O (heads, r, d) (the dense M_h when W_V is None), and the per-token scale
     D = diag(scale) (n,) read before every head, or None for D = I."""
@@ -244,9 +249,12 @@ def _scale(scale: ArrayLike | None, n: int) -> FloatArray | None:
     return values
 
 
-def _layer(
+def checked_layer(
     A_heads: ArrayLike, M_heads: ArrayLike | HeadFactors, scale: ArrayLike | None = None
-) -> _Layer:
+) -> CheckedLayer:
+    """The heads of one layer checked once: A_heads (heads, n, n) row-stochastic (rescaled to exact
+    unit row sums), M_heads dense (heads, d, d) or factored (:class:`HeadFactors`), and the
+    optional per-token scale (n,)."""
     A = _heads(as_row_stochastic(A_heads, "A_heads"), "A_heads")
     W_V, W_O = _products(M_heads)
     if W_O.shape[0] != A.shape[0]:
@@ -255,13 +263,13 @@ def _layer(
         )
     # Exact row sums make L exactly invariant: the LFC eigenvalues are then those of T itself.
     A = A / A.sum(axis=-1, keepdims=True)
-    return _Layer(A, W_V, W_O, _scale(scale, A.shape[-1]))
+    return CheckedLayer(A, W_V, W_O, _scale(scale, A.shape[-1]))
 
 
 # -- the layer map and the quotient map ------------------------------------------------------------
 
 
-def _heads_sum(layer: _Layer, Z: FloatArray) -> FloatArray:
+def heads_sum(layer: CheckedLayer, Z: FloatArray) -> FloatArray:
     """``Σ_h A_h D Z M_h`` for Z of shape (..., n, d), as three matrix products (D = I unless
     the layer has a per-token scale)."""
     A, W_V, W_O = layer.A, layer.W_V, layer.W_O
@@ -303,38 +311,38 @@ def apply_layer(
     -------
     (..., n, d) ndarray
     """
-    layer = _layer(A_heads, M_heads, scale)
+    layer = checked_layer(A_heads, M_heads, scale)
     X = as_float_array(X, "X", min_ndim=2)
     if X.shape[-2:] != (layer.n, layer.d):
         raise InputError(f"`X` must have shape (..., {layer.n}, {layer.d}); got {X.shape}")
-    return X + _heads_sum(layer, X)
+    return X + heads_sum(layer, X)
 
 
-def _householder(n: int) -> tuple[FloatArray, float]:
+def householder(n: int) -> tuple[FloatArray, float]:
     """``v = 𝟙 + √n e_1`` and ``2 / (vᵀv)``: ``H = I − (2/vᵀv) v vᵀ`` maps 𝟙 to ``−√n e_1``."""
     v = np.ones(n)
     v[0] += np.sqrt(n)
     return v, 2.0 / float(v @ v)
 
 
-def _reflect(v: FloatArray, beta: float, X: FloatArray) -> FloatArray:
+def reflect(v: FloatArray, beta: float, X: FloatArray) -> FloatArray:
     """``H X`` for X of shape (..., n, d)."""
     return X - beta * v[:, None] * (v @ X)[..., None, :]
 
 
-def _quotient_apply(layer: _Layer, v: FloatArray, beta: float, Y: FloatArray) -> FloatArray:
+def _quotient_apply(layer: CheckedLayer, v: FloatArray, beta: float, Y: FloatArray) -> FloatArray:
     """``Qᵀ T(Q Y)`` for Y of shape (..., n − 1, d); Q = columns 2..n of the reflector."""
     pad = np.zeros((*Y.shape[:-2], 1, Y.shape[-1]))
-    Z = _reflect(v, beta, np.concatenate([pad, Y], axis=-2))  # Q Y
-    return _reflect(v, beta, Z + _heads_sum(layer, Z))[..., 1:, :]
+    Z = reflect(v, beta, np.concatenate([pad, Y], axis=-2))  # Q Y
+    return reflect(v, beta, Z + heads_sum(layer, Z))[..., 1:, :]
 
 
 class _QuotientOperator(LinearOperator):
     """``Y ↦ Qᵀ T(Q Y)`` on vec(Y) (row-major vec of the (n−1)×d matrix), counting applications."""
 
-    def __init__(self, layer: _Layer) -> None:
+    def __init__(self, layer: CheckedLayer) -> None:
         self.layer = layer
-        self.v, self.beta = _householder(layer.n)
+        self.v, self.beta = householder(layer.n)
         self.shape_y = (layer.n - 1, layer.d)
         self.count = 0
         order = (layer.n - 1) * layer.d
@@ -378,7 +386,7 @@ def quotient_matrix(A_heads: ArrayLike, M_heads: ArrayLike | HeadFactors) -> Flo
     -------
     ((n − 1) d, (n − 1) d) ndarray
     """
-    op = _QuotientOperator(_layer(A_heads, M_heads))
+    op = _QuotientOperator(checked_layer(A_heads, M_heads))
     if op.shape[0] > DENSE_FALLBACK_MAX_ORDER:
         raise InputError(
             f"the quotient matrix of order {op.shape[0]} is larger than "
@@ -450,7 +458,7 @@ def _solve_arpack(op: _QuotientOperator, tol: float) -> ComplexArray:
         ) from err
 
 
-def _quotient(layer: _Layer, method: str, tol: float) -> tuple[float, complex, int]:
+def _quotient(layer: CheckedLayer, method: str, tol: float) -> tuple[float, complex, int]:
     check_choice(method, "method", ("auto", "dense", "arpack"))
     op = _QuotientOperator(layer)
     order = op.shape[0]
@@ -506,7 +514,7 @@ def quotient_radius(
     QuotientConvergenceError
         ARPACK failed twice on a quotient above :data:`DENSE_FALLBACK_MAX_ORDER`.
     """
-    return _quotient(_layer(A_heads, M_heads), method, tol)
+    return _quotient(checked_layer(A_heads, M_heads), method, tol)
 
 
 def _kind(rho_lfc: float, rho_quotient: float, tie_rtol: float) -> Kind:
@@ -542,7 +550,7 @@ def operator_dominance(
     -------
     OperatorDominance
     """
-    layer = _layer(A_heads, M_heads)
+    layer = checked_layer(A_heads, M_heads)
     lfc = _lfc(layer.W_V, layer.W_O)
     rho_quotient, mu_quotient, iterations = _quotient(layer, method, tol)
     mu_lfc = _top(lfc)
