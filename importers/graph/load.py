@@ -123,7 +123,8 @@ class OnnxModel:
         (:mod:`importers.graph.quantized`; ``source`` keeps them). None when onnxruntime runs
         ``proto``.
     read_through : ReadThrough or None
-        The activation quantise/dequantise pairs ``proto`` reads through (None: there are none).
+        The activation quantise/dequantise pairs ``proto`` reads through and the operators
+        expanded at load (None: neither).
     """
 
     path: Path | None

@@ -90,6 +90,8 @@ def expand_quantized_operators(proto: onnx.ModelProto, index: GraphIndex) -> Exp
     -------
     Expansion
     """
+    if not any(_key(node) in _REWRITES for node in index.nodes):
+        return Expansion(None)
     facts = Facts(proto, index)
     replaced: dict[int, Emitter] = {}
     counts: Counter[str] = Counter()

@@ -60,15 +60,17 @@ _PAIR_ATTRIBUTES = {"axis": 1, "block_size": 0}
 
 @dataclass(frozen=True)
 class ReadThrough:
-    """The activation ``QuantizeLinear`` → ``DequantizeLinear`` pairs a model's reading removed.
+    """The activation ``QuantizeLinear`` → ``DequantizeLinear`` pairs a model's reading removed,
+    and the quantised or fused operators its loading expanded.
 
     Attributes
     ----------
     pairs : int
         How many ``DequantizeLinear`` nodes were read as their pair's float input.
     expanded : tuple of (str, int)
-        Quantised operators (QOperator form) expanded at load into ``DequantizeLinear`` → float
-        operator → ``QuantizeLinear`` (:mod:`importers.graph.qoperators`), by type, with counts.
+        Operators expanded at load into the standard ops they are defined as
+        (:mod:`importers.graph.qoperators`: the QOperator form, onnxruntime's fused dynamic
+        products, ``QAttention``, ``FusedMatMul``), by type, with counts.
     """
 
     pairs: int
@@ -154,6 +156,8 @@ def _dequantised_before_layout(proto: onnx.ModelProto, index: GraphIndex) -> onn
     dequantised input gets a fresh name, which the graph onnxruntime runs does not have and
     nothing asks it for.
     """
+    if not any(_climbs_in(index, node) for node in index.nodes):  # checked without copying
+        return None
     nodes = [onnx.NodeProto() for _ in proto.graph.node]
     for copy, node in zip(nodes, proto.graph.node, strict=True):
         copy.CopyFrom(node)
@@ -179,6 +183,14 @@ def _dequantised_before_layout(proto: onnx.ModelProto, index: GraphIndex) -> onn
     del read.graph.node[:]
     read.graph.node.extend(_without_unread_moves(nodes, set(index.graph_outputs)))
     return read
+
+
+def _climbs_in(index: GraphIndex, node: Node) -> bool:
+    """Whether ``node`` is a ``DequantizeLinear`` that climbs (:func:`_climbs`) in the graph."""
+    if node.op_type != "DequantizeLinear":
+        return False
+    layout = index.producer(node.input(0))
+    return layout is not None and _climbs(node.proto, layout.proto, index)
 
 
 def _without_unread_moves(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
