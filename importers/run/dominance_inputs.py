@@ -70,13 +70,16 @@ def check_dominance_inputs(value: object) -> DominanceInputs:
 
 
 def _kind_counts(cases: Sequence[DominanceCase], n_inputs: int) -> np.ndarray:
-    """(n_inputs, 4) cases per input and :data:`KINDS` class (balanced apart from non-perron)."""
-    counts = np.zeros((n_inputs, len(KINDS)))
+    """(n_inputs, 4) cases per input and :data:`KINDS` class (balanced apart from non-perron);
+    cases of later inputs are left out."""
     column = {kind: k for k, kind in enumerate(KINDS)}
-    for case in cases:
-        if case.input < n_inputs:
-            counts[case.input, column[case.kind]] += 1
-    return counts
+    items = np.fromiter((case.input for case in cases), dtype=np.int64, count=len(cases))
+    kinds = np.fromiter((column[case.kind] for case in cases), dtype=np.int64, count=len(cases))
+    kept = items < n_inputs
+    flat = np.bincount(
+        items[kept] * len(KINDS) + kinds[kept], minlength=n_inputs * len(KINDS)
+    )
+    return flat.reshape(n_inputs, len(KINDS)).astype(np.float64)
 
 
 def dominance_stop(cases: Sequence[DominanceCase], mode: DominanceInputs, n_inputs: int) -> Stop:
@@ -131,20 +134,25 @@ class DominanceBudget:
         self.limit: int | None = mode if isinstance(mode, int) else None
         self.auto = mode == "auto" and stop_early
         self._looked = AUTO_FIRST - AUTO_EVERY  # the last grid count looked at
+        self._counts = np.zeros((0, len(KINDS)))  # cases per input and class so far
 
     def wants(self, item: int) -> bool:
         """Whether input ``item`` (counted from this run's first) needs its dominance cases."""
         return self.limit is None or self.first_input + item < self.limit
 
     def observe(self, cases: Sequence[DominanceCase], complete: int) -> None:
-        """Look at every new grid count up to ``complete`` inputs whose cases are all in
-        (``cases``: every case so far); the first count whose intervals are narrow enough
-        becomes the limit."""
+        """Add a batch's ``cases`` to the counts and look at every new grid count up to
+        ``complete`` inputs whose cases are all in; the first count whose intervals are narrow
+        enough becomes the limit."""
         if not self.auto or self.limit is not None:
             return
+        last = max((case.input + 1 for case in cases), default=0)
+        grown = max(last, complete, len(self._counts))  # inputs without cases count as such
+        counts = np.zeros((grown, len(KINDS)))
+        counts[: len(self._counts)] = self._counts
+        self._counts = counts + _kind_counts(cases, grown)
         while self._looked + AUTO_EVERY <= complete:
             self._looked += AUTO_EVERY
-            counts = _kind_counts(cases, self._looked)
-            if widest_interval(counts) <= AUTO_WIDTH:
+            if widest_interval(self._counts[: self._looked]) <= AUTO_WIDTH:
                 self.limit = self._looked
                 return

@@ -534,8 +534,8 @@ def pipelined(
     memory stays bounded; the cases come back in batch order. Many small eigenvalue problems: one
     BLAS thread each, ``threads`` worker threads, one per core (this also avoids the collapse of
     multithreaded BLAS on a busy machine, 5-20x measured on 2 cores). On an error or Ctrl-C the
-    work not yet started is cancelled. ``budget`` sees each batch's dominance cases as they come
-    back, in order, and may stop later batches from computing theirs.
+    work not yet started is cancelled. ``budget`` is given each batch's dominance cases as they
+    come back, in order, and may stop later batches from computing theirs.
     """
     cases: list[DominanceCase] = []
     exact: list[OperatorCase] = []
@@ -550,7 +550,7 @@ def pipelined(
         per_head, whole, depth, (points, split) = work.result()
         cases.extend(per_head)
         if budget is not None:
-            budget.observe(cases, end)
+            budget.observe(per_head, end)
         exact.extend(whole)
         heads.extend(depth)
         operating.extend(points)

@@ -68,7 +68,7 @@ def test_the_running_budget_decides_what_the_result_decides(batch: int) -> None:
             c for c in every if start <= c.input < start + batch and budget.wants(c.input)
         ]
         computed += batch_cases
-        budget.observe(computed, min(start + batch, 600))
+        budget.observe(batch_cases, min(start + batch, 600))
     stop = dominance_stop(computed, "auto", 600)
     assert budget.limit is not None
     assert stop.inputs == budget.limit
