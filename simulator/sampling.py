@@ -11,7 +11,7 @@ batch size or a shard boundary happens to give), and each look draws its resampl
 that depends on the count alone, so the count it returns depends on the inputs and their order
 only. Looking several times is optional stopping: the interval at the count the rule stops at
 covers the share somewhat less often than its nominal level; the stated width is therefore a
-precision target, not a guarantee of coverage.
+precision target, not a guarantee of coverage (docs/theory.md §6.13).
 
 Functions
 ---------
