@@ -49,6 +49,7 @@ from importers.run.audit import HChoice
 from importers.run.records import DominanceSummary
 from importers.value_spectra import SpectrumRow
 from importers.zoo import cache_dir, file_sha256, get_model, lookup
+from simulator.sampling import share_intervals
 
 __all__ = [
     "AUDIT_SETTINGS",
@@ -285,21 +286,18 @@ def perron_intervals(
 
     The cases of one input share its hidden states, so they are not independent: the inputs are
     resampled with replacement ``resamples`` times and the share recomputed from the resampled
-    inputs' cases; the interval is the central ``level`` of those shares (percentile bootstrap).
+    inputs' cases (:func:`simulator.sampling.share_intervals`, the audit's own intervals; the
+    same seed gives every block the same resamples).
     """
     inputs, blocks, perron = result.cases.T
     n_inputs = int(result.provenance["inputs"]["n_inputs"])
-    weights = np.random.default_rng(seed).multinomial(
-        n_inputs, np.full(n_inputs, 1.0 / n_inputs), size=resamples
-    )
-    tails = (100 * (1 - level) / 2, 100 * (1 + level) / 2)
     found = {}
     for label in ["all", *map(str, np.unique(blocks))]:
         chosen = np.ones_like(blocks, bool) if label == "all" else blocks == int(label)
         totals = np.bincount(inputs[chosen], minlength=n_inputs)
         hits = np.bincount(inputs[chosen], weights=perron[chosen], minlength=n_inputs)
-        shares = (weights @ hits) / np.maximum(weights @ totals, 1)
-        low, high = np.percentile(shares, tails)
+        counts = np.stack([hits, totals - hits], axis=1)
+        low, high = share_intervals(counts, resamples=resamples, seed=seed, level=level)[0]
         found[label] = (float(low), float(high))
     return found
 
