@@ -149,8 +149,11 @@ def widest_interval(
     counts: ArrayLike, *, seed: int = 0, resamples: int = RESAMPLES, level: float = LEVEL
 ) -> float:
     """The widest class-share interval over the inputs of ``counts`` (n, n_classes), resampled
-    with the seed of a look at n inputs (a function of ``seed`` and n only)."""
+    with the seed of a look at n inputs (a function of ``seed`` and n only); NaN where the inputs
+    hold no case (no share, so never narrow enough)."""
     table = as_float_array(counts, "counts", min_ndim=2)
+    if table.sum() == 0:
+        return float("nan")
     look = int(np.random.SeedSequence([seed, table.shape[0]]).generate_state(1)[0])
     intervals = share_intervals(table, resamples=resamples, seed=look, level=level)
     return float(np.max(intervals[:, 1] - intervals[:, 0]))

@@ -88,3 +88,13 @@ def test_a_target_never_met_uses_every_input_and_says_so() -> None:
     assert stop.inputs == 70
     assert not stop.met
     assert stop.width == pytest.approx(widest_interval(counts))
+
+
+def test_inputs_without_any_case_are_never_narrow_enough() -> None:
+    """Looks over inputs that hold no case (a model whose dominance step found none) give no
+    width: the rule uses every input and says the target was not met."""
+    counts = np.zeros((40, 2))
+    assert np.isnan(widest_interval(counts))
+    stop = inputs_needed(counts, 0.05, first=32, every=16)
+    assert stop.inputs == 40
+    assert not stop.met
