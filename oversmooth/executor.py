@@ -48,9 +48,10 @@ import re
 import shutil
 import signal
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from importers.errors import ClusterError, ImporterInputError
 from importers.run.runner import default_threads
@@ -73,6 +74,12 @@ CONNECT_TIMEOUT_S = 20
 #: ``MALLOC_TRIM_THRESHOLD_=65536`` cost the DINOv2 audit 18-22 % more CPU per worker (8 inputs on
 #: one core, three interleaved runs: 11.7-12.7 s against 9.6-10.8 s).
 _WORKER_ENVIRONMENT = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+#: Times one task is sent to the cluster when a lost worker takes its data with it (its result
+#: cancelled as "already forgotten"): once, then again on another worker, and a last time.
+TASK_ATTEMPTS = 3
+#: Seconds to wait before sending a task again whose worker died while it was being sent (the
+#: scheduler then drops that worker from the ones it sends to).
+SCATTER_RETRY_S = 1.0
 #: Accepted scheduler addresses besides ``local``.
 _ADDRESS = re.compile(r"^(tcp|tls)://[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
 #: What :meth:`Executor.map` returns: ``(task index, result)`` as tasks finish; closing it cancels.
@@ -200,6 +207,9 @@ class _DaskExecutor:
         try:
             for future in window.finished:
                 result = _result(future)
+                if result is _LOST:
+                    window.resubmit(future, self._scheduler)
+                    continue
                 yield window.done(future), result
                 window.submit_next()
         finally:  # an error, Ctrl-C or a closed generator: nothing keeps running
@@ -234,7 +244,10 @@ class _Window:
     """The tasks of one :meth:`_DaskExecutor.map` on the cluster: submitted, running, released.
 
     Each task is scattered on its own (its data is stored on one worker, not in the task graph)
-    and released as soon as its result is taken.
+    and released as soon as its result is taken. A worker that dies takes the data scattered to
+    it along: Dask cannot run the task elsewhere and forgets it. The task itself is kept here
+    until its result is taken (the window bounds how many are) and sent again, to whatever workers
+    are left, up to :data:`TASK_ATTEMPTS` times (:meth:`resubmit`).
     """
 
     def __init__(
@@ -247,31 +260,77 @@ class _Window:
         self._common = common
         self._tasks = enumerate(tasks)
         self.finished = as_completed()
-        #: future key -> (task index, the future, its scattered task)
-        self.running: dict[str, tuple[int, Any, Any]] = {}
+        #: future key -> the task's index, its future, its scattered data, the task, attempts
+        self.running: dict[str, _Sent] = {}
 
     def submit_next(self) -> bool:
         """Take the next task and submit it; False when there is none left."""
         taken = next(self._tasks, None)
         if taken is None:
             return False
-        index, task = taken
-        (data,) = self._client.scatter([task], hash=False)  # a list: any task is one value
-        future = self._client.submit(self._fn, data, **self._common, pure=False)
-        self.running[future.key] = (index, future, data)
-        self.finished.add(future)
+        self._send(*taken, attempts=1)
         return True
+
+    def _send(self, position: int, task: Any, *, attempts: int) -> None:
+        data = self._scattered(task)
+        future = self._client.submit(self._fn, data, **self._common, pure=False)
+        self.running[future.key] = _Sent(position, future, data, task, attempts)
+        self.finished.add(future)
+
+    def _scattered(self, task: Any) -> Any:
+        """``task`` stored on a worker (a list: any task is one value). A worker that dies while
+        it is being sent closes the connection: it is sent again, to the workers left, up to
+        :data:`TASK_ATTEMPTS` times, then :class:`ClusterError` (one line)."""
+        attempt = 1
+        while True:
+            try:
+                (data,) = self._client.scatter([task], hash=False)
+                return data
+            except OSError as err:  # distributed's CommClosedError is one
+                if attempt >= TASK_ATTEMPTS:
+                    raise ClusterError(
+                        f"the Dask cluster took no task after {attempt} attempts: a worker's "
+                        f"connection closed ({type(err).__name__}); see the worker logs"
+                    ) from None
+                attempt += 1
+                time.sleep(SCATTER_RETRY_S)
+
+    def resubmit(self, future: Any, scheduler: str) -> None:
+        """Send again a task whose data a lost worker took along, unless it has had its
+        :data:`TASK_ATTEMPTS` or no worker is left (then :class:`ClusterError`, one line)."""
+        sent = self.running.pop(future.key)
+        workers = len(self._client.scheduler_info(n_workers=-1)["workers"])
+        if sent.attempts >= TASK_ATTEMPTS or workers == 0:
+            why = "no worker is left" if workers == 0 else f"{sent.attempts} times"
+            raise ClusterError(
+                f"the Dask cluster at {scheduler} lost task {sent.position} with a worker that "
+                f"died ({why}); see the worker logs"
+            )
+        self._send(sent.position, sent.task, attempts=sent.attempts + 1)
 
     def done(self, future: Any) -> int:
         """Forget a finished task (its scattered data is released); return its index."""
-        index, _, _ = self.running.pop(future.key)
-        return index
+        return self.running.pop(future.key).position
 
     def cancel(self) -> None:
         """Cancel every task still running, their data and the shared values."""
-        left = [item for _, future, data in self.running.values() for item in (future, data)]
+        left = [item for sent in self.running.values() for item in (sent.future, sent.data)]
         self.running.clear()
         self._client.cancel([*left, *self._common.values()])
+
+
+class _Sent(NamedTuple):
+    """One task on the cluster: its position, future, scattered data, the task, attempts so far."""
+
+    position: int
+    future: Any
+    data: Any
+    task: Any
+    attempts: int
+
+
+#: :func:`_result` of a task whose data a lost worker took along (sent again, not a result).
+_LOST = object()
 
 
 def own_threads(task_threads: Mapping[str, int]) -> int | None:
@@ -289,11 +348,17 @@ def own_threads(task_threads: Mapping[str, int]) -> int | None:
 
 
 def _result(future: Any) -> Any:
-    """The future's result; a worker that died is a :class:`ClusterError`, one line."""
+    """The future's result; :data:`_LOST` where the cluster forgot the task because a worker that
+    died held its data (Dask cancels it); a task that killed its workers again and again is a
+    :class:`ClusterError`, one line."""
+    from concurrent.futures import CancelledError
+
     from distributed import KilledWorker
 
     try:
         return future.result()
+    except CancelledError:  # only the cluster cancels while results are taken
+        return _LOST
     except KilledWorker as err:
         raise ClusterError(
             f"a Dask worker died running a task ({err}); see the worker logs"

@@ -1,0 +1,49 @@
+"""The cluster executor survives a lost worker (issue 34): a task whose worker dies is sent again
+to the workers left, its result taken once; a task that kills every worker it meets ends the run
+with one line (:class:`~importers.errors.ClusterError`, exit status 1), nothing left running.
+
+Each test starts its own two-worker local cluster: a worker is killed on purpose, which the other
+tests' shared cluster must not see.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from importers.errors import ClusterError
+from oversmooth.executor import open_executor
+from tests.cluster import started_cluster
+
+
+def _square_or_die(task: tuple[int, str]) -> int:
+    """``value²``; the first time value 3 runs, its worker process dies at once (a marker file
+    remembers it, so the run on another worker succeeds). Dask runs a task where its scattered
+    data lies, so the data dies with the worker."""
+    value, marker = task
+    if value == 3 and not Path(marker).exists():
+        Path(marker).touch()
+        os._exit(1)
+    return value * value
+
+
+def _always_die(_task: int) -> int:
+    os._exit(1)
+
+
+def test_a_task_whose_worker_dies_runs_again_on_the_workers_left(tmp_path: Path) -> None:
+    marker = tmp_path / "died"
+    with started_cluster(tmp_path / "dask") as address, open_executor(address) as executor:
+        results = list(executor.map(_square_or_die, [(v, str(marker)) for v in range(8)]))
+    assert marker.exists()  # a worker died holding task 3
+    assert sorted(index for index, _ in results) == list(range(8))  # each result taken once
+    assert dict(results) == {v: v * v for v in range(8)}
+
+
+def test_a_task_that_kills_every_worker_it_meets_ends_the_run_in_one_line(tmp_path: Path) -> None:
+    with started_cluster(tmp_path / "dask") as address, open_executor(address) as executor:
+        with pytest.raises(ClusterError, match="died") as raised:
+            dict(executor.map(_always_die, [0]))
+    assert "\n" not in str(raised.value)
