@@ -1,20 +1,24 @@
-"""Quantised operators (the QOperator form) expanded into what their definitions say they compute:
-``DequantizeLinear`` of each integer input → the float operator → ``QuantizeLinear`` of the result.
+"""Quantised and fused operators expanded into what their definitions say they compute.
 
 ``onnxruntime.quantization.quantize_static`` with ``QuantFormat.QOperator`` (and older static
 quantisers) writes every quantised product, sum and Softmax as one integer operator —
 ``QLinearMatMul``, ``QLinearConv`` (ONNX), ``QLinearAdd``, ``QLinearMul``, ``QLinearSoftmax``,
 ``QGemm``, ``QLinearSigmoid``, ``QLinearLeakyRelu``, ``QLinearConcat``, ``QLinearAveragePool``,
 ``QLinearGlobalAveragePool`` (onnxruntime's ``com.microsoft`` domain) — and moves the integer
-codes between them through ``Reshape``/``Transpose``. onnxruntime's optimizer, saving a
-dynamically quantised graph, fuses its products into ``DynamicQuantizeMatMul`` and
-``MatMulIntegerToFloat``; those are expanded back into the ``DynamicQuantizeLinear`` →
-``MatMulInteger`` → ``Cast`` → ``Mul`` (→ bias ``Add``) they fuse, the form the matcher reads;
-and ``quantize_dynamic`` of an optimizer-fused graph writes ``QAttention``, expanded into the
-``Attention`` of the dequantised input and weights, which is then defused. The same table
-expands the one fused float product onnxruntime's session optimizer saves in such graphs,
-``FusedMatMul`` (Q·Kᵀ with its scale), into ``Transpose`` → ``MatMul`` → ``Mul``. No float tensor of the residual stream or of
-the attention probabilities exists in such a graph, and the matcher knows none of these operators.
+codes between them through ``Reshape``/``Transpose``. No float tensor of the residual stream or
+of the attention probabilities exists in such a graph, and the matcher knows none of these
+operators: each becomes ``DequantizeLinear`` of each integer input → the float operator →
+``QuantizeLinear`` of the result.
+
+The same table holds three more forms. onnxruntime's optimizer, saving a dynamically quantised
+graph, fuses its products into ``DynamicQuantizeMatMul`` and ``MatMulIntegerToFloat``: expanded
+back into the ``DynamicQuantizeLinear`` → ``MatMulInteger`` → ``Cast`` → ``Mul`` (→ bias
+``Add``) chain they fuse, the form the matcher reads. ``quantize_dynamic`` of an optimizer-fused
+graph writes ``QAttention``: expanded into the ``Attention`` of the dequantised input and weights,
+which :mod:`importers.graph.defuse` then rewrites. And that session optimizer writes Q·Kᵀ with its
+scale as ``FusedMatMul``: a product of two activations is expanded into ``Transpose`` →
+``MatMul`` → ``Mul`` (a projection by a constant weight stays the ``FusedMatMul`` the matcher
+reads).
 
 Each one is rewritten (:func:`expand_quantized_operators`) into the standard ONNX its definition
 states: each integer input dequantised with its own scale and zero point (per tensor, or per
@@ -37,7 +41,7 @@ Public API
 Expansion
     The rewritten model and the count of operators expanded, by type.
 expand_quantized_operators
-    Rewrite every quantised operator of a model.
+    Rewrite every quantised or fused operator of a model.
 """
 
 from __future__ import annotations
@@ -68,16 +72,16 @@ _Rewrite = Callable[[Node, Facts, Emitter], None]
 
 @dataclass(frozen=True)
 class Expansion:
-    """The model with its quantised operators expanded (None: it has none that expand), and how
-    many of each type were expanded, as ``(op type, count)`` in first-seen order."""
+    """The model with its quantised and fused operators expanded (None: it has none that expand),
+    and how many of each type were expanded, as ``(op type, count)`` in first-seen order."""
 
     proto: onnx.ModelProto | None
     expanded: tuple[tuple[str, int], ...] = ()
 
 
 def expand_quantized_operators(proto: onnx.ModelProto, index: GraphIndex) -> Expansion:
-    """Rewrite every quantised operator of ``proto``'s top-level graph into ``DequantizeLinear``
-    → float operator → ``QuantizeLinear`` (see the module docstring).
+    """Rewrite every quantised or fused operator of ``proto``'s top-level graph into the standard
+    ops it is defined as (see the module docstring).
 
     Parameters
     ----------
