@@ -1948,7 +1948,8 @@ def dequantised_model(
     """A copy of ``model`` whose weights the quantised export stores quantised hold their
     dequantised ``values`` (keyed by the float export's initializer name).
 
-    Each torch weight is matched to a float initializer equal to it or to its transpose.
+    Each torch weight is matched to a float initializer equal to it or to its transpose, or to a
+    block of columns of one (the optimizer's packed QKV weight holds Q, K and V side by side).
     """
     import copy
 
@@ -1963,14 +1964,32 @@ def dequantised_model(
         for name, stored in floats.items():
             if name not in values:
                 continue
-            flipped = stored.shape == value.T.shape and np.array_equal(stored, value.T)
-            if not flipped and not (stored.shape == value.shape and np.array_equal(stored, value)):
+            dq = _dequantised_part(stored, value, values[name].astype(np.float32))
+            if dq is None:
                 continue
-            dq = values[name].astype(np.float32)
             with torch.no_grad():
-                param.copy_(torch.from_numpy(dq.T.copy() if flipped else dq))
+                param.copy_(torch.from_numpy(dq))
             break
     return replaced
+
+
+def _dequantised_part(
+    stored: np.ndarray, value: np.ndarray, dequantised: np.ndarray
+) -> np.ndarray | None:
+    """The part of ``dequantised`` (the float initializer ``stored``, dequantised) that stands
+    for the torch weight ``value``: all of it (as is or transposed), or the block of columns of
+    a packed weight that equals ``value``'s transpose; None where ``value`` is not in ``stored``."""
+    if stored.shape == value.shape and np.array_equal(stored, value):
+        return dequantised
+    if stored.shape == value.T.shape and np.array_equal(stored, value.T):
+        return dequantised.T.copy()
+    rows, width = value.T.shape
+    if stored.ndim != 2 or stored.shape[0] != rows or stored.shape[1] <= width:
+        return None
+    for start in range(0, stored.shape[1] - width + 1, width):
+        if np.array_equal(stored[:, start : start + width], value.T):
+            return dequantised[:, start : start + width].T.copy()
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -2401,6 +2420,42 @@ def _quantised_variants(
             )
 
 
+#: Dynamic int8 quantisation of onnxruntime's optimizer output (its fused ``Attention`` becomes
+#: ``QAttention``, its ``EmbedLayerNormalization`` ``QEmbedLayerNormalization``).
+OPTIMIZED_INT8_FAMILIES = frozenset({"bert"})
+
+
+def quantize_optimized(source: Path, path: Path) -> None:
+    """``quantize_dynamic`` (int8 weights) of the optimizer's output; its contrib operators'
+    outputs have no inferred type, so float is said to be the default."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(
+        str(source),
+        str(path),
+        weight_type=QuantType.QInt8,
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+
+
+def build_optimized_int8_only(corpus: Corpus, family: Family) -> None:
+    """Only the dynamic int8 quantisation of a family's committed ``optimized`` file."""
+    import lzma
+
+    _log(f"{family.name} (int8 of the optimizer's output only)")
+    optimized = corpus.out / family.name / "optimized.onnx"
+    optimized.write_bytes(lzma.decompress(optimized.with_name(optimized.name + ".xz").read_bytes()))
+    quantiser: Quantiser = (
+        "optimized_int8", "torchscript+ort-optimizer+quantize_dynamic", quantize_optimized,
+        int8_weights,
+    )
+    try:
+        feeds = sample_feeds(family)
+        _quantised_variants(corpus, family, family.make("eager"), feeds, optimized, [quantiser])
+    finally:
+        optimized.unlink()
+
+
 def build_static_only(corpus: Corpus, family: Family) -> None:
     """Only the static-quantisation routes of a family already in the corpus, derived from the
     committed file its ``int8`` route was made from (decompressed for the quantiser, then
@@ -2506,6 +2561,11 @@ def main(argv: list[str] | None = None) -> int:
         help="only the onnxruntime-genai routes (and their truth files) of the chosen families",
     )
     parser.add_argument(
+        "--optimized-int8-only",
+        action="store_true",
+        help="only the int8 quantisation of the optimizer's output of the chosen families",
+    )
+    parser.add_argument(
         "--static-only",
         action="store_true",
         help="only the quantize_static routes (QDQ, QOperator) of the chosen families",
@@ -2523,7 +2583,9 @@ def main(argv: list[str] | None = None) -> int:
         build = _genai_variants
     if args.static_only:
         build, routes = build_static_only, STATIC_FAMILIES
-    partial = args.with_past_only or args.genai_only or args.static_only
+    if args.optimized_int8_only:
+        build, routes = build_optimized_int8_only, OPTIMIZED_INT8_FAMILIES
+    partial = args.with_past_only or args.genai_only or args.static_only or args.optimized_int8_only
     for family in FAMILIES:
         if partial and family.name not in routes:
             continue

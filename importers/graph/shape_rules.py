@@ -295,8 +295,9 @@ def _global_pool(lookup: ShapeLookup, node: Node, _output: int) -> Shape | None:
 
 
 def _embed(lookup: ShapeLookup, node: Node, output: int) -> Shape | None:
-    """onnxruntime's EmbedLayerNormalization: (B, S, D) embeddings (and their sum, output 2) and
-    the (B,) mask index (output 1); D is the length of gamma (input 5)."""
+    """onnxruntime's EmbedLayerNormalization (and QEmbedLayerNormalization, its quantised form):
+    (B, S, D) embeddings (and their sum, output 2) and the (B,) mask index (output 1); D is the
+    length of gamma (input 5)."""
     ids, gamma = lookup.need_shape(node.input(0)), lookup.need_shape(node.input(5))
     if ids is None or gamma is None:
         return None
@@ -351,6 +352,7 @@ SHAPE_RULES: dict[str, ShapeRule] = {
     "Resize": _resize,
     "Pad": _pad,
     "EmbedLayerNormalization": _embed,
+    "QEmbedLayerNormalization": _embed,  # its quantised form: the same inputs 0 and 5, outputs
     "ConstantOfShape": _constant_of_shape,
     "SkipLayerNormalization": _skip_norm,
     "SkipSimplifiedLayerNormalization": _skip_norm,
