@@ -2025,9 +2025,13 @@ class Corpus:
         )
 
     def fail(self, family: Family, variant: str, err: BaseException) -> None:
-        """Record an export that did not work."""
-        _log(f"  {variant}: FAILED {_first_line(err)}")
-        self.skipped.append({"id": f"{family.name}-{variant}", "error": _first_line(err)})
+        """Record an export that did not work (the corpus folder in its message written as
+        ``<out>``: the manifest names no path of the machine that made it)."""
+        line = _first_line(err)
+        for folder in {str(self.out.resolve()), str(self.out)}:
+            line = line.replace(folder, "<out>")
+        _log(f"  {variant}: FAILED {line}")
+        self.skipped.append({"id": f"{family.name}-{variant}", "error": line})
 
 
 def _first_line(err: BaseException) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -394,6 +395,12 @@ def test_manifest_lists_every_file_with_its_checksums() -> None:
     for name, entry in listed.items():
         assert hashlib.sha256((FIXTURES / name).read_bytes()).hexdigest() == entry["sha256"], name
         assert hashlib.sha256(fixture_bytes(name)).hexdigest() == entry["onnx_sha256"], name
+
+
+def test_the_manifest_names_no_path_of_the_machine_that_made_it() -> None:
+    """An exporter's message quoting a file gives the corpus folder as ``<out>``."""
+    text = (FIXTURES / "manifest.json").read_text(encoding="utf-8")
+    assert not re.findall(r"(?<![>\w])/(?:[\w.-]+/)+[\w.-]+\.onnx", text)
 
 
 def test_corpus_stays_small() -> None:
