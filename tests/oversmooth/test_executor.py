@@ -47,3 +47,34 @@ def test_a_task_that_kills_every_worker_it_meets_ends_the_run_in_one_line(tmp_pa
         with pytest.raises(ClusterError, match="died") as raised:
             dict(executor.map(_always_die, [0]))
     assert "\n" not in str(raised.value)
+
+
+class _FlakyClient:
+    """A client whose scatter fails ``failures`` times as a dying worker's connection does."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def scatter(self, values: list[object], hash: bool) -> list[object]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise OSError("in <TCP (closed) ConnectionPool.scatter>: Stream is closed")
+        return [("stored", values[0])]
+
+
+@pytest.mark.parametrize(("failures", "sent"), [(0, True), (2, True), (3, False)])
+def test_a_task_sent_to_a_worker_that_dies_is_sent_again_then_named(
+    monkeypatch: pytest.MonkeyPatch, failures: int, sent: bool
+) -> None:
+    from oversmooth import executor as executor_module
+
+    monkeypatch.setattr(executor_module, "SCATTER_RETRY_S", 0.0)
+    window = executor_module._Window.__new__(executor_module._Window)
+    window._client = _FlakyClient(failures)
+    if sent:
+        assert window._scattered("task") == ("stored", "task")
+        assert window._client.calls == failures + 1
+    else:
+        with pytest.raises(ClusterError, match="took no task after 3 attempts"):
+            window._scattered("task")

@@ -427,3 +427,13 @@ def test_a_graph_saved_by_onnxruntimes_optimizer_reads_as_the_graph_it_optimised
         assert block.scale == pytest.approx(twin.scale, rel=1e-6)  # float32 alpha vs Div by √d
         for role in ("W_Q", "W_K", "W_V", "W_O"):
             np.testing.assert_array_equal(getattr(got, role), getattr(want, role), err_msg=role)
+
+
+def test_a_fusedmatmul_by_a_constant_weight_stays_the_projection_the_matcher_reads() -> None:
+    """Only a product of two activations (Q·Kᵀ) is expanded; ``x · W`` stays fused."""
+    rng = np.random.default_rng(SEED)
+    node = helper.make_node("FusedMatMul", ["x", "w"], ["y"], domain=MS, transB=1, alpha=0.5)
+    weight = rng.normal(size=(6, 8)).astype(np.float32)
+    feeds = {"x": rng.normal(size=(2, 5, 8)).astype(np.float32)}
+    model = _model(node, feeds, {"w": weight}, F)
+    assert expand_quantized_operators(model, GraphIndex(model.graph)).proto is None
