@@ -39,7 +39,7 @@ bench: venv
 	$(BIN)/python -m benchmarks
 
 figures: venv
-	$(BIN)/python -m figures --out docs/figures
+	$(BIN)/python -m oversmooth.figures --out docs/figures
 
 clean:
 	rm -rf $(VENV) demo-out .pytest_cache .ruff_cache .hypothesis

@@ -8,9 +8,9 @@ files. With ``--blas-threads N`` both are repeated with ``OPENBLAS_NUM_THREADS=N
 small eigenvalue problems are sensitive to BLAS threading on a busy machine). Plain inference
 against the audit's session is :mod:`benchmarks.bench_runner`.
 
-Then, since the per-model cache (:mod:`importers.run.cache`): the same command with an empty cache
+Then, since the per-model cache (:mod:`oversmooth.importers.run.cache`): the same command with an empty cache
 (cold) and once more (warm); the dominance step on the default inputs' attention matrices, dense
-(every spectrum) against certified (:mod:`simulator.perron`), with the share of cases the bound
+(every spectrum) against certified (:mod:`oversmooth.simulator.perron`), with the share of cases the bound
 decides; and the whole audit (dominance on, warm cache) of ``--ratio-inputs`` inputs (the bundled
 ones repeated) at batch ``--ratio-batch`` against plain onnxruntime inference of the same inputs
 (``session.run`` of the unmodified model, batch by batch), per model of ``--ratio-models``,
@@ -90,15 +90,18 @@ def command_seconds(model: str, runs: int, env: dict[str, str] | None = None) ->
 
 #: Breakdown rows: label -> (file suffix, function name) whose cumulative time is reported.
 PHASES: dict[str, tuple[str, str]] = {
-    "load model": ("importers/graph/load.py", "load_model"),
-    "match attention blocks": ("importers/match/__init__.py", "find_attention_blocks"),
-    "extract weights": ("importers/weights.py", "block_weights"),
-    "runner setup + session": ("importers/run/runner.py", "__init__"),
-    "inference (onnxruntime)": ("importers/run/runner.py", "_run_batch"),
+    "load model": ("oversmooth/importers/graph/load.py", "load_model"),
+    "match attention blocks": ("oversmooth/importers/match/__init__.py", "find_attention_blocks"),
+    "extract weights": ("oversmooth/importers/weights.py", "block_weights"),
+    "runner setup + session": ("oversmooth/importers/run/runner.py", "__init__"),
+    "inference (onnxruntime)": ("oversmooth/importers/run/runner.py", "_run_batch"),
     # The eigenproblems run in worker threads, which cProfile does not see: time the wait. The
     # batch's Gram eigenvalues (host metrics) run as one more job beside them, mostly inside it.
-    "dominance + metrics (worker threads)": ("importers/run/dominance.py", "result"),
-    "value spectra (W_V W_O, cached)": ("importers/run/cache.py", "cached_value_spectra"),
+    "dominance + metrics (worker threads)": ("oversmooth/importers/run/dominance.py", "result"),
+    "value spectra (W_V W_O, cached)": (
+        "oversmooth/importers/run/cache.py",
+        "cached_value_spectra",
+    ),
     "figures + files": ("oversmooth/report.py", "save_audit"),
 }
 
@@ -176,7 +179,7 @@ def _print_audit(model: str, runs: int, blas_threads: int | None) -> None:
 
 def cold_and_warm_seconds(model: str) -> tuple[float, float]:
     """Wall seconds of ``oversmooth audit MODEL`` with an empty cache, then with the one it left."""
-    from importers.zoo import lookup
+    from oversmooth.importers.zoo import lookup
 
     path = str(lookup(model).path)  # the cache folder below is empty: it must not hold the model
     with tempfile.TemporaryDirectory() as folder:
@@ -198,7 +201,7 @@ class DominanceTiming:
 def dominance_timing(model: str) -> DominanceTiming:
     """Time the dominance step of the default audit of ``model`` both ways, as the audit runs it.
 
-    One BLAS thread per stack of problems (:func:`importers.run.dominance.stacks`), the stacks
+    One BLAS thread per stack of problems (:func:`oversmooth.importers.run.dominance.stacks`), the stacks
     spread over ``default_threads()`` worker threads; the attention probabilities are computed
     first, outside the timing.
     """
@@ -206,22 +209,22 @@ def dominance_timing(model: str) -> DominanceTiming:
 
     from threadpoolctl import threadpool_limits
 
-    from importers.graph import load_model
-    from importers.match import find_attention_blocks
-    from importers.run.cache import cached_value_spectra
-    from importers.run.dominance import (
+    from oversmooth.importers.graph import load_model
+    from oversmooth.importers.match import find_attention_blocks
+    from oversmooth.importers.run.cache import cached_value_spectra
+    from oversmooth.importers.run.dominance import (
         dominance_problems,
         dominance_spectra,
         stacked_cases,
         stacks,
     )
-    from importers.run.runner import default_threads
-    from importers.run.session import audit_session
-    from importers.run.sources import default_inputs
-    from importers.weights import block_weights
-    from importers.zoo import file_sha256, lookup
-    from simulator.perron import dominating_modes
-    from simulator.tolerances import TIE_RTOL
+    from oversmooth.importers.run.runner import default_threads
+    from oversmooth.importers.run.session import audit_session
+    from oversmooth.importers.run.sources import default_inputs
+    from oversmooth.importers.weights import block_weights
+    from oversmooth.importers.zoo import file_sha256, lookup
+    from oversmooth.simulator.perron import dominating_modes
+    from oversmooth.simulator.tolerances import TIE_RTOL
 
     ref = lookup(model)
     graph = load_model(ref.path)
@@ -347,15 +350,15 @@ def audit_against_inference(
     """
     import numpy as np
 
-    from importers.graph import load_model
-    from importers.run import dominance
-    from importers.run import session as session_module
-    from importers.run.runner import plain_session
-    from importers.run.sources import default_inputs
-    from importers.zoo import lookup
+    from oversmooth.importers.graph import load_model
+    from oversmooth.importers.run import dominance
+    from oversmooth.importers.run import session as session_module
+    from oversmooth.importers.run.runner import plain_session
+    from oversmooth.importers.run.sources import default_inputs
+    from oversmooth.importers.zoo import lookup
 
     # The module, not the function `audit` that the package exports under the same name.
-    audit_module = importlib.import_module("importers.run.audit")
+    audit_module = importlib.import_module("oversmooth.importers.run.audit")
     ref = lookup(model)
     graph = load_model(ref.path)
     inputs = default_inputs(graph.inputs, ref.entry)

@@ -17,10 +17,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-from importers import zoo
-from importers.graph import load_model
-from importers.match import find_attention_blocks
-from simulator.errors import OversmoothError
+from oversmooth.importers import zoo
+from oversmooth.importers.graph import load_model
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.simulator.errors import OversmoothError
 
 __all__ = ["main"]
 
@@ -41,7 +41,7 @@ def command_seconds(argument: str, repeats: int) -> float:
     for _ in range(repeats):
         start = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-m", "simulator", "inspect", argument],
+            [sys.executable, "-m", "oversmooth.cli", "inspect", argument],
             check=True,
             stdout=subprocess.DEVNULL,
         )

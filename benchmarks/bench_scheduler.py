@@ -1,7 +1,7 @@
 """The audit on a local Dask cluster (``--scheduler local``) against one process: the speed-up.
 
 The same model and inputs (default: minilm-l3 on 64 random inputs of 32 tokens, batch 4) are
-audited by :func:`importers.run.audit.audit` in this process and by
+audited by :func:`oversmooth.importers.run.audit.audit` in this process and by
 :func:`oversmooth.sharding.sharded_audit` on a ``LocalCluster`` of N worker processes (one
 thread each, one shard per worker). Printed: the single-process time; the cluster's start-up; the
 first distributed audit (cold workers: they import onnxruntime and build their sessions) and the
@@ -57,12 +57,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed runs after the first")
     args = parser.parse_args(argv)
 
-    from importers.graph import load_model
-    from importers.run.audit import AuditOptions, run_audit
-    from importers.run.records import AuditResult
-    from importers.run.sources import default_inputs, random_inputs
-    from importers.zoo import lookup
     from oversmooth.executor import open_executor
+    from oversmooth.importers.graph import load_model
+    from oversmooth.importers.run.audit import AuditOptions, run_audit
+    from oversmooth.importers.run.records import AuditResult
+    from oversmooth.importers.run.sources import default_inputs, random_inputs
+    from oversmooth.importers.zoo import lookup
     from oversmooth.sharding import sharded_audit
 
     ref = lookup(args.model)
@@ -79,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     start = time.perf_counter()
     with open_executor("local", workers=args.workers) as executor:
         started = time.perf_counter() - start
+
         def sharded() -> AuditResult:
             return sharded_audit(graph, inputs, options, executor=executor, entry=ref.entry)
 

@@ -1,10 +1,10 @@
 """Simulator benchmarks: Kronecker-free theory, batched iteration throughput, and depth 10^4.
 
-1. Dominance from eig(A) and eig(H) (:func:`simulator.theory.dominance`) against the dense
+1. Dominance from eig(A) and eig(H) (:func:`oversmooth.simulator.theory.dominance`) against the dense
    ``np.linalg.eigvals(I + H ⊗ A)`` at n = d = 48: the largest mismatch between the two sorted
    spectra (Lemma 1) and the speed-up.
-2. Batched iteration: 64 systems with n = d = 64 run by :func:`simulator.dynamics.iterate` with a
-   batched :class:`simulator.updates.LinearRule`, against a bare loop of the same two
+2. Batched iteration: 64 systems with n = d = 64 run by :func:`oversmooth.simulator.dynamics.iterate` with a
+   batched :class:`oversmooth.simulator.updates.LinearRule`, against a bare loop of the same two
    ``np.matmul`` calls per layer on the same shapes: the throughput ratio.
 3. Depth 10^4 at n = d = 64 with every metric: the time, and the final metrics (all finite).
 
@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.dynamics import iterate
-from simulator.errors import NumericalFloorWarning
-from simulator.metrics import METRICS
-from simulator.spectra import attention_symmetric_scores, h_symmetric, random_tokens
-from simulator.theory import dominance
-from simulator.updates import LinearRule
+from oversmooth.simulator.dynamics import iterate
+from oversmooth.simulator.errors import NumericalFloorWarning
+from oversmooth.simulator.metrics import METRICS
+from oversmooth.simulator.spectra import attention_symmetric_scores, h_symmetric, random_tokens
+from oversmooth.simulator.theory import dominance
+from oversmooth.simulator.updates import LinearRule
 
 __all__ = ["bench_depth", "bench_dominance", "bench_throughput", "main"]
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from simulator.errors import OversmoothError, one_line
+from oversmooth.simulator.errors import OversmoothError, one_line
 
 
 class _Parser(argparse.ArgumentParser):

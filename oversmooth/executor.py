@@ -53,10 +53,10 @@ from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, Protocol
 
-from importers.errors import ClusterError, ImporterInputError
-from importers.run.runner import default_threads
-from simulator.output import package_versions
-from simulator.validation import check_positive_int
+from oversmooth.importers.errors import ClusterError, ImporterInputError
+from oversmooth.importers.run.runner import default_threads
+from oversmooth.simulator.output import package_versions
+from oversmooth.simulator.validation import check_positive_int
 
 __all__ = [
     "CONNECT_TIMEOUT_S",

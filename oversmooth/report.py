@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from importers.defaults import AUTO_EVERY, AUTO_FIRST, AUTO_WIDTH
-from importers.run.records import (
+from oversmooth.importers.defaults import AUTO_EVERY, AUTO_FIRST, AUTO_WIDTH
+from oversmooth.importers.run.records import (
     DEPTH_COLUMNS,
     DOMINANCE_COLUMNS,
     HEAD_COLUMNS,
@@ -33,9 +33,15 @@ from importers.run.records import (
     DominanceSummary,
     OperatorSummary,
 )
-from importers.value_spectra import SPECTRA_COLUMNS
+from oversmooth.importers.value_spectra import SPECTRA_COLUMNS
+from oversmooth.simulator.output import (
+    atomic_directory,
+    atomic_output,
+    to_json,
+    write_json,
+    write_tidy_csv,
+)
 from oversmooth.sublayer_report import sublayer_sections, write_sublayer_files
-from simulator.output import atomic_directory, atomic_output, to_json, write_json, write_tidy_csv
 
 __all__ = [
     "REPORT_FILES",
@@ -122,7 +128,7 @@ def save_audit(
         Destination; replaced as a whole if it exists.
     figures : callable, optional
         ``figures(result, staging_folder) -> [(title, file name), ...]`` draws PNGs into the
-        staging folder; the report embeds them (``figures.audit_report.render`` does this).
+        staging folder; the report embeds them (``oversmooth.figures.audit_report.render`` does this).
     label : str
         How error messages name the destination (the CLI passes ``"--out"``).
     force : bool

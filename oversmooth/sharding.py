@@ -1,7 +1,7 @@
 """The audit on many workers: inputs split into shards, each audited where an executor runs it, merged.
 
 :func:`sharded_audit` gives the :class:`~importers.run.records.AuditResult` of
-:func:`importers.run.audit.audit` on the same model and inputs. Each shard is a run of whole batches
+:func:`oversmooth.importers.run.audit.audit` on the same model and inputs. Each shard is a run of whole batches
 (``batch_size`` inputs each, the last one possibly short), so every onnxruntime call sees exactly
 the inputs it sees in a single-process run; a shard's result is its per-input metric rows and its
 dominance cases (input indices shifted by the shard's start), and the merge concatenates them in
@@ -20,12 +20,12 @@ per-input metrics and dominance cases.
 
 Input-independent work
 ----------------------
-This process prepares the audit once (:func:`importers.run.audit.prepare`: matching, weights, the
+This process prepares the audit once (:func:`oversmooth.importers.run.audit.prepare`: matching, weights, the
 value spectra from the per-user cache, the notes) before any shard starts, exactly as the audit in
 one process does; every worker receives the prepared block structure once with the model
 (:meth:`~importers.run.audit.PreparedAudit.structure`: tensor names, column indices and the
 dominance step's H eigenvalues, no weights) and only measures
-(:func:`importers.run.audit.measure`), so no worker matches the graph, reads weights or computes
+(:func:`oversmooth.importers.run.audit.measure`), so no worker matches the graph, reads weights or computes
 spectra. The result is built here by the same :func:`~importers.run.audit.audit_result`.
 
 How the model reaches the workers
@@ -56,10 +56,11 @@ from pathlib import Path
 
 import numpy as np
 
-from importers.errors import ImporterInputError
-from importers.graph import OnnxModel, load_model
-from importers.graph.index import uses_external_data
-from importers.run.audit import (
+from oversmooth.executor import Executor, own_threads, progress_bar
+from oversmooth.importers.errors import ImporterInputError
+from oversmooth.importers.graph import OnnxModel, load_model
+from oversmooth.importers.graph.index import uses_external_data
+from oversmooth.importers.run.audit import (
     AuditOptions,
     Measurement,
     PreparedAudit,
@@ -68,10 +69,9 @@ from importers.run.audit import (
     open_model,
     prepare,
 )
-from importers.run.feeds import Inputs
-from importers.run.records import AuditResult, Note
-from importers.zoo import ZooModel, file_sha256
-from oversmooth.executor import Executor, own_threads, progress_bar
+from oversmooth.importers.run.feeds import Inputs
+from oversmooth.importers.run.records import AuditResult, Note
+from oversmooth.importers.zoo import ZooModel, file_sha256
 
 __all__ = [
     "IN_FLIGHT_PER_SLOT",

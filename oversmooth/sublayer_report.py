@@ -18,10 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
-from importers.run.operating_step import ATTRIBUTION_COLUMNS, OPERATING_COLUMNS
-from importers.run.records import AuditResult, BlockVerdict
-from importers.run.sublayer_summary import OTHER_PARTS, attribution_blocks, operating_blocks
-from simulator.output import write_tidy_csv
+from oversmooth.importers.run.operating_step import ATTRIBUTION_COLUMNS, OPERATING_COLUMNS
+from oversmooth.importers.run.records import AuditResult, BlockVerdict
+from oversmooth.importers.run.sublayer_summary import (
+    OTHER_PARTS,
+    attribution_blocks,
+    operating_blocks,
+)
+from oversmooth.simulator.output import write_tidy_csv
 
 __all__ = ["ATTRIBUTION_FILE", "OPERATING_FILE", "sublayer_sections", "write_sublayer_files"]
 
@@ -56,7 +60,8 @@ def _because(row: dict, observed: float, linear: float) -> str:
     parts = {"linear": linear} | {  # the reconstruction residual (~1e-7) explains nothing
         name: row["parts"][name]["delta_hfc_lfc"]
         for name in OTHER_PARTS
-        if name != "reconstruction" and row["parts"][name]["delta_hfc_lfc"] not in (0.0,)
+        if name != "reconstruction"
+        and row["parts"][name]["delta_hfc_lfc"] not in (0.0,)
         and np.isfinite(row["parts"][name]["delta_hfc_lfc"])
     }
     listed = ", ".join(f"{name} {_signed(value)}" for name, value in parts.items())

@@ -103,9 +103,7 @@ OPSET14_FAMILIES = frozenset({"bert", "vit", "whisper_encoder", "t5_encoder", "g
 OLD_LEGACY_OPSET = 14
 #: Static int8 quantisation (``quantize_static``, QDQ and QOperator forms, calibrated on the
 #: sample feeds): text encoders, a ViT, an audio encoder, T5's RMSNorm and a rotary GQA decoder.
-STATIC_FAMILIES = frozenset(
-    {"bert", "distilbert", "vit", "whisper_encoder", "t5_encoder", "llama"}
-)
+STATIC_FAMILIES = frozenset({"bert", "distilbert", "vit", "whisper_encoder", "t5_encoder", "llama"})
 #: Families quantised statically only at their products (``op_types_to_quantize``), as decoders
 #: are deployed: the quantiser's default also quantises T5's relative-position bucket arithmetic
 #: (its Gather then reads out of range) and Llama's additive causal mask (the output then differs
@@ -1381,7 +1379,9 @@ def block_weights(family: Family, block: nn.Module) -> Weights:
             qk = _row_weight(attention.qk)
             v = _row_weight(attention.v)
             return qk[:, : family.d_model], qk[:, family.d_model :], v, _row_weight(attention.proj)
-        q, k, v = _split_fused("concat", _row_weight(attention.qkv), N_HEADS, N_HEADS, family.d_model)
+        q, k, v = _split_fused(
+            "concat", _row_weight(attention.qkv), N_HEADS, N_HEADS, family.d_model
+        )
         return q, k, v, _row_weight(attention.proj)
     q, k, v = _split_fused(kind, mats[0], N_HEADS, family.n_kv, family.d_model)
     return q, k, v, mats[1]
@@ -2371,9 +2371,7 @@ def _derived_variants(
 
 #: One quantised route: variant, exporter label, ``quantise(source, path)``, and the dequantised
 #: weights it stores (``{float initializer: value}``).
-Quantiser = tuple[
-    str, str, Callable[[Path, Path], None], Callable[[Path], dict[str, np.ndarray]]
-]
+Quantiser = tuple[str, str, Callable[[Path, Path], None], Callable[[Path], dict[str, np.ndarray]]]
 
 
 def _static_quantisers(family: Family, feeds: dict[str, np.ndarray]) -> list[Quantiser]:
@@ -2450,7 +2448,9 @@ def build_optimized_int8_only(corpus: Corpus, family: Family) -> None:
     optimized = corpus.out / family.name / "optimized.onnx"
     optimized.write_bytes(lzma.decompress(optimized.with_name(optimized.name + ".xz").read_bytes()))
     quantiser: Quantiser = (
-        "optimized_int8", "torchscript+ort-optimizer+quantize_dynamic", quantize_optimized,
+        "optimized_int8",
+        "torchscript+ort-optimizer+quantize_dynamic",
+        quantize_optimized,
         int8_weights,
     )
     try:

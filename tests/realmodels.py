@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from simulator.errors import OversmoothError
+from oversmooth.simulator.errors import OversmoothError
 
 
 def require_real_model(name: str) -> Path:
     """The installed, hash-checked zoo model ``name``; ``pytest.fail`` in CI, ``pytest.skip`` elsewhere.
 
-    The message names the package, its pin and the expected sha256 (from :mod:`importers.zoo`).
+    The message names the package, its pin and the expected sha256 (from :mod:`oversmooth.importers.zoo`).
     """
-    from importers.zoo import installed_model_path
+    from oversmooth.importers.zoo import installed_model_path
 
     try:
         return installed_model_path(name)

@@ -2,7 +2,7 @@
 
 Nothing here draws a large array element by element. A strategy draws sizes, spectrum ranges (or
 a short spectrum of at most a dozen values), a logit scale and a seed; the matrices then come from
-:mod:`simulator.spectra` with that seed, so every failing example shrinks to a few numbers.
+:mod:`oversmooth.simulator.spectra` with that seed, so every failing example shrinks to a few numbers.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from simulator import checks, spectra
-from simulator.checks import Check, Choice, FloatRange, IntRange
+from oversmooth.simulator import checks, spectra
+from oversmooth.simulator.checks import Check, Choice, FloatRange, IntRange
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -28,7 +28,7 @@ __all__ = [
     "spec_strategy",
 ]
 
-#: Attention generators of :mod:`simulator.spectra` by name.
+#: Attention generators of :mod:`oversmooth.simulator.spectra` by name.
 ATTENTION_KINDS = ("symmetric", "psd", "doubly-stochastic", "general")
 
 
@@ -38,7 +38,7 @@ def seeds() -> st.SearchStrategy[int]:
 
 
 def spec_strategy(spec: IntRange | FloatRange | Choice) -> st.SearchStrategy[Any]:
-    """The hypothesis strategy of one parameter of a :class:`simulator.checks.Check`."""
+    """The hypothesis strategy of one parameter of a :class:`oversmooth.simulator.checks.Check`."""
     if isinstance(spec, IntRange):
         return st.integers(spec.low, spec.high)
     if isinstance(spec, FloatRange):

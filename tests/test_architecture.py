@@ -1,6 +1,7 @@
 """Layering: the simulator depends on NumPy, SciPy and the standard library only; the libraries
-import one way (simulator ← importers ← figures), and the application package ``oversmooth``
-imports all three and is imported by none."""
+import one way (simulator ← importers ← figures), and the application (the rest of the package
+``oversmooth``: the command, its commands, the executor, the report) imports all three and is imported
+by none. Everything installs under the one import name ``oversmooth``."""
 
 from __future__ import annotations
 
@@ -12,69 +13,104 @@ from pathlib import Path
 
 import pytest
 
-import simulator
+import oversmooth
 
-SIMULATOR_DIR = Path(simulator.__file__).parent
-ROOT = SIMULATOR_DIR.parent
-#: Which project packages each package may import (besides itself).
+PACKAGE_DIR = Path(oversmooth.__file__).parent
+LIBRARIES = ("simulator", "importers", "figures")
+#: Which layers each layer may import (besides itself); "application" is the rest of ``oversmooth``.
 MAY_IMPORT = {
     "simulator": set(),
     "importers": {"simulator"},
     "figures": {"simulator", "importers"},
-    "oversmooth": {"simulator", "importers", "figures"},
+    "application": {"simulator", "importers", "figures"},
 }
-ALLOWED_TOP_LEVEL = {"numpy", "scipy", "simulator", "__future__"} | set(sys.stdlib_module_names)
-FORBIDDEN_AT_IMPORT = ("onnx", "onnxruntime", "matplotlib", "importers", "figures", "torch")
+ALLOWED_TOP_LEVEL = {"numpy", "scipy", "__future__"} | set(sys.stdlib_module_names)
+HEAVY = ("onnx", "onnxruntime", "matplotlib", "torch")
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a dotted module name belongs to, or None outside the project.
+
+    >>> layer_of("oversmooth.importers.run.audit"), layer_of("oversmooth.cli"), layer_of("numpy")
+    ('importers', 'application', None)
+    """
+    parts = module.split(".")
+    if parts[0] != "oversmooth":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in LIBRARIES else "application"
 
 
 def _imported_modules(path: Path) -> set[str]:
-    """Top-level names of every absolute import in a module (including ones inside functions)."""
+    """Dotted names of every absolute import in a module (including ones inside functions);
+    ``from oversmooth import simulator`` counts as ``oversmooth.simulator``."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            if node.module == "oversmooth":
+                names.update(f"oversmooth.{alias.name}" for alias in node.names)
+            else:
+                names.add(node.module)
     return names
 
 
+def _imported_layers(path: Path) -> set[str]:
+    return {layer for name in _imported_modules(path) if (layer := layer_of(name)) is not None}
+
+
 def _simulator_modules() -> list[Path]:
-    return sorted(SIMULATOR_DIR.rglob("*.py"))
+    return sorted((PACKAGE_DIR / "simulator").rglob("*.py"))
 
 
 def _project_modules() -> list[tuple[str, Path]]:
-    return [(pkg, path) for pkg in MAY_IMPORT for path in sorted((ROOT / pkg).rglob("*.py"))]
+    return [
+        (layer, path)
+        for path in sorted(PACKAGE_DIR.rglob("*.py"))
+        if (layer := layer_of(".".join(("oversmooth", *path.relative_to(PACKAGE_DIR).parts))))
+    ]
 
 
 @pytest.mark.parametrize(
-    ("package", "path"), _project_modules(), ids=lambda p: p if isinstance(p, str) else p.name
+    ("layer", "path"), _project_modules(), ids=lambda p: p if isinstance(p, str) else p.name
 )
-def test_packages_import_one_way(package, path):
+def test_packages_import_one_way(layer, path):
     """No library imports the application, and no library imports a library above it."""
-    project = _imported_modules(path) & set(MAY_IMPORT)
-    upward = project - MAY_IMPORT[package] - {package}
-    assert not upward, f"{package}/{path.relative_to(ROOT / package)} imports {sorted(upward)}"
+    upward = _imported_layers(path) - MAY_IMPORT[layer] - {layer}
+    assert not upward, f"{path.relative_to(PACKAGE_DIR)} ({layer}) imports {sorted(upward)}"
 
 
 def test_layering_check_sees_an_upward_import(tmp_path):
     """The checker itself can fail: a library module importing the application is caught."""
     module = tmp_path / "up.py"
     module.write_text("def f():\n    from oversmooth.report import save_audit\n")
-    assert _imported_modules(module) & set(MAY_IMPORT) - MAY_IMPORT["importers"] == {"oversmooth"}
+    assert _imported_layers(module) - MAY_IMPORT["importers"] == {"application"}
+    module.write_text("from oversmooth import figures\n")
+    assert _imported_layers(module) - MAY_IMPORT["importers"] == {"figures"}
+
+
+def test_the_package_root_imports_nothing():
+    """``oversmooth/__init__.py`` runs before every library module: it must stay import-free, or
+    importing the simulator would load the application."""
+    assert _imported_modules(PACKAGE_DIR / "__init__.py") == set()
 
 
 @pytest.mark.parametrize("path", _simulator_modules(), ids=lambda p: p.name)
 def test_simulator_imports_only_numpy_scipy_and_stdlib(path):
-    foreign = _imported_modules(path) - ALLOWED_TOP_LEVEL
+    names = _imported_modules(path)
+    foreign = {n.split(".")[0] for n in names if layer_of(n) is None} - ALLOWED_TOP_LEVEL
     assert not foreign, f"{path.name} imports {sorted(foreign)}"
+    assert {layer_of(n) for n in names} <= {None, "simulator"}
 
 
 def test_static_check_sees_a_forbidden_import(tmp_path):
     """The checker itself can fail: a module importing matplotlib lazily is caught."""
     module = tmp_path / "bad.py"
     module.write_text("def f():\n    import matplotlib.pyplot as plt\n    return plt\n")
-    assert _imported_modules(module) - ALLOWED_TOP_LEVEL == {"matplotlib"}
+    assert {n.split(".")[0] for n in _imported_modules(module)} - ALLOWED_TOP_LEVEL == {
+        "matplotlib"
+    }
 
 
 def _modules_after_import(statement: str) -> set[str]:
@@ -82,29 +118,48 @@ def _modules_after_import(statement: str) -> set[str]:
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
-    return {name.split(".")[0] for name in json.loads(result.stdout)}
+    return set(json.loads(result.stdout))
+
+
+def _forbidden_for_the_simulator(loaded: set[str]) -> set[str]:
+    heavy = {name for name in loaded if name.split(".")[0] in HEAVY}
+    above = {name for name in loaded if layer_of(name) not in (None, "simulator")}
+    return heavy | (above - {"oversmooth"})
 
 
 @pytest.mark.parametrize(
     "statement",
     [
-        "import simulator, oversmooth.cli",
-        "import simulator.updates, simulator.dynamics, simulator.theory, simulator.spectra",
+        "import oversmooth.simulator",
+        "from oversmooth.simulator import updates, dynamics, theory, spectra",
     ],
 )
 def test_importing_the_simulator_pulls_no_heavy_dependency(statement):
     loaded = _modules_after_import(statement)
-    assert "simulator" in loaded
-    assert not loaded & set(FORBIDDEN_AT_IMPORT), sorted(loaded & set(FORBIDDEN_AT_IMPORT))
+    assert "oversmooth.simulator" in loaded
+    assert not _forbidden_for_the_simulator(loaded), sorted(_forbidden_for_the_simulator(loaded))
 
 
 def test_subprocess_check_sees_a_heavy_import():
-    """The runtime check itself can fail: importing onnx shows up."""
-    assert "onnx" in _modules_after_import("import onnx")
+    """The runtime check itself can fail: importing onnx, or the application, shows up."""
+    assert _forbidden_for_the_simulator(_modules_after_import("import onnx, oversmooth.cli")) >= {
+        "onnx",
+        "oversmooth.cli",
+    }
 
 
 def test_starting_the_command_pulls_no_heavy_dependency():
     """Building the parser (every ``oversmooth`` call) loads neither onnx nor matplotlib."""
     loaded = _modules_after_import("from oversmooth.cli import build_parser; build_parser()")
-    heavy = {"onnx", "onnxruntime", "matplotlib", "torch"}
-    assert not loaded & heavy, sorted(loaded & heavy)
+    heavy = {name for name in loaded if name.split(".")[0] in HEAVY}
+    assert not heavy, sorted(heavy)
+
+
+def test_the_distribution_installs_one_import_name():
+    """``pip install`` puts one top-level package on the path: ``oversmooth`` (the libraries are
+    its sub-packages, so no other distribution's ``simulator``/``importers``/``figures`` meets ours)."""
+    from importlib.metadata import distribution
+
+    top_level = distribution("oversmooth").read_text("top_level.txt")
+    assert top_level is not None
+    assert top_level.split() == ["oversmooth"]

@@ -15,9 +15,9 @@ from tests.realmodels import require_real_model
 @pytest.mark.realmodel
 def test_the_device_benchmark_measures_a_text_model() -> None:
     from benchmarks.bench_device import rates
-    from importers.graph import load_model
-    from importers.run.sources import default_inputs
-    from importers.zoo import get_model
+    from oversmooth.importers.graph import load_model
+    from oversmooth.importers.run.sources import default_inputs
+    from oversmooth.importers.zoo import get_model
 
     graph = load_model(require_real_model("minilm-l3"))
     inputs = default_inputs(graph.inputs, get_model("minilm-l3"))

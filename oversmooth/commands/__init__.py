@@ -31,5 +31,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         weights,
     )
 
-    for command in (simulate, verify, inspect, weights, spectra, models, transform, doctor, audit, sweep):
+    for command in (
+        simulate,
+        verify,
+        inspect,
+        weights,
+        spectra,
+        models,
+        transform,
+        doctor,
+        audit,
+        sweep,
+    ):
         command.register(subparsers)

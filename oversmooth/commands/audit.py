@@ -1,6 +1,6 @@
 """``oversmooth audit``: the main job.
 
-The measurement lives in :mod:`importers.run.audit`, the pictures in :mod:`figures.audit_report`,
+The measurement lives in :mod:`oversmooth.importers.run.audit`, the pictures in :mod:`oversmooth.figures.audit_report`,
 the report folder in :mod:`oversmooth.report`; this command turns the arguments into those calls
 and prints a summary.
 """
@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from importers.defaults import (
+from oversmooth.commands.common import add_scheduler_options, count_or_rule, positive_int
+from oversmooth.importers.defaults import (
     AUTO_EVERY,
     AUTO_FIRST,
     AUTO_WIDTH,
@@ -26,14 +27,13 @@ from importers.defaults import (
     RANDOM_SEQ_LEN,
     RANDOM_VOCAB_SIZE,
 )
-from importers.errors import ImporterInputError
-from importers.zoo import ZooModel, lookup
-from oversmooth.commands.common import add_scheduler_options, count_or_rule, positive_int
+from oversmooth.importers.errors import ImporterInputError
+from oversmooth.importers.zoo import ZooModel, lookup
 
 if TYPE_CHECKING:  # types only: the audit's modules (onnx, the matcher) load when the command runs
-    from importers.graph import GraphInput
-    from importers.run import AuditResult, Inputs
-    from importers.run.audit import AuditOptions
+    from oversmooth.importers.graph import GraphInput
+    from oversmooth.importers.run import AuditResult, Inputs
+    from oversmooth.importers.run.audit import AuditOptions
 
 DEFAULT_MODEL = "dinov2-vits14"
 
@@ -228,7 +228,7 @@ def check_source_options(args: argparse.Namespace) -> None:
 def _inputs(
     args: argparse.Namespace, graph: Sequence[GraphInput], entry: ZooModel | None
 ) -> Inputs | None:
-    from importers.run import sources
+    from oversmooth.importers.run import sources
 
     if args.inputs:
         return sources.from_npz(args.inputs, graph)
@@ -261,7 +261,7 @@ def _inputs(
 
 def _check_random_options(args: argparse.Namespace, graph: Sequence[GraphInput]) -> None:
     """Refuse ``--seq-len`` or ``--vocab-size`` where the model's inputs leave them nothing to set."""
-    from importers.run import sources
+    from oversmooth.importers.run import sources
 
     inputs = "; ".join(spec.describe() for spec in graph)
     if args.seq_len is not None and not sources.random_sizes_open_axes(graph):
@@ -307,7 +307,7 @@ def _summary(result: AuditResult, out: Path) -> str:
 
 def audit_options(args: argparse.Namespace) -> AuditOptions:
     """The :class:`~importers.run.audit.AuditOptions` the command line asks for."""
-    from importers.run.audit import AuditOptions
+    from oversmooth.importers.run.audit import AuditOptions
 
     if args.operator_inputs is not None and args.dominance == "none":
         raise ImporterInputError(
@@ -334,13 +334,13 @@ def audit_options(args: argparse.Namespace) -> AuditOptions:
 
 def run(args: argparse.Namespace) -> int:
     """Audit, draw, write the report folder atomically, print a summary."""
-    from figures.audit_report import render
-    from importers.graph import load_model
-    from importers.run.audit import run_audit
     from oversmooth.executor import open_executor
+    from oversmooth.figures.audit_report import render
+    from oversmooth.importers.graph import load_model
+    from oversmooth.importers.run.audit import run_audit
     from oversmooth.report import replaceable_folder, save_audit
     from oversmooth.sharding import sharded_audit
-    from simulator.output import check_output_folder
+    from oversmooth.simulator.output import check_output_folder
 
     check_source_options(args)
     options = audit_options(args)  # checked once, before any work

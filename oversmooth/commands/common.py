@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a type only; importing onnx here would slow every `oversmooth` call
-    from importers.graph import OnnxModel
+    from oversmooth.importers.graph import OnnxModel
 
 
 def count_or_rule(text: str) -> int | str:
@@ -72,7 +72,7 @@ def add_scheduler_options(parser: argparse.ArgumentParser, what: str) -> None:
 
 def open_model(spec: str | os.PathLike[str]) -> OnnxModel:
     """Resolve a path or zoo name and load the model (external data is read only when needed)."""
-    from importers.graph import load_model
-    from importers.zoo import lookup
+    from oversmooth.importers.graph import load_model
+    from oversmooth.importers.zoo import lookup
 
     return load_model(lookup(spec).path)

@@ -23,8 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from importers.run.doctor import diagnose
-    from simulator.output import to_json
+    from oversmooth.importers.run.doctor import diagnose
+    from oversmooth.simulator.output import to_json
 
     found = diagnose()
     if args.json:

@@ -10,7 +10,7 @@ no attention at all, or null);
 ``--explain`` adds, for every Softmax, the nodes matched or the reason it was rejected. Attention
 skipped by design, outside the theory (cross-attention, windowed attention), is listed first,
 each block with its reason, and counts as no unmatched block. A Softmax
-that is not attention (:func:`importers.match.coverage.not_attention_reason`: a classifier's, a
+that is not attention (:func:`oversmooth.importers.match.coverage.not_attention_reason`: a classifier's, a
 pooling, a gate, class probabilities returned as an output...) is listed as ``Softmax 'name': not
 attention: <reason>`` and counts neither as a block nor as an unmatched one. Exit status 1
 when no block matched (the message names the most common reasons), 2 for an unreadable model.
@@ -22,11 +22,11 @@ import argparse
 from typing import TYPE_CHECKING
 
 from oversmooth.commands.common import add_model_argument, open_model
-from simulator.output import to_json
+from oversmooth.simulator.output import to_json
 
 if TYPE_CHECKING:
-    from importers.graph import OnnxModel
-    from importers.match import AttentionBlock, MatchReport
+    from oversmooth.importers.graph import OnnxModel
+    from oversmooth.importers.match import AttentionBlock, MatchReport
 
 _COLUMNS = (
     "block",
@@ -61,7 +61,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from importers.match import MatchReport, NoAttentionBlocksError, find_attention_blocks
+    from oversmooth.importers.match import (
+        MatchReport,
+        NoAttentionBlocksError,
+        find_attention_blocks,
+    )
 
     model = open_model(args.model)
     try:
@@ -94,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     for block in report.blocks:  # the rewrite of fused operators is said, never silent
         if block.defused_from is not None:
             print(f"block {block.index}: {block.defused_from}")
-    from importers.match import departures_note
+    from oversmooth.importers.match import departures_note
 
     departed = departures_note(report.blocks)
     if departed:

@@ -12,8 +12,8 @@ import argparse
 import sys
 from typing import Any
 
-from importers import zoo
-from simulator.output import to_json
+from oversmooth.importers import zoo
+from oversmooth.simulator.output import to_json
 
 __all__ = ["register", "run_fetch", "run_models"]
 

@@ -12,17 +12,17 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from simulator.dynamics import FLOOR, Trajectory, iterate
-from simulator.errors import InputError
-from simulator.output import write_tidy_csv
-from simulator.systems import A_KINDS, System, draw_system, load_system, save_system
-from simulator.theory import Prediction, predict
-from simulator.updates import RULE_OPTIONS, SYSTEM_RULES, rule_from_system
-from simulator.validation import check_choice, check_positive_int
+from oversmooth.simulator.dynamics import FLOOR, Trajectory, iterate
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.output import write_tidy_csv
+from oversmooth.simulator.systems import A_KINDS, System, draw_system, load_system, save_system
+from oversmooth.simulator.theory import Prediction, predict
+from oversmooth.simulator.updates import RULE_OPTIONS, SYSTEM_RULES, rule_from_system
+from oversmooth.simulator.validation import check_choice, check_positive_int
 
 __all__ = ["parse_rule_params", "register", "run"]
 
-#: Defaults of the synthetic options (:func:`simulator.systems.draw_system`'s arguments).
+#: Defaults of the synthetic options (:func:`oversmooth.simulator.systems.draw_system`'s arguments).
 SYNTHETIC_DEFAULTS: dict[str, Any] = {
     "n": 16,
     "d": 8,

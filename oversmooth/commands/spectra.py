@@ -3,7 +3,7 @@
 Writes tidy rows ``layer,head,kind,real,imag``. ``kind`` is ``head`` (the d_head eigenvalues of
 W_O^h W_V^h, i.e. the nonzero ones of W_V^h W_O^h, as stored), ``layer`` (the d eigenvalues of
 W_V W_O), and ``head-effective``/``layer-effective``, the same of the effective H (the pre-norm's
-centring and γ before W_V, LayerScale after W_O: :mod:`importers.value_spectra`). Layer-level rows
+centring and γ before W_V, LayerScale after W_O: :mod:`oversmooth.importers.value_spectra`). Layer-level rows
 have ``head`` = -1. ``--summary`` also prints, per kind, the count, the share with negative real
 part, the median real part, the share inside |1 + λ| < 1 and the spectral radius. The CSV is
 written atomically.
@@ -36,9 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from importers.value_spectra import SPECTRA_COLUMNS, model_spectra, summarize_spectra
-    from importers.weights import extract
-    from simulator.output import write_tidy_csv
+    from oversmooth.importers.value_spectra import SPECTRA_COLUMNS, model_spectra, summarize_spectra
+    from oversmooth.importers.weights import extract
+    from oversmooth.simulator.output import write_tidy_csv
 
     blocks = extract(open_model(args.model))
     rows = model_spectra(blocks)

@@ -1,14 +1,14 @@
 """``oversmooth sweep SPEC --out DIR``: a grid of simulator runs, one table row per cell, a regime map.
 
-The grid and what one cell measures are the simulator's (:mod:`simulator.sweep`); the cells run in
+The grid and what one cell measures are the simulator's (:mod:`oversmooth.simulator.sweep`); the cells run in
 this process, or on a Dask cluster with ``--scheduler`` (:mod:`oversmooth.executor`), in chunks, and
 the rows are put back in cell order, so the table is the same wherever it ran; the regime map is
-drawn by :mod:`figures.sweep_map`.
+drawn by :mod:`oversmooth.figures.sweep_map`.
 
 The folder (written whole or not at all; Ctrl-C leaves nothing):
 
 ``sweep.csv``
-    One row per cell (:data:`simulator.sweep.SWEEP_COLUMNS`): its settings, the final metrics of
+    One row per cell (:data:`oversmooth.simulator.sweep.SWEEP_COLUMNS`): its settings, the final metrics of
     its run with the stop reason, and the theory's prediction.
 ``sweep.json``
     The checked specification, the number of cells, where they ran, versions.
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from oversmooth.commands.common import add_scheduler_options
-from simulator.errors import InputError
+from oversmooth.simulator.errors import InputError
 
 __all__ = ["SWEEP_FILES", "register", "run", "run_cells", "save_sweep"]
 
@@ -77,7 +77,7 @@ def run_cells(
         A progress bar of cells done (stderr).
     """
     from oversmooth.executor import progress_bar
-    from simulator.sweep import evaluate_cells
+    from oversmooth.simulator.sweep import evaluate_cells
 
     chunks = _chunks(cells, executor.slots)
     done: dict[int, list[dict[str, Any]]] = {}
@@ -100,9 +100,9 @@ def save_sweep(
     force: bool = False,
 ) -> Path:
     """Write the sweep folder (:data:`SWEEP_FILES`) atomically: all files appear or none does."""
-    from figures.sweep_map import save_regime_map
-    from simulator.output import atomic_directory, write_json, write_tidy_csv
-    from simulator.sweep import SWEEP_COLUMNS
+    from oversmooth.figures.sweep_map import save_regime_map
+    from oversmooth.simulator.output import atomic_directory, write_json, write_tidy_csv
+    from oversmooth.simulator.sweep import SWEEP_COLUMNS
 
     ours = (lambda _folder: True) if force else _is_sweep_folder
     with atomic_directory(out, ours=ours, label="--out") as staging:
@@ -131,8 +131,8 @@ def _summary(rows: Sequence[dict[str, Any]], where: dict[str, Any], out: Path) -
 def run(args: argparse.Namespace) -> int:
     """Check the spec and the output folder, run the cells, write the folder, print a summary."""
     from oversmooth.executor import open_executor
-    from simulator.output import check_output_folder, package_versions
-    from simulator.sweep import load_spec
+    from oversmooth.simulator.output import check_output_folder, package_versions
+    from oversmooth.simulator.sweep import load_spec
 
     spec = load_spec(args.spec, label="SPEC")
     ours = (lambda _folder: True) if args.force else _is_sweep_folder

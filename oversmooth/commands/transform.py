@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Literal
 
-from importers.defaults import H_CHOICES
 from oversmooth.commands.common import add_force_argument, add_model_argument
+from oversmooth.importers.defaults import H_CHOICES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,8 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from importers.errors import ImporterInputError
-    from importers.transform import random_init, reparameterize
+    from oversmooth.importers.errors import ImporterInputError
+    from oversmooth.importers.transform import random_init, reparameterize
 
     if args.reparam and (args.std is not None or args.seed is not None):
         raise ImporterInputError(

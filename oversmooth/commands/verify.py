@@ -1,4 +1,4 @@
-"""``oversmooth verify``: run the paper's checkable claims (:mod:`simulator.checks`) and report.
+"""``oversmooth verify``: run the paper's checkable claims (:mod:`oversmooth.simulator.checks`) and report.
 
 Prints one row per check (name, claim, cases, passed, worst margin, statement), or with ``--json``
 a JSON array of objects with ``name``, ``claim``, ``statement``, ``cases``, ``passed``,
@@ -16,16 +16,16 @@ import time
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from simulator.errors import InputError
-from simulator.limits import check_size
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.limits import check_size
 
 if TYPE_CHECKING:
-    from simulator import checks
+    from oversmooth.simulator import checks
 
 
 def _checks() -> ModuleType:
     """The checks module, imported on first use so building the CLI parser stays cheap (no SciPy)."""
-    from simulator import checks
+    from oversmooth.simulator import checks
 
     return checks
 
@@ -115,7 +115,7 @@ def _failure_lines(result: checks.CheckResult) -> list[str]:
     if result.failing_seed is not None:
         lines[0] += (
             f" at seed {result.failing_seed} (reproduce with "
-            f"simulator.checks.run_case(check, {result.failing_seed}))"
+            f"oversmooth.simulator.checks.run_case(check, {result.failing_seed}))"
         )
     if result.error:
         lines.append(f"    raised {result.error}")

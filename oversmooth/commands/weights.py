@@ -36,14 +36,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from importers.match import (
+    from oversmooth.importers.match import (
         check_complete,
         find_attention_blocks,
         missing_blocks_note,
         skipped_blocks_note,
     )
-    from importers.weights import block_weights
-    from simulator.output import atomic_output
+    from oversmooth.importers.weights import block_weights
+    from oversmooth.simulator.output import atomic_output
 
     model = open_model(args.model)
     report = find_attention_blocks(model)
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _is_weights_file(path: Path) -> bool:
     """Whether ``path`` is an earlier ``oversmooth weights`` archive (only ``blocks.*`` arrays)."""
-    from simulator.output import npz_members
+    from oversmooth.simulator.output import npz_members
 
     members = npz_members(path)
     return members is not None and bool(members) and all(n.startswith("blocks.") for n in members)

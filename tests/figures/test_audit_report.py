@@ -12,8 +12,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from figures._common import new_figure
-from figures.audit_report import (
+from oversmooth.figures._common import new_figure
+from oversmooth.figures.audit_report import (
     SPECTRA_PANELS,
     nonzero_eigenvalues,
     plot_dominance,

@@ -1,4 +1,4 @@
-"""``python -m figures --quick``: every script writes its PNG, tidy CSV and JSON provenance.
+"""``python -m oversmooth.figures --quick``: every script writes its PNG, tidy CSV and JSON provenance.
 
 One quick run of all scripts is shared by the module (the real-model scripts cost seconds each).
 Without the pinned real models the real-model scripts are skipped, except in CI (``CI`` set), where
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from figures import SCRIPTS
-from figures.__main__ import main as figures_main
-from simulator import tolerances as tol
+from oversmooth.figures import SCRIPTS
+from oversmooth.figures.__main__ import main as figures_main
+from oversmooth.simulator import tolerances as tol
 
 pytestmark = pytest.mark.figures
 
@@ -38,7 +38,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 @dataclass(frozen=True)
 class QuickRun:
-    """The shared ``python -m figures --quick`` run: output folder, process, missing models."""
+    """The shared ``python -m oversmooth.figures --quick`` run: output folder, process, missing models."""
 
     out: Path
     process: subprocess.CompletedProcess
@@ -46,7 +46,7 @@ class QuickRun:
 
 
 def _missing_models() -> str | None:
-    from importers.zoo import model_status, models
+    from oversmooth.importers.zoo import model_status, models
 
     absent = [
         m.install_hint for m in models() if model_status(m.name) not in {"installed", "cached"}
@@ -61,7 +61,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> QuickRun:
         pytest.fail(missing)
     names = [name for name in SCRIPTS if not (missing and name in REAL_MODEL_SCRIPTS)]
     out = tmp_path_factory.mktemp("figures-quick")
-    command = [sys.executable, "-m", "figures", "--quick", "--out", str(out), "--only", *names]
+    command = [sys.executable, "-m", "oversmooth.figures", "--quick", "--out", str(out), "--only", *names]
     process = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     return QuickRun(out, process, missing)
 
@@ -100,7 +100,7 @@ def test_csv_header_equals_columns(quick_run: QuickRun, name: str) -> None:
     with (out / f"{name}.csv").open(newline="", encoding="utf-8") as handle:
         header = next(csv.reader(handle))
         first = next(csv.reader(handle), None)
-    assert tuple(header) == tuple(importlib.import_module(f"figures.{name}").COLUMNS)
+    assert tuple(header) == tuple(importlib.import_module(f"oversmooth.figures.{name}").COLUMNS)
     assert first is not None, f"{name}.csv has no data rows"
 
 
@@ -122,7 +122,7 @@ def test_json_provenance_has_git_versions_and_config(quick_run: QuickRun, name: 
 
 def test_rerun_gives_a_byte_identical_csv(quick_run: QuickRun, tmp_path: Path) -> None:
     first = _script(quick_run, CHEAP_SCRIPT) / f"{CHEAP_SCRIPT}.csv"
-    module = importlib.import_module(f"figures.{CHEAP_SCRIPT}")
+    module = importlib.import_module(f"oversmooth.figures.{CHEAP_SCRIPT}")
     assert module.main(["--quick", "--out", str(tmp_path)]) == 0
     assert (tmp_path / f"{CHEAP_SCRIPT}.csv").read_bytes() == first.read_bytes()
 
@@ -142,7 +142,7 @@ def test_unknown_only_name_exits_2_and_writes_nothing(
 def test_table1_markdown_sits_next_to_the_csv(quick_run: QuickRun) -> None:
     out = _script(quick_run, "table1_dominance")
     text = (out / "table1_dominance.md").read_text(encoding="utf-8")
-    from figures.table1_dominance import OPERATOR_ROWS, OURS, PAPER
+    from oversmooth.figures.table1_dominance import OPERATOR_ROWS, OURS, PAPER
 
     # three headers and the rows
     assert text.count("\n| ") == 3 * 1 + len(OURS) + len(OPERATOR_ROWS) + len(PAPER)
@@ -171,7 +171,7 @@ def test_table1_fractions_are_complementary(quick_run: QuickRun) -> None:
 def test_table1_operator_rows_count_input_block_cases(quick_run: QuickRun) -> None:
     """The whole-operator rows: one case per (input, block) of the first input (quick run), their
     agreement with the per-head rule a share."""
-    from importers.zoo import get_model
+    from oversmooth.importers.zoo import get_model
 
     rows = _rows(_script(quick_run, "table1_dominance") / "table1_dominance.csv")
     totals = [r for r in rows if r["unit"] == "operator" and r["block"] == "all"]
@@ -202,7 +202,7 @@ def test_table1_reparameterised_products_follow_s5_and_s6(quick_run: QuickRun) -
 @pytest.mark.realmodel
 def test_smoothing_curves_have_one_point_per_layer(quick_run: QuickRun) -> None:
     """Layers 0..L for every model (L attention blocks); cosines stay in [-1, 1], ratios ≥ 0."""
-    from importers.zoo import get_model
+    from oversmooth.importers.zoo import get_model
 
     out = _script(quick_run, "fig2_smoothing")
     for name in ("fig2_smoothing", "fig3_reparam"):

@@ -16,10 +16,10 @@ import onnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from importers.errors import ImporterError
-from importers.graph import GraphInput
-from importers.run import sources
 from oversmooth.cli import main
+from oversmooth.importers.errors import ImporterError
+from oversmooth.importers.graph import GraphInput
+from oversmooth.importers.run import sources
 from tests.importers.builders import assemble
 
 VALID = assemble("bert_legacy", 3).built.model.SerializeToString()

@@ -14,7 +14,7 @@ from typing import Any
 
 import onnx
 
-from importers.graph import OnnxModel, model_from_proto
+from oversmooth.importers.graph import OnnxModel, model_from_proto
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "families"
 MANIFEST: dict[str, Any] = json.loads((FIXTURES / "manifest.json").read_text(encoding="utf-8"))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import erf, expit
 
-from simulator.attention import layer_norm, rms_norm, softmax
+from oversmooth.simulator.attention import layer_norm, rms_norm, softmax
 from tests.importers.builders import Assembly, ExpectedBlock, MlpReference, Reference
 
 __all__ = ["Trace", "forward_trace", "reference_forward"]

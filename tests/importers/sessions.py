@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from importers.run import runner as runner_module
+from oversmooth.importers.run import runner as runner_module
 
 
 def captured_sessions(monkeypatch: pytest.MonkeyPatch) -> list[onnx.ModelProto]:

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from simulator import tolerances as tol
+from oversmooth.simulator import tolerances as tol
 from tests.importers._builder_parts import BATCH
 from tests.importers.builders import (
     NEAR_MISS_SPECS,

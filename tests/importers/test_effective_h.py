@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from importers.graph import load_model
-from importers.match import find_attention_blocks
-from importers.value_spectra import head_eigenvalues, layer_eigenvalues
-from importers.weights import BlockWeights, block_weights
-from simulator import tolerances as tol
+from oversmooth.importers.graph import load_model
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.value_spectra import head_eigenvalues, layer_eigenvalues
+from oversmooth.importers.weights import BlockWeights, block_weights
+from oversmooth.simulator import tolerances as tol
 from tests.importers.builders import assemble
 from tests.importers.test_real_models import matched_distance
 
@@ -63,9 +63,10 @@ def test_a_function_preserving_reparametrisation_keeps_the_effective_h(block, fl
     for head in range(block.n_heads):
         effective = head_eigenvalues(block, head, h="effective")
         radius = float(np.max(np.abs(effective)))
-        assert matched_distance(
-            head_eigenvalues(other, head, h="effective"), effective
-        ) <= tol.HEAD_SPECTRUM_RTOL * radius
+        assert (
+            matched_distance(head_eigenvalues(other, head, h="effective"), effective)
+            <= tol.HEAD_SPECTRUM_RTOL * radius
+        )
     whole = layer_eigenvalues(block, h="effective")
     assert matched_distance(layer_eigenvalues(other, h="effective"), whole) <= (
         tol.HEAD_SPECTRUM_RTOL * float(np.max(np.abs(whole)))

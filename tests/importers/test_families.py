@@ -25,15 +25,15 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 
-from importers.errors import LayerStreamError
-from importers.graph import OnnxModel
-from importers.match import NoAttentionBlocksError, find_attention_blocks
-from importers.run.audit import audit
-from importers.run.feeds import Inputs
-from importers.run.runner import Runner
-from importers.run.session import layer_tensors
-from importers.weights import BlockWeights, block_weights
-from simulator.errors import one_line
+from oversmooth.importers.errors import LayerStreamError
+from oversmooth.importers.graph import OnnxModel
+from oversmooth.importers.match import NoAttentionBlocksError, find_attention_blocks
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.feeds import Inputs
+from oversmooth.importers.run.runner import Runner
+from oversmooth.importers.run.session import layer_tensors
+from oversmooth.importers.weights import BlockWeights, block_weights
+from oversmooth.simulator.errors import one_line
 from tests.importers.family_corpus import FIXTURES, MANIFEST, fixture_bytes, load_fixture
 
 #: Relative tolerance on the per-head products W_V^h W_O^h and W_Q^h W_K^hᵀ.

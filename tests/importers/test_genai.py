@@ -12,15 +12,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from importers.graph import OnnxModel, model_from_proto
-from importers.match import find_attention_blocks
-from importers.run.audit import audit
-from importers.run.feeds import Inputs, for_graph
-from importers.run.runner import Runner
-from importers.run.session import layer_tensors
-from importers.run.sources import default_inputs
-from importers.weights import block_weights
-from simulator.metrics import all_metrics
+from oversmooth.importers.graph import OnnxModel, model_from_proto
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.feeds import Inputs, for_graph
+from oversmooth.importers.run.runner import Runner
+from oversmooth.importers.run.session import layer_tensors
+from oversmooth.importers.run.sources import default_inputs
+from oversmooth.importers.weights import block_weights
+from oversmooth.simulator.metrics import all_metrics
 from tests.importers.family_corpus import FIXTURES, MANIFEST, fixture_proto, load_fixture
 
 GENAI = sorted(

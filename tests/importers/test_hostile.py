@@ -18,16 +18,16 @@ from hypothesis import strategies as st
 from numpy.testing import assert_array_equal
 from onnx import TensorProto, helper
 
-from importers.errors import (
+from oversmooth.cli import main
+from oversmooth.importers.errors import (
     ExternalDataError,
     ImporterError,
     ModelFileError,
     UnsupportedModelError,
 )
-from importers.graph import OnnxModel, load_model
-from importers.match import NoAttentionBlocksError, find_attention_blocks
-from importers.weights import extract
-from oversmooth.cli import main
+from oversmooth.importers.graph import OnnxModel, load_model
+from oversmooth.importers.match import NoAttentionBlocksError, find_attention_blocks
+from oversmooth.importers.weights import extract
 from tests.importers.builders import VARIANTS
 
 

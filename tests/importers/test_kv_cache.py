@@ -18,17 +18,17 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from importers.errors import FeedError
-from importers.graph import GraphIndex, GraphInput, ShapeContext, model_from_proto
-from importers.graph.branches import read_no_cache_branch
-from importers.graph.kv_cache import cache_inputs
-from importers.match import find_attention_blocks
-from importers.run import sources
-from importers.run.audit import audit
-from importers.run.decoder_feeds import empty_cache, positions
-from importers.run.feeds import Inputs, check_feeds, for_graph
 from oversmooth.cli import main
-from simulator.errors import one_line
+from oversmooth.importers.errors import FeedError
+from oversmooth.importers.graph import GraphIndex, GraphInput, ShapeContext, model_from_proto
+from oversmooth.importers.graph.branches import read_no_cache_branch
+from oversmooth.importers.graph.kv_cache import cache_inputs
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.run import sources
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.decoder_feeds import empty_cache, positions
+from oversmooth.importers.run.feeds import Inputs, check_feeds, for_graph
+from oversmooth.simulator.errors import one_line
 from tests.importers.family_corpus import MANIFEST, fixture_bytes, load_fixture
 
 WITH_PAST = sorted(

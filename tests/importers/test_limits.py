@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from importers.errors import ImporterInputError
-from importers.graph import GraphInput
-from importers.run import sources
-from simulator.limits import LIMITS, limit
+from oversmooth.importers.errors import ImporterInputError
+from oversmooth.importers.graph import GraphInput
+from oversmooth.importers.run import sources
+from oversmooth.simulator.limits import LIMITS, limit
 
 TEXT_GRAPH = (
     GraphInput("input_ids", np.dtype(np.int64), ("batch", "seq")),

@@ -11,9 +11,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from importers.graph import model_from_proto
-from importers.match import find_attention_blocks
-from importers.nbits import dequantize_nbits, unpack_codes
+from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.nbits import dequantize_nbits, unpack_codes
 from tests.importers.family_corpus import fixture_proto
 
 

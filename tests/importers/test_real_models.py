@@ -14,12 +14,17 @@ import pytest
 from numpy.testing import assert_allclose
 from scipy.optimize import linear_sum_assignment
 
-from importers.graph import load_model
-from importers.match import MatchReport, find_attention_blocks
-from importers.run.sources import random_inputs
-from importers.value_spectra import LAYER_HEAD, head_eigenvalues, model_spectra, summarize_spectra
-from importers.weights import BlockWeights, extract
-from simulator import tolerances as tol
+from oversmooth.importers.graph import load_model
+from oversmooth.importers.match import MatchReport, find_attention_blocks
+from oversmooth.importers.run.sources import random_inputs
+from oversmooth.importers.value_spectra import (
+    LAYER_HEAD,
+    head_eigenvalues,
+    model_spectra,
+    summarize_spectra,
+)
+from oversmooth.importers.weights import BlockWeights, extract
+from oversmooth.simulator import tolerances as tol
 from tests.importers.match.test_variants import (
     attention_branch,
     attention_probabilities,
@@ -30,7 +35,7 @@ from tests.realmodels import require_real_model
 
 pytestmark = pytest.mark.realmodel
 
-#: What each zoo model is: its pinned architecture (see the zoo table in importers/zoo.py).
+#: What each zoo model is: its pinned architecture (see the zoo table in oversmooth/importers/zoo.py).
 REAL_MODELS = {
     "minilm-l6-int8": {
         "blocks": 6,
@@ -198,6 +203,7 @@ def test_dinov2_effective_h_equals_the_product_of_the_exported_factors(tmp_path)
     spectra = model_spectra(weights("dinov2-vits14")[:2])
     with np.load(out) as archive:
         for index in range(2):
+
             def get(key: str, index: int = index) -> np.ndarray:
                 return archive[f"blocks.{index}.{key}"]
 

@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import pytest
 
-from importers.graph import model_from_proto
-from importers.match import NoAttentionBlocksError, find_attention_blocks
-from importers.run.runner import Runner
+from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.match import NoAttentionBlocksError, find_attention_blocks
+from oversmooth.importers.run.runner import Runner
 from tests.importers.family_corpus import FIXTURES, fixture_proto, load_fixture
 
 

@@ -22,10 +22,12 @@ from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 from onnx import numpy_helper
 
-from importers.graph import load_model, model_from_proto
-from importers.run.audit import audit
-from importers.run.sources import bundled_inputs
-from importers.transform import (
+from oversmooth.cli import build_parser, main
+from oversmooth.commands import transform as cmd_transform
+from oversmooth.importers.graph import load_model, model_from_proto
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.sources import bundled_inputs
+from oversmooth.importers.transform import (
     NEGATIVE_CLIP,
     POSITIVE_FLOOR,
     TransformError,
@@ -35,12 +37,10 @@ from importers.transform import (
     reparameterize,
     vector_init,
 )
-from importers.value_spectra import head_eigenvalues
-from importers.weights import BlockWeights, extract
-from oversmooth.cli import build_parser, main
-from oversmooth.commands import transform as cmd_transform
-from simulator import tolerances as tol
-from simulator.errors import InputError
+from oversmooth.importers.value_spectra import head_eigenvalues
+from oversmooth.importers.weights import BlockWeights, extract
+from oversmooth.simulator import tolerances as tol
+from oversmooth.simulator.errors import InputError
 from tests.importers.builders import assemble
 from tests.importers.run.test_audit import builder_inputs
 from tests.realmodels import require_real_model
@@ -492,7 +492,7 @@ def _registered() -> None:
         action for action in parser._actions if isinstance(action, argparse._SubParsersAction)
     )
     if "transform" not in commands.choices:
-        pytest.xfail("`oversmooth transform` is not registered in importers/cli.py yet")
+        pytest.xfail("`oversmooth transform` is not registered in oversmooth/importers/cli.py yet")
 
 
 def test_oversmooth_transform_end_to_end(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from importers import zoo
+from oversmooth.importers import zoo
 from tests.realmodels import require_real_model
 
 ZOO_NAMES = [model.name for model in zoo.models()]

@@ -17,10 +17,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
-from importers.graph import load_model
-from importers.run.feeds import expected_inputs_text
-from importers.run.sources import bundled_inputs
 from oversmooth.cli import main
+from oversmooth.importers.graph import load_model
+from oversmooth.importers.run.feeds import expected_inputs_text
+from oversmooth.importers.run.sources import bundled_inputs
 from tests.importers.builders import assemble
 from tests.importers.head_split_blocks import windowed_decoder
 from tests.realmodels import require_real_model
@@ -389,7 +389,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def started(*_: object, **__: object) -> None:
         raise AssertionError("work started before the options were checked")
 
-    monkeypatch.setattr("importers.graph.load_model", started)
+    monkeypatch.setattr("oversmooth.importers.graph.load_model", started)
     monkeypatch.setattr("oversmooth.executor.open_executor", started)
 
 

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from oversmooth import cli
-from simulator.errors import InputError, one_line
+from oversmooth.simulator.errors import InputError, one_line
 
 
 def test_ctrl_c_while_the_cli_is_starting_is_one_line(monkeypatch, capsys) -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from importers.errors import ClusterError
 from oversmooth.executor import open_executor
+from oversmooth.importers.errors import ClusterError
 from tests.cluster import started_cluster
 
 

@@ -10,8 +10,8 @@ import onnx
 import pytest
 from numpy.testing import assert_array_equal
 
-from importers.value_spectra import LAYER_HEAD, SPECTRUM_KINDS
 from oversmooth.cli import main
+from oversmooth.importers.value_spectra import LAYER_HEAD, SPECTRUM_KINDS
 from tests.importers.builders import NEAR_MISSES, VARIANTS
 from tests.importers.test_real_models import REAL_MODELS
 from tests.realmodels import require_real_model

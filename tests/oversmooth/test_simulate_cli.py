@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from oversmooth.cli import main
-from simulator.metrics import METRICS, hfc_lfc
-from simulator.spectra import attention_symmetric_scores, h_symmetric
-from simulator.tolerances import STEP_RTOL
-from simulator.updates import SYSTEM_RULES
+from oversmooth.simulator.metrics import METRICS, hfc_lfc
+from oversmooth.simulator.spectra import attention_symmetric_scores, h_symmetric
+from oversmooth.simulator.tolerances import STEP_RTOL
+from oversmooth.simulator.updates import SYSTEM_RULES
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:

@@ -140,7 +140,7 @@ def test_ctrl_c_during_a_sweep_leaves_no_output(
     def interrupted(cells):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("simulator.sweep.evaluate_cells", interrupted)
+    monkeypatch.setattr("oversmooth.simulator.sweep.evaluate_cells", interrupted)
     path = write_spec(tmp_path)
     code, _, err = run(["sweep", str(path), "--out", str(tmp_path / "out")], capsys)
     assert code == 130

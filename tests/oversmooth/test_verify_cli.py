@@ -7,8 +7,8 @@ import json
 import pytest
 
 from oversmooth.cli import main
-from simulator import checks
-from simulator.checks import Check, IntRange
+from oversmooth.simulator import checks
+from oversmooth.simulator.checks import Check, IntRange
 
 REQUIRED_KEYS = {"name", "claim", "statement", "cases", "passed", "worst_margin", "failing_seed"}
 

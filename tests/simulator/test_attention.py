@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-from simulator.attention import attention_matrix, layer_norm, rms_norm, softmax
-from simulator.errors import InputError
-from simulator.tolerances import FLOAT32_ATOL, FLOAT32_RTOL, STEP_ATOL, STEP_RTOL
+from oversmooth.simulator.attention import attention_matrix, layer_norm, rms_norm, softmax
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.tolerances import FLOAT32_ATOL, FLOAT32_RTOL, STEP_ATOL, STEP_RTOL
 
 sizes = st.integers(min_value=1, max_value=8)
 seeds = st.integers(min_value=0, max_value=2**32 - 1)

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import checks, theory
-from simulator import tolerances as tol
-from simulator.checks import CHECKS, Check, CheckResult, Choice, FloatRange, IntRange
-from simulator.errors import InputError
+from oversmooth.simulator import checks, theory
+from oversmooth.simulator import tolerances as tol
+from oversmooth.simulator.checks import CHECKS, Check, CheckResult, Choice, FloatRange, IntRange
+from oversmooth.simulator.errors import InputError
 from tests.strategies import check_params, seeds
 
 BY_NAME = {check.name: check for check in CHECKS}

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from simulator import spectra, theory
-from simulator import tolerances as tol
-from simulator.checks import CHECKS, complements, reparameterization
+from oversmooth.simulator import spectra, theory
+from oversmooth.simulator import tolerances as tol
+from oversmooth.simulator.checks import CHECKS, complements, reparameterization
 from tests.strategies import seeds
 
 BY_NAME = {check.name: check for check in CHECKS}

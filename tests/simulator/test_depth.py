@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 
-from simulator.depth import (
+from oversmooth.simulator.depth import (
     geometric_mean,
     head_growth,
     nonnormality,
@@ -20,9 +20,9 @@ from simulator.depth import (
     quotient_spectrum,
     second_eigenvalue_modulus,
 )
-from simulator.errors import InputError
-from simulator.theory import kron_eigenvalues, perron_index
-from simulator.tolerances import EIG_TOL, STEP_ATOL, STEP_RTOL
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.theory import kron_eigenvalues, perron_index
+from oversmooth.simulator.tolerances import EIG_TOL, STEP_ATOL, STEP_RTOL
 from tests.strategies import attention_params, build_attention, real_spectra, seeds
 
 

@@ -9,18 +9,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.dynamics import FLOOR, STOP_REASONS, fit_rate, iterate
-from simulator.errors import InputError, NumericalFloorWarning
-from simulator.metrics import METRICS, hfc_lfc, rank1_residual
-from simulator.spectra import (
+from oversmooth.simulator.dynamics import FLOOR, STOP_REASONS, fit_rate, iterate
+from oversmooth.simulator.errors import InputError, NumericalFloorWarning
+from oversmooth.simulator.metrics import METRICS, hfc_lfc, rank1_residual
+from oversmooth.simulator.spectra import (
     attention_general,
     attention_symmetric_scores,
     h_symmetric,
     random_tokens,
 )
-from simulator.theory import predict
-from simulator.tolerances import LIMIT_RTOL, RATE_RTOL, STEP_ATOL, STEP_RTOL, iterated_atol
-from simulator.updates import (
+from oversmooth.simulator.theory import predict
+from oversmooth.simulator.tolerances import (
+    LIMIT_RTOL,
+    RATE_RTOL,
+    STEP_ATOL,
+    STEP_RTOL,
+    iterated_atol,
+)
+from oversmooth.simulator.updates import (
     LinearRule,
     NeuTRENORule,
     PostLNRule,

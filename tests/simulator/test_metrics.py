@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.errors import InputError
-from simulator.metrics import (
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.metrics import (
     METRICS,
     all_metrics,
     cosine,
@@ -21,7 +21,7 @@ from simulator.metrics import (
     rank1_residual,
     sigma_ratio,
 )
-from simulator.tolerances import FLOOR, STEP_ATOL, STEP_RTOL
+from oversmooth.simulator.tolerances import FLOOR, STEP_ATOL, STEP_RTOL
 
 sizes = st.integers(min_value=2, max_value=8)
 seeds = st.integers(min_value=0, max_value=2**32 - 1)

@@ -4,7 +4,7 @@
 dominating eigenvalue and eigenvector, found by ``np.linalg.eig`` on that matrix, are the
 reference for the module's matrix-free operator, its kind (the dominating eigenvector's place
 against L = 𝟙 ⊗ R^d), its HFC share and its limit ρ*, which power iteration must reach. With
-D = I the kind must be :func:`simulator.operator.operator_dominance`'s: a plumbing check (both
+D = I the kind must be :func:`oversmooth.simulator.operator.operator_dominance`'s: a plumbing check (both
 rest on the same block-triangular split), not evidence.
 """
 
@@ -18,17 +18,17 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 
-from simulator.attribution import attribute, relative_residual, sublayer_states
-from simulator.errors import InputError
-from simulator.metrics import cosine, hfc_lfc
-from simulator.operating import (
+from oversmooth.simulator.attribution import attribute, relative_residual, sublayer_states
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.metrics import cosine, hfc_lfc
+from oversmooth.simulator.operating import (
     limit_range,
     operating_dominance,
     operating_matrix,
     repetition_direction,
     token_inverse_scale,
 )
-from simulator.operator import HeadFactors, apply_layer, operator_dominance
+from oversmooth.simulator.operator import HeadFactors, apply_layer, operator_dominance
 from tests.simulator.test_operator import build_layer, layer_params
 from tests.strategies import seeds
 

@@ -23,10 +23,10 @@ from scipy.optimize import linear_sum_assignment
 from scipy.sparse.linalg import ArpackNoConvergence
 from threadpoolctl import threadpool_limits
 
-from simulator import operator, spectra
-from simulator.attention import softmax
-from simulator.errors import InputError
-from simulator.operator import (
+from oversmooth.simulator import operator, spectra
+from oversmooth.simulator.attention import softmax
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.operator import (
     HeadFactors,
     QuotientConvergenceError,
     apply_layer,
@@ -35,8 +35,14 @@ from simulator.operator import (
     quotient_matrix,
     quotient_radius,
 )
-from simulator.theory import KINDS, dominance, kron_eigenvalues, perron_index
-from simulator.tolerances import ARPACK_RETRY_TOL, ARPACK_TOL, STEP_ATOL, STEP_RTOL, TIE_RTOL
+from oversmooth.simulator.theory import KINDS, dominance, kron_eigenvalues, perron_index
+from oversmooth.simulator.tolerances import (
+    ARPACK_RETRY_TOL,
+    ARPACK_TOL,
+    STEP_ATOL,
+    STEP_RTOL,
+    TIE_RTOL,
+)
 from tests.strategies import ATTENTION_KINDS, build_attention, seeds
 
 #: The module's radii against the dense references (relative).

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.errors import InputError
-from simulator.output import (
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.output import (
     atomic_directory,
     atomic_output,
     current_umask,

@@ -15,8 +15,8 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 
-from simulator import spectra
-from simulator.perron import (
+from oversmooth.simulator import spectra
+from oversmooth.simulator.perron import (
     CERTIFY_MIN_ORDER,
     DominatingModes,
     dominating_modes,
@@ -24,8 +24,8 @@ from simulator.perron import (
     perron_certified,
     perron_targets,
 )
-from simulator.theory import HEAD_KINDS, contracting_heads, dominance_kinds, perron_index
-from simulator.tolerances import EIG_TOL, PERRON_MARGIN, TIE_RTOL
+from oversmooth.simulator.theory import HEAD_KINDS, contracting_heads, dominance_kinds, perron_index
+from oversmooth.simulator.tolerances import EIG_TOL, PERRON_MARGIN, TIE_RTOL
 from tests.strategies import attention_params, build_attention, complex_spectra, real_spectra
 
 HEADS = 3
@@ -253,7 +253,7 @@ def test_the_targets_radius_is_the_largest_that_keeps_other_rows_below_the_tie()
 def test_the_schedule_estimate_finds_the_largest_nonperron_modulus() -> None:
     """The estimate that picks a head's disk (a heuristic, not a bound) is close to the largest
     non-Perron ``|λ − α|`` when that eigenvalue is well separated, with and without a shift."""
-    from simulator.doeblin import nonperron_estimate as _nonperron_estimate
+    from oversmooth.simulator.doeblin import nonperron_estimate as _nonperron_estimate
 
     rng = np.random.default_rng(7)
     n = 40
@@ -275,7 +275,7 @@ def test_only_heads_left_undecided_by_the_first_squarings_are_estimated(
 ) -> None:
     """The estimate costs about two squarings a head: a head that the first disk certifies within
     ``HOPELESS_SQUARINGS`` squarings is never estimated, and the answer is still the dense one."""
-    from simulator import doeblin, perron
+    from oversmooth.simulator import doeblin, perron
 
     estimated: list[np.ndarray] = []
     estimate = doeblin.nonperron_estimate
@@ -305,7 +305,7 @@ def test_the_second_disk_is_centred_on_an_estimate_however_few_squarings(
 ) -> None:
     """Heads that stop before the estimate (fewer squarings than ``_HOPELESS_SQUARINGS``) are
     estimated before the second disk: its centre is half the estimate, never a default."""
-    from simulator import perron
+    from oversmooth.simulator import perron
 
     centred: list[np.ndarray] = []
     second_disk = perron._shifted_disk_certified

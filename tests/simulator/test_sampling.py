@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.errors import InputError
-from simulator.sampling import inputs_needed, share_intervals, widest_interval
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.sampling import inputs_needed, share_intervals, widest_interval
 
 
 def _counts(n_inputs: int, share: float, spread: float, cases: int, seed: int) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""simulator.spectra: every generator's invariants, seeds, batch shapes and input errors."""
+"""oversmooth.simulator.spectra: every generator's invariants, seeds, batch shapes and input errors."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy.optimize import linear_sum_assignment
 
-from simulator import spectra
-from simulator import tolerances as tol
-from simulator.errors import InputError
+from oversmooth.simulator import spectra
+from oversmooth.simulator import tolerances as tol
+from oversmooth.simulator.errors import InputError
 from tests.strategies import (
     attention_params,
     build_attention,

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 
-from simulator.errors import InputError
-from simulator.metrics import METRICS, all_metrics, hfc_lfc
-from simulator.statistics import (
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.metrics import METRICS, all_metrics, hfc_lfc
+from oversmooth.simulator.statistics import (
     SCALAR_FIELDS,
     SPECTRAL_METRICS,
     SPECTRAL_NORM_METRIC,
@@ -21,7 +21,7 @@ from simulator.statistics import (
     metrics_from_statistics,
     token_statistics,
 )
-from simulator.tolerances import GRAM_ATOL, GRAM_RTOL
+from oversmooth.simulator.tolerances import GRAM_ATOL, GRAM_RTOL
 
 seeds = st.integers(min_value=0, max_value=2**32 - 1)
 grams = st.sampled_from(["tokens", "features"])
@@ -128,9 +128,9 @@ def test_the_spectral_norm_hfc_lfc_from_either_gram_is_the_metric_of_the_counted
         )
     assert stats.hfc_top is not None
     assert_allclose(top, stats.hfc_top, rtol=GRAM_RTOL, atol=GRAM_ATOL * np.max(stats.hfc_top))
-    got = metrics_from_statistics(
-        dataclasses.replace(stats, hfc_top=top), [SPECTRAL_NORM_METRIC]
-    )[SPECTRAL_NORM_METRIC]
+    got = metrics_from_statistics(dataclasses.replace(stats, hfc_top=top), [SPECTRAL_NORM_METRIC])[
+        SPECTRAL_NORM_METRIC
+    ]
     for b in range(batch):
         expected = hfc_lfc(X[b][mask[b]], norm="spectral")
         assert_allclose(got[b], expected, rtol=GRAM_RTOL, atol=GRAM_ATOL)

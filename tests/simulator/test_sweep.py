@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.errors import InputError
-from simulator.sweep import SWEEP_COLUMNS, Cell, evaluate_cell, load_spec, parse_spec
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.sweep import SWEEP_COLUMNS, Cell, evaluate_cell, load_spec, parse_spec
 
 BASE = {"n": 6, "d": 3, "layers": 20}
 

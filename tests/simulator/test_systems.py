@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.errors import InputError
-from simulator.systems import A_KINDS, System, draw_system, load_system, save_system
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.systems import A_KINDS, System, draw_system, load_system, save_system
 
 _DRAW = {"n": 5, "d": 3, "a_kind": "symmetric", "h_spectrum": "negative", "scale": 1.0, "seed": 2}
 

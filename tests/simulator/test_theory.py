@@ -1,4 +1,4 @@
-"""simulator.theory: Lemma 1, the corner theorem, dominance kinds, value spectra and predictions."""
+"""oversmooth.simulator.theory: Lemma 1, the corner theorem, dominance kinds, value spectra and predictions."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 from scipy.optimize import linear_sum_assignment
 
-from simulator import dynamics, metrics, spectra, theory, updates
-from simulator import tolerances as tol
-from simulator.errors import InputError, NumericalFloorWarning
+from oversmooth.simulator import dynamics, metrics, spectra, theory, updates
+from oversmooth.simulator import tolerances as tol
+from oversmooth.simulator.errors import InputError, NumericalFloorWarning
 from tests.strategies import (
     attention_params,
     build_attention,

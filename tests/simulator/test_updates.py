@@ -11,19 +11,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.errors import InputError
-from simulator.spectra import (
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.spectra import (
     attention_doubly_stochastic,
     attention_symmetric_scores,
     h_symmetric,
 )
-from simulator.tolerances import (
+from oversmooth.simulator.tolerances import (
     CLOSED_FORM_RTOL,
     EIG_TOL,
     STEP_ATOL,
     STEP_RTOL,
 )
-from simulator.updates import (
+from oversmooth.simulator.updates import (
     MLP,
     RULES,
     SYSTEM_RULES,

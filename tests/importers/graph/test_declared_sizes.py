@@ -2,8 +2,8 @@
 
 A graph may declare a tensor of 2^40 elements (a fixed input axis, a ConstantOfShape, Tile or
 Expand on the way to the scores). The shape engine computes such shapes by arithmetic
-(:mod:`importers.graph.shape_rules`), materialises a value only within ``max_elements``
-(:mod:`importers.graph.ops`), and refuses a graph input it could not feed, naming it.
+(:mod:`oversmooth.importers.graph.shape_rules`), materialises a value only within ``max_elements``
+(:mod:`oversmooth.importers.graph.ops`), and refuses a graph input it could not feed, naming it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
-from importers.graph import Node, model_from_proto
-from importers.graph.ops import OPS, fold
-from importers.graph.shapes import ShapeContext
-from importers.match import find_attention_blocks
 from oversmooth.cli import main
+from oversmooth.importers.graph import Node, model_from_proto
+from oversmooth.importers.graph.ops import OPS, fold
+from oversmooth.importers.graph.shapes import ShapeContext
+from oversmooth.importers.match import find_attention_blocks
 from tests.importers.builders import assemble
 
 SEED = 3
@@ -130,8 +130,24 @@ def _cases(draw: st.DrawFn) -> tuple[Node, list[np.ndarray]]:
     shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=4)))
     data = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
     rank = len(shape)
-    kind = draw(st.sampled_from(["Transpose", "Reshape", "Flatten", "Unsqueeze", "Squeeze",
-                                 "Expand", "Tile", "Gather", "Concat", "Slice", "ReduceSum", "Split"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "Transpose",
+                "Reshape",
+                "Flatten",
+                "Unsqueeze",
+                "Squeeze",
+                "Expand",
+                "Tile",
+                "Gather",
+                "Concat",
+                "Slice",
+                "ReduceSum",
+                "Split",
+            ]
+        )
+    )
     if kind == "Transpose":
         perm = draw(st.permutations(range(rank)))
         return _node(kind, 1, perm=list(perm)), [data]
@@ -145,8 +161,10 @@ def _cases(draw: st.DrawFn) -> tuple[Node, list[np.ndarray]]:
         ones = [axis for axis, dim in enumerate(shape) if dim == 1]
         return _node(kind, 2), [data, np.array(ones[:1] or [], np.int64)]
     if kind == "Expand":
-        target = [draw(st.sampled_from([dim, 1])) if dim != 1 else draw(st.integers(1, 3))
-                  for dim in shape]
+        target = [
+            draw(st.sampled_from([dim, 1])) if dim != 1 else draw(st.integers(1, 3))
+            for dim in shape
+        ]
         return _node(kind, 2), [data, np.array(target, np.int64)]
     if kind == "Tile":
         return _node(kind, 2), [data, np.array([draw(st.integers(1, 3)) for _ in shape], np.int64)]
@@ -167,9 +185,11 @@ def _cases(draw: st.DrawFn) -> tuple[Node, list[np.ndarray]]:
     return _node("Split", 1, axis=axis, num_outputs=2), [data]
 
 
-_REDUCE = {"ReduceSum": lambda node, values: np.sum(
-    values[0], axis=tuple(int(a) for a in values[1]), keepdims=bool(node.attr("keepdims", 1))
-)}
+_REDUCE = {
+    "ReduceSum": lambda node, values: np.sum(
+        values[0], axis=tuple(int(a) for a in values[1]), keepdims=bool(node.attr("keepdims", 1))
+    )
+}
 
 
 @given(case=st.composite(_cases)())

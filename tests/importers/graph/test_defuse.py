@@ -1,4 +1,4 @@
-"""Defusing fused attention operators (``importers.graph.defuse``): the rewritten graph computes
+"""Defusing fused attention operators (``oversmooth.importers.graph.defuse``): the rewritten graph computes
 what the fused operator computes, as onnxruntime's CPU provider runs it, for every form the
 rewrite implements; every form it does not implement is declined by name."""
 
@@ -10,9 +10,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from importers.graph import model_from_proto
-from importers.match import NoAttentionBlocksError, find_attention_blocks
-from importers.run.runner import Runner
+from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.match import NoAttentionBlocksError, find_attention_blocks
+from oversmooth.importers.run.runner import Runner
 from tests.importers.family_corpus import FIXTURES, MANIFEST, fixture_proto, load_fixture
 
 #: Largest relative difference (max-abs over max-abs) between the fused and the defused outputs.

@@ -1,4 +1,4 @@
-"""Defusing onnxruntime's ``GroupQueryAttention`` (``importers.graph.defuse_gqa``): the rewritten
+"""Defusing onnxruntime's ``GroupQueryAttention`` (``oversmooth.importers.graph.defuse_gqa``): the rewritten
 graph computes what onnxruntime's CPU kernel computes (output and present key/value) for packed and
 separate Q/K/V, rotary (rotate-half, interleaved, partial), local windows, soft-capped scores and
 padded items, at past length 0 and with a past; the matcher reads the block with its true heads,
@@ -11,9 +11,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from importers.graph import model_from_proto
-from importers.match import find_attention_blocks
-from importers.weights import block_weights
+from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.weights import block_weights
 from tests.importers.graph.test_defuse import _run
 
 #: onnxruntime's CPU kernel needs a head size that is a multiple of 16.

@@ -1,5 +1,5 @@
 """Defusing onnxruntime's ``Attention`` and ``MultiHeadAttention`` with past state
-(``importers.graph.defuse``): the rewritten graph computes what onnxruntime's CPU kernels compute
+(``oversmooth.importers.graph.defuse``): the rewritten graph computes what onnxruntime's CPU kernels compute
 (output and present state) with an empty and a non-empty past, causal or not, with a key mask; the
 past inputs are key/value cache inputs (fed empty by the audit) and the matcher reads the block with
 its true heads and weights; features the rewrite does not reproduce are declined by name."""
@@ -11,10 +11,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from importers.graph import model_from_proto
-from importers.match import find_attention_blocks
-from importers.run.decoder_feeds import with_empty_caches
-from importers.weights import block_weights
+from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.run.decoder_feeds import with_empty_caches
+from oversmooth.importers.weights import block_weights
 from tests.importers.graph.test_defuse import _run
 
 BATCH, SEQ, D_MODEL, HEADS, HEAD = 2, 5, 16, 4, 4

@@ -1,6 +1,6 @@
 """Models of opsets 7 to 12: read through ONNX's version converter, run by onnxruntime as shipped.
 
-The loader converts such a model to opset 13 for reading (:mod:`importers.graph.opsets`) and keeps
+The loader converts such a model to opset 13 for reading (:mod:`oversmooth.importers.graph.opsets`) and keeps
 the model as read for onnxruntime (:meth:`OnnxModel.session_model`). Checked here: the converter is
 exact on each op form that changed before 13 and keeps every tensor name; builder models spelled
 at older opsets (``tests/importers/old_opsets.py``; the converter cannot go down) are matched with
@@ -21,14 +21,14 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from importers.graph import load_model, model_from_proto
-from importers.graph.opsets import to_read_opset
-from importers.match import find_attention_blocks
-from importers.match.codes import RejectCode
-from importers.run import runner as runner_module
-from importers.run.audit import audit
-from importers.run.session import audit_session, layer_tensors
-from importers.weights import block_weights
+from oversmooth.importers.graph import load_model, model_from_proto
+from oversmooth.importers.graph.opsets import to_read_opset
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.match.codes import RejectCode
+from oversmooth.importers.run import runner as runner_module
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.session import audit_session, layer_tensors
+from oversmooth.importers.weights import block_weights
 from tests.importers.builders import RECIPES, Assembly, assemble_recipe
 from tests.importers.old_opsets import downgrade
 from tests.importers.paddle_graph import paddle_ocr
@@ -275,7 +275,7 @@ def test_paddle2onnx_form_at_opset_11_is_matched_and_run() -> None:
 
 def test_a_transform_of_an_old_model_keeps_its_opset(tmp_path: Path) -> None:
     """``transform`` rewrites the weights of the model as shipped, not of its conversion."""
-    from importers.transform import reparameterize
+    from oversmooth.importers.transform import reparameterize
 
     source = tmp_path / "old.onnx"
     onnx.save(downgrade(_opset13("bert_legacy", mha=False).built.model, 11), source)

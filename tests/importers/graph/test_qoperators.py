@@ -22,11 +22,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from importers.graph import GraphIndex, model_from_proto
-from importers.graph.qoperators import expand_quantized_operators
-from importers.graph.quantized import read_through_activation_pairs
-from importers.match import find_attention_blocks
-from importers.weights import block_weights
+from oversmooth.importers.graph import GraphIndex, model_from_proto
+from oversmooth.importers.graph.qoperators import expand_quantized_operators
+from oversmooth.importers.graph.quantized import read_through_activation_pairs
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.weights import block_weights
 from tests.importers.family_corpus import fixture_bytes
 
 MS = "com.microsoft"

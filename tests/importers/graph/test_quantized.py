@@ -23,13 +23,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from importers.graph import GraphIndex, model_from_proto
-from importers.graph.quantized import read_through_activation_pairs
-from importers.match import find_attention_blocks
-from importers.run.audit import audit
-from importers.run.runner import Runner
-from importers.run.session import audit_session, layer_tensors
-from importers.weights import block_weights
+from oversmooth.importers.graph import GraphIndex, model_from_proto
+from oversmooth.importers.graph.quantized import read_through_activation_pairs
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.runner import Runner
+from oversmooth.importers.run.session import audit_session, layer_tensors
+from oversmooth.importers.weights import block_weights
 from tests.importers.builders import Assembly, assemble
 from tests.importers.run.test_audit import builder_inputs
 from tests.importers.sessions import captured_sessions

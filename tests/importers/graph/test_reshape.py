@@ -4,7 +4,7 @@ A 0 in the target copies the input's dimension at that position (opset 5 on; fro
 ``allowzero=1`` makes it a zero-size dimension instead), and one -1 is inferred from the element
 count. The value rule (constant folding and the layout probe) and the shape rule (shape arithmetic,
 which must cope with declared sizes of 2^40 elements) are one function,
-:func:`importers.graph.reshape_target`; it is checked here against ONNX's reference implementation.
+:func:`oversmooth.importers.graph.reshape_target`; it is checked here against ONNX's reference implementation.
 
 paddle2onnx spells every Paddle ``reshape`` with such zeros. Its OCR recognisers downsample an open
 image width by a convolution stack: at the probe's width of 3 no token reaches the attention, which
@@ -20,15 +20,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference.ops.op_reshape import reshape_reference_implementation
 
-from importers.graph import Node, model_from_proto, reshape_target
-from importers.graph.ops import OPS, fold
-from importers.graph.shapes import ShapeContext
-from importers.match import find_attention_blocks
-from importers.match.codes import RejectCode
-from importers.match.core import Matcher
-from importers.match.limits import PROBE_BATCH, PROBE_SEQUENCE
-from importers.match.walker import MatchBasis, RejectError
-from importers.weights import block_weights
+from oversmooth.importers.graph import Node, model_from_proto, reshape_target
+from oversmooth.importers.graph.ops import OPS, fold
+from oversmooth.importers.graph.shapes import ShapeContext
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.match.codes import RejectCode
+from oversmooth.importers.match.core import Matcher
+from oversmooth.importers.match.limits import PROBE_BATCH, PROBE_SEQUENCE
+from oversmooth.importers.match.walker import MatchBasis, RejectError
+from oversmooth.importers.weights import block_weights
 from tests.importers.paddle_graph import D_HEAD, N_HEADS, paddle_ocr
 
 BIG = 2**40

@@ -14,9 +14,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from importers.graph import gather_nd
-from importers.graph.load import model_from_proto
-from importers.graph.shapes import ShapeContext, concrete_shapes
+from oversmooth.importers.graph import gather_nd
+from oversmooth.importers.graph.load import model_from_proto
+from oversmooth.importers.graph.shapes import ShapeContext, concrete_shapes
 
 F = TensorProto.FLOAT
 I64 = TensorProto.INT64
@@ -233,8 +233,8 @@ def test_gather_nd_agrees_with_the_onnx_reference(data_shape, indices, batch_dim
 def test_a_layout_op_whose_shape_operand_is_unknown_is_named(op: str) -> None:
     """The head-layout probe names the operand it could not evaluate (Cohere's optimised GQA
     ``Expand`` read a run-time shape: an internal TypeError had leaked into the reason)."""
-    from importers.graph import Node
-    from importers.match.layout_ops import apply_layout
+    from oversmooth.importers.graph import Node
+    from oversmooth.importers.match.layout_ops import apply_layout
 
     node = Node(0, helper.make_node(op, ["x", "operand"], ["y"]))
     with pytest.raises(ValueError, match=rf"^the {op} .* could not be evaluated$"):

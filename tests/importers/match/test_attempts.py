@@ -1,5 +1,5 @@
 """A match attempt is a value: each Softmax candidate is matched with its own shape context over a
-shared, pin-free basis (:mod:`importers.match`: ``match_outcome``, ``ProbeBases``,
+shared, pin-free basis (:mod:`oversmooth.importers.match`: ``match_outcome``, ``ProbeBases``,
 ``retry_sizes``), so the order in which Softmaxes are matched cannot change any answer."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from importers.graph import OnnxModel, model_from_proto
-from importers.match import (
+from oversmooth.importers.graph import OnnxModel, model_from_proto
+from oversmooth.importers.match import (
     AttentionBlock,
     MatchFailure,
     ProbeBases,
@@ -20,9 +20,9 @@ from importers.match import (
     match_outcome,
     retry_sizes,
 )
-from importers.match.core import Matcher
-from importers.match.limits import LONG_PROBE_SEQUENCE, PROBE_BATCH, PROBE_SEQUENCE
-from importers.match.walker import RejectError
+from oversmooth.importers.match.core import Matcher
+from oversmooth.importers.match.limits import LONG_PROBE_SEQUENCE, PROBE_BATCH, PROBE_SEQUENCE
+from oversmooth.importers.match.walker import RejectError
 from tests.importers.builders import NEAR_MISSES, VARIANTS
 from tests.importers.family_corpus import MANIFEST, load_fixture
 

@@ -1,5 +1,5 @@
 """Layer boundaries where a layer holds residual sub-layers before its attention
-(:mod:`importers.match.boundaries`).
+(:mod:`oversmooth.importers.match.boundaries`).
 
 Small graphs of three layers, run through onnxruntime: the audit's layers must be the stream
 between whole layers that a NumPy forward pass computes, whatever sub-layers come before each
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from importers.graph import OnnxModel, model_from_proto
-from importers.match import find_attention_blocks
-from importers.match.boundaries import sublayers_before_attention
-from importers.run.runner import Runner
-from importers.run.session import layer_tensors
+from oversmooth.importers.graph import OnnxModel, model_from_proto
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.match.boundaries import sublayers_before_attention
+from oversmooth.importers.run.runner import Runner
+from oversmooth.importers.run.session import layer_tensors
 from tests.importers.match.test_stream import D, _attention, _Graph, _ln, _mlp, _norm
 
 LAYERS = 3

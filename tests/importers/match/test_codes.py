@@ -9,9 +9,9 @@ from typing import get_args
 
 import pytest
 
-import importers
-from importers.match import RejectCode
-from importers.match.codes import DISPOSITIONS, Disposition, by_design, projection_code
+from oversmooth import importers
+from oversmooth.importers.match import RejectCode
+from oversmooth.importers.match.codes import DISPOSITIONS, Disposition, by_design, projection_code
 
 MATCH = Path(importers.__file__).parent / "match"
 

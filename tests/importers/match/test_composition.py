@@ -1,4 +1,4 @@
-"""The matcher is composed, not joined: no class in :mod:`importers.match` has two project bases
+"""The matcher is composed, not joined: no class in :mod:`oversmooth.importers.match` has two project bases
 or sits on a chain of more than three project classes.
 
 The matcher's roles (scores, projections, rotary, norms, head layout, residual stream) are held as
@@ -12,20 +12,20 @@ import importlib
 import inspect
 import pkgutil
 
-import importers.match
-from importers.graph import model_from_proto
-from importers.match.core import Matcher
-from importers.match.layout import LayoutProbe
-from importers.match.rotary import RotaryMatcher
-from importers.match.stream import StreamMatcher
-from importers.match.walker import MatchBasis
+import oversmooth.importers.match as match_package
+from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.match.core import Matcher
+from oversmooth.importers.match.layout import LayoutProbe
+from oversmooth.importers.match.rotary import RotaryMatcher
+from oversmooth.importers.match.stream import StreamMatcher
+from oversmooth.importers.match.walker import MatchBasis
 from tests.importers.builders import VARIANTS, assemble
 
 
 def _match_classes() -> list[type]:
     found: list[type] = []
-    for info in pkgutil.iter_modules(importers.match.__path__):
-        module = importlib.import_module(f"importers.match.{info.name}")
+    for info in pkgutil.iter_modules(match_package.__path__):
+        module = importlib.import_module(f"oversmooth.importers.match.{info.name}")
         found.extend(
             value
             for value in vars(module).values()
@@ -40,14 +40,21 @@ def test_no_match_class_inherits_from_two_project_classes() -> None:
     joined = {
         cls.__qualname__: [base.__qualname__ for base in project]
         for cls in classes
-        if len(project := [b for b in cls.__bases__ if b.__module__.startswith("importers")]) > 1
+        if len(
+            project := [b for b in cls.__bases__ if b.__module__.startswith("oversmooth.importers")]
+        )
+        > 1
     }
     assert joined == {}
 
 
 def _project_chain(cls: type) -> list[str]:
     """``cls`` and its project ancestors (importers.*), nearest first."""
-    return [base.__qualname__ for base in cls.__mro__ if base.__module__.startswith("importers")]
+    return [
+        base.__qualname__
+        for base in cls.__mro__
+        if base.__module__.startswith("oversmooth.importers")
+    ]
 
 
 def test_no_match_class_sits_on_a_chain_of_more_than_three_project_classes() -> None:

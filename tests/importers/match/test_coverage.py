@@ -10,8 +10,9 @@ import numpy as np
 import onnx
 import pytest
 
-from importers.graph import model_from_proto
-from importers.match import (
+from oversmooth.cli import main
+from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.match import (
     IncompleteMatchError,
     MatchFailure,
     MatchReport,
@@ -20,10 +21,9 @@ from importers.match import (
     find_attention_blocks,
     skipped_blocks_note,
 )
-from importers.match.codes import by_design
-from importers.run.audit import audit
-from importers.run.feeds import Inputs
-from oversmooth.cli import main
+from oversmooth.importers.match.codes import by_design
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.feeds import Inputs
 from tests.importers.builders import NEAR_MISSES, assemble
 
 SEED = 0
@@ -158,7 +158,9 @@ def test_a_skipped_block_beside_a_failed_one_still_refuses(tmp_path: Path) -> No
     a cross-attention is skipped beside it: the failure, not the skip, decides."""
     report = find_attention_blocks(model_from_proto(NEAR_MISSES["k_not_transposed"](SEED).model))
     (missing,) = report.unmatched
-    with_skip = MatchReport(report.blocks, [*report.failures, _failure(RejectCode.CROSS_ATTENTION)], 3)
+    with_skip = MatchReport(
+        report.blocks, [*report.failures, _failure(RejectCode.CROSS_ATTENTION)], 3
+    )
     with pytest.raises(IncompleteMatchError, match=r"1 of 3 attention blocks are not matched"):
         check_complete(with_skip, partial=False)
     assert missing.code == RejectCode.K_NOT_TRANSPOSED

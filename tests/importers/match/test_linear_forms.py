@@ -1,4 +1,4 @@
-"""Projections of other linear forms (``importers.match.linear_forms``): an ``Einsum`` that
+"""Projections of other linear forms (``oversmooth.importers.match.linear_forms``): an ``Einsum`` that
 contracts the data's trailing axes with a constant weight, and a 1×1 ``Conv`` of a channel-first
 stream, each the same ``y = x @ W + b`` as a MatMul once its axes are undone; anything else is no
 projection."""
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from importers.graph.node import Node
-from importers.match.linear_forms import conv_linear, dense_weight, einsum_linear
+from oversmooth.importers.graph.node import Node
+from oversmooth.importers.match.linear_forms import conv_linear, dense_weight, einsum_linear
 
 RNG = np.random.default_rng(0)
 

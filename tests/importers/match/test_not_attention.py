@@ -19,9 +19,9 @@ import numpy as np
 import onnx
 import pytest
 
-from importers.graph import model_from_proto
-from importers.match import IncompleteMatchError, check_complete, find_attention_blocks
 from oversmooth.cli import main
+from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.match import IncompleteMatchError, check_complete, find_attention_blocks
 from tests.importers.builders import NEAR_MISSES, assemble
 from tests.importers.family_corpus import FIXTURES, fixture_proto
 from tests.importers.softmax_heads import (

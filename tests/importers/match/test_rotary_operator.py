@@ -13,9 +13,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from importers.graph import OnnxModel, model_from_proto
-from importers.match import AttentionBlock, NoAttentionBlocksError, find_attention_blocks
-from importers.weights import block_weights
+from oversmooth.importers.graph import OnnxModel, model_from_proto
+from oversmooth.importers.match import AttentionBlock, NoAttentionBlocksError, find_attention_blocks
+from oversmooth.importers.weights import block_weights
 from tests.importers.small_graph import SmallGraph
 
 D, HEADS, D_HEAD, POSITIONS = 8, 2, 4, 16

@@ -17,11 +17,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from importers.graph import model_from_proto
-from importers.match import NoAttentionBlocksError, find_attention_blocks
-from importers.match import score_values as values
-from importers.weights import block_weights
 from oversmooth.cli import main
+from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.match import NoAttentionBlocksError, find_attention_blocks
+from oversmooth.importers.match import score_values as values
+from oversmooth.importers.weights import block_weights
 from tests.importers.small_graph import SmallGraph
 
 D, HEADS, D_HEAD, T = 8, 2, 4, 4

@@ -15,8 +15,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from importers.graph import model_from_proto
-from importers.match import (
+from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.match import (
     IncompleteMatchError,
     MatchFailure,
     NoAttentionBlocksError,
@@ -24,8 +24,8 @@ from importers.match import (
     check_complete,
     find_attention_blocks,
 )
-from importers.match.coverage import not_attention_reason
-from importers.match.limits import PROBE_BATCH, PROBE_SEQUENCE
+from oversmooth.importers.match.coverage import not_attention_reason
+from oversmooth.importers.match.limits import PROBE_BATCH, PROBE_SEQUENCE
 from tests.importers.builders import NEAR_MISSES, VARIANTS
 from tests.importers.small_graph import SmallGraph
 

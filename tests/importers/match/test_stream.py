@@ -1,4 +1,4 @@
-"""The residual stream around each block (:mod:`importers.match.stream`) and the layer check.
+"""The residual stream around each block (:mod:`oversmooth.importers.match.stream`) and the layer check.
 
 Small two-block graphs, one per residual layout (pre-LN, post-LN, parallel attention + MLP, no MLP,
 onnxruntime's fused ``SkipLayerNormalization`` in pre- and post-LN, with the last sum output left
@@ -16,12 +16,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from importers.errors import LayerStreamError
-from importers.graph import OnnxModel, model_from_proto
-from importers.match import find_attention_blocks
-from importers.run.runner import Runner
-from importers.run.session import attention_sublayer_tensor, layer_tensors
-from importers.weights import BlockWeights, block_weights
+from oversmooth.importers.errors import LayerStreamError
+from oversmooth.importers.graph import OnnxModel, model_from_proto
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.run.runner import Runner
+from oversmooth.importers.run.session import attention_sublayer_tensor, layer_tensors
+from oversmooth.importers.weights import BlockWeights, block_weights
 
 D, HEADS, HIDDEN, EPS = 8, 2, 16, 1e-5
 #: ``bare``: the attention reads the stream unnormalised and the MLP is pre-LN (ModernBERT's first

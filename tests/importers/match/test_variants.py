@@ -18,15 +18,15 @@ import onnx
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
-from importers.graph import model_from_proto
-from importers.match import MatchFailure, NoAttentionBlocksError, find_attention_blocks
-from importers.match.layout import _group_heads, _static_sizes
-from importers.match.walker import RejectError
-from importers.run.dominance import attention_by_head
-from importers.value_spectra import head_eigenvalues, layer_eigenvalues
-from importers.weights import BlockWeights, extract
-from simulator import tolerances as tol
-from simulator.attention import layer_norm, rms_norm, softmax
+from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.match import MatchFailure, NoAttentionBlocksError, find_attention_blocks
+from oversmooth.importers.match.layout import _group_heads, _static_sizes
+from oversmooth.importers.match.walker import RejectError
+from oversmooth.importers.run.dominance import attention_by_head
+from oversmooth.importers.value_spectra import head_eigenvalues, layer_eigenvalues
+from oversmooth.importers.weights import BlockWeights, extract
+from oversmooth.simulator import tolerances as tol
+from oversmooth.simulator.attention import layer_norm, rms_norm, softmax
 from tests.importers.builders import NEAR_MISSES, VARIANTS, Built, assemble
 
 STRUCTURE = ("index", "n_heads", "n_kv_heads", "d_model", "d_head", "norm", "norm_kind")
@@ -512,9 +512,9 @@ def test_a_failed_head_split_is_probed_once_more_with_long_open_axes(
 ) -> None:
     """At 3 samples a HuBERT front end leaves no frame; at LONG_PROBE_SEQUENCE it does. When the
     long probe fails too, the default probe's reason is the one reported."""
-    from importers.match import match_softmax
-    from importers.match.limits import LONG_PROBE_SEQUENCE, PROBE_BATCH, PROBE_SEQUENCE
-    from importers.match.walker import RejectError
+    from oversmooth.importers.match import match_softmax
+    from oversmooth.importers.match.limits import LONG_PROBE_SEQUENCE, PROBE_BATCH, PROBE_SEQUENCE
+    from oversmooth.importers.match.walker import RejectError
 
     first = RejectError("head_reshape", "cannot reshape Q of shape (2, 0, 32)")
     found = object()

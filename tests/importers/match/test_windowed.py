@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from importers.graph import ShapeContext, model_from_proto
-from importers.match import NoAttentionBlocksError, find_attention_blocks
-from importers.match.codes import RejectCode
+from oversmooth.importers.graph import ShapeContext, model_from_proto
+from oversmooth.importers.match import NoAttentionBlocksError, find_attention_blocks
+from oversmooth.importers.match.codes import RejectCode
 from tests.importers.head_split_blocks import windowed_decoder
 from tests.importers.small_graph import SmallGraph
 

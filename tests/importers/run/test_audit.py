@@ -23,18 +23,18 @@ import onnx
 import pytest
 from numpy.testing import assert_allclose
 
-from importers.errors import ProviderError
-from importers.graph import load_model
-from importers.run.audit import audit
-from importers.run.feeds import Inputs
-from importers.run.records import DOMINANCE_COLUMNS, LAYER_COLUMNS, AuditResult
-from importers.run.sources import bundled_inputs, random_inputs
+from oversmooth.importers.errors import ProviderError
+from oversmooth.importers.graph import load_model
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.feeds import Inputs
+from oversmooth.importers.run.records import DOMINANCE_COLUMNS, LAYER_COLUMNS, AuditResult
+from oversmooth.importers.run.sources import bundled_inputs, random_inputs
 from oversmooth.report import render_report, save_audit
-from simulator import tolerances as tol
-from simulator.errors import InputError
-from simulator.metrics import METRICS, all_metrics
-from simulator.output import to_json
-from simulator.theory import KINDS, contracting_heads, dominance_kinds, kron_eigenvalues
+from oversmooth.simulator import tolerances as tol
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.metrics import METRICS, all_metrics
+from oversmooth.simulator.output import to_json
+from oversmooth.simulator.theory import KINDS, contracting_heads, dominance_kinds, kron_eigenvalues
 from tests.importers.builders import VARIANTS, Assembly, ExpectedBlock, assemble
 from tests.importers.reference import forward_trace
 from tests.realmodels import require_real_model
@@ -634,8 +634,8 @@ def test_real_text_model_padding_equals_the_sequence_alone() -> None:
 
 def test_audit_takes_its_options_once_and_refuses_an_unknown_one(model_dir: Path) -> None:
     """``audit()`` has no keyword list of its own: AuditOptions' fields, on top of ``options``."""
-    from importers.errors import ImporterInputError
-    from importers.run.audit import AuditOptions
+    from oversmooth.importers.errors import ImporterInputError
+    from oversmooth.importers.run.audit import AuditOptions
 
     path = saved_model(model_dir, "bert_legacy")
     inputs = builder_inputs(_assembly("bert_legacy"))

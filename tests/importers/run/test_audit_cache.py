@@ -16,10 +16,10 @@ import numpy as np
 import onnx
 import pytest
 
-from importers.graph import load_model
-from importers.run import cache
-from importers.run.audit import audit
-from importers.run.cache import (
+from oversmooth.importers.graph import load_model
+from oversmooth.importers.run import cache
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.cache import (
     cache_folder,
     cached_value_spectra,
     entry_path,
@@ -27,9 +27,14 @@ from importers.run.cache import (
     save_entry,
     weights_digest,
 )
-from importers.value_spectra import BlockSpectra, blocks_spectra, model_spectra, spectrum_rows
-from importers.weights import BlockWeights, extract
-from importers.zoo import file_sha256
+from oversmooth.importers.value_spectra import (
+    BlockSpectra,
+    blocks_spectra,
+    model_spectra,
+    spectrum_rows,
+)
+from oversmooth.importers.weights import BlockWeights, extract
+from oversmooth.importers.zoo import file_sha256
 from tests.importers.builders import assemble
 from tests.importers.run.test_audit import builder_inputs
 

@@ -20,16 +20,16 @@ import pytest
 from numpy.testing import assert_allclose
 from onnx import TensorProto, helper
 
-from importers.errors import FeedError
-from importers.graph import load_model, model_from_proto
-from importers.run.audit import audit
-from importers.run.batching import batch_mixing_nodes, fixed_batch, items_per_call
-from importers.run.feeds import Inputs, for_graph
-from importers.run.records import AuditResult
-from importers.run.runner import Runner
-from importers.run.sources import random_inputs
-from simulator import tolerances as tol
-from simulator.metrics import METRICS
+from oversmooth.importers.errors import FeedError
+from oversmooth.importers.graph import load_model, model_from_proto
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.batching import batch_mixing_nodes, fixed_batch, items_per_call
+from oversmooth.importers.run.feeds import Inputs, for_graph
+from oversmooth.importers.run.records import AuditResult
+from oversmooth.importers.run.runner import Runner
+from oversmooth.importers.run.sources import random_inputs
+from oversmooth.simulator import tolerances as tol
+from oversmooth.simulator.metrics import METRICS
 from tests.importers.family_corpus import fixture_bytes
 from tests.importers.head_split_blocks import batch_one_inside
 from tests.importers.small_graph import SmallGraph
@@ -257,7 +257,7 @@ def test_minilm_int8_numbers_do_not_depend_on_the_batch_size(tmp_path: Path, qua
     cosine and 2.5e-2 HFC/LFC between batch 1 and 4)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from importers.run.sources import bundled_inputs
+    from oversmooth.importers.run.sources import bundled_inputs
 
     path = require_real_model("minilm-l3" if quantise else "minilm-l6-int8")
     if quantise:

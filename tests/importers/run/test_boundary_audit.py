@@ -1,5 +1,5 @@
 """The audit of a model whose layers hold a residual sub-layer before the attention (a Conformer's
-half-step FFN, :mod:`importers.match.boundaries`): the layers are the stream between whole
+half-step FFN, :mod:`oversmooth.importers.match.boundaries`): the layers are the stream between whole
 layers, and what the audit measures on the stream an attention reads (the pre-norm's per-token
 scale, the operating point's X, the attribution's rebuilt sublayer) reads that stream, not the
 layer's input.
@@ -16,11 +16,11 @@ import numpy as np
 import onnx
 import pytest
 
-from importers.run.audit import audit
-from importers.run.feeds import Inputs
-from importers.run.runner import Runner
-from simulator.metrics import hfc_lfc
-from simulator.operating import token_inverse_scale
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.feeds import Inputs
+from oversmooth.importers.run.runner import Runner
+from oversmooth.simulator.metrics import hfc_lfc
+from oversmooth.simulator.operating import token_inverse_scale
 from tests.importers.match.test_boundaries import build
 from tests.importers.match.test_stream import EPS
 

@@ -2,17 +2,17 @@
 
 A causal A is lower-triangular with a_00 = 1, so its spectrum is its diagonal: λ^A = 1 is an
 eigenvalue, but A is not positive and Perron–Frobenius does not apply. The audit keeps the rule of
-:func:`simulator.theory.dominance_kinds` and says so in the report.
+:func:`oversmooth.simulator.theory.dominance_kinds` and says so in the report.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from importers.run.audit import audit
-from importers.run.sources import random_inputs
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.sources import random_inputs
 from oversmooth.report import render_report
-from simulator.theory import KINDS, dominance_kinds
+from oversmooth.simulator.theory import KINDS, dominance_kinds
 from tests.importers.family_corpus import load_fixture
 
 

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from importers.run.depth import bias_rows
-from importers.run.records import DEPTH_COLUMNS, HEAD_COLUMNS, Agreement, BlockVerdict
+from oversmooth.importers.run.depth import bias_rows
+from oversmooth.importers.run.records import DEPTH_COLUMNS, HEAD_COLUMNS, Agreement, BlockVerdict
 from oversmooth.report import render_report, write_audit_files
-from simulator import tolerances as tol
-from simulator.depth import geometric_mean
+from oversmooth.simulator import tolerances as tol
+from oversmooth.simulator.depth import geometric_mean
 from tests.importers.builders import VARIANTS
 from tests.importers.reference import forward_trace
 from tests.importers.run.test_audit import _assembly, audited, model_dir, real_tokens

@@ -15,24 +15,24 @@ import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from importers.errors import ProviderError
-from importers.match import find_attention_blocks
-from importers.run.dominance import DominanceProblem, stacked_cases
-from importers.run.reductions import plan_reductions
-from importers.run.runner import Runner, open_session
-from importers.run.session import audit_session, layer_tensors
-from importers.weights import block_weights
-from simulator.backend import HostCopies, array_module, on_host, to_numpy
-from simulator.metrics import METRICS
-from simulator.perron import dominating_modes
-from simulator.statistics import (
+from oversmooth.importers.errors import ProviderError
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.run.dominance import DominanceProblem, stacked_cases
+from oversmooth.importers.run.reductions import plan_reductions
+from oversmooth.importers.run.runner import Runner, open_session
+from oversmooth.importers.run.session import audit_session, layer_tensors
+from oversmooth.importers.weights import block_weights
+from oversmooth.simulator.backend import HostCopies, array_module, on_host, to_numpy
+from oversmooth.simulator.metrics import METRICS
+from oversmooth.simulator.perron import dominating_modes
+from oversmooth.simulator.statistics import (
     SPECTRAL_METRICS,
     TokenStatistics,
     gram_eigenvalues,
     metrics_from_statistics,
 )
-from simulator.theory import HEAD_KINDS
-from simulator.tolerances import EIG_TOL, GRAM_ATOL, GRAM_RTOL, TIE_RTOL
+from oversmooth.simulator.theory import HEAD_KINDS
+from oversmooth.simulator.tolerances import EIG_TOL, GRAM_ATOL, GRAM_RTOL, TIE_RTOL
 from tests.importers.builders import assemble
 from tests.importers.run.test_dominance import attention_problems
 from tests.importers.run.test_reductions import _builder
@@ -141,7 +141,7 @@ def _cupy_or_skip() -> types.ModuleType:
         open_session(tiny, "cuda")
     except ProviderError as err:
         pytest.skip(f"no CUDA here: {err}")
-    from importers.run.cuda import device_arrays
+    from oversmooth.importers.run.cuda import device_arrays
 
     cupy = device_arrays()
     if cupy is None:
@@ -224,7 +224,7 @@ def test_device_problems_are_cut_into_a_stack_per_thread_at_least() -> None:
     """Host problems stack by memory alone (one stack here); device problems of certifiable size
     make at least one stack per worker thread, so that the undecided heads' dense spectra run on
     every thread; smaller ones (dense at once) stack by memory."""
-    from importers.run.dominance import stacks
+    from oversmooth.importers.run.dominance import stacks
 
     mask = np.ones(40, dtype=bool)
     eig_H = np.zeros((6, 3), dtype=complex)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from importers.run.cuda import GPU_INSTALL_HINT, loaded_cuda_libraries
-from importers.run.doctor import cuda_reason
 from oversmooth.cli import main
+from oversmooth.importers.run.cuda import GPU_INSTALL_HINT, loaded_cuda_libraries
+from oversmooth.importers.run.doctor import cuda_reason
 
 LISTED = ("CUDAExecutionProvider", "CPUExecutionProvider")
 GPU = [{"name": "NVIDIA H100", "driver": "580.0", "memory": "81559 MiB"}]
@@ -60,7 +60,7 @@ def test_loaded_libraries_are_read_from_the_process_maps(tmp_path: Path) -> None
 
 
 def test_cuda_libraries_are_preloaded_once_and_quietly(monkeypatch, capfd) -> None:
-    from importers.run import cuda
+    from oversmooth.importers.run import cuda
 
     calls: list[int] = []
 
@@ -81,7 +81,7 @@ def test_cuda_libraries_are_preloaded_once_and_quietly(monkeypatch, capfd) -> No
 def test_doctor_says_whether_the_audit_outputs_can_stay_on_the_gpu(monkeypatch, capsys) -> None:
     import importlib.util
 
-    from importers.run.cuda import DEVICE_ARRAYS_VARIABLE, device_arrays_status
+    from oversmooth.importers.run.cuda import DEVICE_ARRAYS_VARIABLE, device_arrays_status
 
     assert main(["doctor"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("device arrays"))

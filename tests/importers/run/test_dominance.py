@@ -2,7 +2,7 @@
 
 The attention probabilities of zoo models on their bundled inputs (restricted to the real tokens,
 rows renormalised, as the audit does) with the heads' H spectra: every head must get the same kind
-from :func:`simulator.perron.dominating_modes` as from the full spectra, with μ, λ^A and λ^H equal
+from :func:`oversmooth.simulator.perron.dominating_modes` as from the full spectra, with μ, λ^A and λ^H equal
 to 1e-9, and most heads must be decided by the bound (else the fast path would not be used).
 """
 
@@ -16,25 +16,25 @@ import pytest
 from numpy.testing import assert_allclose
 from threadpoolctl import threadpool_limits
 
-from importers.errors import UnsupportedModelError
-from importers.graph import load_model
-from importers.match import find_attention_blocks
-from importers.run.cache import cached_value_spectra
-from importers.run.dominance import (
+from oversmooth.importers.errors import UnsupportedModelError
+from oversmooth.importers.graph import load_model
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.run.cache import cached_value_spectra
+from oversmooth.importers.run.dominance import (
     DominanceProblem,
     dominance_problems,
     dominance_spectra,
     nonfinite_attention,
 )
-from importers.run.feeds import Inputs
-from importers.run.session import audit_session
-from importers.run.sources import default_inputs
-from importers.value_spectra import H_CHOICES, HChoice
-from importers.weights import block_weights
-from importers.zoo import file_sha256, lookup
-from simulator.perron import dominating_modes
-from simulator.theory import HEAD_KINDS, KINDS, contracting_heads, dominance_kinds
-from simulator.tolerances import EIG_TOL, TIE_RTOL
+from oversmooth.importers.run.feeds import Inputs
+from oversmooth.importers.run.session import audit_session
+from oversmooth.importers.run.sources import default_inputs
+from oversmooth.importers.value_spectra import H_CHOICES, HChoice
+from oversmooth.importers.weights import block_weights
+from oversmooth.importers.zoo import file_sha256, lookup
+from oversmooth.simulator.perron import dominating_modes
+from oversmooth.simulator.theory import HEAD_KINDS, KINDS, contracting_heads, dominance_kinds
+from oversmooth.simulator.tolerances import EIG_TOL, TIE_RTOL
 from tests.realmodels import require_real_model
 
 #: Inputs per model: enough heads for a fraction, few enough for the dense path's time.
@@ -120,7 +120,7 @@ def test_stacked_problems_come_back_per_problem_in_order(monkeypatch: pytest.Mon
     even, and the batch's cases equal each problem's own, in problem order."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from importers.run import dominance
+    from oversmooth.importers.run import dominance
 
     rng = np.random.default_rng(5)
     n_tokens, heads = 6, 2

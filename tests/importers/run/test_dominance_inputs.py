@@ -16,13 +16,13 @@ import numpy as np
 import onnx
 import pytest
 
-from importers.defaults import AUTO_EVERY, AUTO_FIRST, AUTO_WIDTH
-from importers.errors import ImporterInputError
-from importers.graph import load_model
-from importers.run.audit import AuditOptions, audit
-from importers.run.cases import DominanceCase
-from importers.run.dominance_inputs import DominanceBudget, dominance_stop
-from importers.run.sources import random_inputs
+from oversmooth.importers.defaults import AUTO_EVERY, AUTO_FIRST, AUTO_WIDTH
+from oversmooth.importers.errors import ImporterInputError
+from oversmooth.importers.graph import load_model
+from oversmooth.importers.run.audit import AuditOptions, audit
+from oversmooth.importers.run.cases import DominanceCase
+from oversmooth.importers.run.dominance_inputs import DominanceBudget, dominance_stop
+from oversmooth.importers.run.sources import random_inputs
 from oversmooth.report import render_report
 from tests.importers.builders import assemble
 

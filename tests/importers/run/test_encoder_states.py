@@ -7,16 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from importers.errors import FeedError
-from importers.graph import GraphInput
-from importers.run.decoder_feeds import (
+from oversmooth.importers.errors import FeedError
+from oversmooth.importers.graph import GraphInput
+from oversmooth.importers.run.decoder_feeds import (
     encoder_inputs,
     encoder_states_note,
     token_mask_input,
     with_encoder_states,
 )
-from importers.run.feeds import Inputs, for_graph
-from importers.run.sources import random_inputs
+from oversmooth.importers.run.feeds import Inputs, for_graph
+from oversmooth.importers.run.sources import random_inputs
 
 D_MODEL = 32
 INT64, FLOAT32 = np.dtype(np.int64), np.dtype(np.float32)

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from importers import errors, zoo
-from importers.graph import GraphInput, load_model
-from importers.run import sources
-from importers.run.feeds import check_feeds, feeds_digest, for_graph
-from importers.zoo import IMAGENET_MEAN, IMAGENET_STD
-from simulator import tolerances as tol
-from simulator.errors import InputError
+from oversmooth.importers import errors, zoo
+from oversmooth.importers.graph import GraphInput, load_model
+from oversmooth.importers.run import sources
+from oversmooth.importers.run.feeds import check_feeds, feeds_digest, for_graph
+from oversmooth.importers.zoo import IMAGENET_MEAN, IMAGENET_STD
+from oversmooth.simulator import tolerances as tol
+from oversmooth.simulator.errors import InputError
 from tests.realmodels import require_real_model
 
 TEXT_GRAPH = (

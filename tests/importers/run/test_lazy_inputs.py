@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from importers.errors import FeedError, ImporterInputError
-from importers.graph import GraphInput
-from importers.run import feeds as feeds_module
-from importers.run import sources
-from importers.run.audit import audit
-from importers.run.feeds import Inputs, feeds_digest
-from importers.zoo import IMAGENET_MEAN, IMAGENET_STD
+from oversmooth.importers.errors import FeedError, ImporterInputError
+from oversmooth.importers.graph import GraphInput
+from oversmooth.importers.run import feeds as feeds_module
+from oversmooth.importers.run import sources
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.feeds import Inputs, feeds_digest
+from oversmooth.importers.zoo import IMAGENET_MEAN, IMAGENET_STD
 from tests.importers.family_corpus import load_fixture
 
 TEXT_GRAPH = (

@@ -19,14 +19,14 @@ import onnx
 import pytest
 from PIL import Image
 
-from importers.errors import ExtractionError, ImporterInputError
-from importers.graph import load_model, model_from_proto
-from importers.run.feeds import Inputs
-from importers.value_spectra import block_spectra
-from importers.weights import extract
 from oversmooth.cli import main
-from simulator.errors import InputError
-from simulator.theory import value_spectrum
+from oversmooth.importers.errors import ExtractionError, ImporterInputError
+from oversmooth.importers.graph import load_model, model_from_proto
+from oversmooth.importers.run.feeds import Inputs
+from oversmooth.importers.value_spectra import block_spectra
+from oversmooth.importers.weights import extract
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.theory import value_spectrum
 from tests.importers.builders import assemble, poisoned
 from tests.importers.family_corpus import fixture_bytes
 
@@ -155,7 +155,7 @@ def test_a_value_product_that_overflows_float64_never_reaches_eig() -> None:
 
 
 def test_attention_is_checked_on_the_real_tokens_only() -> None:
-    from importers.run.dominance import nonfinite_attention
+    from oversmooth.importers.run.dominance import nonfinite_attention
 
     probs = np.full((2, 3, 4, 4), 0.25, np.float32)
     mask = np.ones((2, 4), dtype=bool)
@@ -172,7 +172,7 @@ def test_attention_is_checked_on_the_real_tokens_only() -> None:
 
 
 def test_feeds_are_refused_by_feed_and_input() -> None:
-    from importers.run.feeds import check_finite
+    from oversmooth.importers.run.feeds import check_finite
 
     check_finite({"ids": np.zeros((2, 3), np.int64), "x": np.ones((2, 3))}, ("a", "b"))
     with pytest.raises(ImporterInputError, match=r"feed 'x' of input 'b' \(item 11\)"):

@@ -2,7 +2,7 @@
 
 NumPy parses member headers with ``ast.literal_eval`` and, for what looks like a Python 2 header,
 ``tokenize``; both raise on hostile text (``SyntaxError``, ``tokenize.TokenError``, ...).
-:func:`simulator.npzfile.read_npy_header` is the one place that parser runs; every reader
+:func:`oversmooth.simulator.npzfile.read_npy_header` is the one place that parser runs; every reader
 (``audit --inputs``, ``simulate --system``) must answer a bad header with its own one-line error.
 """
 
@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from importers.graph import GraphInput
-from importers.run import sources
-from simulator.errors import InputError
-from simulator.systems import load_system
+from oversmooth.importers.graph import GraphInput
+from oversmooth.importers.run import sources
+from oversmooth.simulator.errors import InputError
+from oversmooth.simulator.systems import load_system
 
 TEXT_GRAPH = (
     GraphInput("input_ids", np.dtype(np.int64), ("batch", "seq")),

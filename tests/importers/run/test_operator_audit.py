@@ -8,13 +8,13 @@ import numpy as np
 import onnx
 import pytest
 
-from importers.graph import load_model
-from importers.run.audit import AuditOptions, audit, run_audit
-from importers.run.sources import random_inputs
 from oversmooth.executor import LocalExecutor
+from oversmooth.importers.graph import load_model
+from oversmooth.importers.run.audit import AuditOptions, audit, run_audit
+from oversmooth.importers.run.sources import random_inputs
 from oversmooth.sharding import sharded_audit
-from simulator import tolerances as tol
-from simulator.operator import HeadFactors, operator_dominance
+from oversmooth.simulator import tolerances as tol
+from oversmooth.simulator.operator import HeadFactors, operator_dominance
 from tests.importers.builders import assemble
 from tests.importers.reference import forward_trace
 from tests.importers.run.test_audit import builder_inputs, real_tokens
@@ -100,7 +100,7 @@ def test_operator_mode_writes_operator_csv_and_reports_the_agreement(
 
 
 def test_operator_inputs_must_be_positive() -> None:
-    from importers.errors import ImporterInputError
+    from oversmooth.importers.errors import ImporterInputError
 
     with pytest.raises(ImporterInputError, match="operator_inputs"):
         AuditOptions(dominance="operator", operator_inputs=0)

@@ -1,4 +1,4 @@
-"""importers.run.records: the block verdicts' agreement against chance, and the classes' shares."""
+"""oversmooth.importers.run.records: the block verdicts' agreement against chance, and the classes' shares."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from importers.run.cases import Agreement, BlockVerdict, kind_fractions
+from oversmooth.importers.run.cases import Agreement, BlockVerdict, kind_fractions
 
 
 def _verdict(predicted: str, observed: str) -> BlockVerdict:

@@ -21,20 +21,20 @@ import onnx
 import pytest
 from numpy.testing import assert_allclose
 
-from importers.errors import ImporterInputError, ProviderError
-from importers.graph import OnnxModel, load_model, model_from_proto
-from importers.match import find_attention_blocks
-from importers.run.audit import audit
-from importers.run.feeds import Inputs
-from importers.run.reductions import MASK_INPUT, plan_reductions
-from importers.run.runner import Runner, open_session
-from importers.run.session import audit_session, layer_tensors
-from importers.run.sources import default_inputs, random_inputs
-from importers.weights import block_weights
-from importers.zoo import get_model, models
-from simulator.metrics import METRICS, all_metrics
-from simulator.statistics import SPECTRAL_METRICS, metrics_from_statistics
-from simulator.tolerances import GRAM_ATOL, GRAM_RTOL, ORT_ATOL, ORT_RTOL
+from oversmooth.importers.errors import ImporterInputError, ProviderError
+from oversmooth.importers.graph import OnnxModel, load_model, model_from_proto
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.run.audit import audit
+from oversmooth.importers.run.feeds import Inputs
+from oversmooth.importers.run.reductions import MASK_INPUT, plan_reductions
+from oversmooth.importers.run.runner import Runner, open_session
+from oversmooth.importers.run.session import audit_session, layer_tensors
+from oversmooth.importers.run.sources import default_inputs, random_inputs
+from oversmooth.importers.weights import block_weights
+from oversmooth.importers.zoo import get_model, models
+from oversmooth.simulator.metrics import METRICS, all_metrics
+from oversmooth.simulator.statistics import SPECTRAL_METRICS, metrics_from_statistics
+from oversmooth.simulator.tolerances import GRAM_ATOL, GRAM_RTOL, ORT_ATOL, ORT_RTOL
 from tests.importers.builders import VARIANTS, assemble
 from tests.realmodels import require_real_model
 
@@ -344,7 +344,7 @@ def test_the_pipelined_audit_equals_the_sequential_one(
 ) -> None:
     """Reducing batch k while batch k+1 runs changes nothing: metrics and cases as one at a time
     (a batch's arrays must not be written over by the next run while they are being reduced)."""
-    session_module = importlib.import_module("importers.run.session")
+    session_module = importlib.import_module("oversmooth.importers.run.session")
     measure_layers = session_module._measure_layers
 
     def late_measure(*args: Any) -> int:  # the next batch runs before this batch is read
@@ -421,12 +421,12 @@ def test_the_spectral_norm_hfc_lfc_equals_numpy_on_the_forward_pass(
     """``--spectral-hfc``: from either Gram orientation (T×T with the token weights, D×D with
     the rows' sum), equal to simulator.metrics.hfc_lfc(X, norm="spectral") of the counted tokens;
     every other metric and layers.csv's metrics unchanged."""
-    from simulator.metrics import hfc_lfc
-    from simulator.statistics import SPECTRAL_NORM_METRIC
+    from oversmooth.simulator.metrics import hfc_lfc
+    from oversmooth.simulator.statistics import SPECTRAL_NORM_METRIC
     from tests.importers.reference import forward_trace
     from tests.importers.run.test_audit import real_tokens
 
-    session_module = importlib.import_module("importers.run.session")
+    session_module = importlib.import_module("oversmooth.importers.run.session")
     monkeypatch.setattr(session_module, "_gram_orientation", lambda *args: orientation)
     assembly = assemble(name, 3)
     path = tmp_path / f"{name}.onnx"
@@ -439,7 +439,10 @@ def test_the_spectral_norm_hfc_lfc_equals_numpy_on_the_forward_pass(
     for layer, hidden in enumerate(forward_trace(assembly).hidden):
         expected = [hfc_lfc(hidden[b][keep[b]], norm="spectral") for b in range(len(hidden))]
         assert_allclose(
-            with_norm.metrics[SPECTRAL_NORM_METRIC][:, layer], expected, rtol=ORT_RTOL, atol=ORT_ATOL
+            with_norm.metrics[SPECTRAL_NORM_METRIC][:, layer],
+            expected,
+            rtol=ORT_RTOL,
+            atol=ORT_ATOL,
         )
     for metric in METRICS:
         np.testing.assert_array_equal(with_norm.metrics[metric], plain.metrics[metric])

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from importers.graph import model_from_proto
-from importers.match import NoAttentionBlocksError, find_attention_blocks
-from importers.weights import block_weights
+from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.match import NoAttentionBlocksError, find_attention_blocks
+from oversmooth.importers.weights import block_weights
 from tests.importers.small_graph import SmallGraph
 
 D, HEADS, D_HEAD = 8, 2, 4

@@ -10,13 +10,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from importers.errors import FeedError, ProviderError, RunnerError
-from importers.graph import load_model, model_from_proto
-from importers.run.runner import Runner, cuda_failure_reason, plain_session
-from importers.run.sources import bundled_inputs
-from simulator import tolerances as tol
-from simulator.attention import layer_norm
-from simulator.errors import InputError
+from oversmooth.importers.errors import FeedError, ProviderError, RunnerError
+from oversmooth.importers.graph import load_model, model_from_proto
+from oversmooth.importers.run.runner import Runner, cuda_failure_reason, plain_session
+from oversmooth.importers.run.sources import bundled_inputs
+from oversmooth.simulator import tolerances as tol
+from oversmooth.simulator.attention import layer_norm
+from oversmooth.simulator.errors import InputError
 from tests.realmodels import require_real_model
 
 D_MODEL = 8

@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from importers.graph import load_model
-from importers.run.audit import AuditOptions, run_audit
-from importers.run.sources import random_inputs
 from oversmooth.executor import LocalExecutor
+from oversmooth.importers.graph import load_model
+from oversmooth.importers.run.audit import AuditOptions, run_audit
+from oversmooth.importers.run.sources import random_inputs
 from oversmooth.report import render_report, write_audit_files
 from oversmooth.sharding import sharded_audit
-from simulator import tolerances as tol
-from simulator.attribution import PARTS
-from simulator.operating import operating_dominance, token_inverse_scale
+from oversmooth.simulator import tolerances as tol
+from oversmooth.simulator.attribution import PARTS
+from oversmooth.simulator.operating import operating_dominance, token_inverse_scale
 from tests.importers.reference import forward_trace
 from tests.importers.run.test_audit import _assembly, audited, model_dir, real_tokens, saved_model
 from tests.importers.run.test_operator_audit import _effective_factors
