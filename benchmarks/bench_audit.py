@@ -8,7 +8,7 @@ files. With ``--blas-threads N`` both are repeated with ``OPENBLAS_NUM_THREADS=N
 small eigenvalue problems are sensitive to BLAS threading on a busy machine). Plain inference
 against the audit's session is :mod:`benchmarks.bench_runner`.
 
-Then, since the per-model cache (:mod:`oversmooth.importers.run.cache`): the same command with an empty cache
+Then, since the per-model cache (:mod:`oversmooth.importers.audit.cache`): the same command with an empty cache
 (cold) and once more (warm); the dominance step on the default inputs' attention matrices, dense
 (every spectrum) against certified (:mod:`oversmooth.simulator.perron`), with the share of cases the bound
 decides; and the whole audit (dominance on, warm cache) of ``--ratio-inputs`` inputs (the bundled
@@ -93,13 +93,13 @@ PHASES: dict[str, tuple[str, str]] = {
     "load model": ("oversmooth/importers/graph/load.py", "load_model"),
     "match attention blocks": ("oversmooth/importers/match/__init__.py", "find_attention_blocks"),
     "extract weights": ("oversmooth/importers/weights.py", "block_weights"),
-    "runner setup + session": ("oversmooth/importers/run/runner.py", "__init__"),
-    "inference (onnxruntime)": ("oversmooth/importers/run/runner.py", "_run_batch"),
+    "runner setup + session": ("oversmooth/importers/runtime/runner.py", "__init__"),
+    "inference (onnxruntime)": ("oversmooth/importers/runtime/runner.py", "_run_batch"),
     # The eigenproblems run in worker threads, which cProfile does not see: time the wait. The
     # batch's Gram eigenvalues (host metrics) run as one more job beside them, mostly inside it.
-    "dominance + metrics (worker threads)": ("oversmooth/importers/run/dominance.py", "result"),
+    "dominance + metrics (worker threads)": ("oversmooth/importers/audit/dominance.py", "result"),
     "value spectra (W_V W_O, cached)": (
-        "oversmooth/importers/run/cache.py",
+        "oversmooth/importers/audit/cache.py",
         "cached_value_spectra",
     ),
     "figures + files": ("oversmooth/report.py", "save_audit"),
@@ -201,7 +201,7 @@ class DominanceTiming:
 def dominance_timing(model: str) -> DominanceTiming:
     """Time the dominance step of the default audit of ``model`` both ways, as the audit runs it.
 
-    One BLAS thread per stack of problems (:func:`oversmooth.importers.run.dominance.stacks`), the stacks
+    One BLAS thread per stack of problems (:func:`oversmooth.importers.audit.dominance.stacks`), the stacks
     spread over ``default_threads()`` worker threads; the attention probabilities are computed
     first, outside the timing.
     """
@@ -209,18 +209,18 @@ def dominance_timing(model: str) -> DominanceTiming:
 
     from threadpoolctl import threadpool_limits
 
-    from oversmooth.importers.graph import load_model
-    from oversmooth.importers.match import find_attention_blocks
-    from oversmooth.importers.run.cache import cached_value_spectra
-    from oversmooth.importers.run.dominance import (
+    from oversmooth.importers.audit.cache import cached_value_spectra
+    from oversmooth.importers.audit.dominance import (
         dominance_problems,
         dominance_spectra,
         stacked_cases,
         stacks,
     )
-    from oversmooth.importers.run.runner import default_threads
-    from oversmooth.importers.run.session import audit_session
-    from oversmooth.importers.run.sources import default_inputs
+    from oversmooth.importers.audit.session import audit_session
+    from oversmooth.importers.graph import load_model
+    from oversmooth.importers.inputs.sources import default_inputs
+    from oversmooth.importers.match import find_attention_blocks
+    from oversmooth.importers.runtime.runner import default_threads
     from oversmooth.importers.weights import block_weights
     from oversmooth.importers.zoo import file_sha256, lookup
     from oversmooth.simulator.perron import dominating_modes
@@ -350,15 +350,15 @@ def audit_against_inference(
     """
     import numpy as np
 
+    from oversmooth.importers.audit import dominance
+    from oversmooth.importers.audit import session as session_module
     from oversmooth.importers.graph import load_model
-    from oversmooth.importers.run import dominance
-    from oversmooth.importers.run import session as session_module
-    from oversmooth.importers.run.runner import plain_session
-    from oversmooth.importers.run.sources import default_inputs
+    from oversmooth.importers.inputs.sources import default_inputs
+    from oversmooth.importers.runtime.runner import plain_session
     from oversmooth.importers.zoo import lookup
 
     # The module, not the function `audit` that the package exports under the same name.
-    audit_module = importlib.import_module("oversmooth.importers.run.audit")
+    audit_module = importlib.import_module("oversmooth.importers.audit.pipeline")
     ref = lookup(model)
     graph = load_model(ref.path)
     inputs = default_inputs(graph.inputs, ref.entry)

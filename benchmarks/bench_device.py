@@ -6,7 +6,7 @@ can really be created) and each batch size (default 1, 8 and 64), inputs per sec
 - ``plain``: the unmodified model returning its own outputs (``session.run``);
 - ``session``: the audit's session without dominance (layer statistics reduced in the graph and
   their Gram matrices; only these come back, or stay on the GPU with CuPy);
-- ``audit``: the whole measurement with the dominance step (``oversmooth.importers.run.audit.measure``:
+- ``audit``: the whole measurement with the dominance step (``oversmooth.importers.audit.pipeline.measure``:
   the layer metrics and every (input, block, head) case, the host work overlapped with the next
   batch), its session built once beforehand;
 
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 from benchmarks.bench_runner import _repeated, _timed, available_providers, installed_models
 from oversmooth.importers import zoo
+from oversmooth.importers.audit.pipeline import AuditOptions, measure, measure_session, prepare
 from oversmooth.importers.graph import OnnxModel
-from oversmooth.importers.run.audit import AuditOptions, measure, measure_session, prepare
-from oversmooth.importers.run.cuda import device_arrays, gpu_info
-from oversmooth.importers.run.feeds import Inputs
-from oversmooth.importers.run.runner import default_threads, plain_session
+from oversmooth.importers.inputs.feeds import Inputs
+from oversmooth.importers.runtime.cuda import device_arrays, gpu_info
+from oversmooth.importers.runtime.runner import default_threads, plain_session
 
 __all__ = ["DeviceRates", "main", "rates"]
 

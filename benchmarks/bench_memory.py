@@ -1,6 +1,6 @@
 """Peak memory of ``oversmooth audit`` against the number of inputs: it should not grow.
 
-Inputs are read batch by batch (:class:`~importers.run.feeds.Inputs` with a reader) and at most
+Inputs are read batch by batch (:class:`~oversmooth.importers.inputs.feeds.Inputs` with a reader) and at most
 two batches of outputs are alive at a time (one reduced while the next runs), so the peak resident
 set of an audit of 1024 random inputs should be within 10 % of one of 64 (what remains per
 input: the metric arrays, O(inputs x layers), and the dominance cases, about 280 bytes per

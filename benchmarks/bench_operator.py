@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--inputs", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args(argv)
 
-    from oversmooth.importers.run.audit import audit
+    from oversmooth.importers.audit.pipeline import audit
 
     print(f"operator dominance on {args.model}, {os.cpu_count()} cores ({load_average()})")
     start = time.perf_counter()

@@ -5,7 +5,7 @@ session can really be created) and each batch size, inputs per second of
 
 - ``plain``: the unmodified, fully fused model returning its own outputs (``session.run``);
 - ``reduced``: the audit's session with dominance off — the layer statistics reduced in the graph
-  (:mod:`oversmooth.importers.run.reductions`), only they come back;
+  (:mod:`oversmooth.importers.runtime.reductions`), only they come back;
 - ``scalars``: the same without the Gram matrices (``--no-spectral``: only eight numbers per input
   and layer come back);
 - ``+attention``: the audit's session with dominance on — also the attention probabilities of
@@ -13,7 +13,7 @@ session can really be created) and each batch size, inputs per second of
 
 Each measurement repeats after one warm-up until ``--min-seconds`` have passed (at least 3 runs);
 the three sessions alternate, and medians are compared. Inputs are the bundled photographs or
-sentences, repeated to fill the batch. Then the whole audit (``oversmooth.importers.run.audit.audit``, with
+sentences, repeated to fill the batch. Then the whole audit (``oversmooth.importers.audit.pipeline.audit``, with
 the dominance step) on ``--audit-inputs`` inputs, per provider, as inputs per second.
 
 The device is printed before the figures (GPU name and driver, or the CPU cores and load).
@@ -34,15 +34,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from oversmooth.importers import zoo
+from oversmooth.importers.audit.pipeline import audit
+from oversmooth.importers.audit.session import audit_session
 from oversmooth.importers.errors import ProviderError
 from oversmooth.importers.graph import OnnxModel, load_model
+from oversmooth.importers.inputs.feeds import Inputs
+from oversmooth.importers.inputs.sources import default_inputs
 from oversmooth.importers.match import find_attention_blocks
-from oversmooth.importers.run.audit import audit
-from oversmooth.importers.run.cuda import gpu_info
-from oversmooth.importers.run.feeds import Inputs
-from oversmooth.importers.run.runner import open_session, plain_session
-from oversmooth.importers.run.session import audit_session
-from oversmooth.importers.run.sources import default_inputs
+from oversmooth.importers.runtime.cuda import gpu_info
+from oversmooth.importers.runtime.runner import open_session, plain_session
 from oversmooth.importers.weights import block_weights
 
 __all__ = ["Throughput", "available_providers", "installed_models", "main", "throughput"]

@@ -1,7 +1,7 @@
 """The audit on a local Dask cluster (``--scheduler local``) against one process: the speed-up.
 
 The same model and inputs (default: minilm-l3 on 64 random inputs of 32 tokens, batch 4) are
-audited by :func:`oversmooth.importers.run.audit.audit` in this process and by
+audited by :func:`oversmooth.importers.audit.pipeline.audit` in this process and by
 :func:`oversmooth.sharding.sharded_audit` on a ``LocalCluster`` of N worker processes (one
 thread each, one shard per worker). Printed: the single-process time; the cluster's start-up; the
 first distributed audit (cold workers: they import onnxruntime and build their sessions) and the
@@ -58,10 +58,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from oversmooth.executor import open_executor
+    from oversmooth.importers.audit.pipeline import AuditOptions, run_audit
+    from oversmooth.importers.audit.records import AuditResult
     from oversmooth.importers.graph import load_model
-    from oversmooth.importers.run.audit import AuditOptions, run_audit
-    from oversmooth.importers.run.records import AuditResult
-    from oversmooth.importers.run.sources import default_inputs, random_inputs
+    from oversmooth.importers.inputs.sources import default_inputs, random_inputs
     from oversmooth.importers.zoo import lookup
     from oversmooth.sharding import sharded_audit
 

@@ -54,7 +54,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from oversmooth.importers.errors import ClusterError, ImporterInputError
-from oversmooth.importers.run.runner import default_threads
+from oversmooth.importers.runtime.runner import default_threads
 from oversmooth.simulator.output import package_versions
 from oversmooth.simulator.validation import check_positive_int
 
@@ -110,7 +110,7 @@ class Executor(Protocol):
         taken; in this process each task is taken and run when its result is asked for.
 
         An error of a task is raised here (the task's own exception type when it is importable,
-        e.g. an :class:`~simulator.errors.OversmoothError`); the remaining tasks are cancelled and
+        e.g. an :class:`~oversmooth.simulator.errors.OversmoothError`); the remaining tasks are cancelled and
         no further task is taken. So are they when the returned generator is closed.
         """
         ...

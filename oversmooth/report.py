@@ -20,8 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oversmooth.importers.defaults import AUTO_EVERY, AUTO_FIRST, AUTO_WIDTH
-from oversmooth.importers.run.records import (
+from oversmooth.importers.audit.records import (
     DEPTH_COLUMNS,
     DOMINANCE_COLUMNS,
     HEAD_COLUMNS,
@@ -33,6 +32,7 @@ from oversmooth.importers.run.records import (
     DominanceSummary,
     OperatorSummary,
 )
+from oversmooth.importers.defaults import AUTO_EVERY, AUTO_FIRST, AUTO_WIDTH
 from oversmooth.importers.value_spectra import SPECTRA_COLUMNS
 from oversmooth.simulator.output import (
     atomic_directory,

@@ -1,7 +1,7 @@
 """The audit on many workers: inputs split into shards, each audited where an executor runs it, merged.
 
-:func:`sharded_audit` gives the :class:`~importers.run.records.AuditResult` of
-:func:`oversmooth.importers.run.audit.audit` on the same model and inputs. Each shard is a run of whole batches
+:func:`sharded_audit` gives the :class:`~oversmooth.importers.audit.records.AuditResult` of
+:func:`oversmooth.importers.audit.pipeline.audit` on the same model and inputs. Each shard is a run of whole batches
 (``batch_size`` inputs each, the last one possibly short), so every onnxruntime call sees exactly
 the inputs it sees in a single-process run; a shard's result is its per-input metric rows and its
 dominance cases (input indices shifted by the shard's start), and the merge concatenates them in
@@ -20,13 +20,13 @@ per-input metrics and dominance cases.
 
 Input-independent work
 ----------------------
-This process prepares the audit once (:func:`oversmooth.importers.run.audit.prepare`: matching, weights, the
+This process prepares the audit once (:func:`oversmooth.importers.audit.pipeline.prepare`: matching, weights, the
 value spectra from the per-user cache, the notes) before any shard starts, exactly as the audit in
 one process does; every worker receives the prepared block structure once with the model
-(:meth:`~importers.run.audit.PreparedAudit.structure`: tensor names, column indices and the
+(:meth:`~oversmooth.importers.audit.pipeline.PreparedAudit.structure`: tensor names, column indices and the
 dominance step's H eigenvalues, no weights) and only measures
-(:func:`oversmooth.importers.run.audit.measure`), so no worker matches the graph, reads weights or computes
-spectra. The result is built here by the same :func:`~importers.run.audit.audit_result`.
+(:func:`oversmooth.importers.audit.pipeline.measure`), so no worker matches the graph, reads weights or computes
+spectra. The result is built here by the same :func:`~oversmooth.importers.audit.pipeline.audit_result`.
 
 How the model reaches the workers
 ---------------------------------
@@ -57,10 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from oversmooth.executor import Executor, own_threads, progress_bar
-from oversmooth.importers.errors import ImporterInputError
-from oversmooth.importers.graph import OnnxModel, load_model
-from oversmooth.importers.graph.index import uses_external_data
-from oversmooth.importers.run.audit import (
+from oversmooth.importers.audit.pipeline import (
     AuditOptions,
     Measurement,
     PreparedAudit,
@@ -69,8 +66,11 @@ from oversmooth.importers.run.audit import (
     open_model,
     prepare,
 )
-from oversmooth.importers.run.feeds import Inputs
-from oversmooth.importers.run.records import AuditResult, Note
+from oversmooth.importers.audit.records import AuditResult, Note
+from oversmooth.importers.errors import ImporterInputError
+from oversmooth.importers.graph import OnnxModel, load_model
+from oversmooth.importers.graph.index import uses_external_data
+from oversmooth.importers.inputs.feeds import Inputs
 from oversmooth.importers.zoo import ZooModel, file_sha256
 
 __all__ = [
@@ -135,7 +135,7 @@ def _batches_per_shard(inputs: Inputs, batch_size: int) -> int:
     """Most whole batches in one shard: :data:`SHARD_INPUTS` and :data:`SHARD_BYTES`, at least one.
 
     The bytes of an item are those of the first one (feeds and token mask; every item of
-    :class:`~importers.run.feeds.Inputs` has the same shape).
+    :class:`~oversmooth.importers.inputs.feeds.Inputs` has the same shape).
     """
     first = inputs.read(0, 1)
     mask = first.token_mask
@@ -186,7 +186,7 @@ def _local_copy(model: ModelFile) -> str:
 def _measure_shard(
     shard: _Shard, model: ModelFile, prepared: PreparedAudit, threads: dict[str, int]
 ) -> Measurement:
-    """On a worker: :func:`~importers.run.audit.measure` of one shard, inputs counted from 0.
+    """On a worker: :func:`~oversmooth.importers.audit.pipeline.measure` of one shard, inputs counted from 0.
 
     Unless the options fix ``threads``, the shard uses its worker's share of the host's cores
     (:meth:`~oversmooth.executor.Executor.task_threads`); the graph is loaded, never matched.
@@ -296,12 +296,12 @@ def sharded_audit(
     entry: ZooModel | None = None,
     shards: int | None = None,
 ) -> AuditResult:
-    """:func:`~importers.run.audit.run_audit` with the measurement split into shards on ``executor``.
+    """:func:`~oversmooth.importers.audit.pipeline.run_audit` with the measurement split into shards on ``executor``.
 
     Parameters
     ----------
     model : str, path or OnnxModel
-        As for :func:`~importers.run.audit.open_model` (a model loaded from a file).
+        As for :func:`~oversmooth.importers.audit.pipeline.open_model` (a model loaded from a file).
     inputs : Inputs, optional
         Default: the bundled inputs of the model's kind.
     options : AuditOptions, optional

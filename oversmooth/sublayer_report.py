@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from oversmooth.importers.run.operating_step import ATTRIBUTION_COLUMNS, OPERATING_COLUMNS
-from oversmooth.importers.run.records import AuditResult, BlockVerdict
-from oversmooth.importers.run.sublayer_summary import (
+from oversmooth.importers.audit.operating_step import ATTRIBUTION_COLUMNS, OPERATING_COLUMNS
+from oversmooth.importers.audit.records import AuditResult, BlockVerdict
+from oversmooth.importers.audit.sublayer_summary import (
     OTHER_PARTS,
     attribution_blocks,
     operating_blocks,

@@ -71,3 +71,9 @@ def strict_fp():
     """Turn floating-point overflow, invalid and divide warnings into errors inside a test."""
     with np.errstate(all="raise"):
         yield
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder for the builder models one test module saves (``tests/importers/audited.py``)."""
+    return tmp_path_factory.mktemp("models")

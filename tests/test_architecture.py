@@ -31,7 +31,7 @@ HEAVY = ("onnx", "onnxruntime", "matplotlib", "torch")
 def layer_of(module: str) -> str | None:
     """The layer a dotted module name belongs to, or None outside the project.
 
-    >>> layer_of("oversmooth.importers.run.audit"), layer_of("oversmooth.cli"), layer_of("numpy")
+    >>> layer_of("oversmooth.importers.audit.pipeline"), layer_of("oversmooth.cli"), layer_of("numpy")
     ('importers', 'application', None)
     """
     parts = module.split(".")
@@ -79,6 +79,37 @@ def test_packages_import_one_way(layer, path):
     """No library imports the application, and no library imports a library above it."""
     upward = _imported_layers(path) - MAY_IMPORT[layer] - {layer}
     assert not upward, f"{path.relative_to(PACKAGE_DIR)} ({layer}) imports {sorted(upward)}"
+
+
+#: Inside the importer, the runtime part reads inputs and the audit reads both; never the reverse.
+RUNTIME_MAY_IMPORT = {
+    "inputs": set(),
+    "runtime": {"inputs"},
+    "audit": {"inputs", "runtime"},
+}
+
+
+def _runtime_part(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["oversmooth", "importers"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in RUNTIME_MAY_IMPORT else None
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        p
+        for part in RUNTIME_MAY_IMPORT
+        for p in sorted((PACKAGE_DIR / "importers" / part).rglob("*.py"))
+    ],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_inputs_runtime_and_audit_import_one_way(path):
+    """``oversmooth.importers.inputs`` ← ``runtime`` ← ``audit``."""
+    part = path.parent.name
+    imported = {_runtime_part(name) for name in _imported_modules(path)} - {None, part}
+    assert not imported - RUNTIME_MAY_IMPORT[part], f"{part}/{path.name} imports {sorted(imported)}"
 
 
 def test_layering_check_sees_an_upward_import(tmp_path):
@@ -163,3 +194,13 @@ def test_the_distribution_installs_one_import_name():
     top_level = distribution("oversmooth").read_text("top_level.txt")
     assert top_level is not None
     assert top_level.split() == ["oversmooth"]
+
+
+def test_every_package_folder_is_a_regular_package():
+    """A folder of modules without ``__init__.py`` would import as a namespace package: its
+    re-exports silently missing, and left out of the wheel."""
+    folders = {path.parent for path in PACKAGE_DIR.rglob("*.py")}
+    missing = sorted(
+        str(f.relative_to(PACKAGE_DIR)) for f in folders if not (f / "__init__.py").exists()
+    )
+    assert not missing, missing

@@ -16,7 +16,7 @@ from tests.realmodels import require_real_model
 def test_the_device_benchmark_measures_a_text_model() -> None:
     from benchmarks.bench_device import rates
     from oversmooth.importers.graph import load_model
-    from oversmooth.importers.run.sources import default_inputs
+    from oversmooth.importers.inputs.sources import default_inputs
     from oversmooth.importers.zoo import get_model
 
     graph = load_model(require_real_model("minilm-l3"))

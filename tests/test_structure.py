@@ -109,6 +109,35 @@ def test_modules_stay_small(module: str) -> None:
     assert lines <= MAX_MODULE_LINES, f"{module}: {lines} lines"
 
 
+def _private_test_imports(path: Path) -> list[str]:
+    """Names starting with ``_`` that ``path`` imports from a test module (``tests.….test_*``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("tests.")
+            and (node.module or "").rpartition(".")[2].startswith("test_")
+        ):
+            found += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    return found
+
+
+def test_no_test_imports_another_tests_private_helpers() -> None:
+    """Shared helpers live in a helpers module or a ``conftest.py``, not in another test file."""
+    found = {
+        str(path.relative_to(ROOT)): names
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        if (names := _private_test_imports(path))
+    }
+    assert not found, found
+
+
+def test_the_private_import_check_can_fail(tmp_path: Path) -> None:
+    module = tmp_path / "test_x.py"
+    module.write_text("from tests.importers.graph.test_defuse import _run, ok\n")
+    assert _private_test_imports(module) == ["tests.importers.graph.test_defuse._run"]
+
+
 def test_every_importer_error_is_an_importer_error() -> None:
     """Control-flow exceptions that never leave their module say so ("Internal: ...")."""
     import importlib

@@ -1,6 +1,6 @@
 """``oversmooth audit``: the main job.
 
-The measurement lives in :mod:`oversmooth.importers.run.audit`, the pictures in :mod:`oversmooth.figures.audit_report`,
+The measurement lives in :mod:`oversmooth.importers.audit.pipeline`, the pictures in :mod:`oversmooth.figures.audit_report`,
 the report folder in :mod:`oversmooth.report`; this command turns the arguments into those calls
 and prints a summary.
 """
@@ -31,9 +31,10 @@ from oversmooth.importers.errors import ImporterInputError
 from oversmooth.importers.zoo import ZooModel, lookup
 
 if TYPE_CHECKING:  # types only: the audit's modules (onnx, the matcher) load when the command runs
+    from oversmooth.importers.audit import AuditResult
+    from oversmooth.importers.audit.pipeline import AuditOptions
     from oversmooth.importers.graph import GraphInput
-    from oversmooth.importers.run import AuditResult, Inputs
-    from oversmooth.importers.run.audit import AuditOptions
+    from oversmooth.importers.inputs import Inputs
 
 DEFAULT_MODEL = "dinov2-vits14"
 
@@ -228,7 +229,7 @@ def check_source_options(args: argparse.Namespace) -> None:
 def _inputs(
     args: argparse.Namespace, graph: Sequence[GraphInput], entry: ZooModel | None
 ) -> Inputs | None:
-    from oversmooth.importers.run import sources
+    from oversmooth.importers.inputs import sources
 
     if args.inputs:
         return sources.from_npz(args.inputs, graph)
@@ -261,7 +262,7 @@ def _inputs(
 
 def _check_random_options(args: argparse.Namespace, graph: Sequence[GraphInput]) -> None:
     """Refuse ``--seq-len`` or ``--vocab-size`` where the model's inputs leave them nothing to set."""
-    from oversmooth.importers.run import sources
+    from oversmooth.importers.inputs import sources
 
     inputs = "; ".join(spec.describe() for spec in graph)
     if args.seq_len is not None and not sources.random_sizes_open_axes(graph):
@@ -306,8 +307,8 @@ def _summary(result: AuditResult, out: Path) -> str:
 
 
 def audit_options(args: argparse.Namespace) -> AuditOptions:
-    """The :class:`~importers.run.audit.AuditOptions` the command line asks for."""
-    from oversmooth.importers.run.audit import AuditOptions
+    """The :class:`~oversmooth.importers.audit.pipeline.AuditOptions` the command line asks for."""
+    from oversmooth.importers.audit.pipeline import AuditOptions
 
     if args.operator_inputs is not None and args.dominance == "none":
         raise ImporterInputError(
@@ -336,8 +337,8 @@ def run(args: argparse.Namespace) -> int:
     """Audit, draw, write the report folder atomically, print a summary."""
     from oversmooth.executor import open_executor
     from oversmooth.figures.audit_report import render
+    from oversmooth.importers.audit.pipeline import run_audit
     from oversmooth.importers.graph import load_model
-    from oversmooth.importers.run.audit import run_audit
     from oversmooth.report import replaceable_folder, save_audit
     from oversmooth.sharding import sharded_audit
     from oversmooth.simulator.output import check_output_folder

@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from oversmooth.importers.run.doctor import diagnose
+    from oversmooth.importers.runtime.doctor import diagnose
     from oversmooth.simulator.output import to_json
 
     found = diagnose()

@@ -4,7 +4,7 @@ Prints one row per block (index, heads, key/value heads, d_model, d_head, norm p
 LayerScale, causal mask, rotary embedding — ``partial W/d_head`` when W columns per head are
 rotated — and what else is added to the scores: ``score_bias`` none, alibi, relative,
 disentangled or other). ``--json`` prints ``{"model", "opset", "n_softmax", "blocks": [...], "failures": [...]}``
-instead (each block as :meth:`~importers.match.AttentionBlock.to_dict`, the same record as in
+instead (each block as :meth:`~oversmooth.importers.match.AttentionBlock.to_dict`, the same record as in
 ``audit.json``; each failure with ``attention`` and ``not_attention``, the reason a Softmax is
 no attention at all, or null);
 ``--explain`` adds, for every Softmax, the nodes matched or the reason it was rejected. Attention

@@ -19,9 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="small sizes (for tests)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these scripts")
-    parser.add_argument(
-        "--out", type=Path, default=Path("figures-out"), help="output folder"
-    )
+    parser.add_argument("--out", type=Path, default=Path("figures-out"), help="output folder")
     args = parser.parse_args(argv)
     names = args.only or list(SCRIPTS)
     for name in names:

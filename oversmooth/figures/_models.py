@@ -2,7 +2,7 @@
 
 A *variant* is a zoo model as trained or after one of the transforms of :mod:`oversmooth.importers.transform`
 (random init, ± reparameterisation). One ``python -m oversmooth.figures`` run audits each variant once: the
-first script that asks runs :func:`oversmooth.importers.run.audit` on the bundled inputs and keeps a slim
+first script that asks runs :func:`oversmooth.importers.audit.pipeline` on the bundled inputs and keeps a slim
 summary (:class:`Audited`) in memory; later scripts reuse it. Transformed models are written once
 into ``cache_dir()/transformed`` (see :func:`oversmooth.importers.zoo.cache_dir`), named by the source model's
 sha256, the transform, its parameters and a digest of the transform code, and reused by later runs
@@ -43,10 +43,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from oversmooth.importers.audit import audit
+from oversmooth.importers.audit.pipeline import HChoice
+from oversmooth.importers.audit.records import DominanceSummary
 from oversmooth.importers.graph import OnnxModel, load_model
-from oversmooth.importers.run import Inputs, audit, default_inputs
-from oversmooth.importers.run.audit import HChoice
-from oversmooth.importers.run.records import DominanceSummary
+from oversmooth.importers.inputs import Inputs, default_inputs
 from oversmooth.importers.value_spectra import SpectrumRow
 from oversmooth.importers.zoo import cache_dir, file_sha256, get_model, lookup
 from oversmooth.simulator.sampling import share_intervals
@@ -73,7 +74,7 @@ Transform = Literal["trained", "random-init", "plus", "minus"]
 QUICK_INPUTS = {"image": 2, "text": 3}
 #: Parameters of :func:`oversmooth.importers.transform.random_init`.
 RANDOM_INIT: dict[str, Any] = {"std": 0.02, "seed": 0}
-#: Fixed keyword arguments of every :func:`oversmooth.importers.run.audit` call.
+#: Fixed keyword arguments of every :func:`oversmooth.importers.audit.pipeline` call.
 AUDIT_SETTINGS: dict[str, Any] = {"provider": "cpu", "batch_size": 4, "dominance": "head"}
 
 
@@ -134,9 +135,9 @@ class Audited:
     ----------
     variant : Variant
     layer_rows : list of dict
-        :meth:`oversmooth.importers.run.records.AuditResult.layer_rows`: ``layer, metric, mean, std, n``.
+        :meth:`oversmooth.importers.audit.records.AuditResult.layer_rows`: ``layer, metric, mean, std, n``.
     dominance : DominanceSummary
-        :meth:`oversmooth.importers.run.records.AuditResult.dominance_summary`.
+        :meth:`oversmooth.importers.audit.records.AuditResult.dominance_summary`.
     spectra : list of SpectrumRow
     provenance : dict
         Model file sha256, inputs (source, digest, count), provider used, audit configuration.
@@ -231,7 +232,7 @@ def audited(key: str, quick: bool, h: HChoice = "effective", operator_inputs: in
     quick : bool
         Use the first :data:`QUICK_INPUTS` inputs only.
     h : {"effective", "stored"}
-        The H of the dominance count (:class:`oversmooth.importers.run.audit.AuditOptions`).
+        The H of the dominance count (:class:`oversmooth.importers.audit.pipeline.AuditOptions`).
     operator_inputs : int
         When positive, also the exact operator dominance on that many first inputs
         (``dominance="operator"``; its summary is ``dominance.operator``).

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from oversmooth.figures._common import new_figure, save_png
-from oversmooth.importers.run.records import AuditResult, DepthSummary
+from oversmooth.importers.audit.records import AuditResult, DepthSummary
 from oversmooth.simulator.tolerances import ZERO_EIGENVALUE_RTOL
 
 #: Panels of the per-layer figure: metric, axis label, log scale.

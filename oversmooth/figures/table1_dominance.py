@@ -6,7 +6,7 @@ smoothing) or another eigenvalue (1 + λ^H_j λ^A_1, non-Perron), random init gi
 trained vision models a mix (ViT-B/16 70.27%, DeiT-B/16 57.82%, ViT-Ti 98.92%), ViT-Ti⁺ 100% and
 ViT-Ti⁻ 0%. Here: the zoo models (DINOv2 ViT-S/14, MiniLM-L6, MiniLM-L3) as trained, after random
 init, and after the post-hoc ± reparameterisation (no retraining), on the bundled inputs, H per head
-(importers.run.audit, ``dominance="head"``), with two H protocols side by side: ``effective`` (every
+(oversmooth.importers.audit.pipeline, ``dominance="head"``), with two H protocols side by side: ``effective`` (every
 linear factor between the stream and the branch's contribution: pre-LayerNorm centring and γ,
 W_V^h W_O^h, LayerScale; the operator the model applies, docs/theory.md §6.8) and ``stored`` (W_V^h W_O^h
 as the checkpoint stores it, the paper's protocol). Post-LN MiniLM folds nothing, so its two protocols

@@ -14,11 +14,17 @@ value_spectra
 transform
     Random-init and ± reparameterised copies of a model (Table 1's columns).
 zoo
-    The pinned real models: :func:`~importers.zoo.lookup` turns a path or zoo name into a file.
-run
-    Inputs, the onnxruntime :class:`~importers.run.Runner`, :func:`~importers.run.audit` and its
-    records (the ``oversmooth`` commands and the report folder are the application's:
-    :mod:`oversmooth`).
+    The pinned real models: :func:`~oversmooth.importers.zoo.lookup` turns a path or zoo name into a file.
+inputs
+    What a model runs on: :class:`~oversmooth.importers.inputs.Inputs` and where they come from.
+runtime
+    onnxruntime: the :class:`~oversmooth.importers.runtime.Runner`, batching, device bindings, the
+    in-graph reductions.
+audit
+    :func:`~oversmooth.importers.audit.audit` and its steps and records (the ``oversmooth``
+    commands and the report folder are the application's).
+notes
+    :class:`~oversmooth.importers.notes.Note`, one typed line an audit says beside its numbers.
 errors
     The one error hierarchy: every error raised here is an :class:`ImporterError`.
 
@@ -32,6 +38,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from oversmooth.importers.audit.records import AuditResult
     from oversmooth.importers.errors import (
         ExternalDataError,
         ExtractionError,
@@ -49,7 +56,6 @@ if TYPE_CHECKING:
         NormMatch,
         find_attention_blocks,
     )
-    from oversmooth.importers.run import AuditResult, audit
     from oversmooth.importers.value_spectra import SpectrumRow, model_spectra, summarize_spectra
     from oversmooth.importers.weights import BlockWeights, block_weights, extract
 
@@ -71,7 +77,9 @@ _EXPORTS = {
         "NormMatch",
         "find_attention_blocks",
     ),
-    "oversmooth.importers.run": ("AuditResult", "audit"),
+    # Not `audit` itself: `oversmooth.importers.audit` is the sub-package (the function is
+    # `oversmooth.importers.audit.audit`).
+    "oversmooth.importers.audit.records": ("AuditResult",),
     "oversmooth.importers.value_spectra": ("SpectrumRow", "model_spectra", "summarize_spectra"),
     "oversmooth.importers.weights": ("BlockWeights", "block_weights", "extract"),
 }
@@ -95,7 +103,6 @@ __all__ = [
     "OnnxModel",
     "SpectrumRow",
     "UnsupportedModelError",
-    "audit",
     "block_weights",
     "extract",
     "find_attention_blocks",
@@ -108,7 +115,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _MODULE_OF.get(name)
     if module is None:
-        raise AttributeError(f"module 'importers' has no attribute {name!r}")
+        raise AttributeError(f"module 'oversmooth.importers' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -28,7 +28,7 @@ __all__ = [
 #: onnxruntime execution providers an audit may ask for (``auto``: CUDA where it really works).
 Provider = Literal["auto", "cpu", "cuda"]
 PROVIDERS: tuple[Provider, ...] = get_args(Provider)
-#: H granularity of the dominance table, or no dominance step (:class:`~importers.run.audit.AuditOptions`).
+#: H granularity of the dominance table, or no dominance step (:class:`~oversmooth.importers.audit.pipeline.AuditOptions`).
 Granularity = Literal["head", "layer", "operator", "operating", "none"]
 DOMINANCE_MODES: tuple[Granularity, ...] = get_args(Granularity)
 #: The H of the dominance step: the effective product of the branch's linear factors, or W_V W_O.
@@ -52,7 +52,7 @@ OPERATOR_INPUTS = 2
 DEPTH_INPUTS = 1
 #: ``--dominance-inputs auto``: every share's 95 % interval over inputs at most this wide (5
 #: percentage points), looked at after AUTO_FIRST inputs (fewer all count) and every AUTO_EVERY
-#: after that (:mod:`oversmooth.importers.run.dominance_inputs`).
+#: after that (:mod:`oversmooth.importers.audit.dominance_inputs`).
 AUTO_WIDTH = 0.05
 AUTO_FIRST = 32
 AUTO_EVERY = 16

@@ -102,7 +102,7 @@ class TransformError(ImporterError, ValueError):
 class LayerStreamError(ImporterError):
     """The tensor the audit would read as a layer is not the residual stream the contract defines.
 
-    Raised by :func:`oversmooth.importers.run.audit.layer_tensors` when a block's residual stream could not be
+    Raised by :func:`oversmooth.importers.audit.pipeline.layer_tensors` when a block's residual stream could not be
     established from the graph's structure, or when block i-1's output is not the stream block i
     reads and the importer cannot follow what lies between them: never a number (exit status 1:
     the model is well-formed, the importer cannot audit it).

@@ -35,7 +35,7 @@ The effective H (docs/theory.md §6.8) is the right-acting linear map from the r
 branch's contribution through every linear factor:
 ``M_h = C diag(γ) W_V^h W_O^h diag(s)`` with C the pre-LayerNorm's centring ``I − 𝟙𝟙ᵀ/d`` (not
 RMSNorm's), γ the pre-norm's scale and s the LayerScale or constant branch multiplier
-(:meth:`~importers.weights.BlockWeights.h_factors`); its d_head possibly nonzero eigenvalues are those
+(:meth:`~oversmooth.importers.weights.BlockWeights.h_factors`); its d_head possibly nonzero eigenvalues are those
 of ``W_O^h diag(s) C diag(γ) W_V^h``. Unlike ``W_V W_O`` it does not depend on how a checkpoint
 happens to be parametrised (negating γ_k with row k of W_V, or s_k with column k of W_O, leaves
 it unchanged). Eigenvalues are complex in general; both parts are kept.

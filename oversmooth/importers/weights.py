@@ -6,7 +6,7 @@ BlockWeights
     W_Q, W_K, W_V, W_O, biases, the attention sub-block's norm parameters and LayerScale of one block,
     plus the graph tensor names the audit needs (block input/output, residual, attention probabilities).
 block_weights
-    One :class:`~importers.match.AttentionBlock` → :class:`BlockWeights`.
+    One :class:`~oversmooth.importers.match.AttentionBlock` → :class:`BlockWeights`.
 extract
     Every block of a model, in depth order.
 linear_weights
@@ -75,7 +75,7 @@ class BlockWeights(AttentionBlock):
     """A matched attention sub-block with its weights read (float64, read-only arrays).
 
     The structure (sizes, norm position, graph tensor names, ``sources``, ``to_dict()``) is
-    inherited from :class:`~importers.match.AttentionBlock`; this record adds the numbers.
+    inherited from :class:`~oversmooth.importers.match.AttentionBlock`; this record adds the numbers.
 
     Attributes
     ----------

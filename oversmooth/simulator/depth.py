@@ -1,7 +1,7 @@
 """What a theorist asks next of an audited block: depth-level growth, spectral gaps, non-normality.
 
 Pure mathematics on float64 arrays (batched over leading axes), used by the audit's depth step
-(:mod:`oversmooth.importers.run.depth`) and defined in docs/theory.md §6.11.
+(:mod:`oversmooth.importers.audit.depth`) and defined in docs/theory.md §6.11.
 
 The quotient by the constant vector
 -----------------------------------

@@ -31,7 +31,7 @@ matrices has entrywise relative error ``γ_n = n u / (1 − n u)`` (any summatio
 adds ``2u`` and ``γ_n`` relative; each residual is rescaled by an exact power of 2, with
 underflow counted as one subnormal step per term. The bound is computed from these, never from
 the float value alone. The dense path works with eigenvalues of Â computed to a backward error
-of a few u; :data:`~simulator.tolerances.PERRON_MARGIN` (relative) keeps a certified case away
+of a few u; :data:`~oversmooth.simulator.tolerances.PERRON_MARGIN` (relative) keeps a certified case away
 from the tie threshold by far more than that, so the dense path finds the same kind, and μ, λ^A,
 λ^H agree to round-off.
 
@@ -136,7 +136,7 @@ def _first_residual(
     For the heads ``heads`` of A (α = ``shift``, one per head listed): Ā is the row normalisation
     of Â, c the column minima of X̂. ``X = Ā − αI`` has ``X 𝟙 = (1 − α) 𝟙``, so Brauer bounds
     ``|λ − α|`` for its other eigenvalues λ of Ā. Returns which heads qualify (nonnegative, rows
-    summing to 1 within :data:`~simulator.tolerances.STOCHASTIC_ATOL`; NaN and inf fail) and
+    summing to 1 within :data:`~oversmooth.simulator.tolerances.STOCHASTIC_ATOL`; NaN and inf fail) and
     the residual of every listed head (meaningless where it does not qualify). The heads go
     :data:`_CHUNK_HEADS` at a time, each chunk's passes over it made while it is in cache.
     """
@@ -217,7 +217,7 @@ def _start(
     """The candidate heads that qualify, and their first residual (shifted by ``shift[head]``).
 
     A head qualifies with a nonnegative A whose rows sum to 1 within
-    :data:`~simulator.tolerances.STOCHASTIC_ATOL` (NaN and inf fail these tests).
+    :data:`~oversmooth.simulator.tolerances.STOCHASTIC_ATOL` (NaN and inf fail these tests).
     """
     xp = array_module(A)
     heads = xp.flatnonzero(candidates) if A.shape[-1] else xp.zeros(0, dtype=np.intp)

@@ -16,7 +16,7 @@ Every run ends with one ``stop_reason``, and an early stop always issues a warni
 ``"completed"``  all ``n_layers`` layers ran.
 ``"floor"``      every system reached the float64 floor (below), or its state became exactly zero
                  or smaller than :data:`UNDERFLOW_NORM` without renormalisation;
-                 a :class:`~simulator.errors.NumericalFloorWarning` is issued.
+                 a :class:`~oversmooth.simulator.errors.NumericalFloorWarning` is issued.
 ``"overflow"``   without renormalisation, some ``||X_l||_F`` exceeded :data:`OVERFLOW_NORM` (a
                  growing rule such as softmax attention with skip); the run stops while everything is
                  still finite (that layer is recorded), with a ``RuntimeWarning``.

@@ -11,7 +11,7 @@ effective_rank  -- Roy & Vetterli: exp(entropy of the normalised singular values
 
 Conventions for degenerate input (documented values, never silent guesses):
 
-- fewer than 2 tokens is an :class:`~simulator.errors.InputError` (no pair, no frequency split);
+- fewer than 2 tokens is an :class:`~oversmooth.simulator.errors.InputError` (no pair, no frequency split);
 - the zero matrix has every metric NaN (no direction at all);
 - in ``cosine``, pairs involving a zero row are left out of the mean; NaN if no pair remains;
 - ``hfc_lfc`` is ``inf`` when the token mean is exactly zero but X is not.

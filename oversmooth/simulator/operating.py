@@ -345,8 +345,8 @@ def operating_dominance(
     tol : float
         ARPACK's relative residual.
     method : {"auto", "dense", "arpack"}
-        "auto": dense up to order :data:`~simulator.operator.DENSE_MAX_ORDER`, else ARPACK on
-        the matrix-free operator (the largest :data:`~simulator.operator.ARPACK_WANTED`).
+        "auto": dense up to order :data:`~oversmooth.simulator.operator.DENSE_MAX_ORDER`, else ARPACK on
+        the matrix-free operator (the largest :data:`~oversmooth.simulator.operator.ARPACK_WANTED`).
 
     Returns
     -------

@@ -97,7 +97,7 @@ def atomic_output(
     Only a regular file (or nothing) is ever replaced: a folder, device, pipe, socket or symbolic
     link at ``path`` is refused before anything is written, so a device file can never be renamed over. Any
     ``OSError`` while writing (read-only folder, a name too long, a full disk) becomes one
-    :class:`~simulator.errors.InputError` line, and nothing is left behind.
+    :class:`~oversmooth.simulator.errors.InputError` line, and nothing is left behind.
 
     Parameters
     ----------

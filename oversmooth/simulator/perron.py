@@ -36,7 +36,7 @@ the rest (93 % in all); the others, and every non-perron case, take the dense pa
 effective H, 31 % of the cases are non-perron: docs/theory.md §6.9).
 
 Which disk a head tries is decided by an estimate, not a bound: a few power iterations
-(O(n²) each) estimate its largest non-Perron ``|λ|``. Every head squares :data:`~simulator.doeblin.HOPELESS_SQUARINGS`
+(O(n²) each) estimate its largest non-Perron ``|λ|``. Every head squares :data:`~oversmooth.simulator.doeblin.HOPELESS_SQUARINGS`
 times first; one still undecided then is estimated, and if its estimate exceeds the first disk's
 target (``|λ_2|`` itself is too large: no power of A can certify it) it stops squaring, with the
 tighter ρ it has, and goes on to the second disk, centred on half the estimate; one whose estimated
@@ -131,7 +131,7 @@ def perron_targets(eig_H: ArrayLike, *, tie_rtol: float = TIE_RTOL) -> PerronTar
     eig_H : (..., d) array_like
         Spectra of H, one per head.
     tie_rtol : float
-        The tie tolerance of :func:`~simulator.theory.dominance_kinds`.
+        The tie tolerance of :func:`~oversmooth.simulator.theory.dominance_kinds`.
 
     Returns
     -------
@@ -281,13 +281,13 @@ def _shifted_disk_certified(
 
 @dataclass(frozen=True)
 class DominatingModes:
-    """Per head: the kind code (into :data:`~simulator.theory.HEAD_KINDS`) and a dominating mode.
+    """Per head: the kind code (into :data:`~oversmooth.simulator.theory.HEAD_KINDS`) and a dominating mode.
 
     Attributes
     ----------
     kinds : (heads,) int ndarray
-        Codes 0–2 as :data:`~simulator.theory.KINDS`; 3, contracting, where H alone rules out
-        perron kind (:func:`~simulator.theory.contracting_heads`).
+        Codes 0–2 as :data:`~oversmooth.simulator.theory.KINDS`; 3, contracting, where H alone rules out
+        perron kind (:func:`~oversmooth.simulator.theory.contracting_heads`).
     mu, eig_A, eig_H : (heads,) complex ndarray
         ``μ = 1 + λ^H λ^A`` of largest modulus (the first in ``(i, j)`` order), its λ^A and λ^H;
         NaN for a contracting head (no mode is asked for, and A's spectrum is never computed).
@@ -340,7 +340,7 @@ def dominating_modes(
     -------
     DominatingModes
         The same kinds as the dense path, except that a head whose H alone rules out perron kind
-        (:func:`~simulator.theory.contracting_heads`, on A of order ≥ 2) is contracting, with no
+        (:func:`~oversmooth.simulator.theory.contracting_heads`, on A of order ≥ 2) is contracting, with no
         mode and no spectrum of A; μ, λ^A and λ^H equal to round-off. NumPy arrays.
     """
     A = as_float64(A)

@@ -264,7 +264,7 @@ def _singular_values_from_gram(eig: FloatArray) -> FloatArray:
 def metrics_from_statistics(
     stats: TokenStatistics, names: Iterable[str] | None = None
 ) -> dict[str, FloatArray]:
-    """The metrics of :data:`~simulator.metrics.METRICS` named in ``names`` (default all).
+    """The metrics of :data:`~oversmooth.simulator.metrics.METRICS` named in ``names`` (default all).
 
     Equal to :func:`oversmooth.simulator.metrics.all_metrics` on the counted rows, up to the round-off of the
     statistics (about ``sqrt(k ε)`` relative for the spectral metrics' smallest singular values).

@@ -19,7 +19,7 @@ def as_generator(seed: SeedLike, *, error: type[InputError] = InputError) -> np.
     """Return a ``numpy.random.Generator`` for an int seed, a generator, or None.
 
     ``error`` (here and below) is the exception class raised, so a package can raise its own
-    subclass of :class:`~simulator.errors.InputError`.
+    subclass of :class:`~oversmooth.simulator.errors.InputError`.
     """
     if isinstance(seed, np.random.Generator):
         return seed

@@ -20,9 +20,7 @@ from oversmooth.figures.audit_report import (
     plot_spectrum,
     render,
 )
-from tests.importers.run.test_audit import audited, model_dir
-
-__all__ = ["model_dir"]  # the fixture, shared with test_audit
+from tests.importers.audited import audited
 
 
 def test_null_space_zeros_are_left_out_and_counted() -> None:

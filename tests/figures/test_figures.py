@@ -61,7 +61,16 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> QuickRun:
         pytest.fail(missing)
     names = [name for name in SCRIPTS if not (missing and name in REAL_MODEL_SCRIPTS)]
     out = tmp_path_factory.mktemp("figures-quick")
-    command = [sys.executable, "-m", "oversmooth.figures", "--quick", "--out", str(out), "--only", *names]
+    command = [
+        sys.executable,
+        "-m",
+        "oversmooth.figures",
+        "--quick",
+        "--out",
+        str(out),
+        "--only",
+        *names,
+    ]
     process = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     return QuickRun(out, process, missing)
 

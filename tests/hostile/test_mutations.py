@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from oversmooth.cli import main
 from oversmooth.importers.errors import ImporterError
 from oversmooth.importers.graph import GraphInput
-from oversmooth.importers.run import sources
+from oversmooth.importers.inputs import sources
 from tests.importers.builders import assemble
 
 VALID = assemble("bert_legacy", 3).built.model.SerializeToString()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
-from oversmooth.importers.run import runner as runner_module
+from oversmooth.importers.runtime import runner as runner_module
 
 
 def captured_sessions(monkeypatch: pytest.MonkeyPatch) -> list[onnx.ModelProto]:
@@ -21,3 +23,15 @@ def captured_sessions(monkeypatch: pytest.MonkeyPatch) -> list[onnx.ModelProto]:
 
     monkeypatch.setattr(runner_module, "_open_session", spy)
     return captured
+
+
+def run_unoptimised(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Every output of ``proto`` on ``feeds``: onnxruntime's CPU provider, one thread, no graph
+    optimisation (so a fused operator runs as its own kernel, a defused graph node by node)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feeds)

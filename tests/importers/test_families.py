@@ -5,7 +5,7 @@ exported the ways users export them, checked against the truth torch computed.
 ``scripts/make_family_fixtures.py``; see docs/fixtures.md). For each one the importer must find every
 attention block with the true head count, key/value head count and head size; the per-head products
 W_V^h W_O^h and W_Q^h W_K^hᵀ must match the truth to 1e-4 (relative, Frobenius); and the audit's
-layer tensors, run through :class:`~importers.run.runner.Runner`, must match the true residual
+layer tensors, run through :class:`~oversmooth.importers.runtime.runner.Runner`, must match the true residual
 stream at every layer boundary to 1e-3 (relative). A fixture that fails today is listed in
 :data:`KNOWN_FAILURES` with the first line of what went wrong and runs as a strict xfail: when a fix
 makes it pass, the test fails until its entry is removed.
@@ -25,13 +25,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 
+from oversmooth.importers.audit.pipeline import audit
+from oversmooth.importers.audit.session import layer_tensors
 from oversmooth.importers.errors import LayerStreamError
 from oversmooth.importers.graph import OnnxModel
+from oversmooth.importers.inputs.feeds import Inputs
 from oversmooth.importers.match import NoAttentionBlocksError, find_attention_blocks
-from oversmooth.importers.run.audit import audit
-from oversmooth.importers.run.feeds import Inputs
-from oversmooth.importers.run.runner import Runner
-from oversmooth.importers.run.session import layer_tensors
+from oversmooth.importers.runtime.runner import Runner
 from oversmooth.importers.weights import BlockWeights, block_weights
 from oversmooth.simulator.errors import one_line
 from tests.importers.family_corpus import FIXTURES, MANIFEST, fixture_bytes, load_fixture

@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from oversmooth.importers.audit.pipeline import audit
+from oversmooth.importers.audit.session import layer_tensors
 from oversmooth.importers.graph import OnnxModel, model_from_proto
+from oversmooth.importers.inputs.feeds import Inputs, for_graph
+from oversmooth.importers.inputs.sources import default_inputs
 from oversmooth.importers.match import find_attention_blocks
-from oversmooth.importers.run.audit import audit
-from oversmooth.importers.run.feeds import Inputs, for_graph
-from oversmooth.importers.run.runner import Runner
-from oversmooth.importers.run.session import layer_tensors
-from oversmooth.importers.run.sources import default_inputs
+from oversmooth.importers.runtime.runner import Runner
 from oversmooth.importers.weights import block_weights
 from oversmooth.simulator.metrics import all_metrics
 from tests.importers.family_corpus import FIXTURES, MANIFEST, fixture_proto, load_fixture

@@ -19,15 +19,15 @@ import pytest
 from onnx import TensorProto, helper
 
 from oversmooth.cli import main
+from oversmooth.importers.audit.pipeline import audit
 from oversmooth.importers.errors import FeedError
 from oversmooth.importers.graph import GraphIndex, GraphInput, ShapeContext, model_from_proto
 from oversmooth.importers.graph.branches import read_no_cache_branch
 from oversmooth.importers.graph.kv_cache import cache_inputs
+from oversmooth.importers.inputs import sources
+from oversmooth.importers.inputs.decoder_feeds import empty_cache, positions
+from oversmooth.importers.inputs.feeds import Inputs, check_feeds, for_graph
 from oversmooth.importers.match import find_attention_blocks
-from oversmooth.importers.run import sources
-from oversmooth.importers.run.audit import audit
-from oversmooth.importers.run.decoder_feeds import empty_cache, positions
-from oversmooth.importers.run.feeds import Inputs, check_feeds, for_graph
 from oversmooth.simulator.errors import one_line
 from tests.importers.family_corpus import MANIFEST, fixture_bytes, load_fixture
 

@@ -12,7 +12,7 @@ from PIL import Image
 
 from oversmooth.importers.errors import ImporterInputError
 from oversmooth.importers.graph import GraphInput
-from oversmooth.importers.run import sources
+from oversmooth.importers.inputs import sources
 from oversmooth.simulator.limits import LIMITS, limit
 
 TEXT_GRAPH = (

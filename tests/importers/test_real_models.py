@@ -15,8 +15,8 @@ from numpy.testing import assert_allclose
 from scipy.optimize import linear_sum_assignment
 
 from oversmooth.importers.graph import load_model
+from oversmooth.importers.inputs.sources import random_inputs
 from oversmooth.importers.match import MatchReport, find_attention_blocks
-from oversmooth.importers.run.sources import random_inputs
 from oversmooth.importers.value_spectra import (
     LAYER_HEAD,
     head_eigenvalues,

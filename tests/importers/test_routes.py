@@ -13,7 +13,7 @@ import pytest
 
 from oversmooth.importers.graph import model_from_proto
 from oversmooth.importers.match import NoAttentionBlocksError, find_attention_blocks
-from oversmooth.importers.run.runner import Runner
+from oversmooth.importers.runtime.runner import Runner
 from tests.importers.family_corpus import FIXTURES, fixture_proto, load_fixture
 
 

@@ -24,9 +24,9 @@ from onnx import numpy_helper
 
 from oversmooth.cli import build_parser, main
 from oversmooth.commands import transform as cmd_transform
+from oversmooth.importers.audit.pipeline import audit
 from oversmooth.importers.graph import load_model, model_from_proto
-from oversmooth.importers.run.audit import audit
-from oversmooth.importers.run.sources import bundled_inputs
+from oversmooth.importers.inputs.sources import bundled_inputs
 from oversmooth.importers.transform import (
     NEGATIVE_CLIP,
     POSITIVE_FLOOR,
@@ -41,8 +41,8 @@ from oversmooth.importers.value_spectra import head_eigenvalues
 from oversmooth.importers.weights import BlockWeights, extract
 from oversmooth.simulator import tolerances as tol
 from oversmooth.simulator.errors import InputError
+from tests.importers.audited import builder_inputs
 from tests.importers.builders import assemble
-from tests.importers.run.test_audit import builder_inputs
 from tests.realmodels import require_real_model
 
 SEED = 5

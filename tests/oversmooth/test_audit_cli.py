@@ -19,8 +19,8 @@ from PIL import Image
 
 from oversmooth.cli import main
 from oversmooth.importers.graph import load_model
-from oversmooth.importers.run.feeds import expected_inputs_text
-from oversmooth.importers.run.sources import bundled_inputs
+from oversmooth.importers.inputs.feeds import expected_inputs_text
+from oversmooth.importers.inputs.sources import bundled_inputs
 from tests.importers.builders import assemble
 from tests.importers.head_split_blocks import windowed_decoder
 from tests.realmodels import require_real_model

@@ -1,6 +1,6 @@
 """The cluster executor survives a lost worker (issue 34): a task whose worker dies is sent again
 to the workers left, its result taken once; a task that kills every worker it meets ends the run
-with one line (:class:`~importers.errors.ClusterError`, exit status 1), nothing left running.
+with one line (:class:`~oversmooth.importers.errors.ClusterError`, exit status 1), nothing left running.
 
 Each test starts its own two-worker local cluster: a worker is killed on purpose, which the other
 tests' shared cluster must not see.

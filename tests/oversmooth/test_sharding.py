@@ -26,16 +26,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oversmooth.executor import LocalExecutor, open_executor, own_threads, progress_bar
+from oversmooth.importers.audit import cache as audit_cache
+from oversmooth.importers.audit.cache import cached_value_spectra
+from oversmooth.importers.audit.pipeline import AuditOptions, audit, open_model, prepare
+from oversmooth.importers.audit.records import AuditResult
 from oversmooth.importers.errors import ImporterInputError
 from oversmooth.importers.graph import load_model
+from oversmooth.importers.inputs.feeds import Inputs
+from oversmooth.importers.inputs.sources import random_inputs
 from oversmooth.importers.match import find_attention_blocks
-from oversmooth.importers.run import cache as audit_cache
-from oversmooth.importers.run.audit import AuditOptions, audit, open_model, prepare
-from oversmooth.importers.run.cache import cached_value_spectra
-from oversmooth.importers.run.feeds import Inputs
-from oversmooth.importers.run.records import AuditResult
-from oversmooth.importers.run.runner import default_threads
-from oversmooth.importers.run.sources import random_inputs
+from oversmooth.importers.runtime.runner import default_threads
 from oversmooth.importers.value_spectra import blocks_spectra
 from oversmooth.importers.zoo import file_sha256, lookup
 from oversmooth.sharding import (
@@ -56,8 +56,8 @@ from tests.importers.builders import assemble
 from tests.importers.head_split_blocks import batch_one_inside
 from tests.realmodels import require_real_model
 
-#: The audit module itself (the package attribute ``oversmooth.importers.run.audit`` is the function).
-audit_module = importlib.import_module("oversmooth.importers.run.audit")
+#: The audit module itself (the package attribute ``oversmooth.importers.audit.pipeline`` is the function).
+audit_module = importlib.import_module("oversmooth.importers.audit.pipeline")
 #: The issue's bound for the distributed report against the single-process one.
 MERGE_RTOL = 1e-9
 #: Seconds the scheduler may take to forget cancelled tasks.

@@ -30,7 +30,7 @@ lengths are graph inputs) and with a past for batches without padding; ``smooth_
 Public API
 ----------
 group_query_attention
-    The rewrite (an :class:`~importers.graph.defuse_parts.Emitter`).
+    The rewrite (an :class:`~oversmooth.importers.graph.defuse_parts.Emitter`).
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ class OnnxModel:
         optional outputs the matcher named in ``proto`` named there too), else ``proto``.
 
         Every tensor the audit asks for by name is found in the graph that runs: the conversion
-        keeps every tensor name of ``source`` (:func:`~importers.graph.opsets.to_read_opset`
+        keeps every tensor name of ``source`` (:func:`~oversmooth.importers.graph.opsets.to_read_opset`
         checks it), and reading through quantisation pairs only removes tensors.
         """
         if self.source is None:
@@ -163,7 +163,7 @@ class OnnxModel:
     @property
     def inputs(self) -> tuple[GraphInput, ...]:
         """The graph inputs a caller must feed (initializers excluded), in graph order; a key/value
-        cache input carries its past axis (:func:`~importers.graph.kv_cache.cache_inputs`)."""
+        cache input carries its past axis (:func:`~oversmooth.importers.graph.kv_cache.cache_inputs`)."""
         constants = set(self.index.initializers)
         caches = cache_inputs(self.index)
         return tuple(

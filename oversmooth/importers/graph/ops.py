@@ -2,9 +2,9 @@
 
 Three parts of the importer evaluate ONNX ops without onnxruntime, and all three read this table:
 
-- constant folding of weight chains (:class:`~importers.graph.index.GraphIndex`: int8 Cast→Mul,
+- constant folding of weight chains (:class:`~oversmooth.importers.graph.index.GraphIndex`: int8 Cast→Mul,
   DequantizeLinear, QuantizeLinear, Transpose, Reshape of constants; the ops marked ``weights``);
-- shape arithmetic (:class:`~importers.graph.shapes.ShapeContext`: an op's ``shape`` rule, else the
+- shape arithmetic (:class:`~oversmooth.importers.graph.shapes.ShapeContext`: an op's ``shape`` rule, else the
   shape of its ``value``);
 - the numeric layout probe (:mod:`oversmooth.importers.match.layout`): a pure layout op (``layout`` set)
   replayed on a probe array through its ``value``.

@@ -4,7 +4,7 @@ Every rule takes a :class:`ShapeLookup` (the shapes and small values of the node
 node and the output position, and returns the output's shape as a tuple of ints, or None where it
 cannot tell. No rule builds an array of the shapes it reasons about, so a graph that declares a
 tensor of 2^40 elements costs nothing here: sizes are only numbers (:mod:`oversmooth.importers.graph.ops` puts
-these rules beside each op's value semantics; :class:`~importers.graph.shapes.ShapeContext` runs
+these rules beside each op's value semantics; :class:`~oversmooth.importers.graph.shapes.ShapeContext` runs
 them).
 """
 

@@ -123,7 +123,7 @@ class ShapeContext:
 
     Symbolic graph-input dimensions take ``batch`` (axis 0) or ``sequence`` (other axes) unless the
     same symbol appears earlier among the graph inputs; the past axis of a key/value cache input
-    (:func:`~importers.graph.kv_cache.cache_inputs`) is 0, the length the audit feeds. Shapes may
+    (:func:`~oversmooth.importers.graph.kv_cache.cache_inputs`) is 0, the length the audit feeds. Shapes may
     also be pinned with :meth:`set_shape`: a pin, and everything computed after it, belongs to
     this context alone (:class:`ShapeBasis` holds what contexts share). Evaluation is
     iterative (no recursion) and memoised. A shape no rule here gives is taken from

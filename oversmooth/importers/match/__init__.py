@@ -169,7 +169,7 @@ def find_attention_blocks(model: OnnxModel) -> MatchReport:
 def match_outcome(bases: ProbeBases, softmax: Node) -> AttentionBlock | MatchFailure:
     """The block ``softmax`` heads (``index`` 0: numbered by :func:`find_attention_blocks`), or
     why it is not one (with the reason it is no attention at all, where it is none:
-    :func:`~importers.match.coverage.not_attention_reason`). Independent of which Softmaxes were
+    :func:`~oversmooth.importers.match.coverage.not_attention_reason`). Independent of which Softmaxes were
     matched before it over ``bases``."""
     try:
         return match_softmax(lambda sizes: Matcher(bases.at(sizes)).match(softmax, 0))
@@ -187,7 +187,7 @@ def match_outcome(bases: ProbeBases, softmax: Node) -> AttentionBlock | MatchFai
 
 
 class ProbeBases:
-    """The :class:`~importers.match.walker.MatchBasis` of one graph at each pair of probe sizes,
+    """The :class:`~oversmooth.importers.match.walker.MatchBasis` of one graph at each pair of probe sizes,
     made on first use and shared by every match attempt at those sizes."""
 
     def __init__(self, index: GraphIndex) -> None:
@@ -205,7 +205,7 @@ def match_softmax(attempt: Callable[[tuple[int, int]], AttentionBlock]) -> Atten
     """``attempt`` at the default probe sizes, then at each size :func:`retry_sizes` derives from
     that rejection; raises the rejection that stands.
 
-    :func:`match_outcome` makes every attempt a new :class:`~importers.match.core.Matcher` over
+    :func:`match_outcome` makes every attempt a new :class:`~oversmooth.importers.match.core.Matcher` over
     the shared basis at its sizes, so nothing one attempt pinned reaches another.
     """
     default = (PROBE_BATCH, PROBE_SEQUENCE)

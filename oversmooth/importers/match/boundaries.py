@@ -2,7 +2,7 @@
 
 The stream walk (:mod:`oversmooth.importers.match.stream`) follows each block from the stream its attention
 reads to the stream the next attention reads, passing the non-attention sub-layers between them
-(:meth:`~importers.match.stream.StreamMatcher.further_sublayers`). In most families none lies
+(:meth:`~oversmooth.importers.match.stream.StreamMatcher.further_sublayers`). In most families none lies
 there and the two streams are the layers' boundaries. A Conformer layer has sub-layers on both
 sides of its attention: half-step FFN, attention, convolution module, half-step FFN, final
 LayerNorm. Between two attentions the walk passes three sums (convolution, FFN, the next layer's

@@ -35,7 +35,7 @@ __all__ = ["DISPOSITIONS", "Disposition", "RejectCode", "by_design", "projection
 class RejectCode(StrEnum):
     """Why one Softmax was not matched as an attention block."""
 
-    #: The catch-all of a hand-made :class:`~importers.match.MatchFailure`.
+    #: The catch-all of a hand-made :class:`~oversmooth.importers.match.MatchFailure`.
     OTHER = "other"
     #: A constant or attribute that no ONNX graph can hold around the candidate.
     MALFORMED = "malformed"

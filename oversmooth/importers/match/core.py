@@ -172,9 +172,9 @@ class Matcher(GraphWalker):
 
         DETR adds position embeddings to the Q and K inputs and not to V's: Q and K then read the
         stream V reads plus terms that do not depend on the graph inputs' values
-        (:meth:`~importers.match.stream.StreamMatcher.before_constant_terms`).
+        (:meth:`~oversmooth.importers.match.stream.StreamMatcher.before_constant_terms`).
         wav2vec2-conformer applies its rotary embedding to the stream before the Q and K
-        projections (:meth:`~importers.match.rotary.RotaryMatcher.rotated_copy`). Either way A is
+        projections (:meth:`~oversmooth.importers.match.rotary.RotaryMatcher.rotated_copy`). Either way A is
         still the Softmax the graph computes and the update ``X + A X W_V W_O``; W_Q and W_K are
         read on the stream, and a note says where the positions enter.
         """

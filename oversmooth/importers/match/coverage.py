@@ -5,7 +5,7 @@ output of the i-th *matched* block), so the audit and the weights refuse it unle
 (``partial=True``, ``--partial``) and then say first which blocks are missing.
 
 Only token self-attention is an attention block. Attention declined by design, outside the
-theory (cross-attention, windowed attention: :data:`~importers.match.codes.DISPOSITIONS`), is
+theory (cross-attention, windowed attention: :data:`~oversmooth.importers.match.codes.DISPOSITIONS`), is
 *skipped*: it does not make a result partial, and every result names it
 (:func:`skipped_blocks_note`); the residual-stream walk keeps a cross-attention sub-layer inside
 the layer of the self-attention block before it (:mod:`oversmooth.importers.match.stream`). A Softmax the
@@ -119,7 +119,7 @@ def not_attention_reason(
     """Why ``softmax``, rejected by the matcher, is not attention (one line); None when it is.
 
     The scores rule first (:func:`is_attention_softmax`), then the uses of its output
-    (:class:`~importers.match.softmax_uses.SoftmaxUses`) over ``basis`` (the probe's default
+    (:class:`~oversmooth.importers.match.softmax_uses.SoftmaxUses`) over ``basis`` (the probe's default
     sizes; ``long``, the long probe's, for shapes those leave unknown). A graph too malformed
     around it to follow leaves it attention.
     """

@@ -335,7 +335,7 @@ def _check_tokens(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
     An open axis the graph downsamples (an OCR model's image width through a convolution stack)
     can shrink to nothing at the probe's short sequence: the attention then sees no tokens and the
     layout cannot be decoded. A head-split rejection, so the match is retried with every open axis
-    :data:`~importers.match.limits.LONG_PROBE_SEQUENCE` long.
+    :data:`~oversmooth.importers.match.limits.LONG_PROBE_SEQUENCE` long.
     """
     for role, value in (("Q", q), ("K", k), ("V", v)):
         if value.size == 0:

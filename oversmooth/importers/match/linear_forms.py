@@ -1,7 +1,7 @@
 """Projections written as other linear ops than a 2-D matrix product: ``Einsum`` and the 1×1
 ``Conv`` of a channel-first stream.
 
-Each form is a :class:`~importers.match.results.LinearMatch` with the same meaning as a
+Each form is a :class:`~oversmooth.importers.match.results.LinearMatch` with the same meaning as a
 ``MatMul``: ``y = x @ W + b`` on the features, ``W`` (d_in, d_out) in the row-vector
 convention. What differs is only where the features sit, which the match records so the layout
 probe (:mod:`oversmooth.importers.match.layout`) and the weight reader (:mod:`oversmooth.importers.weights`) can undo it:

@@ -17,13 +17,13 @@ longer bilinear in the stream, which the block's notes say (W_Q and W_K are read
 
 Per-head Q/K norms (StableLM's ``qk_layernorm``): the heads split apart by a ``Split``, each
 normalised with its own γ and joined again by a ``Concat`` in order
-(:meth:`~importers.match.norms.NormMatcher.split_norms`), are one step from the ``Split`` input,
+(:meth:`~oversmooth.importers.match.norms.NormMatcher.split_norms`), are one step from the ``Split`` input,
 passed and noted like a norm.
 
 Clipping (OLMo's ``clip_qkv``: ``Clip`` of the Q, K and V projections to constant bounds) is a step
 from its input too, recorded on the trace: on Q or K it changes only how A is computed (a note);
 on V it makes the update ``X + A clip(X W_V) W_O``, equal to the linear one only while no value
-reaches a bound (a departure of the block, :data:`~importers.match.results.DEPARTURES`).
+reaches a bound (a departure of the block, :data:`~oversmooth.importers.match.results.DEPARTURES`).
 
 A key/value cache (a decoder exported for generation): K and V are the ``Concat`` of a cache input
 (:mod:`oversmooth.importers.graph.kv_cache`) with the new keys or values along the cache's past axis. The
@@ -180,7 +180,7 @@ class ProjectionFinder(NormMatcher):
 
     def cache_concat(self, node: Node) -> tuple[str, tuple[str, ...]] | None:
         """``(new keys or values, cache inputs)`` for a ``Concat`` of key/value cache inputs
-        (:func:`~importers.graph.kv_cache.cache_inputs`, along their past axis) with one computed
+        (:func:`~oversmooth.importers.graph.kv_cache.cache_inputs`, along their past axis) with one computed
         tensor, when the caches are empty along the axis at the probe's sizes (past length 0: the
         ``Concat`` is the identity on that tensor); else None."""
         axis = node.attr("axis")

@@ -40,7 +40,7 @@ class MatchFailure:
     nodes : tuple of str
         Nodes involved in the rejection.
     code : RejectCode
-        A stable short tag for the kind of failure (:class:`~importers.match.codes.RejectCode`,
+        A stable short tag for the kind of failure (:class:`~oversmooth.importers.match.codes.RejectCode`,
         e.g. ``"value_matmul_missing"``).
     not_attention : str or None
         Why the Softmax is not attention at all, in one line (its scores are a classifier's, or
@@ -63,7 +63,7 @@ class MatchFailure:
     @property
     def skipped(self) -> bool:
         """Whether it is attention declined by design, outside the theory (cross-attention,
-        windowed attention: :data:`~importers.match.codes.DISPOSITIONS`): a result over the
+        windowed attention: :data:`~oversmooth.importers.match.codes.DISPOSITIONS`): a result over the
         other blocks misses nothing the theory is about."""
         return self.attention and by_design(self.code)
 
@@ -184,7 +184,7 @@ class AttentionBlock:
     attention_name : str
         The Softmax output (attention probabilities, shape (batch, n_heads, T, T), or
         (batch · n_heads, T, T) where the scores are batched 3-D products: see
-        :func:`oversmooth.importers.run.dominance.attention_by_head`).
+        :func:`oversmooth.importers.audit.dominance.attention_by_head`).
     q, k, v, o : LinearMatch
         The projections (Q, K, V may be one fused projection).
     q_columns, k_columns, v_columns : ndarray of int
@@ -232,7 +232,7 @@ class AttentionBlock:
         (PyTorch's ``nn.TransformerEncoder`` without ``batch_first``).
     further_sums : int
         Residual sums closing non-attention branches that the stream walk passed after the MLP
-        residual up to the next attention (:meth:`~importers.match.stream.StreamMatcher.
+        residual up to the next attention (:meth:`~oversmooth.importers.match.stream.StreamMatcher.
         further_sublayers`; 0 in most families).
     attention_input_name : str or None
         The stream the attention reads (as ``input_name`` describes it) where residual

@@ -1,7 +1,7 @@
 """The attention scores: every term added to the query-key product before the Softmax.
 
 Walking back from the Softmax, the scores are a sum. ``Add``, ``Sub`` and ``Neg``, scalar factors
-(a constant, or shape arithmetic: :meth:`~importers.match.walker.GraphWalker.scalar_factor`), views
+(a constant, or shape arithmetic: :meth:`~oversmooth.importers.match.walker.GraphWalker.scalar_factor`), views
 that keep the (query, key) axes (Cast, Identity, Reshape, Squeeze, Unsqueeze, Flatten) and mask
 fills (``Where`` replacing scores by a constant at or below ``MASK_FLOOR``) and floors (``Max`` with
 such a constant, or a ``Clip`` with only such a minimum: XGLM's ``max(scores, finfo.min)``, which
@@ -19,7 +19,7 @@ what it depends on and by its values, never by names:
 
 - A term that does not depend on the hidden states (its value ancestry, reads of ``Shape`` aside,
   reaches neither the tensor Q, K and V project nor a Softmax output) is evaluated with every
-  integer graph input set to ones (:func:`~importers.match.score_values.neutral_value`). Masked
+  integer graph input set to ones (:func:`~oversmooth.importers.match.score_values.neutral_value`). Masked
   entries (at or below ``MASK_FLOOR``) make it a mask; what remains is its bias: zero (a mask
   only), linear in the key position in every row (``alibi``), constant along the diagonals or
   gathered from a table (``relative``), or ``other``. A term whose value cannot be evaluated is a
@@ -432,7 +432,7 @@ class ScoreMatcher(GraphWalker):
         return f"{term.tensor!r}" if node is None else f"{node.op_type} {node.label!r}"
 
     def neutral_value(self, name: str) -> np.ndarray | None:
-        """:func:`~importers.match.score_values.neutral_value`, once per tensor (the blocks of a
+        """:func:`~oversmooth.importers.match.score_values.neutral_value`, once per tensor (the blocks of a
         decoder share one mask)."""
         return self.basis.remembered("neutral", name, lambda: values.neutral_value(self, name))
 

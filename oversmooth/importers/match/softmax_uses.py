@@ -12,7 +12,7 @@ a term computed without reading the graph inputs — a superset of the matcher's
   (``MatMul``, ``Gemm``, ``FusedMatMul``; a right operand after the (query, key) axes were swapped,
   ``Vᵀ Aᵀ``), or any operand of an ``Einsum`` with an activation: an A·V product, attention;
 - ``unknown``: an op that is none of the uses below, reached without a gate, or a walk past
-  :data:`~importers.match.limits.SOFTMAX_USE_TENSORS` tensors: attention (the safe answer);
+  :data:`~oversmooth.importers.match.limits.SOFTMAX_USE_TENSORS` tensors: attention (the safe answer);
 - ``weighted_sum``: a reduction after a ``Mul`` by another activation, the A·V product written
   out as ``Mul`` + ``ReduceSum`` — attention when the probabilities are a square (query, key)
   matrix at the probe's sizes (the long probe's where the default one leaves their shape

@@ -1,5 +1,5 @@
 """The residual stream around an attention block: where it enters, where each branch closes, where
-it leaves. These are the audit's layer tensors (:func:`oversmooth.importers.run.audit.layer_tensors`).
+it leaves. These are the audit's layer tensors (:func:`oversmooth.importers.audit.pipeline.layer_tensors`).
 
 Every residual sub-block has the same shape, whatever the exporter: a *stream* tensor S feeds a
 branch (directly, or through a norm) and a *sum* adds the branch's result back to S. A sum is an
@@ -26,7 +26,7 @@ sequence that is not computed from it: the encoder's output) is a sub-layer of t
 MLP: a branch whose Softmax reads the stream only through its queries is passed, so the block's
 output is the stream after the whole decoder layer (self-attention, cross-attention, MLP), as
 Hugging Face's ``hidden_states`` count it; the matcher skips the cross-attention itself by design
-(:data:`~importers.match.codes.DISPOSITIONS`), and the block names the sum in a note.
+(:data:`~oversmooth.importers.match.codes.DISPOSITIONS`), and the block names the sum in a note.
 
 Two variations are followed. A norm reading the attention output itself (Gemma-2, OLMo-2:
 ``h + norm(attention(h))``) is passed before the residual sum is sought, and the block lists it in
@@ -82,7 +82,7 @@ class ResidualSum:
 class BlockStream:
     """What :meth:`StreamMatcher.block_stream` found of one block's stream and norm.
 
-    The first thirteen fields become :class:`~importers.match.results.AttentionBlock`'s of the same
+    The first thirteen fields become :class:`~oversmooth.importers.match.results.AttentionBlock`'s of the same
     names; ``roles``, ``notes`` and ``departures`` are added to the block's own.
     """
 
@@ -198,7 +198,7 @@ class StreamMatcher(NormMatcher):
         ``"cross-attention"`` (a branch through a cross-attention), ``"attention"`` (a Softmax
         on the way), ``"other"`` (it never reaches them) or ``"unknown"`` (too long to tell).
         Attention is a Softmax of scores from a product of two activations (``Q Kᵀ``,
-        :func:`~importers.match.coverage.is_attention_softmax`); one whose keys are not computed
+        :func:`~oversmooth.importers.match.coverage.is_attention_softmax`); one whose keys are not computed
         from ``streams`` while its queries are (:meth:`queries_only`) is a cross-attention, part
         of the branch; a Softmax of scores ``x W`` (a mixture-of-experts router) is part of the
         branch, as is whatever else it contains (TopK, gathers, scatters, shared experts). Shape

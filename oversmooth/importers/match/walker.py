@@ -3,7 +3,7 @@
 :class:`MatchBasis` is what every match attempt over one graph at one pair of probe sizes shares,
 and nothing an attempt learns: the graph index, the shape basis and memos of pure functions of the
 graph (the values of mask and bias terms, declared ranks). :class:`GraphWalker` holds a basis and
-one match attempt's own :class:`~importers.graph.ShapeContext` (its pinned shapes) and answers the
+one match attempt's own :class:`~oversmooth.importers.graph.ShapeContext` (its pinned shapes) and answers the
 small questions every part of the match asks (constant value, producer, consumers, scalar factor,
 where a tensor comes from). The parts of the matcher (:mod:`oversmooth.importers.match.projections`,
 :mod:`oversmooth.importers.match.layout`, :mod:`oversmooth.importers.match.norms`, :mod:`oversmooth.importers.match.core`) extend
@@ -47,7 +47,7 @@ class RejectError(Exception):
 class MatchBasis:
     """What every match attempt over one graph at one pair of probe sizes shares.
 
-    The graph index, the :class:`~importers.graph.ShapeBasis` at the probe's (batch, sequence)
+    The graph index, the :class:`~oversmooth.importers.graph.ShapeBasis` at the probe's (batch, sequence)
     sizes, and memos of functions of the graph alone (:meth:`remembered`): nothing here depends on
     what an attempt pins or learns, so the order in which Softmaxes are matched cannot change an
     answer.

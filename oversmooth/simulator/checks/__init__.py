@@ -22,11 +22,11 @@ Claims 12-17 and 20 need long runs. Their instances are kept moderate (n, d <= 1
 thousand layers), and where a claim is only testable on well-separated spectra the check scans the
 seeds ``[seed, 0], [seed, 1], ...`` for the first instance passing the filter the spec describes.
 
-The checks live in submodules by claim group: :mod:`~simulator.checks.linear_algebra` (claims
-1-11), :mod:`~simulator.checks.layer_dynamics` (12-20), :mod:`~simulator.checks.reparameterization`
-(21-24), :mod:`~simulator.checks.related` (25-30) and :mod:`~simulator.checks.complements` (34-35,
+The checks live in submodules by claim group: :mod:`~oversmooth.simulator.checks.linear_algebra` (claims
+1-11), :mod:`~oversmooth.simulator.checks.layer_dynamics` (12-20), :mod:`~oversmooth.simulator.checks.reparameterization`
+(21-24), :mod:`~oversmooth.simulator.checks.related` (25-30) and :mod:`~oversmooth.simulator.checks.complements` (34-35,
 S5 for complex value spectra and the LFC block of a multi-head layer); the machinery is in
-:mod:`~simulator.checks.core` and the helpers they share in :mod:`~simulator.checks.shared`.
+:mod:`~oversmooth.simulator.checks.core` and the helpers they share in :mod:`~oversmooth.simulator.checks.shared`.
 :data:`CHECKS` is their registries in claim order; the margin units and :data:`SEED` are
 re-exported here. Tolerances live in :mod:`oversmooth.simulator.tolerances`, the one table the
 checks and the tests share.

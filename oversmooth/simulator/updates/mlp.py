@@ -64,7 +64,7 @@ class MLP(ShortRepr):
     Notes
     -----
     The residual connection and any normalisation around the MLP belong to the rule that uses it
-    (see :class:`~simulator.updates.softmax.SoftmaxAttentionRule`).
+    (see :class:`~oversmooth.simulator.updates.softmax.SoftmaxAttentionRule`).
     """
 
     W_1: FloatArray

@@ -114,7 +114,7 @@ def rule_from_system(
     Returns
     -------
     FixedAttentionRule
-        The rule: an :class:`~simulator.updates.UpdateRule` with ``H``, ``M`` and the arrays.
+        The rule: an :class:`~oversmooth.simulator.updates.UpdateRule` with ``H``, ``M`` and the arrays.
     """
     check_choice(name, "rule", SYSTEM_RULES)
     unknown = sorted(set(options) - set(RULE_OPTIONS[name]))

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 from oversmooth.importers.graph import model_from_proto
 from oversmooth.importers.match import NoAttentionBlocksError, find_attention_blocks
-from oversmooth.importers.run.runner import Runner
+from oversmooth.importers.runtime.runner import Runner
 from tests.importers.family_corpus import FIXTURES, MANIFEST, fixture_proto, load_fixture
+from tests.importers.sessions import run_unoptimised
 
 #: Largest relative difference (max-abs over max-abs) between the fused and the defused outputs.
 OUTPUT_RTOL = 1e-5
@@ -23,23 +23,13 @@ MS = "com.microsoft"
 IR_VERSION = 10
 
 
-def _run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    return session.run(None, feeds)
-
-
 def _assert_same_outputs(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
     model = model_from_proto(proto)
     assert model.defused
     assert not model.declined
     ops = {node.op_type for node in model.proto.graph.node}
     assert not ops & {"Attention", "MultiHeadAttention"}
-    for fused, defused in zip(_run(proto, feeds), _run(model.proto, feeds), strict=True):
+    for fused, defused in zip(run_unoptimised(proto, feeds), run_unoptimised(model.proto, feeds), strict=True):
         scale = max(float(np.max(np.abs(fused))), 1e-30)
         assert float(np.max(np.abs(fused - defused))) / scale < OUTPUT_RTOL
 
@@ -213,7 +203,7 @@ def test_multi_head_attention_packed_qkv() -> None:
         "MultiHeadAttention", ["qkv"], ["y"], domain=MS, name="mha", num_heads=HEADS
     )
     proto = _model(node, [_value("qkv", ["batch", "seq", HEADS, 3, d_head])], [])
-    (found,) = _run(model_from_proto(proto).proto, {"qkv": packed})
+    (found,) = run_unoptimised(model_from_proto(proto).proto, {"qkv": packed})
     q, k, v = (packed[:, :, :, role].transpose(0, 2, 1, 3).astype(np.float64) for role in range(3))
     scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d_head)
     weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
@@ -303,7 +293,7 @@ def test_relative_position_bias_is_t5s_bucketed_table(bidirectional: int) -> Non
         is_bidirectional=bidirectional,
     )
     proto = _model(node, [_value("length", [], TensorProto.INT64)], [_tensor("table", stored)])
-    (found,) = _run(model_from_proto(proto).proto, {"length": np.array(length, np.int64)})
+    (found,) = run_unoptimised(model_from_proto(proto).proto, {"length": np.array(length, np.int64)})
     buckets = _t5_buckets(length, length, n_buckets, max_distance, bool(bidirectional))
     expected = table[buckets].transpose(2, 0, 1)[None]
     np.testing.assert_array_equal(found, expected)
@@ -324,7 +314,7 @@ def test_defused_fixture_computes_what_the_fused_graph_computes(family: str) -> 
     assert model.defused
     with np.load(FIXTURES / _TRUTH[f"{family}-optimized"]) as truth:
         feeds = {item.name: truth[f"feed_{item.name}"] for item in model.inputs}
-    for fused, defused in zip(_run(original, feeds), _run(model.proto, feeds), strict=True):
+    for fused, defused in zip(run_unoptimised(original, feeds), run_unoptimised(model.proto, feeds), strict=True):
         scale = max(float(np.max(np.abs(fused))), 1e-30)
         assert float(np.max(np.abs(fused - defused))) / scale < OUTPUT_RTOL
 

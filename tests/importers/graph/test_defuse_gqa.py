@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from oversmooth.importers.graph import model_from_proto
 from oversmooth.importers.match import find_attention_blocks
 from oversmooth.importers.weights import block_weights
-from tests.importers.graph.test_defuse import _run
+from tests.importers.sessions import run_unoptimised
 
 #: onnxruntime's CPU kernel needs a head size that is a multiple of 16.
 BATCH, SEQ, D_MODEL, HEADS, KV_HEADS, HEAD = 2, 6, 32, 4, 2, 16
@@ -141,7 +141,7 @@ def _assert_same_outputs(
     model = model_from_proto(proto)
     assert [item.op for item in model.defused] == ["com.microsoft GroupQueryAttention"]
     assert "GroupQueryAttention" not in {node.op_type for node in model.proto.graph.node}
-    fused, defused = _run(proto, feeds), _run(model.proto, feeds)
+    fused, defused = run_unoptimised(proto, feeds), run_unoptimised(model.proto, feeds)
     for item, length in enumerate(real):
         expected, found = fused[0][item, :length], defused[0][item, :length]
         scale = float(np.max(np.abs(expected)))
@@ -189,7 +189,7 @@ def test_lengths_given_as_graph_inputs_are_left_out() -> None:
     feeds = _feeds(lengths=(SEQ, SEQ - 2))
     given = {"given_seqlens_k": np.array([SEQ - 1, SEQ - 3], np.int32)}
     given["given_total"] = np.array(SEQ, np.int32)
-    fused, defused = _run(proto, feeds | given), _run(model.proto, feeds)
+    fused, defused = run_unoptimised(proto, feeds | given), run_unoptimised(model.proto, feeds)
     for item, length in enumerate((SEQ, SEQ - 2)):
         np.testing.assert_allclose(
             defused[0][item, :length], fused[0][item, :length], rtol=1e-5, atol=1e-5

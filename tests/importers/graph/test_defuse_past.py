@@ -12,10 +12,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.inputs.decoder_feeds import with_empty_caches
 from oversmooth.importers.match import find_attention_blocks
-from oversmooth.importers.run.decoder_feeds import with_empty_caches
 from oversmooth.importers.weights import block_weights
-from tests.importers.graph.test_defuse import _run
+from tests.importers.sessions import run_unoptimised
 
 BATCH, SEQ, D_MODEL, HEADS, HEAD = 2, 5, 16, 4, 4
 MS = "com.microsoft"
@@ -112,7 +112,7 @@ def test_the_defused_graph_computes_what_the_kernel_does(
     assert [item.op for item in model.defused] == [f"{MS} {op}"]
     assert op not in {node.op_type for node in model.proto.graph.node}
     feeds = _feeds(op, past, mask)
-    fused, defused = _run(proto, feeds), _run(model.proto, feeds)
+    fused, defused = run_unoptimised(proto, feeds), run_unoptimised(model.proto, feeds)
     scale = float(np.max(np.abs(fused[0])))
     assert float(np.max(np.abs(fused[0] - defused[0]))) / scale < OUTPUT_RTOL
     for expected, found in zip(fused[1:], defused[1:], strict=True):  # the present state
@@ -133,7 +133,7 @@ def test_the_past_inputs_are_caches_and_the_block_is_read(op: str, axes: dict | 
     shapes = {name: value.shape for name, value in feeds.items() if name != "x"}
     empty = (3, HEADS, 0, HEAD)
     assert shapes == ({"past": (2, *empty)} if axes else {"past_key": empty, "past_value": empty})
-    np.testing.assert_allclose(_run(model.proto, feeds)[0], _run(proto, feeds)[0], rtol=1e-5)
+    np.testing.assert_allclose(run_unoptimised(model.proto, feeds)[0], run_unoptimised(proto, feeds)[0], rtol=1e-5)
     (block,) = find_attention_blocks(model).blocks
     assert (block.n_heads, block.n_kv_heads, block.d_head, block.causal) == (
         HEADS,

@@ -21,18 +21,18 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from oversmooth.importers.audit.pipeline import audit
+from oversmooth.importers.audit.session import audit_session, layer_tensors
 from oversmooth.importers.graph import load_model, model_from_proto
 from oversmooth.importers.graph.opsets import to_read_opset
 from oversmooth.importers.match import find_attention_blocks
 from oversmooth.importers.match.codes import RejectCode
-from oversmooth.importers.run import runner as runner_module
-from oversmooth.importers.run.audit import audit
-from oversmooth.importers.run.session import audit_session, layer_tensors
+from oversmooth.importers.runtime import runner as runner_module
 from oversmooth.importers.weights import block_weights
+from tests.importers.audited import builder_inputs
 from tests.importers.builders import RECIPES, Assembly, assemble_recipe
 from tests.importers.old_opsets import downgrade
 from tests.importers.paddle_graph import paddle_ocr
-from tests.importers.run.test_audit import builder_inputs
 from tests.importers.sessions import captured_sessions
 
 SEED = 4

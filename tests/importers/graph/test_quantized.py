@@ -23,15 +23,15 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from oversmooth.importers.audit.pipeline import audit
+from oversmooth.importers.audit.session import audit_session, layer_tensors
 from oversmooth.importers.graph import GraphIndex, model_from_proto
 from oversmooth.importers.graph.quantized import read_through_activation_pairs
 from oversmooth.importers.match import find_attention_blocks
-from oversmooth.importers.run.audit import audit
-from oversmooth.importers.run.runner import Runner
-from oversmooth.importers.run.session import audit_session, layer_tensors
+from oversmooth.importers.runtime.runner import Runner
 from oversmooth.importers.weights import block_weights
+from tests.importers.audited import builder_inputs
 from tests.importers.builders import Assembly, assemble
-from tests.importers.run.test_audit import builder_inputs
 from tests.importers.sessions import captured_sessions
 
 SEED = 5
@@ -152,25 +152,25 @@ def _topological(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[on
 
 
 @functools.cache
-def _assembly(name: str) -> Assembly:
+def assembly_of(name: str) -> Assembly:
     return assemble(name, SEED)
 
 
 @functools.cache
 def _quantised(name: str) -> tuple[onnx.ModelProto, int]:
-    built = _assembly(name).built
+    built = assembly_of(name).built
     return with_activation_pairs(built.model, built.inputs)
 
 
 @functools.cache
 def _weights_stored(name: str) -> onnx.ModelProto:
-    return _integer_weights(_assembly(name).built.model, per_axis=False)[0]
+    return _integer_weights(assembly_of(name).built.model, per_axis=False)[0]
 
 
 @pytest.mark.parametrize("name", RECIPE_NAMES)
 def test_the_read_graph_has_the_float_models_blocks_and_weights(name: str) -> None:
     proto, n_pairs = _quantised(name)
-    plain, model = model_from_proto(_assembly(name).built.model), model_from_proto(proto)
+    plain, model = model_from_proto(assembly_of(name).built.model), model_from_proto(proto)
     assert model.read_through is not None
     assert model.read_through.pairs == n_pairs > 20
     assert model.source is not None
@@ -193,7 +193,7 @@ def test_the_audit_runs_the_pairs_and_measures_what_the_model_without_them_does(
     float weights, onnxruntime's own optimizer would round them to 8 bits at load, because their
     products' activations are quantised) and 16-bit activation pairs; compared with the same
     int8-weight model without the pairs."""
-    assembly = _assembly(name)
+    assembly = assembly_of(name)
     plain_file, quantised_file = tmp_path / "plain.onnx", tmp_path / "qdq.onnx"
     onnx.save(_weights_stored(name), plain_file)
     onnx.save(
@@ -221,7 +221,7 @@ def test_each_layer_is_the_tensor_of_the_model_without_the_pairs_to_their_roundi
     """onnxruntime's optimisations off: the graph computes what its ONNX ops say."""
     plain = model_from_proto(_weights_stored(name))
     quantised = model_from_proto(
-        with_activation_pairs(_weights_stored(name), _assembly(name).built.inputs)[0]
+        with_activation_pairs(_weights_stored(name), assembly_of(name).built.inputs)[0]
     )
     layers = []
     for model in (plain, quantised):
@@ -229,7 +229,7 @@ def test_each_layer_is_the_tensor_of_the_model_without_the_pairs_to_their_roundi
             [block_weights(model, b) for b in find_attention_blocks(model).blocks]
         )
         runner = Runner(model, expose=names, provider="cpu", threads=1, optimization="disable")
-        outputs = runner.collect(_assembly(name).built.inputs)
+        outputs = runner.collect(assembly_of(name).built.inputs)
         layers.append([outputs[n].astype(np.float64) for n in names])
     for layer, (found, expected) in enumerate(zip(*reversed(layers), strict=True)):
         error = np.linalg.norm(found - expected) / np.linalg.norm(expected)
@@ -239,7 +239,9 @@ def test_each_layer_is_the_tensor_of_the_model_without_the_pairs_to_their_roundi
 def test_the_audit_session_names_only_tensors_of_the_shipped_graph() -> None:
     model = model_from_proto(_quantised("bert_legacy")[0])
     blocks = find_attention_blocks(model).blocks
-    session = audit_session(model, blocks, builder_inputs(_assembly("bert_legacy")), provider="cpu")
+    session = audit_session(
+        model, blocks, builder_inputs(assembly_of("bert_legacy")), provider="cpu"
+    )
     shipped = {name for node in model.source.graph.node for name in node.output}
     assert set(session.layers) == set(layer_tensors(blocks))
     assert set(session.layers) | set(session.attention) <= shipped
@@ -282,7 +284,7 @@ def _integer_weights(model: onnx.ModelProto, per_axis: bool) -> tuple[onnx.Model
 
 @pytest.mark.parametrize("per_axis", [False, True])
 def test_integer_weights_are_read_as_the_model_multiplies_by_them(per_axis: bool) -> None:
-    assembly = _assembly("bert_legacy")
+    assembly = assembly_of("bert_legacy")
     weights_stored, _ = _integer_weights(assembly.built.model, per_axis)
     proto, _ = with_activation_pairs(weights_stored, assembly.built.inputs)
     model, reference = model_from_proto(proto), model_from_proto(weights_stored)
@@ -358,7 +360,7 @@ def test_quantize_linear_folds_as_onnxruntime_computes_it(dtype: type, per_axis:
 def test_a_float_weight_behind_its_own_pair_is_the_rounded_weight_not_read_through() -> None:
     """Quantisation-aware exports store a float weight with a ``QuantizeLinear`` →
     ``DequantizeLinear`` pair: that pair is a constant, folded through both nodes."""
-    assembly = _assembly("bert_legacy")
+    assembly = assembly_of("bert_legacy")
     stored, _ = _integer_weights(assembly.built.model, per_axis=False)
     for node in stored.graph.node:  # int8 codes → float weight behind Q → DQ
         if node.op_type == "DequantizeLinear" and node.input[0].endswith("__int8"):

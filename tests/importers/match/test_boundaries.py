@@ -14,52 +14,59 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from oversmooth.importers.audit.session import layer_tensors
 from oversmooth.importers.graph import OnnxModel, model_from_proto
 from oversmooth.importers.match import find_attention_blocks
 from oversmooth.importers.match.boundaries import sublayers_before_attention
-from oversmooth.importers.run.runner import Runner
-from oversmooth.importers.run.session import layer_tensors
-from tests.importers.match.test_stream import D, _attention, _Graph, _ln, _mlp, _norm
+from oversmooth.importers.runtime.runner import Runner
+from tests.importers.stream_graphs import (
+    D,
+    StreamGraph,
+    attention_branch,
+    layer_norm_ref,
+    mlp_branch,
+    norm_node,
+)
 
 LAYERS = 3
 
 
-def _sublayer(g: _Graph, s: str, half: bool = False) -> tuple[str, object]:
+def _sublayer(g: StreamGraph, s: str, half: bool = False) -> tuple[str, object]:
     """``s + f(LN(s))`` (``f`` halved for a half-step FFN) and its NumPy function."""
-    branch, f = _mlp(g, _norm(g, s))
+    branch, f = mlp_branch(g, norm_node(g, s))
     if half:
         branch = g.op("Mul", [branch, g.const(np.array(0.5, dtype=np.float32), "half")])[0]
     scale = 0.5 if half else 1.0
-    return g.op("Add", [s, branch])[0], lambda h: h + scale * f(_ln(h))  # type: ignore[operator]
+    return g.op("Add", [s, branch])[0], lambda h: h + scale * f(layer_norm_ref(h))  # type: ignore[operator]
 
 
-def _layer(g: _Graph, layout: str, s: str) -> tuple[str, list[object]]:
+def _layer(g: StreamGraph, layout: str, s: str) -> tuple[str, list[object]]:
     """One layer on ``s``: its output and its steps as NumPy functions, in order."""
     macaron = layout == "macaron"
     s, before = _sublayer(g, s, half=macaron)
-    attn, f_attn = _attention(g, _norm(g, s))
+    attn, f_attn = attention_branch(g, norm_node(g, s))
     s = g.op("Add", [s, attn])[0]
-    steps = [before, lambda h: h + f_attn(_ln(h))]  # type: ignore[operator]
+    steps = [before, lambda h: h + f_attn(layer_norm_ref(h))]  # type: ignore[operator]
     s, after = _sublayer(g, s)
     steps.append(after)
     if macaron:
         s, second = _sublayer(g, s, half=True)
-        steps += [second, _ln]
-        s = _norm(g, s)
+        steps += [second, layer_norm_ref]
+        s = norm_node(g, s)
     return s, steps
 
 
 def build(layout: str, seed: int = 0) -> tuple[OnnxModel, np.ndarray, list[np.ndarray]]:
     """A model of three ``layout`` layers after a front-end residual sum ``x + f(x)``, a batch of
     inputs, and the true stream between whole layers (the input of layer 0 first)."""
-    g = _Graph(np.random.default_rng(seed))
-    front, f_front = _mlp(g, "x")
+    g = StreamGraph(np.random.default_rng(seed))
+    front, f_front = mlp_branch(g, "x")
     stream = g.op("Add", ["x", front])[0]
     layers = []
     for _ in range(LAYERS):
         stream, steps = _layer(g, layout, stream)
         layers.append(steps)
-    stream = _norm(g, stream)  # the encoder's own final norm
+    stream = norm_node(g, stream)  # the encoder's own final norm
     graph = helper.make_graph(
         g.nodes,
         layout,

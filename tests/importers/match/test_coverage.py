@@ -11,7 +11,9 @@ import onnx
 import pytest
 
 from oversmooth.cli import main
+from oversmooth.importers.audit.pipeline import audit
 from oversmooth.importers.graph import model_from_proto
+from oversmooth.importers.inputs.feeds import Inputs
 from oversmooth.importers.match import (
     IncompleteMatchError,
     MatchFailure,
@@ -22,8 +24,6 @@ from oversmooth.importers.match import (
     skipped_blocks_note,
 )
 from oversmooth.importers.match.codes import by_design
-from oversmooth.importers.run.audit import audit
-from oversmooth.importers.run.feeds import Inputs
 from tests.importers.builders import NEAR_MISSES, assemble
 
 SEED = 0

@@ -18,11 +18,11 @@ import onnx
 import pytest
 from numpy.testing import assert_allclose, assert_array_equal
 
+from oversmooth.importers.audit.dominance import attention_by_head
 from oversmooth.importers.graph import model_from_proto
 from oversmooth.importers.match import MatchFailure, NoAttentionBlocksError, find_attention_blocks
 from oversmooth.importers.match.layout import _group_heads, _static_sizes
 from oversmooth.importers.match.walker import RejectError
-from oversmooth.importers.run.dominance import attention_by_head
 from oversmooth.importers.value_spectra import head_eigenvalues, layer_eigenvalues
 from oversmooth.importers.weights import BlockWeights, extract
 from oversmooth.simulator import tolerances as tol

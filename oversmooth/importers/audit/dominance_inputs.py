@@ -1,0 +1,156 @@
+"""How many inputs the dominance step uses: a fixed number, every one, or until its shares are
+precise enough (``--dominance-inputs N|all|auto``).
+
+The layer metrics cover every input; the dominance step — a spectrum per (input, block, head),
+most of an audit's host work — need not: its result is a handful of shares (perron, non-perron,
+balanced, contracting), whose precision stops improving in any way that matters long before a
+large input set is exhausted. With ``"auto"`` (the default) the step uses the first inputs whose
+shares all have a 95 % bootstrap interval over inputs narrower than :data:`AUTO_WIDTH`, looked at
+after :data:`AUTO_FIRST` inputs and every :data:`AUTO_EVERY` after that
+(:func:`oversmooth.simulator.sampling.inputs_needed`); fewer than :data:`AUTO_FIRST` inputs (the default six
+photographs) all count.
+
+The count depends on the inputs and their order only, never on the batch size or the shards:
+:func:`dominance_stop` decides it from the cases of the first inputs when the result is assembled,
+and the cases of later inputs are dropped. :class:`DominanceBudget` is the saving: while a local
+audit runs, it makes the same decision as soon as the cases of enough inputs are in, and the
+batches after that skip their spectra (a batch already started completes its own; onnxruntime
+still returns every batch's attention). A sharded audit computes every input's cases and drops
+the same ones at the merge.
+
+Public API
+----------
+DominanceInputs
+    The option's type: a positive int, ``"all"`` or ``"auto"``.
+AUTO_WIDTH, AUTO_FIRST, AUTO_EVERY
+    The rule's target width and its grid of looks.
+dominance_stop
+    The inputs the dominance step uses, and the widest interval there.
+DominanceBudget
+    The same decision made while the audit runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+
+from oversmooth.importers.audit.cases import DominanceCase
+from oversmooth.importers.defaults import AUTO_EVERY, AUTO_FIRST, AUTO_WIDTH
+from oversmooth.importers.errors import ImporterInputError
+from oversmooth.simulator.sampling import Stop, inputs_needed, widest_interval
+
+__all__ = [
+    "AUTO_EVERY",
+    "AUTO_FIRST",
+    "AUTO_WIDTH",
+    "DominanceBudget",
+    "DominanceInputs",
+    "check_dominance_inputs",
+    "dominance_stop",
+]
+
+#: ``--dominance-inputs``: a positive number of inputs, every input, or the stopping rule.
+DominanceInputs = int | Literal["all", "auto"]
+#: The classes whose shares the report gives (balanced also counts as non-perron there).
+KINDS = ("perron", "non-perron", "balanced", "contracting")
+
+
+def check_dominance_inputs(value: object) -> DominanceInputs:
+    """``value`` as a :data:`DominanceInputs`, else :class:`ImporterInputError` (one line)."""
+    if value in ("all", "auto"):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
+        raise ImporterInputError(
+            f"`dominance_inputs` must be a positive integer, 'all' or 'auto'; got {value!r}"
+        )
+    return int(value)
+
+
+def _kind_counts(cases: Sequence[DominanceCase], n_inputs: int) -> np.ndarray:
+    """(n_inputs, 4) cases per input and :data:`KINDS` class (balanced apart from non-perron);
+    cases of later inputs are left out."""
+    column = {kind: k for k, kind in enumerate(KINDS)}
+    items = np.fromiter((case.input for case in cases), dtype=np.int64, count=len(cases))
+    kinds = np.fromiter((column[case.kind] for case in cases), dtype=np.int64, count=len(cases))
+    kept = items < n_inputs
+    flat = np.bincount(items[kept] * len(KINDS) + kinds[kept], minlength=n_inputs * len(KINDS))
+    return flat.reshape(n_inputs, len(KINDS)).astype(np.float64)
+
+
+def dominance_stop(cases: Sequence[DominanceCase], mode: DominanceInputs, n_inputs: int) -> Stop:
+    """The inputs the dominance step uses (the first ``inputs`` of the audit) and the widest
+    class-share interval over them.
+
+    Parameters
+    ----------
+    cases : sequence of DominanceCase
+        Every case computed (cases of inputs past a decision already made may be missing).
+    mode : DominanceInputs
+    n_inputs : int
+        The audit's inputs.
+
+    Returns
+    -------
+    Stop
+        ``inputs``; ``width`` the widest 95 % interval of the four shares over them (NaN without
+        cases); ``met`` whether it is within :data:`AUTO_WIDTH`.
+    """
+    if mode == "auto":
+        stop = inputs_needed(
+            _kind_counts(cases, n_inputs), AUTO_WIDTH, first=AUTO_FIRST, every=AUTO_EVERY
+        )
+        if not np.isnan(stop.width):
+            return stop
+        used = n_inputs  # fewer than the first look: every input, its width said all the same
+    else:
+        used = n_inputs if mode == "all" else min(int(mode), n_inputs)
+    counts = _kind_counts(cases, used)
+    if counts.sum() == 0:
+        return Stop(used, float("nan"), False)
+    width = widest_interval(counts)
+    return Stop(used, width, bool(width <= AUTO_WIDTH))
+
+
+class DominanceBudget:
+    """Which inputs still need their dominance cases while a local audit runs.
+
+    Parameters
+    ----------
+    mode : DominanceInputs
+    first_input : int
+        The number of the first input this run measures among the audit's (a shard's start).
+    stop_early : bool
+        Decide ``"auto"`` while running (a local audit); False computes every input's cases (a
+        shard, which sees only its own inputs).
+    """
+
+    def __init__(self, mode: DominanceInputs, first_input: int = 0, stop_early: bool = True):
+        self.first_input = first_input
+        self.limit: int | None = mode if isinstance(mode, int) else None
+        self.auto = mode == "auto" and stop_early
+        self._looked = AUTO_FIRST - AUTO_EVERY  # the last grid count looked at
+        self._counts = np.zeros((0, len(KINDS)))  # cases per input and class so far
+
+    def wants(self, item: int) -> bool:
+        """Whether input ``item`` (counted from this run's first) needs its dominance cases."""
+        return self.limit is None or self.first_input + item < self.limit
+
+    def observe(self, cases: Sequence[DominanceCase], complete: int) -> None:
+        """Add a batch's ``cases`` to the counts and look at every new grid count up to
+        ``complete`` inputs whose cases are all in; the first count whose intervals are narrow
+        enough becomes the limit."""
+        if not self.auto or self.limit is not None:
+            return
+        last = max((case.input + 1 for case in cases), default=0)
+        grown = max(last, complete, len(self._counts))  # inputs without cases count as such
+        counts = np.zeros((grown, len(KINDS)))
+        counts[: len(self._counts)] = self._counts
+        self._counts = counts + _kind_counts(cases, grown)
+        while self._looked + AUTO_EVERY <= complete:
+            self._looked += AUTO_EVERY
+            if widest_interval(self._counts[: self._looked]) <= AUTO_WIDTH:
+                self.limit = self._looked
+                return

@@ -1,0 +1,577 @@
+"""The audit's onnxruntime session: which tensors are layers, their in-graph reductions, the runner.
+
+Public API
+----------
+layer_tensors
+    The graph tensors the audit records as layers (block 0's input, every block's output).
+audit_session, AuditSession
+    The session an audit runs (model plus in-graph reductions), for the audit, benchmarks and tools.
+LOOKAHEAD_BATCHES
+    Batches whose host work may still run while the next batch is inferred.
+batch_work, pipelined
+    One batch's host work (its metrics, its dominance cases) started on a thread pool, and every
+    batch's, overlapped with inference.
+check_finite_outputs
+    Refuse a batch whose layer statistics or attention probabilities went NaN or infinite.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from oversmooth.importers.audit.depth import head_cases
+from oversmooth.importers.audit.dominance import (
+    PendingCases,
+    dominance_problems,
+    nonfinite_attention,
+)
+from oversmooth.importers.audit.dominance_inputs import DominanceBudget
+from oversmooth.importers.audit.layers import layer_tensors
+from oversmooth.importers.audit.operating_step import (
+    AttributionCase,
+    OperatingCase,
+    OperatingPlan,
+    sublayer_cases,
+)
+from oversmooth.importers.audit.operator_step import OperatorCase, operator_cases
+from oversmooth.importers.audit.records import DominanceCase, HeadCase
+from oversmooth.importers.errors import (
+    ImporterError,
+    ImporterInputError,
+    NonFiniteModelError,
+)
+from oversmooth.importers.graph import OnnxModel
+from oversmooth.importers.graph.shapes import ShapeContext
+from oversmooth.importers.inputs.feeds import Inputs
+from oversmooth.importers.match import AttentionBlock
+from oversmooth.importers.runtime.batching import run_batches
+from oversmooth.importers.runtime.reductions import Gram, ReductionPlan, TokenScale, plan_reductions
+from oversmooth.importers.runtime.runner import Runner, default_threads
+from oversmooth.simulator.backend import HostCopies, array_module, to_numpy
+from oversmooth.simulator.metrics import METRICS
+from oversmooth.simulator.operator import HeadFactors
+from oversmooth.simulator.statistics import (
+    SPECTRAL_METRICS,
+    SPECTRAL_NORM_METRIC,
+    TokenStatistics,
+    metrics_from_statistics,
+)
+
+__all__ = [
+    "LOOKAHEAD_BATCHES",
+    "STREAM_TERMS",
+    "AuditSession",
+    "Cases",
+    "OperatorPlan",
+    "attention_sublayer_tensor",
+    "audit_session",
+    "batch_work",
+    "check_finite_outputs",
+    "layer_tensors",
+    "pipelined",
+]
+
+#: Batches whose host work (metrics, dominance) may still run while the next batch is inferred.
+LOOKAHEAD_BATCHES = 1
+
+#: What the depth step reads of each layer besides the metrics (per input and layer): the mean
+#: token's norm ‖x̄‖ and the mean per-token ``1/s_t`` of the pre-norm reading it (docs/theory.md
+#: §6.11).
+STREAM_TERMS = ("mean_norm", "inverse_scale")
+
+
+def _gram_orientation(graph: OnnxModel, layer0: str, first: Inputs, block: AttentionBlock) -> Gram:
+    """The smaller Gram matrix of a (T, D) hidden state: T×T when T <= D is known, else D×D.
+
+    Either gives the same singular values; the smaller costs less to build, to copy back and to
+    diagonalise (DINOv2: T = 257 against D = 384, 2.2x fewer entries and host time). T is
+    the token axis of the inputs' mask, else that of layer 0's shape with the graph inputs pinned
+    to the first input's shapes, by the graph's own shape arithmetic (:class:`ShapeContext`: ONNX
+    shape inference cannot follow DINOv2's position-embedding interpolation to its 257 tokens).
+    """
+    if first.token_mask is not None:
+        tokens: int | None = first.token_mask.shape[1]
+    else:
+        shapes = ShapeContext(graph.index, batch=first.batch_size, sequence=1)
+        for name, array in first.feeds.items():
+            shapes.set_shape(name, np.shape(array))
+        try:
+            dims = shapes.shape(layer0)
+        except ImporterError:  # no rule reaches it: the D×D Gram is always right
+            dims = None
+        token_axis = 0 if block.time_major else 1
+        tokens = dims[token_axis] if dims is not None and len(dims) == 3 else None
+    return "tokens" if tokens is not None and tokens <= block.d_model else "features"
+
+
+@dataclass(frozen=True)
+class AuditSession:
+    """The audit's onnxruntime session: the model plus its in-graph reductions, and its feeds.
+
+    Attributes
+    ----------
+    layers : list of str
+        The layer tensors (:func:`layer_tensors`), reduced in the graph.
+    sublayers : list of int
+        The blocks whose stream after the attention sublayer
+        (:func:`attention_sublayer_tensor`) is reduced too; their statistics follow the layers'
+        in the plan, in this order.
+    attention_inputs : list of int
+        The blocks whose attention reads another stream than their layer's input
+        (:attr:`~oversmooth.importers.match.AttentionBlock.attention_input_name`: sub-layers come before the
+        attention inside the layer); that stream is reduced too, after the sublayers' in the
+        plan, in this order (:attr:`reads`).
+    attention : list of str
+        The attention probabilities fetched per block (empty without dominance).
+    plan : ReductionPlan
+    runner : Runner
+        Returns the reductions' outputs, then the attention probabilities.
+    inputs : Inputs
+        What the session runs on (held in memory or read per batch).
+    notes : list of str
+        Notes on the layer choice.
+    threads : int
+        The host threads of the audit's work (and onnxruntime's intra-op threads).
+    copies : HostCopies
+        Counts the attention matrices the dominance step brings to the host: on a GPU (the
+        attention kept there, :attr:`Runner.on_device`) only the heads the certificate leaves
+        undecided; on the CPU the same heads (nothing is copied, the count is the same).
+    """
+
+    layers: list[str]
+    attention: list[str]
+    sublayers: list[int]
+    plan: ReductionPlan
+    runner: Runner
+    inputs: Inputs
+    notes: list[str]
+    threads: int = 1
+    copies: HostCopies = field(default_factory=HostCopies)
+    attention_inputs: list[int] = field(default_factory=list)
+
+    @property
+    def reads(self) -> list[int]:
+        """Per block, the plan layer of the stream its attention reads: its layer, or its entry
+        after the sublayers' (:attr:`attention_inputs`)."""
+        after = len(self.layers) + len(self.sublayers)
+        extra = {block: after + j for j, block in enumerate(self.attention_inputs)}
+        return [extra.get(i, i) for i in range(len(self.layers) - 1)]
+
+    def batch_feeds(self, batch: Inputs) -> dict[str, np.ndarray]:
+        """A batch's feeds plus the token mask the reductions read (padding never counts)."""
+        mask = batch.token_mask
+        return {**batch.feeds, **(self.plan.mask_feed(mask) if mask is not None else {})}
+
+    @property
+    def feeds(self) -> dict[str, np.ndarray]:
+        """:meth:`batch_feeds` of every input at once (read whole, in memory)."""
+        return self.batch_feeds(self.inputs)
+
+    def batches(
+        self, items: int, *, progress: bool = False, rows: int = 0
+    ) -> Iterator[tuple[Inputs, dict[str, np.ndarray]]]:
+        """``(batch, outputs)`` for the inputs read ``items`` at a time (see :func:`run_batches`).
+
+        Each batch's outputs stay valid while :data:`LOOKAHEAD_BATCHES` more are run. With a
+        plan that returns whole layers (:attr:`ReductionPlan.token_rows`), those of the first
+        ``rows`` inputs come back (the batches are read in order).
+        """
+        first = [0]
+
+        def feeds(batch: Inputs) -> dict[str, np.ndarray]:
+            keep = first[0] + np.arange(batch.batch_size) < rows
+            first[0] += batch.batch_size
+            return {**self.batch_feeds(batch), **self.plan.rows_feed(keep)}
+
+        return run_batches(
+            self.runner,
+            self.inputs,
+            feeds,
+            items,
+            progress=progress,
+            keep=LOOKAHEAD_BATCHES + 1,
+        )
+
+
+def audit_session(
+    graph: OnnxModel,
+    blocks: Sequence[AttentionBlock],
+    inputs: Inputs,
+    *,
+    prefix: int = 0,
+    attention: bool = True,
+    spectral: bool = True,
+    provider: Literal["auto", "cpu", "cuda"] = "auto",
+    threads: int | None = None,
+    partial: bool = False,
+    spectral_norm: bool = False,
+    skipped: Sequence[str] = (),
+    token_rows: bool = False,
+) -> AuditSession:
+    """Build the session the audit runs: layer statistics reduced in the graph, attention exposed.
+
+    Only the reductions' outputs come back per layer (:mod:`oversmooth.importers.runtime.reductions`): eight
+    scalars, plus the smaller Gram matrix when ``spectral`` (the singular-value metrics need it);
+    the attention probabilities are fetched only when ``attention`` (the dominance step needs
+    them). On a GPU with CuPy the Gram matrices and the attention probabilities stay there
+    (:attr:`Runner.on_device`): their eigenvalues and the perron certificate are computed there
+    and only small records come back. ``partial``: ``blocks`` are only the matched part of the
+    model; ``skipped``: the Softmaxes skipped by design (see :func:`layer_tensors`).
+    """
+    notes: list[str] = []
+    layers = layer_tensors(blocks, notes, partial=partial, skipped=skipped, index=graph.index)
+    probs = [block.attention_name for block in blocks] if attention else []
+    first = inputs.read(0, 1)  # masked or not, and the token count, without reading every input
+    mids = {block.index: attention_sublayer_tensor(block) for block in blocks}
+    sublayers = [i for i, block in enumerate(blocks) if mids[block.index] is not None]
+    reads = [i for i, block in enumerate(blocks) if block.attention_input_name is not None]
+    time_major = [blocks[0].time_major] + [block.time_major for block in blocks]
+    time_major += [blocks[i].time_major for i in [*sublayers, *reads]]
+    gram = _gram_orientation(graph, layers[0], first, blocks[0]) if spectral else "none"
+    token_scale = _token_scales(blocks, len(sublayers), reads)
+    plan = plan_reductions(
+        graph,
+        [
+            *layers,
+            *(str(mids[blocks[i].index]) for i in sublayers),
+            *(str(blocks[i].attention_input_name) for i in reads),
+        ],
+        prefix=prefix,
+        masked=first.token_mask is not None,
+        gram=gram,
+        time_major=time_major,
+        spectral_norm=spectral_norm,
+        token_scale=token_scale,
+        token_rows=token_rows,
+    )
+    grams = [plan.gram_name(layer) for layer in range(len(plan.layers))] if spectral else []
+    runner = Runner(
+        graph,
+        expose=probs,
+        extension=plan.extension,
+        provider=provider,
+        threads=threads,
+        device_outputs=[*probs, *grams],
+    )
+    return AuditSession(
+        layers,
+        probs,
+        sublayers,
+        plan,
+        runner,
+        inputs,
+        notes,
+        threads or default_threads(),
+        attention_inputs=reads,
+    )
+
+
+def _token_scales(
+    blocks: Sequence[AttentionBlock], n_sublayers: int, reads: Sequence[int]
+) -> list[TokenScale | None]:
+    """Per plan layer, the pre-norm whose per-token scale is reduced on it: block i's on layer i
+    (what its attention reads), or on its attention input's entry where it has one (``reads``)."""
+    if not reads:
+        return [_token_scale(block) for block in blocks]
+    on_layers = [None if i in reads else _token_scale(block) for i, block in enumerate(blocks)]
+    return [*on_layers, *[None] * (1 + n_sublayers), *(_token_scale(blocks[i]) for i in reads)]
+
+
+def _token_scale(block: AttentionBlock) -> TokenScale | None:
+    """The pre-norm whose per-token scale the depth step reads on the block's input layer (the
+    stream a pre-norm normalises), or None: post-LN and norm-free blocks, an unknown epsilon."""
+    norm = block.norm_match
+    if block.norm != "pre" or norm is None or norm.eps is None:
+        return None
+    return (norm.kind, float(norm.eps))
+
+
+def attention_sublayer_tensor(block: AttentionBlock) -> str | None:
+    """The residual stream right after ``block``'s attention sublayer, before its MLP (or None).
+
+    Pre-LN and norm-free blocks: the attention residual sum ``X + branch(X)``; post-LN blocks: the
+    norm after it (the stream the MLP reads). A parallel block has no such stream (attention and
+    MLP add to the stream together), nor does a block whose residual was not established.
+    """
+    if block.parallel or block.stream_error is not None or block.residual_name is None:
+        return None
+    if block.norm == "post":
+        return block.norm_output_name
+    return block.residual_name
+
+
+def _check_counted_tokens(n_tokens: np.ndarray, labels: Sequence[str]) -> None:
+    """Every item of a batch (``labels``, one each) keeps at least 2 tokens for the metrics."""
+    short = np.flatnonzero(np.asarray(n_tokens) < 2)
+    if short.size:
+        item = int(short[0])
+        label = labels[item] if len(labels[item]) <= 40 else labels[item][:37] + "..."
+        raise ImporterInputError(
+            f"input {label!r} keeps {int(n_tokens[item])} token(s) for the metrics once padding "
+            "and the `exclude_prefix` tokens are left out; a smoothing metric needs at least 2"
+        )
+
+
+def _measure_layers(
+    outputs: dict[str, np.ndarray],
+    plan: ReductionPlan,
+    start: int,
+    per_input: dict[str, np.ndarray],
+    labels: Sequence[str],
+    token_mask: np.ndarray | None = None,
+    stream: dict[str, np.ndarray] | None = None,
+) -> int:
+    """Fill ``per_input[metric][item, layer]`` for one batch from its in-graph statistics.
+
+    Without a Gram matrix (``spectral=False``) only the scalar metrics are filled. ``stream``
+    (:data:`STREAM_TERMS`, (n_inputs, layers) each) gets ‖x̄‖ = sqrt(lfc_sq / n) and, where the
+    plan reduces a norm's scale, the mean ``1/s_t`` over the counted tokens. Returns the batch
+    size.
+    """
+    names = [name for name in METRICS if plan.gram != "none" or name not in SPECTRAL_METRICS]
+    names += [SPECTRAL_NORM_METRIC] if plan.spectral_norm and plan.gram != "none" else []
+    batch = 0
+    for layer in range(len(plan.layers)):
+        statistics = plan.statistics(outputs, layer, token_mask)
+        _check_counted_tokens(statistics.n_tokens, labels)
+        values = metrics_from_statistics(statistics, names)
+        for metric, value in values.items():
+            batch = len(value)
+            per_input[metric][start : start + batch, layer] = value
+        if stream is not None:
+            n = np.asarray(statistics.n_tokens, dtype=np.float64)
+            rows = slice(start, start + len(n))
+            stream["mean_norm"][rows, layer] = np.sqrt(np.asarray(statistics.lfc_sq) / n)
+            inverse = plan.inverse_scale(outputs, layer)
+            if inverse is not None:
+                stream["inverse_scale"][rows, layer] = inverse / n
+    return batch
+
+
+@dataclass(frozen=True)
+class OperatorPlan:
+    """What the exact layer dominance needs: every block's head factors, and the inputs it runs on
+    (those numbered below ``inputs``)."""
+
+    factors: tuple[HeadFactors, ...]
+    inputs: int
+
+
+#: A batch's cases: per (input, block, head), per (input, block) of the whole operator, per
+#: (input, block, head) of the depth step, and the operating point's and attribution's.
+Cases = tuple[
+    list[DominanceCase],
+    list[OperatorCase],
+    list[HeadCase],
+    tuple[list[OperatingCase], list[AttributionCase]],
+]
+
+
+class _BatchWork:
+    """The host work of one batch running on a thread pool: metrics, dominance and operator cases."""
+
+    def __init__(
+        self,
+        metrics: Future[int],
+        dominance: PendingCases | None,
+        operator: Future[list[OperatorCase]] | None = None,
+        heads: Future[list[HeadCase]] | None = None,
+        sublayer: Future[tuple[list[OperatingCase], list[AttributionCase]]] | None = None,
+    ) -> None:
+        self._metrics = metrics
+        self._dominance = dominance
+        self._operator = operator
+        self._heads = heads
+        self._sublayer = sublayer
+
+    def result(self) -> Cases:
+        self._metrics.result()
+        cases = self._dominance.result() if self._dominance is not None else []
+        exact = self._operator.result() if self._operator is not None else []
+        sublayer = self._sublayer.result() if self._sublayer is not None else ([], [])
+        return cases, exact, self._heads.result() if self._heads is not None else [], sublayer
+
+    def cancel(self) -> None:
+        self._metrics.cancel()
+        if self._dominance is not None:
+            self._dominance.cancel()
+        for future in (self._operator, self._heads, self._sublayer):
+            if future is not None:
+                future.cancel()
+
+
+def _bad_items(arrays: Sequence[Any]) -> np.ndarray:
+    """(batch,) bool: which items hold a NaN or an infinity in any of ``arrays`` (batch first;
+    arrays on a device are tested there)."""
+    bad = np.zeros(len(arrays[0]), dtype=bool)
+    for array in arrays:
+        xp = array_module(array)
+        bad |= ~to_numpy(xp.isfinite(xp.asarray(array).reshape(len(array), -1)).all(axis=1))
+    return bad
+
+
+def check_finite_outputs(
+    session: AuditSession,
+    blocks: Sequence[AttentionBlock],
+    outputs: dict[str, np.ndarray],
+    batch: Inputs,
+    start: int,
+) -> None:
+    """Refuse a batch whose layer statistics or attention probabilities hold NaN or infinities,
+    naming the first input and the first place in depth order that went non-finite.
+
+    Depth order: layer i (the stream entering block i), the stream block i's attention reads
+    where it is another, block i's attention probabilities, the stream after block i's attention
+    sublayer, layer i + 1. The feeds were checked finite before
+    the batch ran (:func:`~oversmooth.importers.inputs.feeds.check_finite`), so the model produced these values;
+    nothing computed from them (Gram eigenvalues, dominating eigenvalues) would mean anything,
+    and LAPACK would fail on them.
+
+    Raises
+    ------
+    NonFiniteModelError
+        Exit status 1.
+    """
+    plan, n_layers = session.plan, len(session.layers)
+    found: list[tuple[float, str, np.ndarray]] = []
+    for layer in range(len(plan.layers)):
+        scalars = outputs[plan.scalars_name(layer)]
+        _check_counted_tokens(TokenStatistics.from_packed(scalars).n_tokens, batch.labels)
+        arrays = [scalars] + ([outputs[plan.gram_name(layer)]] if plan.gram != "none" else [])
+        bad = _bad_items(arrays)
+        if not bad.any():
+            continue
+        if layer >= n_layers + len(session.sublayers):
+            i = session.attention_inputs[layer - n_layers - len(session.sublayers)]
+            where = f"the stream block {blocks[i].index}'s attention reads"
+            found.append((3 * i + 0.5, where, bad))
+        elif layer >= n_layers:
+            i = session.sublayers[layer - n_layers]
+            where = f"the stream after block {blocks[i].index}'s attention sublayer"
+            found.append((3 * i + 2, where, bad))
+        elif layer == 0:
+            found.append((0, f"layer 0 (the stream entering block {blocks[0].index})", bad))
+        else:
+            where = f"layer {layer} (the output of block {blocks[layer - 1].index})"
+            found.append((3 * layer, where, bad))
+    for i, name in enumerate(session.attention):
+        bad = nonfinite_attention(outputs[name], name, blocks[i].n_heads, batch, block=blocks[i])
+        if bad.any():
+            found.append((3 * i + 1, f"block {blocks[i].index}'s attention probabilities", bad))
+    if found:
+        _, where, bad = min(found, key=lambda entry: entry[0])
+        item = int(np.flatnonzero(bad)[0])
+        label = batch.labels[item]
+        label = label if len(label) <= 40 else label[:37] + "..."
+        raise NonFiniteModelError(
+            f"the model produced NaN or infinite values from finite input {label!r} (item "
+            f"{start + item}): first at {where}; its weights or its precision cannot carry "
+            "this input, and no metric or eigenvalue can be computed from such values"
+        )
+
+
+def batch_work(
+    session: AuditSession,
+    blocks: Sequence[AttentionBlock],
+    eig_H: Sequence[np.ndarray],
+    tie_rtol: float,
+    per_input: dict[str, np.ndarray],
+    operator: OperatorPlan | None,
+    pool: ThreadPoolExecutor,
+    batch: Inputs,
+    start: int,
+    outputs: dict[str, np.ndarray],
+    *,
+    stream: dict[str, np.ndarray] | None = None,
+    depth_inputs: int = 0,
+    sublayer: OperatingPlan | None = None,
+    budget: DominanceBudget | None = None,
+) -> _BatchWork:
+    """Start a batch's host work: its layer metrics (into ``per_input``, the depth step's stream
+    terms into ``stream``), its dominance cases, the operator cases of its inputs below
+    ``operator.inputs``, the depth step's head cases of those below ``depth_inputs`` and the
+    operating point's and attribution's of those below ``sublayer.inputs``, once its outputs are
+    checked finite (:func:`check_finite_outputs`); the dominance cases only of the inputs
+    ``budget`` still wants (:class:`~oversmooth.importers.audit.dominance_inputs.DominanceBudget`)."""
+    check_finite_outputs(session, blocks, outputs, batch, start)
+    metrics = pool.submit(
+        _measure_layers,
+        outputs,
+        session.plan,
+        start,
+        per_input,
+        batch.labels,
+        batch.token_mask,
+        stream,
+    )
+    if not session.attention:
+        return _BatchWork(metrics, None)
+    problems = dominance_problems(outputs, blocks, session.attention, batch, start, eig_H)
+    exact = None
+    if operator is not None and start < operator.inputs:
+        exact = pool.submit(operator_cases, problems, operator.factors, tie_rtol, operator.inputs)
+    heads = pool.submit(head_cases, problems, depth_inputs) if start < depth_inputs else None
+    parts = None
+    if sublayer is not None and start < sublayer.inputs:
+        parts = pool.submit(sublayer_cases, problems, outputs, sublayer, start)
+    wanted = problems if budget is None else [p for p in problems if budget.wants(p.item)]
+    pending = PendingCases(wanted, tie_rtol, pool, to_host=session.copies, parallel=session.threads)
+    return _BatchWork(metrics, pending, exact, heads, parts)
+
+
+def pipelined(
+    batches: Iterator[tuple[Inputs, dict[str, np.ndarray]]],
+    measure: Callable[[ThreadPoolExecutor, Inputs, int, dict[str, np.ndarray]], _BatchWork],
+    threads: int,
+    budget: DominanceBudget | None = None,
+) -> Cases:
+    """Run every batch's host work on worker threads while onnxruntime runs the next batches.
+
+    At most :data:`LOOKAHEAD_BATCHES` batches' work is pending when the next one is started, so
+    memory stays bounded; the cases come back in batch order. Many small eigenvalue problems: one
+    BLAS thread each, ``threads`` worker threads, one per core (this also avoids the collapse of
+    multithreaded BLAS on a busy machine, 5-20x measured on 2 cores). On an error or Ctrl-C the
+    work not yet started is cancelled. ``budget`` is given each batch's dominance cases as they
+    come back, in order, and may stop later batches from computing theirs.
+    """
+    cases: list[DominanceCase] = []
+    exact: list[OperatorCase] = []
+    heads: list[HeadCase] = []
+    operating: list[OperatingCase] = []
+    parts: list[AttributionCase] = []
+    pending: deque[tuple[_BatchWork, int]] = deque()
+    start = 0
+
+    def collect(item: tuple[_BatchWork, int]) -> None:
+        work, end = item
+        per_head, whole, depth, (points, split) = work.result()
+        cases.extend(per_head)
+        if budget is not None:
+            budget.observe(per_head, end)
+        exact.extend(whole)
+        heads.extend(depth)
+        operating.extend(points)
+        parts.extend(split)
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        pool = ThreadPoolExecutor(max_workers=threads)
+        try:
+            for batch, outputs in batches:
+                pending.append((measure(pool, batch, start, outputs), start + batch.batch_size))
+                start += batch.batch_size
+                while len(pending) > LOOKAHEAD_BATCHES:
+                    collect(pending.popleft())
+            while pending:
+                collect(pending.popleft())
+        finally:
+            for work, _ in pending:
+                work.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+    return cases, exact, heads, (operating, parts)

@@ -1,0 +1,512 @@
+"""Smoothing metrics reduced inside the graph: ONNX nodes that turn each layer into a few numbers.
+
+The audit needs, per input and layer, only the :class:`~oversmooth.simulator.statistics.TokenStatistics` of
+the hidden state X (B, T, D): eight scalars and, for the spectral metrics, one Gram matrix. The
+nodes built here compute them where the model runs (on the GPU under the CUDA provider), in
+float64, on the real tokens only, so what comes back per layer is ``(B, 8)`` plus ``(B, k, k)``
+instead of ``(B, T, D)``; :func:`oversmooth.simulator.statistics.metrics_from_statistics` finishes on the host.
+
+Per layer, with ``w`` (B, T) the token weights (1 for a counted token, 0 for padding and for
+excluded prefix tokens) and ``Xm = w ⊙ X`` (rows zeroed)::
+
+    n      = Σ_t w_t                       x̄ = Σ_t Xm_t / n
+    C      = w ⊙ (X - 1 x̄ᵀ)               hfc_sq = ||C||_F²      lfc_sq = n ||x̄||²
+    U      = Xm / ||Xm_t|| (0 for 0 rows)  unit_sum_sq = ||Σ_t U_t||²   unit_trace = ||U||_F²
+    m      = #{t : ||Xm_t|| > 0}           dong_num_sq = max col |C| sum × max row |C| sum (same for X)
+    G      = Xm Xmᵀ (k = T) or Xmᵀ Xm (k = D), whichever is smaller
+
+and, for a layer that a pre-norm reads (the depth step, docs/theory.md §6.11), the token weights'
+sum of the norm's per-token scale ``1/s_t``: ``s_t = sqrt(var_f(X_t) + eps)`` (LayerNorm, biased
+variance over the features) or ``sqrt(mean_f(X_t²) + eps)`` (RMSNorm).
+
+The weights come from an extra graph input ``oversmooth.token_mask`` (B, T) when the inputs carry
+a padding mask, else they are all ones built from X's own shape; prefix tokens are zeroed in the
+graph. Node spellings follow the default-domain opset of the graph that runs
+(:meth:`~oversmooth.importers.graph.OnnxModel.session_model`, as old as opset 7): axes as inputs from opset 18
+for every reduction, from 13 for ReduceSum and Unsqueeze; Slice bounds as inputs from 10; before 9
+(no ConstantOfShape) the ones are a Tile, and before 12 (no Range, GreaterOrEqual) the prefix
+tokens are zeroed by slicing them off and back.
+
+Public API
+----------
+ReductionPlan
+    The nodes, constants, extra input and outputs to append, and the decoder of their values.
+plan_reductions
+    Build the plan for chosen layer tensors of a model.
+MASK_INPUT
+    The name of the extra token-mask input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from oversmooth.importers.errors import ImporterInputError
+from oversmooth.importers.graph import GraphInput, OnnxModel
+from oversmooth.simulator.backend import to_numpy
+from oversmooth.simulator.statistics import (
+    SCALAR_FIELDS,
+    TokenStatistics,
+    centred_gram_top,
+    gram_eigenvalues,
+)
+
+__all__ = ["MASK_INPUT", "ROWS_INPUT", "GraphExtension", "ReductionPlan", "plan_reductions"]
+
+Gram = Literal["tokens", "features", "none"]
+#: A norm's per-token scale to reduce: its kind and epsilon (:attr:`ReductionPlan.token_scale`).
+TokenScale = tuple[Literal["layernorm", "rmsnorm"], float]
+
+#: The extra graph input carrying the (B, T) token weights, when the inputs have a padding mask.
+MASK_INPUT = "oversmooth.token_mask"
+#: The extra graph input selecting the (B,) items whose layer tensors come back whole
+#: (:attr:`ReductionPlan.token_rows`): 1 for an item to return, 0 otherwise.
+ROWS_INPUT = "oversmooth.token_rows"
+_PREFIX = "oversmooth.reduce"
+_DOUBLE = TensorProto.DOUBLE
+
+
+@dataclass(frozen=True)
+class GraphExtension:
+    """Nodes, constants, inputs and typed outputs to append to a graph for one session.
+
+    Attributes
+    ----------
+    nodes : tuple of onnx.NodeProto
+    initializers : tuple of onnx.TensorProto
+    inputs : tuple of onnx.ValueInfoProto
+        Extra graph inputs the caller feeds.
+    outputs : tuple of onnx.ValueInfoProto
+        Typed outputs the session returns.
+    """
+
+    nodes: tuple[onnx.NodeProto, ...] = ()
+    initializers: tuple[onnx.TensorProto, ...] = ()
+    inputs: tuple[onnx.ValueInfoProto, ...] = ()
+    outputs: tuple[onnx.ValueInfoProto, ...] = ()
+
+    @property
+    def output_names(self) -> list[str]:
+        return [value.name for value in self.outputs]
+
+    @property
+    def graph_inputs(self) -> tuple[GraphInput, ...]:
+        """The extra inputs as :class:`~oversmooth.importers.graph.GraphInput` (for feed checks)."""
+        return tuple(
+            GraphInput(
+                value.name,
+                np.dtype(helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)),
+                tuple(
+                    dim.dim_value if dim.HasField("dim_value") else dim.dim_param or None
+                    for dim in value.type.tensor_type.shape.dim
+                ),
+            )
+            for value in self.inputs
+        )
+
+
+@dataclass(frozen=True)
+class ReductionPlan:
+    """What :func:`plan_reductions` appends, and how to read the values back.
+
+    Attributes
+    ----------
+    layers : tuple of str
+        The reduced tensors, in layer order.
+    gram : {"tokens", "features", "none"}
+        Which Gram matrix comes back (``X Xᵀ``, ``Xᵀ X`` or none).
+    masked : bool
+        Whether the caller feeds :data:`MASK_INPUT`.
+    extension : GraphExtension
+        What to append to the graph.
+    prefix : int
+        Leading tokens left out of every statistic.
+    spectral_norm : bool
+        Also the centred Gram's largest eigenvalue (``hfc_top``, for the spectral-norm HFC/LFC):
+        each layer's sum of counted rows comes back too when the Gram is D×D.
+    token_scale : tuple of (kind, eps) or None
+        Per layer, the norm whose per-token scale is reduced (:meth:`inverse_scale`), or None.
+    token_rows : bool
+        Every layer also comes back whole, float64 and batch-first, for the items the caller
+        marks in :data:`ROWS_INPUT` only (:meth:`tokens_name`, :meth:`rows_feed`): a ``(K, T,
+        D)`` output for the K marked items, ``(0, T, D)`` for a batch with none, so a long audit
+        copies the few items the operating point and the attribution read, not every item.
+    """
+
+    layers: tuple[str, ...]
+    gram: Gram
+    masked: bool
+    extension: GraphExtension = field(repr=False)
+    prefix: int = 0
+    spectral_norm: bool = False
+    token_scale: tuple[TokenScale | None, ...] = ()
+    token_rows: bool = False
+
+    def tokens_name(self, layer: int) -> str:
+        return f"{_PREFIX}.{layer}.tokens"
+
+    def rows_feed(self, keep: np.ndarray) -> dict[str, np.ndarray]:
+        """The extra feed marking the (B,) items whose layers come back whole (empty unless
+        :attr:`token_rows`)."""
+        return {ROWS_INPUT: np.asarray(keep, dtype=np.float64)} if self.token_rows else {}
+
+    def scalars_name(self, layer: int) -> str:
+        return f"{_PREFIX}.{layer}.scalars"
+
+    def gram_name(self, layer: int) -> str:
+        return f"{_PREFIX}.{layer}.gram"
+
+    def mask_feed(self, token_mask: np.ndarray) -> dict[str, np.ndarray]:
+        """The extra feed for a ``(B, T)`` boolean token mask (empty when not ``masked``)."""
+        return {MASK_INPUT: np.asarray(token_mask, dtype=np.float64)} if self.masked else {}
+
+    def totals_name(self, layer: int) -> str:
+        return f"{_PREFIX}.{layer}.totals"
+
+    def inverse_scale_name(self, layer: int) -> str:
+        return f"{_PREFIX}.{layer}.inverse_scale"
+
+    def inverse_scale(self, outputs: Mapping[str, np.ndarray], layer: int) -> np.ndarray | None:
+        """(B,) token-weighted sum of ``1/s_t`` of ``layer`` (None when it has no norm to
+        reduce); divided by the token count, the mean per-token scale of the norm reading it."""
+        if layer >= len(self.token_scale) or self.token_scale[layer] is None:
+            return None
+        return np.asarray(to_numpy(outputs[self.inverse_scale_name(layer)]), dtype=np.float64)
+
+    def statistics(
+        self,
+        outputs: Mapping[str, np.ndarray],
+        layer: int,
+        token_mask: np.ndarray | None = None,
+    ) -> TokenStatistics:
+        """The :class:`~oversmooth.simulator.statistics.TokenStatistics` of one layer for one batch.
+
+        Gram eigenvalues are computed here (``eigvalsh`` in float64, batched, where the Gram
+        matrices are: on the GPU when the session kept them there,
+        :func:`~oversmooth.simulator.statistics.gram_eigenvalues`); with ``spectral_norm``, the centred
+        Gram's largest one too (:func:`~oversmooth.simulator.statistics.centred_gram_top`, on the host: from
+        the T×T Gram and the token weights, ``token_mask`` (B, T) with the prefix left out, or
+        from the D×D Gram and the rows' sum).
+        """
+        eig = None
+        if self.gram != "none":
+            eig = gram_eigenvalues(outputs[self.gram_name(layer)])
+        stats = TokenStatistics.from_packed(outputs[self.scalars_name(layer)], eig)
+        if not self.spectral_norm or self.gram == "none":
+            return stats
+        gram = np.asarray(to_numpy(outputs[self.gram_name(layer)]), np.float64)
+        if self.gram == "tokens":
+            weights = np.ones(gram.shape[:2]) if token_mask is None else token_mask.astype(float)
+            weights[:, : self.prefix] = 0.0
+            top = centred_gram_top(gram, "tokens", weights=weights)
+        else:
+            totals = outputs[self.totals_name(layer)]
+            top = centred_gram_top(gram, "features", totals=totals, n_tokens=stats.n_tokens)
+        return dataclasses.replace(stats, hfc_top=top)
+
+
+class _Builder:
+    """Appends nodes with unique names under ``oversmooth.reduce``; spells ops for the opset."""
+
+    def __init__(self, opset: int, taken: set[str]) -> None:
+        self.opset = opset
+        self.taken = taken
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: dict[str, onnx.TensorProto] = {}
+        self._count = 0
+
+    def fresh(self, hint: str) -> str:
+        self._count += 1
+        name = f"{_PREFIX}.{hint}.{self._count}"
+        if name in self.taken:
+            raise ImporterInputError(f"the model already has a tensor named {name!r}")
+        return name
+
+    def const(
+        self, values: Sequence[float] | Sequence[int] | float | np.ndarray, dtype: type
+    ) -> str:
+        array: np.ndarray = np.asarray(values, dtype=dtype)
+        name = f"{_PREFIX}.const.{array.dtype}.{'_'.join(map(str, array.ravel())) or 'empty'}"
+        name += f".{array.ndim}d"
+        if name not in self.initializers:
+            if name in self.taken:
+                raise ImporterInputError(f"the model already has a tensor named {name!r}")
+            self.initializers[name] = numpy_helper.from_array(array, name)
+        return name
+
+    def op(self, op_type: str, inputs: Sequence[str], hint: str, **attributes: Any) -> str:
+        out = self.fresh(hint)
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, **attributes))
+        return out
+
+    def output(self, op_type: str, inputs: Sequence[str], name: str, **attributes: Any) -> str:
+        if name in self.taken:
+            raise ImporterInputError(f"the model already has a tensor named {name!r}")
+        self.nodes.append(helper.make_node(op_type, list(inputs), [name], name=name, **attributes))
+        return name
+
+    def reduce(
+        self, op_type: str, x: str, axes: Sequence[int], hint: str, keepdims: int = 0
+    ) -> str:
+        """``op_type`` over ``axes``: axes as an input where the opset has it, else an attribute."""
+        axes_as_input = self.opset >= 18 or (op_type == "ReduceSum" and self.opset >= 13)
+        if axes_as_input:
+            return self.op(op_type, [x, self.const(list(axes), np.int64)], hint, keepdims=keepdims)
+        return self.op(op_type, [x], hint, axes=list(axes), keepdims=keepdims)
+
+    def unsqueeze(self, x: str, axis: int, hint: str) -> str:
+        if self.opset < 13:
+            return self.op("Unsqueeze", [x], hint, axes=[axis])
+        return self.op("Unsqueeze", [x, self.const([axis], np.int64)], hint)
+
+    def slice(self, x: str, start: int, end: int, axis: int, hint: str) -> str:
+        """``x[start:end]`` along ``axis``: bounds as inputs from opset 10, attributes before."""
+        if self.opset < 10:
+            return self.op("Slice", [x], hint, starts=[start], ends=[end], axes=[axis])
+        bounds = [self.const([value], np.int64) for value in (start, end, axis)]
+        return self.op("Slice", [x, *bounds], hint)
+
+    def ones_like_lead(self, x: str, hint: str) -> str:
+        """(B, T) double ones for ``x`` (B, T, ...): ConstantOfShape, or a Tile before opset 9."""
+        batch_tokens = self.slice(self.op("Shape", [x], "shape"), 0, 2, 0, "batch_tokens")
+        if self.opset < 9:
+            return self.op("Tile", [self.const(np.ones((1, 1)), np.float64), batch_tokens], hint)
+        ones = helper.make_tensor("value", _DOUBLE, [1], [1.0])
+        return self.op("ConstantOfShape", [batch_tokens], hint, value=ones)
+
+
+def _token_weights(b: _Builder, x: str, mask: str | None, prefix: int) -> str:
+    """(B, T) double: the mask input, or ones shaped like X's first two axes; prefix zeroed."""
+    weights = b.ones_like_lead(x, "ones") if mask is None else mask
+    if prefix == 0:
+        return weights
+    if b.opset < 12:  # no Range or GreaterOrEqual: the prefix columns sliced off, zeroed, put back
+        head = b.op(
+            "Mul", [b.slice(weights, 0, prefix, 1, "prefix"), b.const(0.0, np.float64)], "zeros"
+        )
+        tail = b.slice(weights, prefix, np.iinfo(np.int64).max, 1, "after_prefix")
+        return b.op("Concat", [head, tail], "weights", axis=1)
+    tokens = b.op(
+        "Gather", [b.op("Shape", [weights], "shape"), b.const(1, np.int64)], "tokens", axis=0
+    )
+    positions = b.op("Range", [b.const(0, np.int64), tokens, b.const(1, np.int64)], "positions")
+    kept = b.op("GreaterOrEqual", [positions, b.const(prefix, np.int64)], "after_prefix")
+    return b.op("Mul", [weights, b.op("Cast", [kept], "after_prefix", to=_DOUBLE)], "weights")
+
+
+def _norm_1_inf_sq(b: _Builder, absolute: str, hint: str) -> str:
+    """(B,): max column sum × max row sum of a (B, T, D) non-negative tensor."""
+    col = b.reduce("ReduceMax", b.reduce("ReduceSum", absolute, [1], "colsum"), [1], "colmax")
+    row = b.reduce("ReduceMax", b.reduce("ReduceSum", absolute, [2], "rowsum"), [1], "rowmax")
+    return b.op("Mul", [col, row], hint)
+
+
+def _layer_nodes(
+    b: _Builder,
+    x: str,
+    layer: int,
+    mask: str | None,
+    prefix: int,
+    gram: Gram,
+    time_major: bool,
+    totals: bool = False,
+    token_scale: TokenScale | None = None,
+    rows: str | None = None,
+) -> None:
+    """Append the statistics nodes of one layer tensor ``x`` (B, T, D), or (T, B, D) when
+    ``time_major`` (transposed to (B, T, D) first); with ``totals``, the (B, D) sum of the
+    counted rows is an output too; with ``token_scale``, the weighted sum of the norm's
+    ``1/s_t``; with ``rows`` (a (K,) index tensor), the float64 layer of those items."""
+    if time_major:
+        x = b.op("Transpose", [x], f"{layer}.batch_first", perm=[1, 0, 2])
+    xd = b.op("Cast", [x], f"{layer}.x64", to=_DOUBLE)
+    w = _token_weights(b, xd, mask, prefix)
+    w3 = b.unsqueeze(w, 2, f"{layer}.w3")
+    xm = b.op("Mul", [xd, w3], f"{layer}.xm")
+    n = b.reduce("ReduceSum", w, [1], f"{layer}.n")
+    total = b.reduce("ReduceSum", xm, [1], f"{layer}.total")
+    if totals:
+        b.output("Identity", [total], f"{_PREFIX}.{layer}.totals")
+    mean = b.op("Div", [total, b.unsqueeze(n, 1, f"{layer}.n2")], f"{layer}.mean")
+    centered = b.op(
+        "Mul",
+        [b.op("Sub", [xd, b.unsqueeze(mean, 1, f"{layer}.mean3")], f"{layer}.dev"), w3],
+        f"{layer}.centered",
+    )
+    hfc_sq = b.reduce("ReduceSumSquare", centered, [1, 2], f"{layer}.hfc_sq")
+    lfc_sq = b.op("Mul", [n, b.reduce("ReduceSumSquare", mean, [1], "mean_sq")], f"{layer}.lfc_sq")
+    norms = b.op("Sqrt", [b.reduce("ReduceSumSquare", xm, [2], "row_sq", keepdims=1)], "norms")
+    nonzero = b.op(
+        "Cast", [b.op("Greater", [norms, b.const(0.0, np.float64)], "gt0")], "nonzero", to=_DOUBLE
+    )
+    one_where_zero = b.op("Sub", [b.const(1.0, np.float64), nonzero], "zero_rows")
+    unit = b.op("Div", [xm, b.op("Add", [norms, one_where_zero], "safe_norms")], f"{layer}.unit")
+    unit_sum = b.reduce("ReduceSum", unit, [1], "unit_sum")
+    statistics = {
+        "n_tokens": n,
+        "hfc_sq": hfc_sq,
+        "lfc_sq": lfc_sq,
+        "unit_sum_sq": b.reduce("ReduceSumSquare", unit_sum, [1], f"{layer}.unit_sum_sq"),
+        "unit_trace": b.reduce("ReduceSumSquare", unit, [1, 2], f"{layer}.unit_trace"),
+        "n_nonzero": b.reduce("ReduceSum", nonzero, [1, 2], f"{layer}.m"),
+        "dong_num_sq": _norm_1_inf_sq(b, b.op("Abs", [centered], "abs_c"), f"{layer}.dong_num"),
+        "dong_den_sq": _norm_1_inf_sq(b, b.op("Abs", [xm], "abs_x"), f"{layer}.dong_den"),
+    }
+    columns = [b.unsqueeze(statistics[name], 1, f"{layer}.col") for name in SCALAR_FIELDS]
+    b.output("Concat", columns, f"{_PREFIX}.{layer}.scalars", axis=1)
+    if token_scale is not None:
+        _inverse_scale_nodes(b, xd, w, layer, token_scale)
+    if rows is not None:
+        b.output("Gather", [xd, rows], f"{_PREFIX}.{layer}.tokens", axis=0)
+    if gram != "none":
+        xt = b.op("Transpose", [xm], f"{layer}.xt", perm=[0, 2, 1])
+        pair = [xm, xt] if gram == "tokens" else [xt, xm]
+        b.output("MatMul", pair, f"{_PREFIX}.{layer}.gram")
+
+
+def _inverse_scale_nodes(b: _Builder, xd: str, w: str, layer: int, scale: TokenScale) -> None:
+    """``Σ_t w_t / s_t`` (B,) of the (B, T, D) double ``xd``: s_t the norm's per-token scale."""
+    kind, eps = scale
+    centred = xd
+    if kind == "layernorm":
+        mean = b.reduce("ReduceMean", xd, [2], f"{layer}.feature_mean", keepdims=1)
+        centred = b.op("Sub", [xd, mean], f"{layer}.feature_dev")
+    square = b.op("Mul", [centred, centred], f"{layer}.feature_sq")
+    variance = b.reduce("ReduceMean", square, [2], f"{layer}.feature_var")
+    scale_t = b.op(
+        "Sqrt", [b.op("Add", [variance, b.const(eps, np.float64)], "var_eps")], "token_scale"
+    )
+    inverse = b.op("Reciprocal", [scale_t], f"{layer}.inverse_scale_t")
+    weighted = b.op("Mul", [inverse, w], f"{layer}.weighted_inverse")
+    total = b.reduce("ReduceSum", weighted, [1], f"{layer}.inverse_scale_sum")
+    b.output("Identity", [total], f"{_PREFIX}.{layer}.inverse_scale")
+
+
+def _typed(name: str, dims: Sequence[str | int]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, _DOUBLE, list(dims))
+
+
+def _taken_names(model: OnnxModel) -> set[str]:
+    graph = model.session_model().graph
+    names = {value.name for value in (*graph.input, *graph.output, *graph.initializer)}
+    names.update(output for node in graph.node for output in node.output)
+    return names
+
+
+def plan_reductions(
+    model: OnnxModel,
+    layers: Sequence[str],
+    *,
+    prefix: int = 0,
+    masked: bool = False,
+    gram: Gram = "tokens",
+    time_major: Sequence[bool] = (),
+    spectral_norm: bool = False,
+    token_scale: Sequence[TokenScale | None] = (),
+    token_rows: bool = False,
+) -> ReductionPlan:
+    """Plan the in-graph statistics of ``layers`` (each a (B, T, D) tensor of ``model``).
+
+    Parameters
+    ----------
+    model : OnnxModel
+        Not changed: the plan's :class:`GraphExtension` is appended for one session by
+        :class:`~oversmooth.importers.runtime.runner.Runner`.
+    layers : sequence of str
+        Node outputs or graph inputs, one per layer.
+    prefix : int
+        Leading tokens left out of every statistic (CLS, registers).
+    masked : bool
+        Weight tokens by the fed :data:`MASK_INPUT` (B, T) (padding masks), else count all.
+    gram : {"tokens", "features", "none"}
+        The Gram matrix to return (``X Xᵀ``, T×T, or ``Xᵀ X``, D×D), or none (no spectral metric).
+    time_major : sequence of bool
+        Per layer, whether it is (T, B, D) instead (:attr:`AttentionBlock.time_major`); empty:
+        every layer is batch-first.
+    spectral_norm : bool
+        Also return what the spectral-norm HFC/LFC needs (:attr:`ReductionPlan.spectral_norm`).
+    token_scale : sequence of (kind, eps) or None
+        Per layer (a prefix of ``layers``; missing entries are None), the norm reading it whose
+        per-token scale to reduce (:meth:`ReductionPlan.inverse_scale`): ``"layernorm"`` or
+        ``"rmsnorm"`` with its epsilon.
+    token_rows : bool
+        Also return every layer whole for the items marked in :data:`ROWS_INPUT`
+        (:attr:`ReductionPlan.token_rows`; from opset 9, which has ``NonZero``: an older graph
+        gets a plan whose ``token_rows`` is False).
+
+    Returns
+    -------
+    ReductionPlan
+    """
+    if gram not in ("tokens", "features", "none"):
+        raise ImporterInputError(f"`gram` must be tokens, features or none; got {gram!r}")
+    if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
+        raise ImporterInputError(f"`prefix` must be a non-negative integer; got {prefix!r}")
+    builder = _Builder(model.session_opset, _taken_names(model))
+    mask = MASK_INPUT if masked else None
+    if mask is not None and mask in builder.taken:
+        raise ImporterInputError(f"the model already has a tensor named {mask!r}")
+    outputs: list[onnx.ValueInfoProto] = []
+    if time_major and len(time_major) != len(layers):
+        raise ImporterInputError(
+            f"`time_major` needs one flag per layer ({len(layers)}); got {len(time_major)}"
+        )
+    if len(token_scale) > len(layers):
+        raise ImporterInputError(
+            f"`token_scale` has {len(token_scale)} entries for {len(layers)} layers"
+        )
+    scales = (*token_scale, *([None] * (len(layers) - len(token_scale))))
+    rows = _marked_rows(builder) if token_rows else None
+    for layer, name in enumerate(layers):
+        totals = spectral_norm and gram == "features"
+        _layer_nodes(
+            builder,
+            name,
+            layer,
+            mask,
+            prefix,
+            gram,
+            bool(time_major and time_major[layer]),
+            totals,
+            scales[layer],
+            rows,
+        )
+        outputs.append(_typed(f"{_PREFIX}.{layer}.scalars", ["batch", len(SCALAR_FIELDS)]))
+        if rows is not None:
+            outputs.append(_typed(f"{_PREFIX}.{layer}.tokens", ["rows", "tokens", "d"]))
+        if scales[layer] is not None:
+            outputs.append(_typed(f"{_PREFIX}.{layer}.inverse_scale", ["batch"]))
+        if gram != "none":
+            outputs.append(_typed(f"{_PREFIX}.{layer}.gram", ["batch", "k", "k"]))
+        if totals:
+            outputs.append(_typed(f"{_PREFIX}.{layer}.totals", ["batch", "d"]))
+    extension = GraphExtension(
+        nodes=tuple(builder.nodes),
+        initializers=tuple(builder.initializers.values()),
+        inputs=(_typed(MASK_INPUT, ["batch", "tokens"]),) * masked
+        + (_typed(ROWS_INPUT, ["batch"]),) * (rows is not None),
+        outputs=tuple(outputs),
+    )
+    return ReductionPlan(
+        tuple(layers), gram, masked, extension, prefix, spectral_norm, scales, rows is not None
+    )
+
+
+def _marked_rows(b: _Builder) -> str | None:
+    """(K,) int64: the indices of the items marked in :data:`ROWS_INPUT`; None before opset 9
+    (no ``NonZero``: the layers do not come back whole, and the plan says so)."""
+    if b.opset < 9:
+        return None
+    if ROWS_INPUT in b.taken:
+        raise ImporterInputError(f"the model already has a tensor named {ROWS_INPUT!r}")
+    # fixed names, not b.fresh's numbered ones: the statistics' nodes keep their names
+    marked = b.output("Greater", [ROWS_INPUT, b.const(0.0, np.float64)], f"{_PREFIX}.rows.marked")
+    found = b.output("NonZero", [marked], f"{_PREFIX}.rows.nonzero")  # (1, K)
+    return b.output("Reshape", [found, b.const([-1], np.int64)], f"{_PREFIX}.rows.index")

@@ -1,0 +1,171 @@
+"""The audit's dominance step on real attention matrices: the certified path equals the dense one.
+
+The attention probabilities of zoo models on their bundled inputs (restricted to the real tokens,
+rows renormalised, as the audit does) with the heads' H spectra: every head must get the same kind
+from :func:`oversmooth.simulator.perron.dominating_modes` as from the full spectra, with μ, λ^A and λ^H equal
+to 1e-9, and most heads must be decided by the bound (else the fast path would not be used).
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from numpy.testing import assert_allclose
+from threadpoolctl import threadpool_limits
+
+from oversmooth.importers.audit.cache import cached_value_spectra
+from oversmooth.importers.audit.dominance import (
+    DominanceProblem,
+    dominance_problems,
+    dominance_spectra,
+    nonfinite_attention,
+)
+from oversmooth.importers.audit.session import audit_session
+from oversmooth.importers.errors import UnsupportedModelError
+from oversmooth.importers.graph import load_model
+from oversmooth.importers.inputs.feeds import Inputs
+from oversmooth.importers.inputs.sources import default_inputs
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.value_spectra import H_CHOICES, HChoice
+from oversmooth.importers.weights import block_weights
+from oversmooth.importers.zoo import file_sha256, lookup
+from oversmooth.simulator.perron import dominating_modes
+from oversmooth.simulator.theory import HEAD_KINDS, KINDS, contracting_heads, dominance_kinds
+from oversmooth.simulator.tolerances import EIG_TOL, TIE_RTOL
+from tests.realmodels import require_real_model
+
+#: Inputs per model: enough heads for a fraction, few enough for the dense path's time.
+ITEMS = {"dinov2-vits14": 2, "minilm-l6-int8": 8}
+#: The share of heads the bound decides on these inputs (measured with the effective H: 62.5 % and
+#: 90 %; with the stored H: 91 % and 90 %; MiniLM is post-LN, so both H are the same there).
+MIN_CERTIFIED = 0.5
+
+
+@functools.cache
+def attention_problems(name: str, h: HChoice = "effective") -> list[DominanceProblem]:
+    """The audit's (input, layer) problems of zoo model ``name`` on its first bundled inputs, with
+    the ``h`` H (the audit's default: the effective one)."""
+    path = require_real_model(name)
+    graph = load_model(path)
+    blocks = [block_weights(graph, block) for block in find_attention_blocks(graph).blocks]
+    inputs = default_inputs(graph.inputs, lookup(name).entry)
+    inputs = inputs.subset(range(min(ITEMS[name], inputs.batch_size)))
+    session = audit_session(graph, blocks, inputs, provider="cpu", spectral=False)
+    outputs = session.runner.collect(session.feeds, batch_size=inputs.batch_size)
+    spectra = cached_value_spectra(blocks, file_sha256(path), use_cache=False)
+    eig_H = dominance_spectra(blocks, spectra, "head", h)
+    return dominance_problems(outputs, blocks, session.attention, inputs, 0, eig_H)
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize("h", H_CHOICES)
+@pytest.mark.parametrize("name", sorted(ITEMS))
+def test_real_attention_gets_the_dense_kinds_and_modes(name: str, h: HChoice) -> None:
+    """Certified or dense, the same cases; and the contracting class, decided from H alone, is
+    never perron under Definition 4 on the full spectrum of A (every other head's kind is
+    Definition 4's)."""
+    certified = total = contracting = 0
+    for problem in attention_problems(name, h):
+        with threadpool_limits(limits=1, user_api="blas"):  # as in the audit: see model_spectra
+            fast = dominating_modes(problem.attention(), problem.eig_H, min_order=1)
+            dense = problem.cases(TIE_RTOL, certify=False)
+            definition = dominance_kinds(np.linalg.eigvals(problem.attention()), problem.eig_H)
+        assert [case.kind for case in dense] == [HEAD_KINDS[kind] for kind in fast.kinds]
+        by_h = contracting_heads(problem.eig_H)
+        assert (fast.kinds[by_h] == HEAD_KINDS.index("contracting")).all()
+        assert (definition[by_h] != KINDS.index("perron")).all()
+        np.testing.assert_array_equal(fast.kinds[~by_h], definition[~by_h])
+        contracting += int(by_h.sum())
+        for field, values in (("mu", fast.mu), ("lambda_a", fast.eig_A), ("lambda_h", fast.eig_H)):
+            expected = [getattr(case, field) for case in dense]
+            assert_allclose(values, expected, rtol=0, atol=EIG_TOL, err_msg=field)
+        certified += int(fast.certified.sum())
+        total += len(dense)
+    assert certified >= MIN_CERTIFIED * total, f"{certified} of {total} certified"
+    if (name, h) == ("dinov2-vits14", "effective"):
+        assert contracting > 0  # the class is exercised on real heads
+
+
+def test_the_audit_cases_are_those_of_the_problems() -> None:
+    """Certified or dense, a problem's cases carry its item, layer, heads and token count."""
+    real = (np.ones((4, 4)) - np.eye(4)) / 3  # eigenvalues 1 and -1/3 (three times)
+    probs = np.full((2, 5, 5), 0.5)
+    rows, columns = np.ix_([0, 1, 3, 4], [0, 1, 3, 4])  # token 2 is padding
+    probs[:, rows, columns] = 2 * real
+    mask = np.array([True, True, False, True, True])
+    # head 0: 1 + 0.5 on top; head 1: |1 - 2.5 (-1/3)| = 1.83 > |1 - 2.5| = 1.5 beats the Perron
+    # row (not contracting: |1 + λ^H| > 1).
+    eig_H = np.array([[0.5, 0.0], [-2.5, 0.0]], dtype=complex)
+    problem = DominanceProblem(3, 1, probs, mask, eig_H)
+    assert_allclose(problem.attention(), np.stack([real, real]), atol=1e-15)
+    assert dominating_modes(problem.attention(), eig_H, min_order=1).certified.tolist() == [
+        True,
+        False,
+    ]
+    for certify in (True, False):
+        cases = problem.cases(TIE_RTOL, certify=certify)
+        assert [(c.input, c.block, c.head, c.n_tokens) for c in cases] == [
+            (3, 1, 0, 4),
+            (3, 1, 1, 4),
+        ]
+        assert [c.kind for c in cases] == ["perron", "non-perron"]
+
+
+def test_stacked_problems_come_back_per_problem_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Problems of three layers, two token counts and two H widths, stacks capped at 216
+    attention entries: every stack is of one token count and one width, layers mix, runs are
+    even, and the batch's cases equal each problem's own, in problem order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from oversmooth.importers.audit import dominance
+
+    rng = np.random.default_rng(5)
+    n_tokens, heads = 6, 2
+    problems = []
+    for layer in range(3):
+        width = 3 if layer < 2 else 4
+        for item in range(5):
+            mask = np.ones(n_tokens, dtype=bool)
+            mask[n_tokens - item % 2 :] = False  # odd items: one padding token
+            probs = rng.random((heads, n_tokens, n_tokens))
+            eig_H = rng.normal(size=(heads, width)) + 0j
+            problems.append(DominanceProblem(item, layer, probs, mask, eig_H))
+    monkeypatch.setattr(dominance, "MAX_STACK_ELEMENTS", 3 * heads * n_tokens**2)
+    groups = dominance.stacks(problems)
+    for group in groups:
+        assert len({(problems[i].n_tokens, problems[i].eig_H.shape) for i in group}) == 1
+        n = problems[group[0]].n_tokens
+        assert len(group) >= 1
+        assert len(group) * heads * n * n <= dominance.MAX_STACK_ELEMENTS
+    assert any(len({problems[i].layer for i in group}) > 1 for group in groups)
+    lengths: dict[tuple[int, int], list[int]] = {}
+    for group in groups:
+        key = (problems[group[0]].n_tokens, problems[group[0]].eig_H.shape[1])
+        lengths.setdefault(key, []).append(len(group))
+    assert lengths == {(6, 3): [3, 3], (5, 3): [4], (6, 4): [3], (5, 4): [2]}  # even runs
+    assert sorted(i for group in groups for i in group) == list(range(len(problems)))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        cases = dominance.PendingCases(problems, TIE_RTOL, pool).result()
+    assert cases == [case for problem in problems for case in problem.cases(TIE_RTOL)]
+
+
+@pytest.mark.parametrize("shape", [(8, 2, 4, 4), (16, 4, 4)])
+def test_attention_of_another_leading_size_than_the_inputs_is_refused_naming_the_block(
+    shape: tuple[int, ...],
+) -> None:
+    """Probabilities of 8 (heads, t, t) stacks for 2 inputs (windows folded into the leading
+    axis) are never indexed as inputs: a one-line importer error names the block, in the
+    finiteness check and in the dominance step alike."""
+    block = SimpleNamespace(index=3, softmax="attn/Softmax", n_heads=2)
+    inputs = Inputs(feeds={"x": np.zeros((2, 16, 8), np.float32)}, labels=("a", "b"), source="t")
+    probs = np.full(shape, 0.25)
+    eig_H = [np.zeros((2, 3), complex)]
+    expected = r"block 3's attention probabilities 'p' \(Softmax 'attn/Softmax'\) hold 8 "
+    with pytest.raises(UnsupportedModelError, match=expected) as info:
+        dominance_problems({"p": probs}, [block], ["p"], inputs, 0, eig_H)  # type: ignore[list-item]
+    assert "\n" not in str(info.value)
+    with pytest.raises(UnsupportedModelError, match=expected):
+        nonfinite_attention(probs, "p", 2, inputs, block=block)  # type: ignore[arg-type]
