@@ -51,6 +51,7 @@ from oversmooth.importers.inputs import Inputs, default_inputs
 from oversmooth.importers.value_spectra import SpectrumRow
 from oversmooth.importers.zoo import cache_dir, file_sha256, get_model, lookup
 from oversmooth.simulator.sampling import share_intervals
+from oversmooth.simulator.theory import KINDS
 
 __all__ = [
     "AUDIT_SETTINGS",
@@ -143,6 +144,10 @@ class Audited:
         Model file sha256, inputs (source, digest, count), provider used, audit configuration.
     cases : (n_cases, 3) int ndarray
         One row per dominance case: input, block, 1 when perron type (else 0).
+    frozen : (n_cases, 3) int ndarray
+        One row per (input, block) of the frozen block operator (``frozen`` of :func:`audited`):
+        input, block, the kind's index in :data:`~oversmooth.simulator.theory.KINDS`; empty when
+        none ran.
     """
 
     variant: Variant
@@ -151,10 +156,14 @@ class Audited:
     spectra: list[SpectrumRow]
     provenance: dict[str, Any]
     cases: np.ndarray
+    frozen: np.ndarray
 
 
-#: Audits made in this process, by (key, quick, h, operator inputs).
-_AUDITS: dict[tuple[str, bool, HChoice, int], Audited] = {}
+#: The frozen block operators an audit can count per (input, block): the whole operator at the
+#: effective H (``dominance="operator"``) or at each input's own normalisation (``"operating"``).
+Frozen = Literal["operator", "operating"]
+#: Audits made in this process, by (key, quick, h, operator inputs, frozen operator).
+_AUDITS: dict[tuple[str, bool, HChoice, int, Frozen], Audited] = {}
 
 
 def _transform_digest() -> str:
@@ -222,7 +231,13 @@ def _inputs(variant: Variant, model: OnnxModel, quick: bool) -> Inputs:
     return inputs.subset(slice(0, QUICK_INPUTS[entry.kind])) if quick else inputs
 
 
-def audited(key: str, quick: bool, h: HChoice = "effective", operator_inputs: int = 0) -> Audited:
+def audited(
+    key: str,
+    quick: bool,
+    h: HChoice = "effective",
+    operator_inputs: int = 0,
+    frozen: Frozen = "operator",
+) -> Audited:
     """Audit variant ``key`` on the bundled inputs (once per process and arguments).
 
     Parameters
@@ -234,25 +249,32 @@ def audited(key: str, quick: bool, h: HChoice = "effective", operator_inputs: in
     h : {"effective", "stored"}
         The H of the dominance count (:class:`oversmooth.importers.audit.pipeline.AuditOptions`).
     operator_inputs : int
-        When positive, also the exact operator dominance on that many first inputs
-        (``dominance="operator"``; its summary is ``dominance.operator``).
+        When positive, also the frozen block operator ``frozen`` on that many first inputs.
+    frozen : {"operator", "operating"}
+        ``"operator"``: the exact whole operator at the effective H (``dominance="operator"``; its
+        summary is ``dominance.operator``); ``"operating"``: the operator frozen at each input's own
+        normalisation (``dominance="operating"``, docs/theory.md §6.12). Its cases are
+        :attr:`Audited.frozen`.
 
     Returns
     -------
     Audited
     """
-    if (key, quick, h, operator_inputs) not in _AUDITS:
-        _AUDITS[key, quick, h, operator_inputs] = _audit(VARIANTS[key], quick, h, operator_inputs)
-    return _AUDITS[key, quick, h, operator_inputs]
+    arguments = (key, quick, h, operator_inputs, frozen)
+    if arguments not in _AUDITS:
+        _AUDITS[arguments] = _audit(VARIANTS[key], quick, h, operator_inputs, frozen)
+    return _AUDITS[arguments]
 
 
-def _audit(variant: Variant, quick: bool, h: HChoice, operator_inputs: int) -> Audited:
+def _audit(
+    variant: Variant, quick: bool, h: HChoice, operator_inputs: int, frozen: Frozen
+) -> Audited:
     model = load_model(variant_file(variant.key))
     inputs = _inputs(variant, model, quick)
     prefix = get_model(variant.model).prefix_tokens
     settings = dict(AUDIT_SETTINGS)
     if operator_inputs > 0:
-        settings.update(dominance="operator", operator_inputs=operator_inputs)
+        settings.update(dominance=frozen, operator_inputs=operator_inputs)
     result = audit(model, inputs, exclude_prefix=prefix, h=h, **settings)
     return Audited(
         variant=variant,
@@ -274,6 +296,13 @@ def _audit(variant: Variant, quick: bool, h: HChoice, operator_inputs: int) -> A
         },
         cases=np.array(
             [(c.input, c.block, c.kind == "perron") for c in result.dominance], dtype=np.int64
+        ).reshape(-1, 3),
+        frozen=np.array(
+            [
+                (c.input, c.block, KINDS.index(c.kind))
+                for c in (result.operator if frozen == "operator" else result.operating)
+            ],
+            dtype=np.int64,
         ).reshape(-1, 3),
     )
 

@@ -21,8 +21,11 @@ Run: ``python -m oversmooth.figures.table1_dominance [--quick] --out DIR``.
 CSV columns: ``source,model,transform,h,unit,block,n_inputs,cases,perron_pct,perron_lo,perron_hi,
 non_perron_pct,balanced_pct,contracting_pct,agreement_pct,counterpart``: ``source`` is ``ours`` or ``paper``; ``h`` the H protocol (``effective``,
 ``stored``, or ``both`` where they coincide); ``block`` is ``all`` or an attention block (ours
-only); ``unit`` is ``head`` (cases per (input, block, head)) or ``operator`` (per (input, block), the
-block's whole operator, on the first inputs only, with ``agreement_pct`` against the per-head rule);
+only); ``unit`` is ``head`` (cases per (input, block, head)), ``operator`` (per (input, block), the
+block's whole operator, on the first inputs only, with ``agreement_pct`` against the per-head rule)
+or ``operating`` (per (input, block), the block frozen at each input's own normalisation, on the same
+inputs, with ``agreement_pct`` against the operator row's kind, ``agreement_expected_pct`` what
+shuffling one side gives and ``agreement_p`` the exact chance of at least as many agreements);
 ``perron_lo``/``perron_hi`` a 95 % bootstrap interval over inputs (cases of one input are not
 independent); ``contracting_pct`` the cases whose head's H alone rules out Perron type (a null-space
 eigenvalue 0 and no other ``|1 + λ^H|`` above 1: docs/theory.md §6.10), apart from non-Perron ones, so
@@ -41,9 +44,12 @@ import numpy as np
 from oversmooth.figures import _models
 from oversmooth.figures._common import new_figure, parser, run_script
 from oversmooth.figures.audit_report import plot_dominance
+from oversmooth.importers.audit.cases import Agreement
 from oversmooth.simulator.output import atomic_output
+from oversmooth.simulator.theory import KINDS
 
 NAME = "table1_dominance"
+PERRON = KINDS.index("perron")
 #: Our rows: (variant key, H protocol), in table order; ``both`` where nothing is folded (post-LN
 #: MiniLM: the effective H is the stored one, one audit serves both).
 OURS = (
@@ -105,6 +111,8 @@ COLUMNS = (
     "balanced_pct",
     "contracting_pct",
     "agreement_pct",
+    "agreement_expected_pct",
+    "agreement_p",
     "counterpart",
 )
 NOTE = (
@@ -179,6 +187,56 @@ def _operator_rows(key: str, quick: bool) -> list[dict[str, Any]]:
     ]
 
 
+def _operating_rows(key: str, quick: bool) -> list[dict[str, Any]]:
+    """The operating-point operator of ``key`` (each block frozen at each input's own
+    normalisation, docs/theory.md §6.12) on the inputs of :func:`_operator_rows`: overall and per
+    block, with its agreement with the whole operator at the effective H on the same
+    (input, block) cases, and that agreement's chance level."""
+    inputs = 1 if quick else OPERATOR_INPUTS
+    operating = _models.audited(key, quick, "effective", inputs, frozen="operating").frozen
+    operator = _models.audited(key, quick, "effective", inputs).frozen
+    kind_of = {(i, b): k for i, b, k in operator}
+    variant = _models.VARIANTS[key]
+    base = {
+        "source": "ours",
+        "model": variant.model,
+        "transform": variant.transform,
+        "h": "effective",
+        "unit": "operating",
+        "n_inputs": len({int(i) for i in operating[:, 0]}),
+        "counterpart": None,
+    }
+    parts = [("all", operating)] + [
+        (str(b), operating[operating[:, 1] == b]) for b in sorted({int(b) for b in operating[:, 1]})
+    ]
+    return [{**base, "block": block, **_frozen_shares(cases, kind_of)} for block, cases in parts]
+
+
+def _frozen_shares(cases: np.ndarray, kind_of: dict[tuple[int, int], int]) -> dict[str, Any]:
+    """Kind shares of ``cases`` ((n, 3): input, block, kind index) and their agreement (perron or
+    not) with the kinds ``kind_of`` gives the same (input, block), balanced ones left out of the
+    agreement, with the expected agreement under shuffling and its exact p-value."""
+    kinds = cases[:, 2]
+    balanced = KINDS.index("balanced")
+    pairs = [
+        (int(kind_of[int(i), int(b)]) == PERRON, int(k) == PERRON)
+        for i, b, k in cases
+        if int(k) != balanced and int(kind_of[int(i), int(b)]) != balanced
+    ]
+    agreement = Agreement.of_pairs(pairs)
+    shares = {
+        "cases": len(cases),
+        "perron_pct": 100 * float(np.mean(kinds == PERRON)),
+        "non_perron_pct": 100 * float(np.mean(kinds != PERRON)),  # balanced ties included
+        "balanced_pct": 100 * float(np.mean(kinds == balanced)),
+    }
+    if agreement is not None:
+        shares["agreement_pct"] = 100 * agreement.agree / agreement.decided
+        shares["agreement_expected_pct"] = 100 * agreement.expected / agreement.decided
+        shares["agreement_p"] = agreement.p_value
+    return shares
+
+
 def _paper_rows() -> list[dict[str, Any]]:
     return [
         {
@@ -197,6 +255,7 @@ def compute(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Dominance fractions, overall and per block, for every row of :data:`OURS`; then the paper's."""
     rows = [row for key, h in OURS for row in _our_rows(key, h, quick)]
     rows += [row for key in OPERATOR_ROWS for row in _operator_rows(key, quick)]
+    rows += [row for key in OPERATOR_ROWS for row in _operating_rows(key, quick)]
     config = {
         **_models.provenance(list(dict.fromkeys(key for key, _ in OURS)), quick),
         "h_protocols": {f"{key} ({h})": h for key, h in OURS},
@@ -206,6 +265,15 @@ def compute(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             "models": list(OPERATOR_ROWS),
             "inputs": 1 if quick else OPERATOR_INPUTS,
             "unit": "(input, block): the block's whole operator I + sum_h M_h^T (x) A_h",
+        },
+        "operating": {
+            "models": list(OPERATOR_ROWS),
+            "inputs": 1 if quick else OPERATOR_INPUTS,
+            "unit": "(input, block): X -> X + sum_h A_h D X M_h, D the input's own 1/sigma "
+            "(pre-LN), 1/rms (pre-RMSNorm) or I (post-LN, no norm)",
+            "agreement": "with the operator row's kind on the same (input, block), perron or not, "
+            "balanced left out; expected: the mean agreement when one side is shuffled (margins "
+            "fixed), p: the exact chance of at least as many agreements",
         },
         "paper": "poster Table 1 (docs/theory.md §6.2)",
         "note": NOTE,
@@ -244,7 +312,7 @@ def _plot_totals(ax: Any, totals: list[dict[str, Any]]) -> None:
 def plot(rows: list[dict[str, Any]]):
     """Stacked bars of every row's overall split; per-block bars of :data:`PER_BLOCK`."""
     fig, (left, right) = new_figure("full", 0.5, ncols=2, width_ratios=(2.2, 1))
-    per_head = [row for row in rows if row.get("unit") != "operator"]
+    per_head = [row for row in rows if row.get("unit") not in ("operator", "operating")]
     _plot_totals(left, _models.rows_of(per_head, block="all"))
     per_block = [
         row
@@ -264,6 +332,10 @@ def plot(rows: list[dict[str, Any]]):
 
 def _pct(value: Any) -> str:
     return "—" if value is None else f"{value:.2f}%"
+
+
+def _p(value: Any) -> str:
+    return "—" if value is None else f"{value:.3g}"
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
@@ -320,6 +392,25 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
         f"| {_pct(row['agreement_pct'])} |"
         for row in rows
         if row.get("unit") == "operator" and row["block"] == "all"
+    ]
+    lines += [
+        "",
+        "The operating point of each block, X ↦ X + Σ_h A_h D X M_h with D the input's own per-token "
+        "scale of the pre-norm (1/σ; I for post-LN), on the same inputs (docs/theory.md §6.12): "
+        "perron-type when its dominating eigenvector is mostly low-frequency. Agreement: with the "
+        "whole operator above on the same (input, block) cases (perron or not, balanced ones left "
+        "out), beside what shuffling one side would give and the exact chance of at least as many.",
+        "",
+        "| model | inputs | (input, block) cases | operating point: Perron type | non-Perron "
+        "| agreement with the operator | expected by chance | p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {row['model']} | {row['n_inputs']} | {row['cases']} | {_pct(row['perron_pct'])} "
+        f"| {_pct(row['non_perron_pct'])} | {_pct(row.get('agreement_pct'))} "
+        f"| {_pct(row.get('agreement_expected_pct'))} | {_p(row.get('agreement_p'))} |"
+        for row in rows
+        if row.get("unit") == "operating" and row["block"] == "all"
     ]
     lines += [
         "",

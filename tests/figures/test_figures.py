@@ -153,9 +153,10 @@ def test_table1_markdown_sits_next_to_the_csv(quick_run: QuickRun) -> None:
     text = (out / "table1_dominance.md").read_text(encoding="utf-8")
     from oversmooth.figures.table1_dominance import OPERATOR_ROWS, OURS, PAPER
 
-    # three headers and the rows
-    assert text.count("\n| ") == 3 * 1 + len(OURS) + len(OPERATOR_ROWS) + len(PAPER)
+    # four headers and the rows (the operator and the operating point: one row per model each)
+    assert text.count("\n| ") == 4 * 1 + len(OURS) + 2 * len(OPERATOR_ROWS) + len(PAPER)
     assert "The whole operator of each block" in text
+    assert "The operating point of each block" in text
     for _, _, perron, non_perron in PAPER:
         assert f"{perron:.2f}%" in text
         assert f"{non_perron:.2f}%" in text
@@ -188,6 +189,27 @@ def test_table1_operator_rows_count_input_block_cases(quick_run: QuickRun) -> No
     for row in totals:
         assert int(row["cases"]) == get_model(row["model"]).n_layers  # 1 input x every block
         assert 0.0 <= float(row["agreement_pct"]) <= 100.0
+
+
+@pytest.mark.realmodel
+def test_table1_operating_rows_count_input_block_cases_with_their_chance(
+    quick_run: QuickRun,
+) -> None:
+    """The operating-point rows: one case per (input, block) of the first input, as the operator
+    rows; their agreement with the operator comes with its expectation under shuffling and a
+    p-value (or none where every case is balanced on one side)."""
+    from oversmooth.importers.zoo import get_model
+
+    rows = _rows(_script(quick_run, "table1_dominance") / "table1_dominance.csv")
+    totals = [r for r in rows if r["unit"] == "operating" and r["block"] == "all"]
+    assert {r["model"] for r in totals} == {"dinov2-vits14", "minilm-l6-int8", "minilm-l3"}
+    for row in totals:
+        assert int(row["cases"]) == get_model(row["model"]).n_layers
+        assert float(row["perron_pct"]) + float(row["non_perron_pct"]) == pytest.approx(100.0)
+        if row["agreement_pct"]:
+            assert 0.0 <= float(row["agreement_pct"]) <= 100.0
+            assert 0.0 <= float(row["agreement_expected_pct"]) <= 100.0
+            assert 0.0 <= float(row["agreement_p"]) <= 1.0
 
 
 @pytest.mark.realmodel
