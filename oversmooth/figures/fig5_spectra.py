@@ -7,8 +7,10 @@ possibly nonzero eigenvalues, claim 31) and per whole layer, for two H: the effe
 linear factor between the stream and the branch's contribution: pre-LayerNorm centring and γ,
 W_V^h W_O^h, LayerScale; docs/theory.md §6.8), the operator the model applies, and the stored
 W_V^h W_O^h (the paper's protocol). The MiniLMs are post-LN without LayerScale: their two H
-coincide. Histograms are of Re λ / max |Re λ| so that models of different scale share one axis; the
-legend gives the share with negative real part (the caption's "skewing to the negatives") and the
+coincide. Histograms are of Re λ / max |Re λ| over the eigenvalue's own layer (and kind), so that
+layers and models of different scale share one axis (DINOv2's LayerScale differs by orders of
+magnitude between layers: divided by the largest |Re λ| of the whole model, most of its effective
+eigenvalues fell into the two bins around 0); the legend gives the share with negative real part (the caption's "skewing to the negatives") and the
 share inside |1 + λ| < 1 (importers.value_spectra.summarize_spectra; the Fisher skewness is kept in
 the CSV as a shape statistic). From the weights alone: quick and full runs give the same numbers.
 
@@ -54,16 +56,32 @@ STATS = (
 COLUMNS = ("model", "modality", "kind", "stat", "bin_left", "bin_right", "value")
 
 
+def per_layer_normalised(real: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """``real`` divided by the largest ``|real|`` of its own block (0 where a block's are all 0).
+
+    Parameters
+    ----------
+    real, blocks : (n,) ndarray
+        Real parts of eigenvalues and the block each belongs to.
+    """
+    scale = np.zeros_like(real)
+    for block in np.unique(blocks):
+        mine = blocks == block
+        scale[mine] = np.max(np.abs(real[mine]))
+    return np.divide(real, scale, out=np.zeros_like(real), where=scale > 0)
+
+
 def _kind_rows(model: str, modality: str, kind: str, spectrum: Sequence[Any]) -> list[dict]:
-    real = np.array([row.real for row in spectrum if row.kind == kind])
+    rows_of_kind = [row for row in spectrum if row.kind == kind]
+    real = np.array([row.real for row in rows_of_kind])
     if real.size == 0:
         return []
-    summary = vars(summarize_spectra([row for row in spectrum if row.kind == kind])[kind])
-    scale = float(np.max(np.abs(real)))
-    stats = {**summary, "max_abs_real": scale}
+    summary = vars(summarize_spectra(rows_of_kind)[kind])
+    stats = {**summary, "max_abs_real": float(np.max(np.abs(real)))}
     base = {"model": model, "modality": modality, "kind": kind}
     rows = [{**base, "stat": stat, "value": float(stats[stat])} for stat in STATS]
-    density, _ = np.histogram(real / scale, bins=BINS, density=True)
+    blocks = np.array([row.block for row in rows_of_kind])
+    density, _ = np.histogram(per_layer_normalised(real, blocks), bins=BINS, density=True)
     rows.extend(
         {
             **base,
@@ -89,7 +107,7 @@ def compute(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     config = {
         "models": {key: file_sha256(_models.variant_file(key)) for key in KEYS},
         "bins": {"low": float(BINS[0]), "high": float(BINS[-1]), "count": BINS.size - 1},
-        "normalisation": "real part divided by the largest |real part| of (model, kind)",
+        "normalisation": "real part divided by the largest |real part| of (model, kind, layer)",
     }
     return rows, config
 
@@ -104,7 +122,7 @@ def _legend_label(rows: list[dict[str, Any]], model: str, kind: str, with_kind: 
 
 
 def plot(rows: list[dict[str, Any]]):
-    """One panel per :data:`PANELS` entry: density of Re λ / max |Re λ| per model."""
+    """One panel per :data:`PANELS` entry: density of Re λ / max |Re λ| (per layer) per model."""
     fig, axes = new_figure("full", 0.5, ncols=len(PANELS), sharey=True)
     for ax, (title, kinds) in zip(axes, PANELS, strict=True):
         for key in KEYS:
@@ -122,7 +140,7 @@ def plot(rows: list[dict[str, Any]]):
                 )
         ax.axvline(0, color="0.5", lw=0.6)
         ax.set_title(title)
-        ax.set_xlabel("Re λ / max |Re λ|")
+        ax.set_xlabel("Re λ / max |Re λ| of its layer")
         ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.22))
     axes[0].set_ylabel("density")
     return fig
