@@ -181,11 +181,11 @@ def _agreement_sentence(dom: DominanceSummary) -> str:
     )
 
 
-def _chance_level(found: Agreement, margins: str) -> str:
+def _chance_level(found: Agreement, margins: str, units: str = "blocks") -> str:
     """The chance level of an agreement count: the shuffle's mean and the exact p-value."""
     return (
         "Chance level: shuffling the observed directions among those "
-        f"blocks ({margins}) gives {found.expected:.2f} agreements on average, "
+        f"{units} ({margins}) gives {found.expected:.2f} agreements on average, "
         f"and {found.agree} or more with probability p = {found.p_value:.3f} (exact permutation "
         "test)" + (": no better than chance." if found.p_value > 0.05 else ".")
     )
@@ -279,7 +279,15 @@ def _operator_paragraph(summary: OperatorSummary | None) -> list[str]:
         "block's whole multi-head operator I + Σ_h M_hᵀ ⊗ A_h (`operator.csv`): "
         f"**{100 * summary.perron:.1f}% perron-type** (the low-frequency eigenvalues 1 + eig(Σ_h M_h) "
         f"dominate), {100 * summary.non_perron:.1f}% not. The per-head rule (a block is perron-type "
-        f"when at least half its heads are) agrees in {100 * summary.agreement:.1f}% of them.",
+        f"when at least half its heads are) agrees in {100 * summary.agreement:.1f}% of them."
+        + (
+            " "
+            + _chance_level(
+                summary.agreement_test, "as many perron-type as measured on each side", "cases"
+            )
+            if summary.agreement_test is not None
+            else ""
+        ),
         "",
         "| attention block | cases | operator: perron | per-head rule: perron | agreement |",
         "|---|---|---|---|---|",

@@ -22,7 +22,8 @@ CSV columns: ``source,model,transform,h,unit,block,n_inputs,cases,perron_pct,per
 non_perron_pct,balanced_pct,contracting_pct,agreement_pct,counterpart``: ``source`` is ``ours`` or ``paper``; ``h`` the H protocol (``effective``,
 ``stored``, or ``both`` where they coincide); ``block`` is ``all`` or an attention block (ours
 only); ``unit`` is ``head`` (cases per (input, block, head)), ``operator`` (per (input, block), the
-block's whole operator, on the first inputs only, with ``agreement_pct`` against the per-head rule)
+block's whole operator, on the first inputs only, with ``agreement_pct`` against the per-head rule
+and, on the overall row, its chance level as below)
 or ``operating`` (per (input, block), the block frozen at each input's own normalisation, on the same
 inputs, with ``agreement_pct`` against the operator row's kind, ``agreement_expected_pct`` what
 shuffling one side gives and ``agreement_p`` the exact chance of at least as many agreements);
@@ -174,7 +175,7 @@ def _operator_rows(key: str, quick: bool) -> list[dict[str, Any]]:
     parts = [("all", summary.cases, summary.perron, summary.agreement)] + [
         (str(b.block), b.cases, b.perron, b.agreement) for b in summary.per_block
     ]
-    return [
+    rows = [
         {
             **base,
             "block": block,
@@ -185,6 +186,11 @@ def _operator_rows(key: str, quick: bool) -> list[dict[str, Any]]:
         }
         for block, cases, perron, agreement in parts
     ]
+    test = summary.agreement_test
+    if test is not None:  # the chance level of the overall agreement
+        rows[0]["agreement_expected_pct"] = 100 * test.expected / test.decided
+        rows[0]["agreement_p"] = test.p_value
+    return rows
 
 
 def _operating_rows(key: str, quick: bool) -> list[dict[str, Any]]:
@@ -381,15 +387,17 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
         "The whole operator of each block, I + Σ_h M_hᵀ ⊗ A_h (effective H), on the first inputs: "
         "perron-type when its low-frequency eigenvalues 1 + eig(Σ_h M_h) dominate; agreement: the "
         "share of (input, block) cases where the per-head rule (a block is perron-type when at "
-        "least half its heads are) says the same.",
+        "least half its heads are) says the same, beside what shuffling one side would give and "
+        "the exact chance of at least as many.",
         "",
         "| model | inputs | (input, block) cases | operator: Perron type | agreement with the "
-        "per-head rule |",
-        "|---|---|---|---|---|",
+        "per-head rule | expected by chance | p |",
+        "|---|---|---|---|---|---|---|",
     ]
     lines += [
         f"| {row['model']} | {row['n_inputs']} | {row['cases']} | {_pct(row['perron_pct'])} "
-        f"| {_pct(row['agreement_pct'])} |"
+        f"| {_pct(row['agreement_pct'])} | {_pct(row.get('agreement_expected_pct'))} "
+        f"| {_p(row.get('agreement_p'))} |"
         for row in rows
         if row.get("unit") == "operator" and row["block"] == "all"
     ]

@@ -424,7 +424,12 @@ class OperatorBlock(Record):
 
 @dataclass(frozen=True)
 class OperatorSummary(Record):
-    """The exact operator dominance over its (input, block) cases, overall and per block."""
+    """The exact operator dominance over its (input, block) cases, overall and per block.
+
+    ``agreement`` is the share of cases where the per-head majority rule gives the operator's
+    perron-or-not; ``agreement_test`` the same count against chance (:class:`Agreement`: the
+    expectation when one side is shuffled with the margins fixed, and the exact p-value).
+    """
 
     inputs: int
     cases: int
@@ -433,6 +438,7 @@ class OperatorSummary(Record):
     balanced: float
     agreement: float
     per_block: tuple[OperatorBlock, ...]
+    agreement_test: Agreement | None = None
 
 
 def operator_summary(
@@ -466,6 +472,9 @@ def operator_summary(
         balanced=float(np.mean(kinds == "balanced")),
         agreement=float(np.mean(exact == majority)),
         per_block=per_block,
+        agreement_test=Agreement.of_pairs(
+            list(zip(majority.tolist(), exact.tolist(), strict=True))
+        ),
     )
 
 
