@@ -42,6 +42,9 @@ class Trace:
     after_attention : list of (B, T, d) ndarray
         Each block's stream right after its attention sublayer, before its MLP: ``N1(x + attn)``
         (post-LN) or ``x + ls1 attn(N1(x))`` (pre-LN).
+    attention_sum : list of (B, T, d) ndarray
+        Each block's attention sublayer as the theory defines it: the residual sum ``x + attn``
+        (before a post-LN norm), ``x + ls1 attn(N1(x))`` (pre-LN).
     output : (B, T, d) ndarray
         The graph output: the last hidden state after any final norm.
     """
@@ -50,6 +53,7 @@ class Trace:
     attention: list[np.ndarray]
     output: np.ndarray
     after_attention: list[np.ndarray]
+    attention_sum: list[np.ndarray]
 
 
 def _norm(
@@ -119,9 +123,10 @@ def _mlp(x: np.ndarray, mlp: MlpReference) -> np.ndarray:
 
 def _block(
     x: np.ndarray, blk: ExpectedBlock, mlp: MlpReference, reference: Reference, keep: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Post-LN ``N2(h + mlp(h)), h = N1(x + attn(x))`` or pre-LN ``h + ls2 mlp(N2(h)),
-    h = x + ls1 attn(N1(x))``; returns the block output, the attention probabilities and h."""
+    h = x + ls1 attn(N1(x))``; returns the block output, the attention probabilities, h and the
+    residual sum the attention sublayer ends with (``x + attn(x)`` before a post-LN norm, h)."""
     eps = reference.recipe.eps
 
     def norm(y: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None) -> np.ndarray:
@@ -129,12 +134,13 @@ def _block(
 
     if blk.norm == "post":
         attended, probs = _attention(x, blk, reference, keep)
-        h = norm(x + attended, blk.gamma, blk.beta)
-        return norm(h + _mlp(h, mlp), mlp.norm_gamma, mlp.norm_beta), probs, h
+        total = x + attended
+        h = norm(total, blk.gamma, blk.beta)
+        return norm(h + _mlp(h, mlp), mlp.norm_gamma, mlp.norm_beta), probs, h, total
     attended, probs = _attention(norm(x, blk.gamma, blk.beta), blk, reference, keep)
     h = x + (attended if blk.layer_scale is None else attended * blk.layer_scale)
     update = _mlp(norm(h, mlp.norm_gamma, mlp.norm_beta), mlp)
-    return h + (update if mlp.layer_scale is None else update * mlp.layer_scale), probs, h
+    return h + (update if mlp.layer_scale is None else update * mlp.layer_scale), probs, h, h
 
 
 def _embed(reference: Reference, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -169,15 +175,22 @@ def forward_trace(assembly: Assembly, feeds: Mapping[str, np.ndarray] | None = N
     feeds = assembly.built.inputs if feeds is None else feeds
     x = _embed(reference, feeds)
     keep = _keep(reference, feeds, x.shape[1])
-    hidden, attention, after_attention = [x], [], []
+    hidden, attention, after_attention, sums = [x], [], [], []
     for blk, mlp in zip(assembly.built.blocks, reference.mlps, strict=True):
-        x, probs, mid = _block(x, blk, mlp, reference, keep)
+        x, probs, mid, total = _block(x, blk, mlp, reference, keep)
+        sums.append(total)
         hidden.append(x)
         attention.append(probs)
         after_attention.append(mid)
     if reference.final_norm is not None:
         x = _norm(x, *reference.final_norm, reference.recipe.norm_kind, reference.recipe.eps)
-    return Trace(hidden=hidden, attention=attention, output=x, after_attention=after_attention)
+    return Trace(
+        hidden=hidden,
+        attention=attention,
+        output=x,
+        after_attention=after_attention,
+        attention_sum=sums,
+    )
 
 
 def reference_forward(assembly: Assembly) -> np.ndarray:

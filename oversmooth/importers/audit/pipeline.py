@@ -417,9 +417,12 @@ def measure(
     provider = ProviderInfo(options.provider, tuple(runner.provider_used), runner.provider_note)
     n_layers, n_blocks = len(session.layers), len(prepared.blocks)
     attention_part = {name: np.full((inputs.batch_size, n_blocks), np.nan) for name in names}
+    late = slice(session.late_start, session.late_start + len(session.pre_norm_sums))
     for name, values in per_input.items():
         sublayers = values[:, n_layers : n_layers + len(session.sublayers)]
         attention_part[name][:, session.sublayers] = sublayers
+        # a post-LN block's attention sublayer is its sum before the norm, where it was read
+        attention_part[name][:, session.pre_norm_sums] = values[:, late]
     layers = {name: values[:, :n_layers] for name, values in per_input.items()}
     copies = session.copies
     to_host = {"bytes": copies.bytes, "arrays": copies.arrays, "device_bytes": copies.device_bytes}

@@ -41,6 +41,7 @@ from oversmooth.importers.audit.operating_step import (
     sublayer_cases,
 )
 from oversmooth.importers.audit.operator_step import OperatorCase, operator_cases
+from oversmooth.importers.audit.pre_norm_sums import PreNormSums
 from oversmooth.importers.audit.records import DominanceCase, HeadCase
 from oversmooth.importers.errors import (
     ImporterError,
@@ -123,6 +124,11 @@ class AuditSession:
         The blocks whose stream after the attention sublayer
         (:func:`attention_sublayer_tensor`) is reduced too; their statistics follow the layers'
         in the plan, in this order.
+    pre_norm_sums : list of int
+        The post-LN blocks whose attention sublayer is measured on the residual sum before their
+        norm (docs/theory.md §6.6), read from the graph onnxruntime optimised
+        (:class:`~oversmooth.importers.runtime.graph_edits.LateOutputs`): last in the plan, in this
+        order (:attr:`late_start`). Their entry among :attr:`sublayers` stays the norm's output.
     attention_inputs : list of int
         The blocks whose attention reads another stream than their layer's input
         (:attr:`~oversmooth.importers.match.AttentionBlock.attention_input_name`: sub-layers come before the
@@ -155,6 +161,12 @@ class AuditSession:
     threads: int = 1
     copies: HostCopies = field(default_factory=HostCopies)
     attention_inputs: list[int] = field(default_factory=list)
+    pre_norm_sums: list[int] = field(default_factory=list)
+
+    @property
+    def late_start(self) -> int:
+        """The plan layer of the first :attr:`pre_norm_sums` entry (after the attention inputs')."""
+        return len(self.layers) + len(self.sublayers) + len(self.attention_inputs)
 
     @property
     def reads(self) -> list[int]:
@@ -252,6 +264,7 @@ def audit_session(
         token_rows=token_rows,
     )
     grams = [plan.gram_name(layer) for layer in range(len(plan.layers))] if spectral else []
+    late = PreNormSums(graph, blocks, sublayers, plan)
     runner = Runner(
         graph,
         expose=probs,
@@ -259,17 +272,20 @@ def audit_session(
         provider=provider,
         threads=threads,
         device_outputs=[*probs, *grams],
+        late=late.outputs(),
     )
+    notes += late.notes()
     return AuditSession(
         layers,
         probs,
         sublayers,
-        plan,
+        late.plan,
         runner,
         inputs,
         notes,
         threads or default_threads(),
         attention_inputs=reads,
+        pre_norm_sums=late.blocks,
     )
 
 
@@ -448,7 +464,11 @@ def check_finite_outputs(
         bad = _bad_items(arrays)
         if not bad.any():
             continue
-        if layer >= n_layers + len(session.sublayers):
+        if layer >= session.late_start:
+            i = session.pre_norm_sums[layer - session.late_start]
+            where = f"the sum before block {blocks[i].index}'s post-norm"
+            found.append((3 * i + 1.5, where, bad))
+        elif layer >= n_layers + len(session.sublayers):
             i = session.attention_inputs[layer - n_layers - len(session.sublayers)]
             where = f"the stream block {blocks[i].index}'s attention reads"
             found.append((3 * i + 0.5, where, bad))

@@ -58,7 +58,14 @@ from oversmooth.simulator.statistics import (
     gram_eigenvalues,
 )
 
-__all__ = ["MASK_INPUT", "ROWS_INPUT", "GraphExtension", "ReductionPlan", "plan_reductions"]
+__all__ = [
+    "MASK_INPUT",
+    "ROWS_INPUT",
+    "GraphExtension",
+    "ReductionPlan",
+    "extend_plan",
+    "plan_reductions",
+]
 
 Gram = Literal["tokens", "features", "none"]
 #: A norm's per-token scale to reduce: its kind and epsilon (:attr:`ReductionPlan.token_scale`).
@@ -138,6 +145,9 @@ class ReductionPlan:
         marks in :data:`ROWS_INPUT` only (:meth:`tokens_name`, :meth:`rows_feed`): a ``(K, T,
         D)`` output for the K marked items, ``(0, T, D)`` for a batch with none, so a long audit
         copies the few items the operating point and the attribution read, not every item.
+    late : GraphExtension
+        The statistics of the layers :func:`extend_plan` added, to append to the graph onnxruntime
+        has already optimised with :attr:`extension` (empty when none was added).
     """
 
     layers: tuple[str, ...]
@@ -148,6 +158,7 @@ class ReductionPlan:
     spectral_norm: bool = False
     token_scale: tuple[TokenScale | None, ...] = ()
     token_rows: bool = False
+    late: GraphExtension = field(default=GraphExtension(), repr=False)
 
     def tokens_name(self, layer: int) -> str:
         return f"{_PREFIX}.{layer}.tokens"
@@ -213,18 +224,20 @@ class ReductionPlan:
 
 
 class _Builder:
-    """Appends nodes with unique names under ``oversmooth.reduce``; spells ops for the opset."""
+    """Appends nodes with unique names under ``namespace`` (``oversmooth.reduce``); spells ops for
+    the opset."""
 
-    def __init__(self, opset: int, taken: set[str]) -> None:
+    def __init__(self, opset: int, taken: set[str], namespace: str = _PREFIX) -> None:
         self.opset = opset
         self.taken = taken
+        self.namespace = namespace
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: dict[str, onnx.TensorProto] = {}
         self._count = 0
 
     def fresh(self, hint: str) -> str:
         self._count += 1
-        name = f"{_PREFIX}.{hint}.{self._count}"
+        name = f"{self.namespace}.{hint}.{self._count}"
         if name in self.taken:
             raise ImporterInputError(f"the model already has a tensor named {name!r}")
         return name
@@ -233,7 +246,9 @@ class _Builder:
         self, values: Sequence[float] | Sequence[int] | float | np.ndarray, dtype: type
     ) -> str:
         array: np.ndarray = np.asarray(values, dtype=dtype)
-        name = f"{_PREFIX}.const.{array.dtype}.{'_'.join(map(str, array.ravel())) or 'empty'}"
+        name = (
+            f"{self.namespace}.const.{array.dtype}.{'_'.join(map(str, array.ravel())) or 'empty'}"
+        )
         name += f".{array.ndim}d"
         if name not in self.initializers:
             if name in self.taken:
@@ -464,29 +479,11 @@ def plan_reductions(
         )
     scales = (*token_scale, *([None] * (len(layers) - len(token_scale))))
     rows = _marked_rows(builder) if token_rows else None
+    totals = spectral_norm and gram == "features"
     for layer, name in enumerate(layers):
-        totals = spectral_norm and gram == "features"
-        _layer_nodes(
-            builder,
-            name,
-            layer,
-            mask,
-            prefix,
-            gram,
-            bool(time_major and time_major[layer]),
-            totals,
-            scales[layer],
-            rows,
-        )
-        outputs.append(_typed(f"{_PREFIX}.{layer}.scalars", ["batch", len(SCALAR_FIELDS)]))
-        if rows is not None:
-            outputs.append(_typed(f"{_PREFIX}.{layer}.tokens", ["rows", "tokens", "d"]))
-        if scales[layer] is not None:
-            outputs.append(_typed(f"{_PREFIX}.{layer}.inverse_scale", ["batch"]))
-        if gram != "none":
-            outputs.append(_typed(f"{_PREFIX}.{layer}.gram", ["batch", "k", "k"]))
-        if totals:
-            outputs.append(_typed(f"{_PREFIX}.{layer}.totals", ["batch", "d"]))
+        tm = bool(time_major and time_major[layer])
+        _layer_nodes(builder, name, layer, mask, prefix, gram, tm, totals, scales[layer], rows)
+        outputs += _layer_outputs(layer, rows is not None, scales[layer] is not None, gram, totals)
     extension = GraphExtension(
         nodes=tuple(builder.nodes),
         initializers=tuple(builder.initializers.values()),
@@ -499,14 +496,81 @@ def plan_reductions(
     )
 
 
+def _layer_outputs(
+    layer: int, rows: bool, inverse_scale: bool, gram: Gram, totals: bool
+) -> list[onnx.ValueInfoProto]:
+    """The typed outputs :func:`_layer_nodes` gives layer ``layer``, in the session's order."""
+    outputs = [_typed(f"{_PREFIX}.{layer}.scalars", ["batch", len(SCALAR_FIELDS)])]
+    if rows:
+        outputs.append(_typed(f"{_PREFIX}.{layer}.tokens", ["rows", "tokens", "d"]))
+    if inverse_scale:
+        outputs.append(_typed(f"{_PREFIX}.{layer}.inverse_scale", ["batch"]))
+    if gram != "none":
+        outputs.append(_typed(f"{_PREFIX}.{layer}.gram", ["batch", "k", "k"]))
+    if totals:
+        outputs.append(_typed(f"{_PREFIX}.{layer}.totals", ["batch", "d"]))
+    return outputs
+
+
+def extend_plan(
+    plan: ReductionPlan,
+    model: OnnxModel,
+    layers: Sequence[str],
+    *,
+    time_major: Sequence[bool] = (),
+) -> ReductionPlan:
+    """``plan`` with the statistics of further ``layers`` in :attr:`ReductionPlan.late`.
+
+    The late nodes are appended to the graph onnxruntime has already optimised with
+    ``plan.extension`` (:class:`~oversmooth.importers.runtime.runner.LateOutputs`), so reading
+    a tensor there changes none of the fusions the other numbers came from: a post-LN block's sum
+    before its norm, which onnxruntime fuses into ``SkipLayerNormalization`` with the norm, is
+    read from that node's own optional sum output. Same options as ``plan`` (no per-token scale);
+    the late layers are numbered after ``plan.layers`` and their own nodes and constants live
+    under a namespace of their own, so they never meet the first extension's, which the
+    optimiser may have renamed, folded or removed.
+    """
+    if time_major and len(time_major) != len(layers):
+        raise ImporterInputError(
+            f"`time_major` needs one flag per layer ({len(layers)}); got {len(time_major)}"
+        )
+    first = plan.extension
+    taken = _taken_names(model) | {value.name for value in first.initializers}
+    taken |= {output for node in first.nodes for output in node.output}
+    builder = _Builder(model.session_opset, taken, namespace=f"{_PREFIX}.late")
+    rows = _marked_rows(builder) if plan.token_rows else None
+    mask = MASK_INPUT if plan.masked else None
+    totals = plan.spectral_norm and plan.gram == "features"
+    outputs: list[onnx.ValueInfoProto] = []
+    for k, name in enumerate(layers):
+        layer = len(plan.layers) + k
+        tm = bool(time_major and time_major[k])
+        _layer_nodes(builder, name, layer, mask, plan.prefix, plan.gram, tm, totals, None, rows)
+        outputs += _layer_outputs(layer, rows is not None, False, plan.gram, totals)
+    late = GraphExtension(
+        nodes=tuple(builder.nodes),
+        initializers=tuple(builder.initializers.values()),
+        outputs=tuple(outputs),
+    )
+    scales = (*plan.token_scale, *([None] * (len(plan.layers) - len(plan.token_scale))))
+    return dataclasses.replace(
+        plan,
+        layers=(*plan.layers, *layers),
+        token_scale=(*scales, *([None] * len(layers))),
+        late=late,
+    )
+
+
 def _marked_rows(b: _Builder) -> str | None:
     """(K,) int64: the indices of the items marked in :data:`ROWS_INPUT`; None before opset 9
     (no ``NonZero``: the layers do not come back whole, and the plan says so)."""
     if b.opset < 9:
         return None
-    if ROWS_INPUT in b.taken:
+    if ROWS_INPUT in b.taken and b.namespace == _PREFIX:
         raise ImporterInputError(f"the model already has a tensor named {ROWS_INPUT!r}")
     # fixed names, not b.fresh's numbered ones: the statistics' nodes keep their names
-    marked = b.output("Greater", [ROWS_INPUT, b.const(0.0, np.float64)], f"{_PREFIX}.rows.marked")
-    found = b.output("NonZero", [marked], f"{_PREFIX}.rows.nonzero")  # (1, K)
-    return b.output("Reshape", [found, b.const([-1], np.int64)], f"{_PREFIX}.rows.index")
+    marked = b.output(
+        "Greater", [ROWS_INPUT, b.const(0.0, np.float64)], f"{b.namespace}.rows.marked"
+    )
+    found = b.output("NonZero", [marked], f"{b.namespace}.rows.nonzero")  # (1, K)
+    return b.output("Reshape", [found, b.const([-1], np.int64)], f"{b.namespace}.rows.index")

@@ -33,7 +33,6 @@ import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -43,7 +42,6 @@ from oversmooth.importers.defaults import Provider as Provider
 from oversmooth.importers.errors import ImporterInputError, ProviderError, RunnerError
 from oversmooth.importers.graph import GraphInput, OnnxModel
 from oversmooth.importers.graph.index import uses_external_data
-from oversmooth.importers.graph.shapes import inferred_types
 from oversmooth.importers.inputs.feeds import Inputs, check_feeds
 from oversmooth.importers.runtime.batching import (
     OnePerCall,
@@ -55,6 +53,13 @@ from oversmooth.importers.runtime.batching import (
 )
 from oversmooth.importers.runtime.binding import BoundOutputs
 from oversmooth.importers.runtime.cuda import device_arrays, preload_cuda_libraries
+from oversmooth.importers.runtime.graph_edits import (
+    LateOutputs,
+    instrumented,
+    optimised_model_path,
+    optimised_with_late,
+    temporary_model_file,
+)
 from oversmooth.importers.runtime.reductions import GraphExtension
 from oversmooth.importers.zoo import file_sha256
 
@@ -277,84 +282,6 @@ def _check_exposed(expose: Sequence[str], model: Any) -> list[str]:
     return wanted
 
 
-def _copy_value(value: Any) -> Any:
-    """A detached copy of a ``ValueInfoProto``."""
-    import onnx
-
-    detached = onnx.ValueInfoProto()
-    detached.CopyFrom(value)
-    return detached
-
-
-@contextlib.contextmanager
-def _instrumented(
-    model: Any, expose: Sequence[str], keep_outputs: bool, extension: GraphExtension
-) -> Iterator[list[str]]:
-    """Append ``extension`` to ``model`` and make its outputs, ``expose`` (plus the originals if
-    ``keep_outputs``) the graph outputs, for a while.
-
-    Exposed tensors are typed by ONNX shape inference where it can; the others are left untyped
-    for onnxruntime to type. The graph is edited in place (no second copy of the weights) and
-    restored when the block ends, so the caller's model is unchanged. Yields the output names in
-    order.
-    """
-    import onnx
-
-    graph = model.graph
-    original = [_copy_value(value) for value in graph.output]
-    sizes = {field: len(getattr(graph, field)) for field in ("node", "initializer", "input")}
-    types = inferred_types(model) if expose else {}
-    del graph.output[:]
-    names: list[str] = []
-    try:
-        graph.node.extend(extension.nodes)
-        graph.initializer.extend(extension.initializers)
-        graph.input.extend(extension.inputs)
-        graph.output.extend(extension.outputs)
-        names.extend(extension.output_names)
-        for name in expose:
-            value = onnx.ValueInfoProto(name=name)
-            if name in types:
-                value.type.CopyFrom(types[name])
-            graph.output.append(value)
-            names.append(name)
-        if keep_outputs:
-            for value in original:
-                if value.name not in names:
-                    graph.output.append(value)
-                    names.append(value.name)
-        yield names
-    finally:
-        del graph.output[:]
-        graph.output.extend(original)
-        for field, size in sizes.items():
-            del getattr(graph, field)[size:]
-
-
-@contextlib.contextmanager
-def _temporary_model_file(model: Any, folder: Path) -> Iterator[str]:
-    """Save ``model`` (without its external data) to a temporary file in ``folder``; delete it after.
-
-    For models with external data: relative data locations resolve against the model's folder,
-    so the temporary file there references the same data files.
-    """
-
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".oversmooth-", suffix=".onnx", dir=folder)
-    except OSError as err:
-        raise RunnerError(
-            f"a model with external data needs a temporary file in its folder {folder}: {err}"
-        ) from err
-    os.close(fd)
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(model.SerializeToString())
-        yield tmp
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-
-
 class Runner:
     """An onnxruntime session that returns chosen intermediate tensors of a model.
 
@@ -386,6 +313,10 @@ class Runner:
         Outputs to leave on the GPU when the session runs on CUDA and CuPy sees the GPU
         (:func:`~oversmooth.importers.runtime.cuda.device_arrays`): :meth:`run` yields them as CuPy arrays over
         onnxruntime's own device buffers, never copied. Ignored on the CPU (NumPy arrays).
+    late : LateOutputs, optional
+        Tensors read from the graph onnxruntime optimised, so that reading them changes no fusion
+        (:mod:`~oversmooth.importers.runtime.graph_edits`): their extension's outputs come last
+        (:attr:`late_outputs`). Not for a model with external data (none are read).
 
     Attributes
     ----------
@@ -399,6 +330,8 @@ class Runner:
         Why this provider was chosen.
     on_device : frozenset of str
         The outputs :meth:`run` yields on the GPU (empty on the CPU or without CuPy).
+    late_outputs : list of str
+        The outputs of ``late``'s extension, last in :attr:`output_names` (empty without it).
     one_per_call : OnePerCall
         Its ``note`` says why inputs run one per call (a batch fixed inside the graph), else "".
     """
@@ -414,6 +347,7 @@ class Runner:
         extension: GraphExtension | None = None,
         optimization: Optimization = "all",
         device_outputs: Sequence[str] = (),
+        late: LateOutputs | None = None,
     ) -> None:
         self.model_path = model.path
         self.provider = _check_provider(provider)
@@ -434,20 +368,26 @@ class Runner:
         so = session_options(self._options.threads, self._options.optimization)  # type: ignore[arg-type]
         external = uses_external_data(proto.graph)
         serialized = b""
-        with _instrumented(proto, exposed, include_outputs, extension) as names:
+        with instrumented(proto, exposed, include_outputs, extension) as names:
             self.output_names = names
             if external:  # onnxruntime resolves the data files next to a temporary copy
                 if model.path is None:
                     raise RunnerError(
                         "a model with external data needs its folder; got an in-memory model"
                     )
-                with _temporary_model_file(proto, model.path.parent) as tmp:
+                with temporary_model_file(proto, model.path.parent) as tmp:
                     self.session, self.provider_note = _open_session(ort, tmp, so, self.provider)
             else:
                 serialized = proto.SerializeToString()
+        self.late_outputs: list[str] = []
         if not external:  # the caller's graph has its own outputs back before onnxruntime parses
-            self.session, self.provider_note = _open_session(ort, serialized, so, self.provider)
-            del serialized
+            with optimised_model_path() if late else contextlib.nullcontext("") as saved:
+                if saved:
+                    so.optimized_model_filepath = saved
+                self.session, self.provider_note = _open_session(ort, serialized, so, self.provider)
+                del serialized
+                if late is not None:
+                    self._reopen_with_late(ort, saved, late)
         # A failing kernel would log an [E:onnxruntime...] line before our one-line error.
         self._run_options = ort.RunOptions()
         self._run_options.log_severity_level = 4
@@ -466,6 +406,16 @@ class Runner:
             ort.OrtValue,
         )
 
+    def _reopen_with_late(self, ort: Any, saved: str, late: LateOutputs) -> None:
+        """The session again, on the graph onnxruntime optimised and saved at ``saved`` with
+        ``late``'s tensors read there (:func:`~oversmooth.importers.runtime.graph_edits.
+        optimised_with_late`), optimisation off, on the provider the first one used."""
+        model, self.late_outputs = optimised_with_late(saved, late)
+        plain = session_options(self._options.threads, "disable")
+        provider = "cuda" if self.session.get_providers()[0] == _CUDA else "cpu"
+        self.session = _open_session(ort, model.SerializeToString(), plain, provider)[0]
+        self.output_names = [*self.output_names, *self.late_outputs]
+
     def provenance(self) -> dict[str, Any]:
         """Every choice that affects the numbers: model, outputs, provider and session options."""
         return {
@@ -482,6 +432,7 @@ class Runner:
             "onnxruntime": self._ort_version,
             "session_options": self._options.as_dict(),
             "one_input_per_call": self.one_per_call.note or None,
+            "read_after_optimisation": list(self.late_outputs),
         }
 
     def _feeds(self, feeds: Inputs | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

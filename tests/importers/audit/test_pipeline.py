@@ -96,11 +96,12 @@ def test_audit_metrics_equal_those_of_a_numpy_forward_pass(model_dir: Path, name
 
 @pytest.mark.parametrize("name", FLOAT_VARIANTS)
 def test_attention_part_equals_the_numpy_stream_after_attention(model_dir: Path, name: str) -> None:
-    """The stream right after each attention sublayer, reduced in the graph, against NumPy."""
+    """The attention sublayer's residual sum (before a post-LN norm), reduced in the graph,
+    against NumPy."""
     assembly = assembly_of(name)
     result = audited(model_dir, name)
     keep = real_tokens(assembly)
-    for block, mid in enumerate(forward_trace(assembly).after_attention):
+    for block, mid in enumerate(forward_trace(assembly).attention_sum):
         expected = numpy_metrics(mid, keep)
         _assert_metrics(
             result.attention_part,

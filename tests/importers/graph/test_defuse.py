@@ -29,7 +29,9 @@ def _assert_same_outputs(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -
     assert not model.declined
     ops = {node.op_type for node in model.proto.graph.node}
     assert not ops & {"Attention", "MultiHeadAttention"}
-    for fused, defused in zip(run_unoptimised(proto, feeds), run_unoptimised(model.proto, feeds), strict=True):
+    for fused, defused in zip(
+        run_unoptimised(proto, feeds), run_unoptimised(model.proto, feeds), strict=True
+    ):
         scale = max(float(np.max(np.abs(fused))), 1e-30)
         assert float(np.max(np.abs(fused - defused))) / scale < OUTPUT_RTOL
 
@@ -293,7 +295,9 @@ def test_relative_position_bias_is_t5s_bucketed_table(bidirectional: int) -> Non
         is_bidirectional=bidirectional,
     )
     proto = _model(node, [_value("length", [], TensorProto.INT64)], [_tensor("table", stored)])
-    (found,) = run_unoptimised(model_from_proto(proto).proto, {"length": np.array(length, np.int64)})
+    (found,) = run_unoptimised(
+        model_from_proto(proto).proto, {"length": np.array(length, np.int64)}
+    )
     buckets = _t5_buckets(length, length, n_buckets, max_distance, bool(bidirectional))
     expected = table[buckets].transpose(2, 0, 1)[None]
     np.testing.assert_array_equal(found, expected)
@@ -314,7 +318,9 @@ def test_defused_fixture_computes_what_the_fused_graph_computes(family: str) -> 
     assert model.defused
     with np.load(FIXTURES / _TRUTH[f"{family}-optimized"]) as truth:
         feeds = {item.name: truth[f"feed_{item.name}"] for item in model.inputs}
-    for fused, defused in zip(run_unoptimised(original, feeds), run_unoptimised(model.proto, feeds), strict=True):
+    for fused, defused in zip(
+        run_unoptimised(original, feeds), run_unoptimised(model.proto, feeds), strict=True
+    ):
         scale = max(float(np.max(np.abs(fused))), 1e-30)
         assert float(np.max(np.abs(fused - defused))) / scale < OUTPUT_RTOL
 

@@ -133,7 +133,9 @@ def test_the_past_inputs_are_caches_and_the_block_is_read(op: str, axes: dict | 
     shapes = {name: value.shape for name, value in feeds.items() if name != "x"}
     empty = (3, HEADS, 0, HEAD)
     assert shapes == ({"past": (2, *empty)} if axes else {"past_key": empty, "past_value": empty})
-    np.testing.assert_allclose(run_unoptimised(model.proto, feeds)[0], run_unoptimised(proto, feeds)[0], rtol=1e-5)
+    np.testing.assert_allclose(
+        run_unoptimised(model.proto, feeds)[0], run_unoptimised(proto, feeds)[0], rtol=1e-5
+    )
     (block,) = find_attention_blocks(model).blocks
     assert (block.n_heads, block.n_kv_heads, block.d_head, block.causal) == (
         HEADS,

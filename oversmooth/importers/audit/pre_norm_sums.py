@@ -1,0 +1,83 @@
+"""A post-LN block's attention sublayer as the theory defines it: the residual sum before its norm.
+
+A post-LN block computes ``Y = LN(X + branch(X))``; the theory's update is the sum
+``X + branch(X)`` (docs/theory.md §6.6), and the norm after it rescales every token. onnxruntime fuses
+the sum and the norm into one ``SkipLayerNormalization``: reading the sum as a graph output would
+stop that fusion and change the block's output in its last bits. So the sum is read from the graph
+onnxruntime has already optimised (:mod:`oversmooth.importers.runtime.graph_edits`): the fused
+node's own sum output, or the ``Add`` where nothing was fused. The norm's output stays in the plan
+as before (the operating point and the attribution read it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from oversmooth.importers.graph import OnnxModel
+from oversmooth.importers.match import AttentionBlock
+from oversmooth.importers.runtime.graph_edits import LateOutputs
+from oversmooth.importers.runtime.reductions import GraphExtension, ReductionPlan, extend_plan
+
+__all__ = ["PreNormSums"]
+
+
+class PreNormSums:
+    """The post-LN blocks' residual sums before their norm, read after onnxruntime optimised the
+    graph (:class:`LateOutputs`).
+
+    Attributes
+    ----------
+    wanted : list of int
+        The positions of the post-LN blocks among ``blocks`` that have both a residual sum and a
+        norm output (and an attention sublayer: one of ``sublayers``).
+    blocks : list of int
+        Those whose sum was found in the optimised graph, once the runner has looked
+        (:meth:`outputs`); their statistics are the last layers of :attr:`plan`, in this order.
+    plan : ReductionPlan
+        The plan given, extended by the found sums (:func:`extend_plan`).
+    """
+
+    def __init__(
+        self,
+        graph: OnnxModel,
+        blocks: Sequence[AttentionBlock],
+        sublayers: Sequence[int],
+        plan: ReductionPlan,
+    ) -> None:
+        self.graph, self.all_blocks, self.plan = graph, blocks, plan
+        self.wanted = [
+            i
+            for i in sublayers
+            if blocks[i].norm == "post" and blocks[i].residual_name and blocks[i].norm_output_name
+        ]
+        self.blocks: list[int] = []
+
+    def outputs(self) -> LateOutputs | None:
+        """What the :class:`~oversmooth.importers.runtime.runner.Runner` reads late, or None."""
+        if not self.wanted:
+            return None
+        sums = {
+            str(self.all_blocks[i].residual_name): str(self.all_blocks[i].norm_output_name)
+            for i in self.wanted
+        }
+        return LateOutputs(sums, self._extension)
+
+    def _extension(self, found: Sequence[str | None]) -> GraphExtension:
+        kept = [(i, name) for i, name in zip(self.wanted, found, strict=True) if name is not None]
+        self.blocks = [i for i, _ in kept]
+        time_major = [self.all_blocks[i].time_major for i, _ in kept]
+        self.plan = extend_plan(
+            self.plan, self.graph, [name for _, name in kept], time_major=time_major
+        )
+        return self.plan.late
+
+    def notes(self) -> list[str]:
+        """One note naming the post-LN blocks whose sum was not found (measured after the norm)."""
+        unread = [self.all_blocks[i].index for i in self.wanted if i not in self.blocks]
+        if not unread:
+            return []
+        return [
+            f"the attention sublayer of post-LN block(s) {', '.join(map(str, unread))} is "
+            "measured after the norm: the residual sum before it was not found in the graph "
+            "onnxruntime optimised (a model with external data, or a fusion without a sum output)"
+        ]

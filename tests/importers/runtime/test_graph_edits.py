@@ -1,0 +1,119 @@
+"""oversmooth.importers.runtime.graph_edits: tensors read from the graph onnxruntime optimised.
+
+A post-LN block's residual sum is fused with its norm into ``SkipLayerNormalization``; reading it
+there (the node's optional sum output) must leave every other output bitwise as it was, and give
+the sum itself: the norm of it is the norm's output, and on builder models it is the NumPy sum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from numpy.testing import assert_allclose
+from onnx import helper
+
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.runtime.graph_edits import LateOutputs, expose_late
+from oversmooth.importers.runtime.reductions import GraphExtension
+from oversmooth.importers.runtime.runner import Runner
+from tests.importers.audited import assembly_of, builder_model_and_inputs, real_tokens
+from tests.importers.reference import forward_trace
+
+#: Post-LN builder variants: the sum and the norm as separate nodes (LayerNormalization, or a
+#: decomposed one onnxruntime fuses first).
+POST_LN = ("bert_legacy", "bert_decomposed_ln", "where_mask")
+
+
+def _graph(nodes: list[onnx.NodeProto]) -> onnx.GraphProto:
+    return helper.make_graph(nodes, "g", [], [])
+
+
+def _skip_norm(*outputs: str) -> onnx.NodeProto:
+    return helper.make_node(
+        "SkipLayerNormalization", ["x", "b", "g", "beta"], list(outputs), domain="com.microsoft"
+    )
+
+
+def test_a_fused_sum_is_the_skip_norms_optional_output_under_its_own_name() -> None:
+    graph = _graph([_skip_norm("y")])
+    assert expose_late(graph, {"sum": "y"}) == ["sum"]
+    assert list(graph.node[0].output) == ["y", "", "", "sum"]
+
+
+def test_a_sum_that_survived_is_read_as_it_is_and_a_missing_one_is_none() -> None:
+    graph = _graph([helper.make_node("Add", ["x", "b"], ["sum"]), _skip_norm("z")])
+    assert expose_late(graph, {"sum": "y", "gone": "nowhere"}) == ["sum", None]
+    assert list(graph.node[1].output) == ["z"]  # untouched
+
+
+def test_a_sum_output_onnxruntime_already_named_is_read_under_that_name() -> None:
+    graph = _graph([_skip_norm("y", "", "", "kept")])
+    assert expose_late(graph, {"sum": "y"}) == ["kept"]
+
+
+def test_a_norm_outside_the_contrib_domain_is_no_fused_sum() -> None:
+    node = helper.make_node("SkipLayerNormalization", ["x", "b", "g"], ["y"], domain="other")
+    assert expose_late(_graph([node]), {"sum": "y"}) == [None]
+
+
+def _identity_reads(found: list[str | None]) -> GraphExtension:
+    """Each late tensor copied out as it is (``late.<k>``), float32 (B, T, D)."""
+    names = [name for name in found if name is not None]
+    return GraphExtension(
+        nodes=tuple(
+            helper.make_node("Identity", [name], [f"late.{k}"]) for k, name in enumerate(names)
+        ),
+        outputs=tuple(
+            helper.make_tensor_value_info(f"late.{k}", onnx.TensorProto.FLOAT, None)
+            for k in range(len(names))
+        ),
+    )
+
+
+@pytest.mark.parametrize("name", POST_LN)
+def test_reading_the_sum_late_changes_no_other_output_and_gives_the_sum(name: str) -> None:
+    model, inputs = builder_model_and_inputs(name)
+    blocks = find_attention_blocks(model).blocks
+    norms = [str(block.norm_output_name) for block in blocks]
+    plain = Runner(model, expose=norms, provider="cpu", threads=1)
+    late = Runner(
+        model,
+        expose=norms,
+        provider="cpu",
+        threads=1,
+        late=LateOutputs(
+            {str(b.residual_name): str(b.norm_output_name) for b in blocks}, _identity_reads
+        ),
+    )
+    assert late.late_outputs == [f"late.{k}" for k in range(len(blocks))]
+    before = plain.collect(inputs.feeds)
+    after = late.collect(inputs.feeds)
+    for tensor in norms:
+        np.testing.assert_array_equal(after[tensor], before[tensor])
+    assembly = assembly_of(name)
+    keep = real_tokens(assembly)
+    for k, expected in enumerate(forward_trace(assembly).attention_sum):
+        got = np.asarray(after[f"late.{k}"], np.float64)
+        scale = np.abs(expected[keep]).max()
+        assert_allclose(got[keep], expected[keep], atol=1e-5 * scale)
+
+
+def test_the_builders_exercise_the_fused_path(tmp_path) -> None:
+    """onnxruntime fuses the builders' post-LN sum and norm, so the test above reads the sum
+    through the fused node's optional output (not through a surviving Add)."""
+    import onnxruntime as ort
+
+    fused = 0
+    for name in POST_LN:
+        model, _ = builder_model_and_inputs(name)
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / f"{name}.onnx")
+        ort.InferenceSession(
+            model.session_model().SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        optimised = onnx.load(options.optimized_model_filepath)
+        sums = {str(block.residual_name) for block in find_attention_blocks(model).blocks}
+        produced = {output for node in optimised.graph.node for output in node.output}
+        fused += bool(sums - produced)
+    assert fused >= 1
