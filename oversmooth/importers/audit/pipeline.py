@@ -83,6 +83,7 @@ from oversmooth.importers.audit.operating_step import (
 )
 from oversmooth.importers.audit.operator_step import OperatorCase, operator_factors
 from oversmooth.importers.audit.options import AuditOptions
+from oversmooth.importers.audit.pre_norm_sums import pre_norm_notes
 from oversmooth.importers.audit.records import (
     AuditConfig,
     AuditResult,
@@ -504,7 +505,12 @@ def audit_result(
             runner=measurement.runner,
             inputs_digest=inputs.digest,
         ),
-        notes=[*prepared.notes, *run_notes(measurement.runner), *notes],
+        notes=[
+            *prepared.notes,
+            *run_notes(measurement.runner),
+            *pre_norm_notes(prepared.blocks, measurement.runner),
+            *notes,
+        ],
         skipped=prepared.skipped,
         dominance_stop=stop,
     )

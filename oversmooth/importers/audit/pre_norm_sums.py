@@ -11,14 +11,16 @@ as before (the operating point and the attribution read it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from oversmooth.importers.graph import OnnxModel
 from oversmooth.importers.match import AttentionBlock
+from oversmooth.importers.notes import Note
 from oversmooth.importers.runtime.graph_edits import LateOutputs
 from oversmooth.importers.runtime.reductions import GraphExtension, ReductionPlan, extend_plan
 
-__all__ = ["PreNormSums"]
+__all__ = ["PreNormSums", "pre_norm_notes"]
 
 
 class PreNormSums:
@@ -71,13 +73,20 @@ class PreNormSums:
         )
         return self.plan.late
 
-    def notes(self) -> list[str]:
-        """One note naming the post-LN blocks whose sum was not found (measured after the norm)."""
-        unread = [self.all_blocks[i].index for i in self.wanted if i not in self.blocks]
-        if not unread:
-            return []
-        return [
-            f"the attention sublayer of post-LN block(s) {', '.join(map(str, unread))} is "
+
+def pre_norm_notes(blocks: Sequence[AttentionBlock], runner: Mapping[str, Any]) -> list[Note]:
+    """One note naming the post-LN blocks whose sum before the norm the session did not find
+    (``runner``: :meth:`~oversmooth.importers.runtime.runner.Runner.provenance`): their attention
+    sublayer is measured after the norm."""
+    unread = set(runner.get("not_found_after_optimisation", ()))
+    found = [block.index for block in blocks if block.residual_name in unread]
+    if not found:
+        return []
+    return [
+        Note(
+            "layers",
+            f"the attention sublayer of post-LN block(s) {', '.join(map(str, found))} is "
             "measured after the norm: the residual sum before it was not found in the graph "
-            "onnxruntime optimised (a model with external data, or a fusion without a sum output)"
-        ]
+            "onnxruntime optimised (a model with external data, or a fusion without a sum output)",
+        )
+    ]

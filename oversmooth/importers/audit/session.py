@@ -274,7 +274,6 @@ def audit_session(
         device_outputs=[*probs, *grams],
         late=late.outputs(),
     )
-    notes += late.notes()
     return AuditSession(
         layers,
         probs,

@@ -93,9 +93,12 @@ def expose_late(graph: Any, sums: Mapping[str, str]) -> list[str | None]:
     return found
 
 
-def optimised_with_late(path: str | os.PathLike[str], late: LateOutputs) -> tuple[Any, list[str]]:
+def optimised_with_late(
+    path: str | os.PathLike[str], late: LateOutputs
+) -> tuple[Any, list[str], list[str]]:
     """The optimised model saved at ``path`` with ``late``'s tensors found and their extension
-    appended (inputs, initializers, nodes, outputs); and the late outputs' names, in order."""
+    appended (inputs, initializers, nodes, outputs); the late outputs' names, in order; and the
+    wanted tensors not found."""
     import onnx
 
     model = onnx.load(os.fspath(path))
@@ -105,7 +108,8 @@ def optimised_with_late(path: str | os.PathLike[str], late: LateOutputs) -> tupl
     model.graph.initializer.extend(extension.initializers)
     model.graph.input.extend(extension.inputs)
     model.graph.output.extend(extension.outputs)
-    return model, extension.output_names
+    missing = [wanted for wanted, name in zip(late.sums, found, strict=True) if name is None]
+    return model, extension.output_names, missing
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from oversmooth.importers.match import find_attention_blocks
 from oversmooth.importers.runtime.graph_edits import LateOutputs, expose_late
 from oversmooth.importers.runtime.reductions import GraphExtension
 from oversmooth.importers.runtime.runner import Runner
+from oversmooth.simulator.metrics import cosine
 from tests.importers.audited import assembly_of, builder_model_and_inputs, real_tokens
 from tests.importers.reference import forward_trace
 
@@ -117,3 +118,29 @@ def test_the_builders_exercise_the_fused_path(tmp_path) -> None:
         produced = {output for node in optimised.graph.node for output in node.output}
         fused += bool(sums - produced)
     assert fused >= 1
+
+
+def test_a_model_with_external_data_keeps_the_norm_output_and_says_so(tmp_path) -> None:
+    """The late read needs the optimised graph in memory; a model whose weights live in a side
+    file is run as it is: its post-LN sublayers are measured after the norm, and a note says so."""
+    from oversmooth.importers.audit.pipeline import audit
+    from oversmooth.importers.graph import load_model
+
+    model, inputs = builder_model_and_inputs("bert_legacy")
+    path = tmp_path / "bert_legacy.onnx"
+    onnx.save(
+        model.session_model(),
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="bert_legacy.data",
+        size_threshold=0,
+    )
+    result = audit(load_model(path), inputs, provider="cpu")
+    assert any("measured after the norm" in str(note) for note in result.notes)
+    assembly = assembly_of("bert_legacy")
+    keep = real_tokens(assembly)
+    after_norm = forward_trace(assembly).after_attention[0]
+    measured = result.attention_part["cosine"][:, 0]
+    for item, value in enumerate(measured):
+        assert value == pytest.approx(cosine(after_norm[item][keep[item]]), rel=1e-4, abs=1e-6)
