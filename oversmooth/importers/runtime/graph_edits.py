@@ -95,10 +95,10 @@ def expose_late(graph: Any, sums: Mapping[str, str]) -> list[str | None]:
 
 def optimised_with_late(
     path: str | os.PathLike[str], late: LateOutputs
-) -> tuple[Any, list[str], list[str]]:
+) -> tuple[Any, list[str], list[str | None]]:
     """The optimised model saved at ``path`` with ``late``'s tensors found and their extension
-    appended (inputs, initializers, nodes, outputs); the late outputs' names, in order; and the
-    wanted tensors not found."""
+    appended (inputs, initializers, nodes, outputs); the late outputs' names, in order; and per
+    wanted tensor its name in the optimised graph or None (:func:`expose_late`)."""
     import onnx
 
     model = onnx.load(os.fspath(path))
@@ -108,8 +108,7 @@ def optimised_with_late(
     model.graph.initializer.extend(extension.initializers)
     model.graph.input.extend(extension.inputs)
     model.graph.output.extend(extension.outputs)
-    missing = [wanted for wanted, name in zip(late.sums, found, strict=True) if name is None]
-    return model, extension.output_names, missing
+    return model, extension.output_names, found
 
 
 @contextlib.contextmanager

@@ -332,9 +332,9 @@ class Runner:
         The outputs :meth:`run` yields on the GPU (empty on the CPU or without CuPy).
     late_outputs : list of str
         The outputs of ``late``'s extension, last in :attr:`output_names` (empty without it).
-    late_unread : list of str
-        ``late``'s wanted tensors not found in the optimised graph (all of them for a model with
-        external data).
+    late_read, late_unread : list of str
+        ``late``'s wanted tensors found in the optimised graph (their names there), and those not
+        found (all of them for a model with external data).
     one_per_call : OnePerCall
         Its ``note`` says why inputs run one per call (a batch fixed inside the graph), else "".
     """
@@ -384,6 +384,7 @@ class Runner:
                 serialized = proto.SerializeToString()
         self.late_outputs: list[str] = []
         self.late_unread: list[str] = list(late.sums) if late is not None else []
+        self.late_read: list[str] = []
         if not external:  # the caller's graph has its own outputs back before onnxruntime parses
             with optimised_model_path() if late else contextlib.nullcontext("") as saved:
                 if saved:
@@ -414,7 +415,9 @@ class Runner:
         """The session again, on the graph onnxruntime optimised and saved at ``saved`` with
         ``late``'s tensors read there (:func:`~oversmooth.importers.runtime.graph_edits.
         optimised_with_late`), optimisation off, on the provider the first one used."""
-        model, self.late_outputs, self.late_unread = optimised_with_late(saved, late)
+        model, self.late_outputs, found = optimised_with_late(saved, late)
+        self.late_read = [name for name in found if name is not None]
+        self.late_unread = [want for want, name in zip(late.sums, found, strict=True) if not name]
         plain = session_options(self._options.threads, "disable")
         provider = "cuda" if self.session.get_providers()[0] == _CUDA else "cpu"
         self.session = _open_session(ort, model.SerializeToString(), plain, provider)[0]
@@ -436,7 +439,7 @@ class Runner:
             "onnxruntime": self._ort_version,
             "session_options": self._options.as_dict(),
             "one_input_per_call": self.one_per_call.note or None,
-            "read_after_optimisation": list(self.late_outputs),
+            "read_after_optimisation": list(self.late_read),
             "not_found_after_optimisation": list(self.late_unread),
         }
 
