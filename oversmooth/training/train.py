@@ -278,6 +278,12 @@ def _train(
     return TrainedRun(record, model)
 
 
+def set_threads(threads: int) -> None:
+    """Use ``threads`` CPU threads for torch's operators (the application's choice, not a default:
+    training small models on a shared machine is fastest and fairest with one)."""
+    torch.set_num_threads(threads)
+
+
 def with_seed(config: TrainConfig, seed: int) -> TrainConfig:
     """``config`` with another seed."""
     return replace(config, seed=seed)
