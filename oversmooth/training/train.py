@@ -22,7 +22,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import cast
 
 import numpy as np
@@ -39,7 +39,16 @@ from oversmooth.training.effective import (
 )
 from oversmooth.training.model import Block, ViT, ViTConfig, build_model
 
-__all__ = ["QUICK_MODEL", "QUICK_TRAIN", "RunRecord", "TrainConfig", "TrainedRun", "train_run"]
+__all__ = [
+    "QUICK_MODEL",
+    "QUICK_TRAIN",
+    "RunRecord",
+    "TrainConfig",
+    "TrainedRun",
+    "head_spectra",
+    "set_threads",
+    "train_run",
+]
 
 
 @dataclass(frozen=True)
@@ -282,8 +291,3 @@ def set_threads(threads: int) -> None:
     """Use ``threads`` CPU threads for torch's operators (the application's choice, not a default:
     training small models on a shared machine is fastest and fairest with one)."""
     torch.set_num_threads(threads)
-
-
-def with_seed(config: TrainConfig, seed: int) -> TrainConfig:
-    """``config`` with another seed."""
-    return replace(config, seed=seed)
