@@ -69,3 +69,22 @@ def test_audited_head_spectra_have_the_chosen_sign(exported):
         audited = np.sort_complex(np.asarray(block.head_effective).ravel())
         mine = np.sort_complex(ours["effective"][index].ravel())
         np.testing.assert_allclose(audited, mine, atol=1e-4)
+
+
+def test_oversmooth_audit_reads_the_export(exported, tmp_path):
+    """The whole audit on real digits: a ⁺ model is Perron-type (smoothing) in every (input,
+    block, head) case, a ⁻ model in none (its heads' ranges contract: §6.10)."""
+    import json
+
+    from oversmooth.cli import main
+
+    _run, path, sign = exported
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, images=load_digits_split().x_test[:4].astype(np.float32))
+    out = tmp_path / "audit"
+    assert (
+        main(["audit", str(path), "--inputs", str(feeds), "--out", str(out), "--no-progress"]) == 0
+    )
+    dominance = json.loads((out / "audit.json").read_text(encoding="utf-8"))["dominance"]
+    assert dominance["cases"] == 4 * DEPTH * QUICK_MODEL.heads
+    assert dominance["perron"] == (1.0 if sign > 0 else 0.0)
