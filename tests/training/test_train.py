@@ -88,3 +88,11 @@ def test_a_model_that_does_not_fit_the_data_is_refused(digits):
         ViTConfig(patch=3)
     with pytest.raises(InputError, match="variant"):
         ViTConfig(variant="sideways")
+
+
+def test_a_post_ln_model_has_its_stored_product_as_effective_h(digits):
+    """Post-LN: no norm inside the branch, so the effective H is W_V^h W_O^h itself."""
+    run = train_run(digits, replace(QUICK_MODEL, variant="minus", norm="post", depth=1), FAST)
+    spectra = head_spectra(run.model)
+    np.testing.assert_array_equal(spectra["effective"], spectra["stored"])
+    assert np.all(spectra["stored"].real < 0)
