@@ -51,6 +51,13 @@ class Dataset:
     def channels(self) -> int:
         return int(self.x_train.shape[1])
 
+    @property
+    def value_range(self) -> tuple[float, float]:
+        """(min, max) of the training images: the range corruptions are scaled to and clipped to
+        (a constant training set gives (v, v + 1))."""
+        lo, hi = float(self.x_train.min()), float(self.x_train.max())
+        return (lo, hi) if hi > lo else (lo, lo + 1.0)
+
 
 def _stratified_indices(labels: np.ndarray, keep: int, rng: np.random.Generator) -> np.ndarray:
     """``keep`` indices with each class's share kept (largest remainders; at least one per class

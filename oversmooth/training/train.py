@@ -5,8 +5,8 @@
 token, the positions, Θ and ψ), a linear warm-up then a cosine learning-rate schedule, random
 shifts of up to ``shift`` pixels (zero padding) as the only augmentation, and cross-entropy. Then
 it measures the clean test accuracy, the accuracy under every corruption and severity of
-:mod:`oversmooth.training.corruptions` (one corrupted test set per data seed, the same for every
-variant: paired comparisons), and the signs of every head's stored and effective value spectrum
+:mod:`oversmooth.training.corruptions`, scaled to the training images' range (one corrupted test
+set per seed, the same for every variant: paired comparisons), and the signs of every head's stored and effective value spectrum
 (:mod:`oversmooth.training.effective`).
 
 Determinism: the model's initialisation, the batch order and the shifts come from ``seed`` alone
@@ -260,7 +260,10 @@ def _train(
     clean = _accuracy(model, data.x_test, data.y_test, device)
     corrupted = {
         f"{name}:{severity}": _accuracy(
-            model, corrupt(data.x_test, name, severity, seed=config.seed), data.y_test, device
+            model,
+            corrupt(data.x_test, name, severity, seed=config.seed, value_range=data.value_range),
+            data.y_test,
+            device,
         )
         for name in CORRUPTIONS
         for severity in SEVERITIES

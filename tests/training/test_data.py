@@ -105,3 +105,11 @@ def test_digits_split_is_stratified_and_fixed():
     everything = np.bincount(np.concatenate([data.y_train, data.y_test]))
     assert np.all(np.abs(np.bincount(data.y_test) - everything * 500 / 1797) < 1)
     assert np.array_equal(load_data("digits").y_test, data.y_test)
+
+
+def test_value_range_is_the_training_images_range():
+    x = np.linspace(0.0, 255.0, 16).reshape(1, 1, 4, 4)
+    data = Dataset(x, np.zeros(1, dtype=np.int64), x, np.zeros(1, dtype=np.int64), "t")
+    assert data.value_range == (0.0, 255.0)
+    flat = Dataset(np.zeros((1, 1, 2, 2)), np.zeros(1, dtype=np.int64), x, np.zeros(1), "t")
+    assert flat.value_range == (0.0, 1.0)
