@@ -46,6 +46,7 @@ __all__ = [
     "TrainConfig",
     "TrainedRun",
     "head_spectra",
+    "random_shifts",
     "set_threads",
     "train_run",
 ]
@@ -129,7 +130,7 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
 
 
-def _shifted(images: torch.Tensor, shift: int, generator: torch.Generator) -> torch.Tensor:
+def random_shifts(images: torch.Tensor, shift: int, generator: torch.Generator) -> torch.Tensor:
     """Every image moved by its own random offset in [−shift, shift]² (zero padding)."""
     if shift == 0:
         return images
@@ -245,7 +246,7 @@ def _train(
         total_loss = 0.0
         for begin in range(0, order.numel(), config.batch_size):
             index = order[begin : begin + config.batch_size]
-            images = _shifted(x_all[index], config.shift, generator).to(device)
+            images = random_shifts(x_all[index], config.shift, generator).to(device)
             loss = nn.functional.cross_entropy(model(images), y_all[index].to(device))
             optimiser.zero_grad(set_to_none=True)
             loss.backward()

@@ -16,7 +16,13 @@ from oversmooth.simulator.errors import InputError  # noqa: E402
 from oversmooth.training.corruptions import CORRUPTIONS, SEVERITIES  # noqa: E402
 from oversmooth.training.data import load_digits_split, stratified_fraction  # noqa: E402
 from oversmooth.training.model import ViTConfig  # noqa: E402
-from oversmooth.training.train import QUICK_MODEL, QUICK_TRAIN, head_spectra, train_run  # noqa: E402
+from oversmooth.training.train import (  # noqa: E402
+    QUICK_MODEL,
+    QUICK_TRAIN,
+    head_spectra,
+    random_shifts,
+    train_run,
+)
 
 torch.set_num_threads(1)
 #: Two epochs on a fifth of the digits: enough steps to move every weight, about a second.
@@ -96,3 +102,15 @@ def test_a_post_ln_model_has_its_stored_product_as_effective_h(digits):
     spectra = head_spectra(run.model)
     np.testing.assert_array_equal(spectra["effective"], spectra["stored"])
     assert np.all(spectra["stored"].real < 0)
+
+
+def test_shifts_translate_each_image_by_at_most_the_shift():
+    images = torch.arange(3 * 2 * 5 * 5, dtype=torch.float32).reshape(3, 2, 5, 5) + 1
+    generator = torch.Generator().manual_seed(0)
+    assert torch.equal(random_shifts(images, 0, generator), images)
+    moved = random_shifts(images, 1, generator)
+    padded = torch.nn.functional.pad(images, (1, 1, 1, 1))
+    for index in range(3):
+        windows = [padded[index, :, dy : dy + 5, dx : dx + 5] for dy in range(3) for dx in range(3)]
+        assert any(torch.equal(moved[index], window) for window in windows)
+    assert not all(torch.equal(moved[i], images[i]) for i in range(3))
