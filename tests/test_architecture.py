@@ -1,5 +1,6 @@
 """Layering: the simulator depends on NumPy, SciPy and the standard library only; the libraries
-import one way (simulator ← importers ← figures), and the application (the rest of the package
+import one way (simulator ← importers ← figures; simulator ← training, the only place torch is
+imported, and no other library imports training), and the application (the rest of the package
 ``oversmooth``: the command, its commands, the executor, the report) imports all three and is imported
 by none. Everything installs under the one import name ``oversmooth``."""
 
@@ -16,13 +17,14 @@ import pytest
 import oversmooth
 
 PACKAGE_DIR = Path(oversmooth.__file__).parent
-LIBRARIES = ("simulator", "importers", "figures")
+LIBRARIES = ("simulator", "importers", "figures", "training")
 #: Which layers each layer may import (besides itself); "application" is the rest of ``oversmooth``.
 MAY_IMPORT = {
     "simulator": set(),
     "importers": {"simulator"},
     "figures": {"simulator", "importers"},
-    "application": {"simulator", "importers", "figures"},
+    "training": {"simulator"},
+    "application": {"simulator", "importers", "figures", "training"},
 }
 ALLOWED_TOP_LEVEL = {"numpy", "scipy", "__future__"} | set(sys.stdlib_module_names)
 HEAVY = ("onnx", "onnxruntime", "matplotlib", "torch")
@@ -119,6 +121,37 @@ def test_layering_check_sees_an_upward_import(tmp_path):
     assert _imported_layers(module) - MAY_IMPORT["importers"] == {"application"}
     module.write_text("from oversmooth import figures\n")
     assert _imported_layers(module) - MAY_IMPORT["importers"] == {"figures"}
+
+
+def _imports_torch(path: Path) -> bool:
+    return any(name.split(".")[0] == "torch" for name in _imported_modules(path))
+
+
+def test_only_the_training_library_imports_torch():
+    """torch (the ``train`` extra) is imported by ``oversmooth.training`` and nothing else."""
+    outside = [
+        str(path.relative_to(PACKAGE_DIR))
+        for layer, path in _project_modules()
+        if layer != "training" and _imports_torch(path)
+    ]
+    assert not outside, outside
+
+
+def test_torch_check_sees_a_lazy_torch_import(tmp_path):
+    """The checker itself can fail: a torch import inside a function is caught."""
+    module = tmp_path / "lazy.py"
+    module.write_text("def f():\n    from torch import nn\n    return nn\n")
+    assert _imports_torch(module)
+
+
+def test_no_library_imports_training(tmp_path):
+    """``oversmooth.training`` sits beside the other libraries, reachable from the application only."""
+    assert {layer for layer, allowed in MAY_IMPORT.items() if "training" in allowed} == {
+        "application"
+    }
+    module = tmp_path / "fig.py"
+    module.write_text("from oversmooth.training.train import train_run\n")
+    assert _imported_layers(module) - MAY_IMPORT["figures"] == {"training"}
 
 
 def test_the_package_root_imports_nothing():

@@ -4,7 +4,8 @@
 rejected candidates), ``weights`` (per-block weights to ``.npz``), ``spectra`` (eigenvalues of the
 value products to CSV), ``models`` (the zoo), ``transform`` (random init and ±
 reparameterisation), ``doctor`` (what onnxruntime can run here), ``audit`` (a model on real inputs:
-the report folder) and ``sweep`` (a grid of simulator runs). :mod:`oversmooth.commands.common`
+the report folder), ``sweep`` (a grid of simulator runs) and ``train`` (small ViTs in three variants:
+the ``train`` extra). :mod:`oversmooth.commands.common`
 holds what they share.
 """
 
@@ -26,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         simulate,
         spectra,
         sweep,
+        train,
         transform,
         verify,
         weights,
@@ -42,5 +44,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         doctor,
         audit,
         sweep,
+        train,
     ):
         command.register(subparsers)

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from oversmooth.figures import SCRIPTS
+from oversmooth.figures import ON_DEMAND, SCRIPTS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,11 +22,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("figures-out"), help="output folder")
     args = parser.parse_args(argv)
     names = args.only or list(SCRIPTS)
+    known = (*SCRIPTS, *ON_DEMAND)
     for name in names:
-        if name not in SCRIPTS:
-            hint = difflib.get_close_matches(name, SCRIPTS, n=1)
+        if name not in known:
+            hint = difflib.get_close_matches(name, known, n=1)
             suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-            parser.error(f"unknown figure {name!r}{suggestion} (known: {', '.join(SCRIPTS)})")
+            parser.error(f"unknown figure {name!r}{suggestion} (known: {', '.join(known)})")
+    if not args.only:
+        for name in ON_DEMAND:
+            print(
+                f"{name}: skipped (on demand: it reads `oversmooth train` results; "
+                f"run python -m oversmooth.figures --only {name})"
+            )
     failed = []
     for name in names:
         module = importlib.import_module(f"oversmooth.figures.{name}")
