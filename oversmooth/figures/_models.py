@@ -144,10 +144,11 @@ class Audited:
         Model file sha256, inputs (source, digest, count), provider used, audit configuration.
     cases : (n_cases, 3) int ndarray
         One row per dominance case: input, block, 1 when perron type (else 0).
-    frozen : (n_cases, 3) int ndarray
+    frozen : (n_cases, 4) int ndarray
         One row per (input, block) of the frozen block operator (``frozen`` of :func:`audited`):
-        input, block, the kind's index in :data:`~oversmooth.simulator.theory.KINDS`; empty when
-        none ran.
+        input, block, the kind's index in :data:`~oversmooth.simulator.theory.KINDS`, and whether
+        repeating it smooths (1), does not (0) or neither is decided (−1: a balanced operator, a
+        split direction at the operating point); empty when none ran.
     """
 
     variant: Variant
@@ -299,12 +300,21 @@ def _audit(
         ).reshape(-1, 3),
         frozen=np.array(
             [
-                (c.input, c.block, KINDS.index(c.kind))
+                (c.input, c.block, KINDS.index(c.kind), _smooths(c))
                 for c in (result.operator if frozen == "operator" else result.operating)
             ],
             dtype=np.int64,
-        ).reshape(-1, 3),
+        ).reshape(-1, 4),
     )
+
+
+def _smooths(case: Any) -> int:
+    """1 when repeating the frozen operator of ``case`` lowers HFC/LFC, 0 when not, −1 undecided:
+    an operator case by its kind (perron smooths), an operating case by its direction (its kind is
+    generically non-perron, docs/theory.md §6.12)."""
+    if hasattr(case, "direction"):
+        return {"smoothing": 1, "no smoothing": 0}.get(case.direction, -1)
+    return {"perron": 1, "non-perron": 0}.get(case.kind, -1)
 
 
 def perron_intervals(

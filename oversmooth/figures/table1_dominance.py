@@ -19,14 +19,17 @@ Also writes ``table1_dominance.md`` (a Markdown table).
 Run: ``python -m oversmooth.figures.table1_dominance [--quick] --out DIR``.
 
 CSV columns: ``source,model,transform,h,unit,block,n_inputs,cases,perron_pct,perron_lo,perron_hi,
-non_perron_pct,balanced_pct,contracting_pct,agreement_pct,counterpart``: ``source`` is ``ours`` or ``paper``; ``h`` the H protocol (``effective``,
+non_perron_pct,balanced_pct,contracting_pct,smoothing_pct,agreement_pct,agreement_expected_pct,
+agreement_p,counterpart``: ``source`` is ``ours`` or ``paper``; ``h`` the H protocol (``effective``,
 ``stored``, or ``both`` where they coincide); ``block`` is ``all`` or an attention block (ours
 only); ``unit`` is ``head`` (cases per (input, block, head)), ``operator`` (per (input, block), the
 block's whole operator, on the first inputs only, with ``agreement_pct`` against the per-head rule
 and, on the overall row, its chance level as below)
 or ``operating`` (per (input, block), the block frozen at each input's own normalisation, on the same
-inputs, with ``agreement_pct`` against the operator row's kind, ``agreement_expected_pct`` what
-shuffling one side gives and ``agreement_p`` the exact chance of at least as many agreements);
+inputs: ``smoothing_pct`` the cases where repeating it lowers the input's HFC/LFC, with
+``agreement_pct`` against the operator row's cases (perron-type: smoothing),
+``agreement_expected_pct`` what shuffling one side gives and ``agreement_p`` the exact chance of at
+least as many agreements);
 ``perron_lo``/``perron_hi`` a 95 % bootstrap interval over inputs (cases of one input are not
 independent); ``contracting_pct`` the cases whose head's H alone rules out Perron type (a null-space
 eigenvalue 0 and no other ``|1 + λ^H|`` above 1: docs/theory.md §6.10), apart from non-Perron ones, so
@@ -111,6 +114,7 @@ COLUMNS = (
     "non_perron_pct",
     "balanced_pct",
     "contracting_pct",
+    "smoothing_pct",
     "agreement_pct",
     "agreement_expected_pct",
     "agreement_p",
@@ -195,13 +199,14 @@ def _operator_rows(key: str, quick: bool) -> list[dict[str, Any]]:
 
 def _operating_rows(key: str, quick: bool) -> list[dict[str, Any]]:
     """The operating-point operator of ``key`` (each block frozen at each input's own
-    normalisation, docs/theory.md §6.12) on the inputs of :func:`_operator_rows`: overall and per
-    block, with its agreement with the whole operator at the effective H on the same
-    (input, block) cases, and that agreement's chance level."""
+    normalisation, docs/theory.md §6.12) on the inputs of :func:`_operator_rows`, overall and per
+    block: its kind, and, what a varying per-token scale leaves informative, whether repeating
+    it lowers the input's HFC/LFC; and how often that agrees with the whole operator at the
+    effective H (perron-type: it smooths) on the same (input, block) cases, against chance."""
     inputs = 1 if quick else OPERATOR_INPUTS
     operating = _models.audited(key, quick, "effective", inputs, frozen="operating").frozen
     operator = _models.audited(key, quick, "effective", inputs).frozen
-    kind_of = {(i, b): k for i, b, k in operator}
+    smooths = {(int(i), int(b)): int(v) for i, b, _, v in operator}
     variant = _models.VARIANTS[key]
     base = {
         "source": "ours",
@@ -215,26 +220,27 @@ def _operating_rows(key: str, quick: bool) -> list[dict[str, Any]]:
     parts = [("all", operating)] + [
         (str(b), operating[operating[:, 1] == b]) for b in sorted({int(b) for b in operating[:, 1]})
     ]
-    return [{**base, "block": block, **_frozen_shares(cases, kind_of)} for block, cases in parts]
+    return [{**base, "block": block, **_frozen_shares(cases, smooths)} for block, cases in parts]
 
 
-def _frozen_shares(cases: np.ndarray, kind_of: dict[tuple[int, int], int]) -> dict[str, Any]:
-    """Kind shares of ``cases`` ((n, 3): input, block, kind index) and their agreement (perron or
-    not) with the kinds ``kind_of`` gives the same (input, block), balanced ones left out of the
-    agreement, with the expected agreement under shuffling and its exact p-value."""
-    kinds = cases[:, 2]
-    balanced = KINDS.index("balanced")
+def _frozen_shares(cases: np.ndarray, smooths: dict[tuple[int, int], int]) -> dict[str, Any]:
+    """Kind shares of ``cases`` ((n, 4): input, block, kind index, smooths 1/0/−1), the share
+    whose repetition smooths, and its agreement with ``smooths`` of the same (input, block)
+    (undecided ones left out on either side), with the expected agreement under shuffling and its
+    exact p-value."""
+    kinds, own = cases[:, 2], cases[:, 3]
     pairs = [
-        (int(kind_of[int(i), int(b)]) == PERRON, int(k) == PERRON)
-        for i, b, k in cases
-        if int(k) != balanced and int(kind_of[int(i), int(b)]) != balanced
+        (smooths[int(i), int(b)] == 1, int(v) == 1)
+        for i, b, _, v in cases
+        if int(v) >= 0 and smooths[int(i), int(b)] >= 0
     ]
     agreement = Agreement.of_pairs(pairs)
     shares = {
         "cases": len(cases),
         "perron_pct": 100 * float(np.mean(kinds == PERRON)),
         "non_perron_pct": 100 * float(np.mean(kinds != PERRON)),  # balanced ties included
-        "balanced_pct": 100 * float(np.mean(kinds == balanced)),
+        "balanced_pct": 100 * float(np.mean(kinds == KINDS.index("balanced"))),
+        "smoothing_pct": 100 * float(np.mean(own == 1)),
     }
     if agreement is not None:
         shares["agreement_pct"] = 100 * agreement.agree / agreement.decided
@@ -277,9 +283,11 @@ def compute(quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             "inputs": 1 if quick else OPERATOR_INPUTS,
             "unit": "(input, block): X -> X + sum_h A_h D X M_h, D the input's own 1/sigma "
             "(pre-LN), 1/rms (pre-RMSNorm) or I (post-LN, no norm)",
-            "agreement": "with the operator row's kind on the same (input, block), perron or not, "
-            "balanced left out; expected: the mean agreement when one side is shuffled (margins "
-            "fixed), p: the exact chance of at least as many agreements",
+            "smoothing": "repeating the frozen sublayer lowers the input's HFC/LFC (every limit "
+            "state below it)",
+            "agreement": "of smoothing with the operator row's perron-type on the same (input, "
+            "block), undecided ones left out; expected: the mean agreement when one side is "
+            "shuffled (margins fixed), p: the exact chance of at least as many agreements",
         },
         "paper": "poster Table 1 (docs/theory.md §6.2)",
         "note": NOTE,
@@ -404,18 +412,21 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
     lines += [
         "",
         "The operating point of each block, X ↦ X + Σ_h A_h D X M_h with D the input's own per-token "
-        "scale of the pre-norm (1/σ; I for post-LN), on the same inputs (docs/theory.md §6.12): "
-        "perron-type when its dominating eigenvector is mostly low-frequency. Agreement: with the "
-        "whole operator above on the same (input, block) cases (perron or not, balanced ones left "
-        "out), beside what shuffling one side would give and the exact chance of at least as many.",
+        "scale of the pre-norm (1/σ; I for post-LN), on the same inputs (docs/theory.md §6.12). "
+        "Perron type needs its dominating eigenvector inside the low-frequency subspace, which a "
+        "varying D leaves only by accident, so the informative column is the next: the cases where "
+        "repeating the frozen sublayer lowers the input's HFC/LFC. Agreement: of that with the "
+        "whole operator above (perron-type: it smooths) on the same (input, block) cases, "
+        "undecided ones left out, beside what shuffling one side would give and the exact chance "
+        "of at least as many.",
         "",
-        "| model | inputs | (input, block) cases | operating point: Perron type | non-Perron "
-        "| agreement with the operator | expected by chance | p |",
+        "| model | inputs | (input, block) cases | operating point: Perron type | repeating it "
+        "smooths | agreement with the operator | expected by chance | p |",
         "|---|---|---|---|---|---|---|---|",
     ]
     lines += [
         f"| {row['model']} | {row['n_inputs']} | {row['cases']} | {_pct(row['perron_pct'])} "
-        f"| {_pct(row['non_perron_pct'])} | {_pct(row.get('agreement_pct'))} "
+        f"| {_pct(row['smoothing_pct'])} | {_pct(row.get('agreement_pct'))} "
         f"| {_pct(row.get('agreement_expected_pct'))} | {_p(row.get('agreement_p'))} |"
         for row in rows
         if row.get("unit") == "operating" and row["block"] == "all"

@@ -206,6 +206,7 @@ def test_table1_operating_rows_count_input_block_cases_with_their_chance(
     for row in totals:
         assert int(row["cases"]) == get_model(row["model"]).n_layers
         assert float(row["perron_pct"]) + float(row["non_perron_pct"]) == pytest.approx(100.0)
+        assert 0.0 <= float(row["smoothing_pct"]) <= 100.0
         if row["agreement_pct"]:
             assert 0.0 <= float(row["agreement_pct"]) <= 100.0
             assert 0.0 <= float(row["agreement_expected_pct"]) <= 100.0
