@@ -196,7 +196,10 @@ def test_the_audit_runs_the_old_graph_and_measures_what_opset_13_does(
     expected = audit(new, inputs, provider="cpu", cache=False, exclude_prefix=1)
     captured = captured_sessions(monkeypatch)
     result = audit(old, inputs, provider="cpu", cache=False, exclude_prefix=1)
-    (session_model,) = captured
+    # the graph the audit gives onnxruntime; a post-LN model's session is then opened once more
+    # on the graph onnxruntime optimised from it (the sums before the norms, graph_edits)
+    session_model, *reopened = captured
+    assert len(reopened) <= 1
     assert session_model.opset_import[0].version == opset
     shipped = list(onnx.load(old).graph.node)
     assert list(session_model.graph.node)[: len(shipped)] == shipped

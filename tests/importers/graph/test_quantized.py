@@ -203,7 +203,10 @@ def test_the_audit_runs_the_pairs_and_measures_what_the_model_without_them_does(
     expected = audit(plain_file, inputs, provider="cpu", cache=False)
     captured = captured_sessions(monkeypatch)
     result = audit(quantised_file, inputs, provider="cpu", cache=False)
-    (session_model,) = captured
+    # the graph the audit gives onnxruntime; a post-LN model's session is then opened once more
+    # on the graph onnxruntime optimised from it (the sums before the norms, graph_edits)
+    session_model, *reopened = captured
+    assert len(reopened) <= 1
     shipped = list(onnx.load(quantised_file).graph.node)
     assert list(session_model.graph.node)[: len(shipped)] == shipped  # the pairs run
     for metric, values in expected.metrics.items():
