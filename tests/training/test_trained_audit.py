@@ -84,25 +84,29 @@ def test_one_row_per_model_whose_shares_add_up(audited):
     assert tuple(rows[0]) == COLUMNS
     ours = [r for r in rows if r["source"] == "ours"]
     per_seed = [r for r in ours if r["seed"]]
-    assert sorted((r["variant"], r["seed"]) for r in per_seed) == sorted(
-        (v, str(s)) for v in ("standard", "plus", "minus") for s in range(SEEDS)
+    assert sorted((r["variant"], r["seed"], r["h"]) for r in per_seed) == sorted(
+        (v, str(s), h)
+        for v in ("standard", "plus", "minus")
+        for s in range(SEEDS)
+        for h in ("effective", "stored")
     )
     heads = 2  # the quick model's
     for row in ours:
         total = sum(float(row[f"{share}_pct"]) for share in ("perron", "non_perron", "contracting"))
         assert total == pytest.approx(100.0)
         assert int(row["n_inputs"]) == QUICK_INPUTS
-        assert row["h"] == "effective"
     assert all(int(r["cases"]) == QUICK_INPUTS * DEPTH * heads for r in per_seed)
     means = [r for r in ours if not r["seed"]]
-    assert {r["variant"]: int(r["n_seeds"]) for r in means} == dict.fromkeys(
-        ("standard", "plus", "minus"), SEEDS
-    )
+    assert len(means) == 3 * 2
+    assert {int(r["n_seeds"]) for r in means} == {SEEDS}
     assert {r["variant"] for r in rows if r["source"] == "paper"} == {"standard", "plus", "minus"}
 
 
 def test_trained_plus_is_all_perron_and_minus_none_with_the_effective_h(audited):
+    """Under the stored H by construction; under the effective H (the norm's centring and γ
+    folded in) as measured after training."""
     rows = [r for r in _rows(audited / f"{NAME}.csv") if r["source"] == "ours"]
+    assert {r["h"] for r in rows} == {"effective", "stored"}
     for row in rows:
         if row["variant"] == "plus":
             assert float(row["perron_pct"]) == 100.0
@@ -130,7 +134,8 @@ def test_a_rerun_gives_byte_identical_csvs(results, audited, tmp_path):
 
 def test_summary_rows_are_mean_and_std_over_seeds():
     seeds = [
-        {"variant": "standard", "fraction": 1.0, "n_inputs": 4, "cases": 8, "perron_pct": p}
+        {"variant": "standard", "fraction": 1.0, "h": "stored", "n_inputs": 4, "cases": 8}
+        | {"perron_pct": p}
         | {"non_perron_pct": 100.0 - p, "contracting_pct": 0.0, "balanced_pct": 0.0}
         for p in (75.0, 100.0, 50.0)
     ]
