@@ -304,7 +304,7 @@ def plot(layers: Sequence[Mapping[str, Any]]) -> Any:
             plot_layers(axes, sel, label, COLORS[variant])
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[0].legend(loc="best", title=f"{100 * top:g}% of the data, per seed")
+    axes[1].legend(loc="upper left", title=f"{100 * top:g}% of the data, per seed")
     return fig
 
 
