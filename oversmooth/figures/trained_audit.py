@@ -290,7 +290,7 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
 def plot(layers: Sequence[Mapping[str, Any]]) -> Any:
     """Fig. 3's panels (HFC/LFC, cosine, σ2/σ1 per layer), one colour per variant and one line
     per seed, at the largest fraction trained."""
-    fig, axes = new_figure("full", 0.33, ncols=len(LAYER_PANELS))
+    fig, axes = new_figure("full", 0.4, ncols=len(LAYER_PANELS))
     top = max((float(r["fraction"]) for r in layers), default=1.0)
     for variant in VARIANTS:
         seeds = sorted({r["seed"] for r in layers if r["variant"] == variant})
@@ -304,7 +304,9 @@ def plot(layers: Sequence[Mapping[str, Any]]) -> Any:
             plot_layers(axes, sel, label, COLORS[variant])
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[1].legend(loc="upper left", title=f"{100 * top:g}% of the data, per seed")
+    handles, labels = axes[0].get_legend_handles_labels()
+    title = f"trained models, {100 * top:g}% of the data, one line per seed"
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), title=title)
     return fig
 
 
