@@ -16,6 +16,13 @@ The folder (written whole or not at all):
     versions.
 ``models/VARIANT-fFRACTION-sSEED.onnx``
     With ``--export-onnx``: each trained model, for ``oversmooth audit``/``spectra``.
+``inputs.npz``
+    With ``--export-onnx``: the audit's inputs, ``images`` (N, C, H, W) float32 in the exported
+    graph's input layout and scale (what the models were tested on) and ``labels`` naming each
+    (``test-INDEX-class-LABEL``): the first :data:`AUDIT_IMAGES` images of the data's *test* split
+    (digits: all 500 of the fixed stratified split, none seen in training), clean. So
+    ``oversmooth audit DIR/models/X.onnx --inputs DIR/inputs.npz`` audits a model on held-out
+    data, and ``python -m oversmooth.figures.trained_audit --results DIR`` every model.
 
 Needs the ``train`` extra (torch and scikit-learn): ``pip install 'oversmooth[train]'``.
 """
@@ -33,7 +40,7 @@ from typing import Any
 
 from oversmooth.commands.common import positive_int
 
-__all__ = ["RESULT_COLUMNS", "RESULT_FILES", "register", "run"]
+__all__ = ["AUDIT_IMAGES", "INPUTS_FILE", "RESULT_COLUMNS", "RESULT_FILES", "register", "run"]
 
 RESULT_FILES = ("results.csv", "results.json")
 RESULT_COLUMNS = (
@@ -48,6 +55,9 @@ RESULT_COLUMNS = (
     "epochs",
     "seconds",
 )
+#: The audit's inputs written beside the exported models, and how many test images at most.
+INPUTS_FILE = "inputs.npz"
+AUDIT_IMAGES = 500
 _PACKAGES = ("oversmooth", "numpy", "scipy", "torch", "scikit-learn", "onnx")
 
 
@@ -238,8 +248,22 @@ def run(args: argparse.Namespace) -> int:
                 export_onnx(
                     item.model, staging / "models" / f"{r.variant}-f{r.fraction:g}-s{r.seed}.onnx"
                 )
+            write_audit_inputs(staging / INPUTS_FILE, data)
     print(_summary([run.record for run in runs], args.out, export=args.export_onnx))
     return 0
+
+
+def write_audit_inputs(path: Path, data: Any) -> Path:
+    """``inputs.npz`` (see the module docstring): the first :data:`AUDIT_IMAGES` clean test images
+    as the exported graph's ``images`` input, float32 (N, C, H, W), with their labels."""
+    import numpy as np
+
+    images = np.ascontiguousarray(data.x_test[:AUDIT_IMAGES], dtype=np.float32)
+    classes = data.y_test[:AUDIT_IMAGES]
+    labels = np.array([f"test-{i}-class-{int(y)}" for i, y in enumerate(classes)])
+    with path.open("wb") as handle:
+        np.savez(handle, images=images, labels=labels)
+    return path
 
 
 def _summary(records: Sequence[Any], out: Path, *, export: bool) -> str:
@@ -256,6 +280,7 @@ def _summary(records: Sequence[Any], out: Path, *, export: bool) -> str:
         noise = 100 * sum(r.corrupted["gaussian_noise:5"] for r in group) / n
         blur = 100 * sum(r.corrupted["gaussian_blur:5"] for r in group) / n
         lines.append(f"{variant:<9} {fraction:>8g} {n:>5} {clean:>7.2f} {noise:>7.2f} {blur:>7.2f}")
-    files = [out / name for name in RESULT_FILES] + ([out / "models"] if export else [])
+    files = [out / name for name in RESULT_FILES]
+    files += [out / "models", out / INPUTS_FILE] if export else []
     lines.append("wrote " + ", ".join(str(f) for f in files))
     return "\n".join(lines)

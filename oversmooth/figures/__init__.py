@@ -17,5 +17,6 @@ SCRIPTS = (
     "theory_mitigations",
 )
 #: Scripts that run only when named (``--only NAME``): they read results that take minutes to make
-#: (``table23_training`` reads the folder of ``oversmooth train``: ``--results``, default ``train-out``).
-ON_DEMAND = ("table23_training",)
+#: (``table23_training`` reads the folder of ``oversmooth train``, ``trained_audit`` audits the models
+#: that ``oversmooth train --export-onnx`` wrote there: ``--results``, default ``train-out``).
+ON_DEMAND = ("table23_training", "trained_audit")
