@@ -34,3 +34,12 @@ def test_the_audit_benchmark_times_the_audit_against_inference() -> None:
     require_real_model("minilm-l3")
     timing = audit_against_inference("minilm-l3", 4, 2)
     assert timing.n_inputs == 4
+
+
+def test_the_train_benchmark_times_one_epoch_of_each_variant() -> None:
+    pytest.importorskip("torch", reason="needs the train extra: pip install 'oversmooth[train]'")
+    from benchmarks.bench_train import VARIANTS, time_runs
+
+    timings = time_runs(1, variants=VARIANTS[:2])
+    assert [t.variant for t in timings] == ["standard", "plus"]
+    assert all(t.seconds > 0 and t.epochs == 1 and t.device == "cpu" for t in timings)
