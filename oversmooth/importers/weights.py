@@ -40,6 +40,7 @@ from oversmooth.importers.match import (
 )
 from oversmooth.importers.match.linear_forms import dense_weight
 from oversmooth.importers.nbits import dequantize_nbits
+from oversmooth.simulator.effective import prenorm_left
 
 __all__ = [
     "FACTOR_KEYS",
@@ -194,8 +195,7 @@ class BlockWeights(AttentionBlock):
 
     def _left(self, W_V: FloatArray) -> FloatArray:
         """``C diag(h_scale_in) W_V``: rows scaled, then (when centred) column means removed."""
-        scaled = self.h_factors()["h_scale_in"][:, None] * W_V
-        return scaled - scaled.mean(axis=0, keepdims=True) if self.centred else scaled
+        return prenorm_left(W_V, self.h_factors()["h_scale_in"], centred=self.centred)
 
 
 def extract(model: OnnxModel, *, partial: bool = False) -> list[BlockWeights]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from oversmooth.simulator.effective import prenorm_left
 from oversmooth.simulator.errors import InputError
 
 __all__ = [
@@ -53,15 +54,13 @@ def _split(W_V: np.ndarray, W_O: np.ndarray, heads: int) -> tuple[np.ndarray, np
     return W_V.reshape(d, heads, dh).transpose(1, 0, 2), W_O.reshape(heads, dh, d)
 
 
-def _right_factor(d: int, gamma: np.ndarray | None, centred: bool) -> np.ndarray:
-    """``C diag(γ)`` (d×d): the pre-norm's linear factor before W_V (identity without a norm)."""
-    factor = np.eye(d) - (np.full((d, d), 1.0 / d) if centred else 0.0)
-    if gamma is not None:
-        gamma = np.asarray(gamma, dtype=np.float64)
-        if gamma.shape != (d,):
-            raise InputError(f"gamma must have shape ({d},); got {gamma.shape}")
-        factor = factor * gamma[None, :]
-    return factor
+def _gamma(gamma: np.ndarray | None, d: int) -> np.ndarray | None:
+    if gamma is None:
+        return None
+    gamma = np.asarray(gamma, dtype=np.float64)
+    if gamma.shape != (d,):
+        raise InputError(f"gamma must have shape ({d},); got {gamma.shape}")
+    return gamma
 
 
 def effective_head_products(
@@ -91,8 +90,7 @@ def effective_head_products(
     ndarray, shape (heads, d, d), float64
     """
     V, O = _split(W_V, W_O, heads)
-    left = _right_factor(V.shape[1], gamma, centred)
-    return np.einsum("ij,hjk,hkl->hil", left, V, O)
+    return prenorm_left(V, _gamma(gamma, V.shape[1]), centred=centred) @ O
 
 
 def effective_head_eigenvalues(
@@ -111,8 +109,7 @@ def effective_head_eigenvalues(
         Sorted by real part within each head.
     """
     V, O = _split(W_V, W_O, heads)
-    left = _right_factor(V.shape[1], gamma, centred)
-    small = np.einsum("hij,jk,hkl->hil", O, left, V)
+    small = O @ prenorm_left(V, _gamma(gamma, V.shape[1]), centred=centred)
     values = np.linalg.eigvals(small).astype(np.complex128)
     return np.take_along_axis(values, np.argsort(values.real, axis=-1), axis=-1)
 
