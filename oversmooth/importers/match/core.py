@@ -303,7 +303,14 @@ class Matcher(GraphWalker):
         return None
 
     def check_softmax_axis(self, softmax: Node, rank: int) -> None:
-        axis = int(softmax.attr("axis", -1))
+        raw = softmax.attr("axis", -1)
+        if isinstance(raw, bool) or not isinstance(raw, int | np.integer):
+            raise RejectError(
+                RejectCode.MALFORMED,
+                f"Softmax axis attribute is {raw!r}; expected an integer axis",
+                (softmax.label,),
+            )
+        axis = int(raw)
         if axis not in (-1, rank - 1):
             raise RejectError(
                 RejectCode.SOFTMAX_AXIS,

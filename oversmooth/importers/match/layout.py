@@ -128,10 +128,9 @@ class LayoutProbe(NormMatcher):
             return _apply_layout(node, value, values, node.outputs.index(step.output))
         except (ValueError, TypeError, IndexError) as err:
             if op == "Reshape":
+                shape = values[0] if values else None  # a Reshape without its shape input
                 target = (
-                    "an unknown shape"
-                    if values[0] is None
-                    else str([int(d) for d in np.ravel(values[0])])
+                    "an unknown shape" if shape is None else str([int(d) for d in np.ravel(shape)])
                 )
                 raise RejectError(
                     RejectCode.HEAD_RESHAPE,
@@ -139,7 +138,7 @@ class LayoutProbe(NormMatcher):
                     f"{value.shape} (projection width {value.shape[-1] if value.ndim else '?'}) "
                     f"into {target}",
                     (node.label,),
-                    probe_sizes=_static_sizes(values[0], value, time_major=time_major),
+                    probe_sizes=_static_sizes(shape, value, time_major=time_major),
                 ) from None
             raise RejectError(
                 RejectCode.HEAD_LAYOUT,

@@ -140,3 +140,44 @@ def test_a_failure_is_reported_once_as_a_match_failure() -> None:
     model = model_from_proto(NEAR_MISSES["kv_from_other_input"](0).model)
     outcome = match_outcome(ProbeBases(model.index), model.index.nodes_of_type("Softmax")[0])
     assert isinstance(outcome, MatchFailure)
+
+
+def _bert_with(mutate) -> OnnxModel:
+    model = VARIANTS["bert_legacy"](0).model
+    mutate(model)
+    return model_from_proto(model)
+
+
+def _set_softmax_axis(model: Any) -> None:
+    from onnx import helper
+
+    for node in model.graph.node:
+        if node.op_type == "Softmax":
+            del node.attribute[:]
+            node.attribute.append(helper.make_attribute("axis", "last"))
+
+
+def _drop_first_reshape_shape(model: Any) -> None:
+    reshape = next(node for node in model.graph.node if node.op_type == "Reshape")
+    del reshape.input[1:]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "code", "reason"),
+    [
+        (_set_softmax_axis, RejectCode.MALFORMED, "Softmax axis attribute is b'last'"),
+        (_drop_first_reshape_shape, RejectCode.HEAD_RESHAPE, "into an unknown shape"),
+    ],
+    ids=["softmax-axis-a-string", "reshape-without-its-shape"],
+)
+def test_a_malformed_node_is_a_deliberate_rejection_not_the_catch_all(mutate, code, reason) -> None:
+    """Both reached the per-candidate catch-all as a bare ValueError/IndexError ("malformed
+    graph around it: invalid literal for int()..."); each is now its finder's own rejection."""
+    model = _bert_with(mutate)
+    bases = ProbeBases(model.index)
+    outcomes = [match_outcome(bases, s) for s in model.index.nodes_of_type("Softmax")]
+    failures = [outcome for outcome in outcomes if isinstance(outcome, MatchFailure)]
+    assert failures
+    assert {failure.code for failure in failures} == {code}
+    assert all(reason in failure.reason for failure in failures)
+    assert not any("malformed graph around it" in failure.reason for failure in failures)
