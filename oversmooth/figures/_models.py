@@ -300,7 +300,7 @@ def _audit(
         ).reshape(-1, 3),
         frozen=np.array(
             [
-                (c.input, c.block, KINDS.index(c.kind), _smooths(c))
+                (c.input, c.block, KINDS.index(c.kind), _smooths(c, frozen))
                 for c in (result.operator if frozen == "operator" else result.operating)
             ],
             dtype=np.int64,
@@ -308,11 +308,11 @@ def _audit(
     )
 
 
-def _smooths(case: Any) -> int:
+def _smooths(case: Any, frozen: Frozen) -> int:
     """1 when repeating the frozen operator of ``case`` lowers HFC/LFC, 0 when not, −1 undecided:
     an operator case by its kind (perron smooths), an operating case by its direction (its kind is
     generically non-perron, docs/theory.md §6.12)."""
-    if hasattr(case, "direction"):
+    if frozen == "operating":
         return {"smoothing": 1, "no smoothing": 0}.get(case.direction, -1)
     return {"perron": 1, "non-perron": 0}.get(case.kind, -1)
 

@@ -27,6 +27,7 @@ from oversmooth.importers.graph.shapes import inferred_types
 from oversmooth.importers.runtime.reductions import GraphExtension
 
 __all__ = [
+    "FUSED_NORMS",
     "FUSED_SUM_OUTPUT",
     "LateOutputs",
     "expose_late",
@@ -36,9 +37,10 @@ __all__ = [
     "temporary_model_file",
 ]
 
-#: onnxruntime's fused residual norms and the index of their optional ``input + skip (+ bias)``
-#: output (com.microsoft ``SkipLayerNormalization``, ``SkipSimplifiedLayerNormalization``).
-FUSED_SUM_OUTPUT = {"SkipLayerNormalization": 3, "SkipSimplifiedLayerNormalization": 3}
+#: onnxruntime's fused residual norms (com.microsoft), whose optional output
+#: :data:`FUSED_SUM_OUTPUT` is the ``input + skip (+ bias)`` they normalise.
+FUSED_NORMS = frozenset({"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
+FUSED_SUM_OUTPUT = 3
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ def expose_late(graph: Any, sums: Mapping[str, str]) -> list[str | None]:
     fused = {
         node.output[0]: node
         for node in graph.node
-        if node.op_type in FUSED_SUM_OUTPUT and node.domain == "com.microsoft" and node.output
+        if node.op_type in FUSED_NORMS and node.domain == "com.microsoft" and node.output
     }
     found: list[str | None] = []
     for wanted, norm_output in sums.items():
@@ -84,12 +86,11 @@ def expose_late(graph: Any, sums: Mapping[str, str]) -> list[str | None]:
         if node is None:
             found.append(None)
             continue
-        index = FUSED_SUM_OUTPUT[node.op_type]
-        while len(node.output) <= index:
+        while len(node.output) <= FUSED_SUM_OUTPUT:
             node.output.append("")
-        if not node.output[index]:
-            node.output[index] = wanted
-        found.append(node.output[index])
+        if not node.output[FUSED_SUM_OUTPUT]:
+            node.output[FUSED_SUM_OUTPUT] = wanted
+        found.append(node.output[FUSED_SUM_OUTPUT])
     return found
 
 

@@ -525,8 +525,9 @@ def extend_plan(
     ``plan.extension`` (:class:`~oversmooth.importers.runtime.runner.LateOutputs`), so reading
     a tensor there changes none of the fusions the other numbers came from: a post-LN block's sum
     before its norm, which onnxruntime fuses into ``SkipLayerNormalization`` with the norm, is
-    read from that node's own optional sum output. Same options as ``plan`` (no per-token scale);
-    the late layers are numbered after ``plan.layers`` and their own nodes and constants live
+    read from that node's own optional sum output. Same options as ``plan``, except that the late
+    layers reduce no per-token scale and never come back whole (no :meth:`ReductionPlan.tokens_name`
+    output: nothing reads them so); they are numbered after ``plan.layers`` and their own nodes and constants live
     under a namespace of their own, so they never meet the first extension's, which the
     optimiser may have renamed, folded or removed.
     """
@@ -538,15 +539,14 @@ def extend_plan(
     taken = _taken_names(model) | {value.name for value in first.initializers}
     taken |= {output for node in first.nodes for output in node.output}
     builder = _Builder(model.session_opset, taken, namespace=f"{_PREFIX}.late")
-    rows = _marked_rows(builder) if plan.token_rows else None
     mask = MASK_INPUT if plan.masked else None
     totals = plan.spectral_norm and plan.gram == "features"
     outputs: list[onnx.ValueInfoProto] = []
     for k, name in enumerate(layers):
         layer = len(plan.layers) + k
         tm = bool(time_major and time_major[k])
-        _layer_nodes(builder, name, layer, mask, plan.prefix, plan.gram, tm, totals, None, rows)
-        outputs += _layer_outputs(layer, rows is not None, False, plan.gram, totals)
+        _layer_nodes(builder, name, layer, mask, plan.prefix, plan.gram, tm, totals, None, None)
+        outputs += _layer_outputs(layer, False, False, plan.gram, totals)
     late = GraphExtension(
         nodes=tuple(builder.nodes),
         initializers=tuple(builder.initializers.values()),
@@ -566,11 +566,9 @@ def _marked_rows(b: _Builder) -> str | None:
     (no ``NonZero``: the layers do not come back whole, and the plan says so)."""
     if b.opset < 9:
         return None
-    if ROWS_INPUT in b.taken and b.namespace == _PREFIX:
+    if ROWS_INPUT in b.taken:
         raise ImporterInputError(f"the model already has a tensor named {ROWS_INPUT!r}")
     # fixed names, not b.fresh's numbered ones: the statistics' nodes keep their names
-    marked = b.output(
-        "Greater", [ROWS_INPUT, b.const(0.0, np.float64)], f"{b.namespace}.rows.marked"
-    )
-    found = b.output("NonZero", [marked], f"{b.namespace}.rows.nonzero")  # (1, K)
-    return b.output("Reshape", [found, b.const([-1], np.int64)], f"{b.namespace}.rows.index")
+    marked = b.output("Greater", [ROWS_INPUT, b.const(0.0, np.float64)], f"{_PREFIX}.rows.marked")
+    found = b.output("NonZero", [marked], f"{_PREFIX}.rows.nonzero")  # (1, K)
+    return b.output("Reshape", [found, b.const([-1], np.int64)], f"{_PREFIX}.rows.index")

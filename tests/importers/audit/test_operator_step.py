@@ -85,6 +85,10 @@ def test_operator_mode_writes_operator_csv_and_reports_the_agreement(
     report = (folder / "report.md").read_text(encoding="utf-8")
     assert "The whole operator of each block" in report
     assert "per-head rule" in report
+    test = result.dominance_summary().operator.agreement_test
+    assert test is not None  # the agreement comes with its chance level, in the report too
+    assert f"gives {test.expected:.2f} agreements on average" in report
+    assert '"agreement_test"' in (folder / "audit.json").read_text(encoding="utf-8")
 
 
 def test_operator_inputs_must_be_positive() -> None:

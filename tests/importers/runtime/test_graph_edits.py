@@ -128,8 +128,10 @@ def test_a_model_with_external_data_keeps_the_norm_output_and_says_so(tmp_path) 
 
     model, inputs = builder_model_and_inputs("bert_legacy")
     path = tmp_path / "bert_legacy.onnx"
+    proto = onnx.ModelProto()  # onnx.save moves the weights out of the proto it is given: a copy,
+    proto.CopyFrom(model.session_model())  # so the cached builder model stays whole for others
     onnx.save(
-        model.session_model(),
+        proto,
         path,
         save_as_external_data=True,
         all_tensors_to_one_file=True,
