@@ -38,7 +38,8 @@ class GraphIndex:
     base_dir : Path or None
         Folder that external-data locations are relative to (the model's folder).
     opset_import : sequence of onnx.OperatorSetIdProto
-        The model's opset imports (for ONNX shape inference on the graph; empty: none run).
+        The model's opset imports (for ONNX shape inference on the graph; empty: none run); each
+        node carries the default domain's version (:attr:`Node.opset`), which its value is read at.
     model_path : Path or None
         The model file itself, which no external-data location may name.
     """
@@ -54,7 +55,10 @@ class GraphIndex:
         self.base_dir = base_dir
         self.model_path = model_path
         self.opset_import = tuple(opset_import)
-        self.nodes = [Node(position, proto) for position, proto in enumerate(graph.node)]
+        opset = next(
+            (int(e.version) for e in self.opset_import if e.domain in DEFAULT_DOMAINS), None
+        )
+        self.nodes = [Node(position, proto, opset) for position, proto in enumerate(graph.node)]
         self.initializers = {tensor.name: tensor for tensor in graph.initializer}
         self.graph_inputs = {value.name: value for value in graph.input}
         self.graph_outputs = [value.name for value in graph.output]
