@@ -5,7 +5,7 @@ Public API
 GraphIndex
     Producer/consumers per tensor and :meth:`GraphIndex.constant_value`, which reads an initializer
     on first use (external data only from inside the model's folder) and folds simple weight chains
-    (see :mod:`oversmooth.importers.graph.folding`).
+    (through the op table's evaluator, :func:`oversmooth.importers.graph.ops.fold`).
 external_data_path
     Resolve an external-data location, refusing anything outside the model's folder.
 """
@@ -120,10 +120,12 @@ class GraphIndex:
         """The value of ``name`` if it is a constant or a simple fold of constants, else None.
 
         Initializers are read on first use (external data lazily, from inside the model's folder).
-        Folded producers: Constant, Identity, Cast, Transpose, Reshape, Unsqueeze, Squeeze,
-        Flatten, Concat, Gather, Neg, Sqrt, Reciprocal, Add/Sub/Mul/Div of constants (e.g. int8 Cast→Mul
-        dequantisation), DequantizeLinear and QuantizeLinear. Arithmetic keeps the graph's dtype, so a folded
-        float32 product equals what the runtime computes.
+        Folded producers: the op table's ``weights`` ops (:data:`~oversmooth.importers.graph.ops.FOLDERS`:
+        Constant, Identity, Cast, Transpose, Reshape, Unsqueeze, Squeeze, Flatten, Concat, Gather,
+        GatherND, Neg, Sqrt, Reciprocal, Add/Sub/Mul/Div of constants, e.g. int8 Cast→Mul
+        dequantisation, DequantizeLinear and QuantizeLinear), evaluated at the model's opset.
+        Arithmetic keeps the graph's dtype, so a folded float32 product equals what the runtime
+        computes.
         """
         if not name:
             return None
