@@ -184,7 +184,8 @@ _HAND_WRITTEN: dict[str, ValueRule] = {
 
 # -- the size guard --------------------------------------------------------------------------------
 class _Given:
-    """The shapes and values of a node's inputs, for its shape rule (a :class:`~.shape_rules.ShapeLookup`)."""
+    """The shapes and values of a node's inputs, for its shape rule
+    (a :class:`~oversmooth.importers.graph.shape_rules.ShapeLookup`)."""
 
     def __init__(self, node: Node, values: list) -> None:
         self._values = dict(zip(node.inputs, values, strict=False))
@@ -321,6 +322,11 @@ def fold(node: Node, values: list, output: int = 0) -> np.ndarray | None:
     return (rule or _reference)(node, values, output)
 
 
-FOLDERS: dict[str, Callable[[Node, list], np.ndarray | None]] = {
-    op: lambda node, values: fold(node, values) for op in sorted(_WEIGHTS)
-}
+def _fold_weight(node: Node, values: list) -> np.ndarray | None:
+    """A weight chain's op: its only output, by :func:`fold`."""
+    return fold(node, values)
+
+
+FOLDERS: dict[str, Callable[[Node, list], np.ndarray | None]] = dict.fromkeys(
+    sorted(_WEIGHTS), _fold_weight
+)
