@@ -10,8 +10,13 @@ load
 index
     :class:`GraphIndex`: producers, consumers, constants read on demand (external data only from
     inside the model's folder).
-folding
-    Constant folding of weight chains and ONNX array semantics (Reshape, Slice, Split, ...).
+ops
+    The one table of op semantics (value, shape, layout replay, weight folding) and its one
+    evaluator, :func:`~oversmooth.importers.graph.ops.fold`: ``onnx.reference``'s implementation at
+    the model's opset (:mod:`~oversmooth.importers.graph.reference`), or a hand-written rule that says
+    why.
+shape_rules
+    Output shapes by arithmetic alone (ONNX's Reshape, Slice and Split arithmetic included).
 shapes
     :class:`ShapeContext`: static shapes and shape arithmetic under assumed batch/sequence sizes
     (:class:`ShapeBasis`: what the contexts at one pair of sizes share).
@@ -29,14 +34,6 @@ opsets
 
 from __future__ import annotations
 
-from oversmooth.importers.graph.folding import (
-    apply_slice,
-    apply_split,
-    flatten,
-    gather_nd,
-    reshape_target,
-    unsqueeze,
-)
 from oversmooth.importers.graph.index import GraphIndex, external_data_path
 from oversmooth.importers.graph.load import (
     SUPPORTED_OPSETS,
@@ -46,6 +43,7 @@ from oversmooth.importers.graph.load import (
     model_from_proto,
 )
 from oversmooth.importers.graph.node import Node
+from oversmooth.importers.graph.shape_rules import apply_slice, reshape_target
 from oversmooth.importers.graph.shapes import ShapeBasis, ShapeContext
 
 __all__ = [
@@ -57,12 +55,8 @@ __all__ = [
     "ShapeBasis",
     "ShapeContext",
     "apply_slice",
-    "apply_split",
     "external_data_path",
-    "flatten",
-    "gather_nd",
     "load_model",
     "model_from_proto",
     "reshape_target",
-    "unsqueeze",
 ]

@@ -5,7 +5,7 @@ Public API
 GraphIndex
     Producer/consumers per tensor and :meth:`GraphIndex.constant_value`, which reads an initializer
     on first use (external data only from inside the model's folder) and folds simple weight chains
-    (see :mod:`oversmooth.importers.graph.folding`).
+    (through the op table's evaluator, :func:`oversmooth.importers.graph.ops.fold`).
 external_data_path
     Resolve an external-data location, refusing anything outside the model's folder.
 """
@@ -38,7 +38,8 @@ class GraphIndex:
     base_dir : Path or None
         Folder that external-data locations are relative to (the model's folder).
     opset_import : sequence of onnx.OperatorSetIdProto
-        The model's opset imports (for ONNX shape inference on the graph; empty: none run).
+        The model's opset imports (for ONNX shape inference on the graph; empty: none run); each
+        node carries the default domain's version (:attr:`Node.opset`), which its value is read at.
     model_path : Path or None
         The model file itself, which no external-data location may name.
     """
@@ -54,7 +55,10 @@ class GraphIndex:
         self.base_dir = base_dir
         self.model_path = model_path
         self.opset_import = tuple(opset_import)
-        self.nodes = [Node(position, proto) for position, proto in enumerate(graph.node)]
+        opset = next(
+            (int(e.version) for e in self.opset_import if e.domain in DEFAULT_DOMAINS), None
+        )
+        self.nodes = [Node(position, proto, opset) for position, proto in enumerate(graph.node)]
         self.initializers = {tensor.name: tensor for tensor in graph.initializer}
         self.graph_inputs = {value.name: value for value in graph.input}
         self.graph_outputs = [value.name for value in graph.output]
@@ -116,10 +120,12 @@ class GraphIndex:
         """The value of ``name`` if it is a constant or a simple fold of constants, else None.
 
         Initializers are read on first use (external data lazily, from inside the model's folder).
-        Folded producers: Constant, Identity, Cast, Transpose, Reshape, Unsqueeze, Squeeze,
-        Flatten, Concat, Gather, Neg, Sqrt, Reciprocal, Add/Sub/Mul/Div of constants (e.g. int8 Cast→Mul
-        dequantisation), DequantizeLinear and QuantizeLinear. Arithmetic keeps the graph's dtype, so a folded
-        float32 product equals what the runtime computes.
+        Folded producers: the op table's ``weights`` ops (:data:`~oversmooth.importers.graph.ops.FOLDERS`:
+        Constant, Identity, Cast, Transpose, Reshape, Unsqueeze, Squeeze, Flatten, Concat, Gather,
+        GatherND, Neg, Sqrt, Reciprocal, Add/Sub/Mul/Div of constants, e.g. int8 Cast→Mul
+        dequantisation, DequantizeLinear and QuantizeLinear), evaluated at the model's opset.
+        Arithmetic keeps the graph's dtype, so a folded float32 product equals what the runtime
+        computes.
         """
         if not name:
             return None

@@ -18,11 +18,14 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 class Node:
     """One graph node with its position, for navigation and reporting.
 
-    ``label`` is the node's name, or ``"<op_type>#<position>"`` when it has none.
+    ``label`` is the node's name, or ``"<op_type>#<position>"`` when it has none. ``opset`` is the
+    default ONNX domain's version its model imports, the version its op's ONNX meaning is read at
+    (:func:`oversmooth.importers.graph.ops.fold`); None: the newest ``onnx`` knows.
     """
 
     position: int
     proto: onnx.NodeProto = field(repr=False)
+    opset: int | None = None
 
     @property
     def op_type(self) -> str:

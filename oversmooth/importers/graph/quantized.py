@@ -22,12 +22,12 @@ point (``quantize_dynamic`` of an optimizer-fused attention feeds ``QAttention``
 pair too: it rounds its input to the scale computed at run time.
 
 Weights are not read through: a pair on a constant (a float weight stored with its own
-``QuantizeLinear``) folds through both nodes to the rounded weight the model multiplies by
-(:func:`oversmooth.importers.graph.folding.fold_quantize`), and an int8 weight's ``DequantizeLinear`` folds
-as before. A pair is read through only where rounding is all it does: the ``DequantizeLinear``
-reads the ``QuantizeLinear``'s output with the same scale, zero point, axis and block size (the
-same tensors, or constants of equal value), its input is not a constant, and its output is not a
-graph output nor read inside a subgraph.
+``QuantizeLinear``) folds through both nodes to the rounded weight the model multiplies by (the
+op table's QuantizeLinear rule, :data:`oversmooth.importers.graph.ops.OPS`), and an int8 weight's
+``DequantizeLinear`` folds as before. A pair is read through only where rounding is all it does:
+the ``DequantizeLinear`` reads the ``QuantizeLinear``'s output with the same scale, zero point,
+axis and block size (the same tensors, or constants of equal value), its input is not a constant,
+and its output is not a graph output nor read inside a subgraph.
 
 Public API
 ----------

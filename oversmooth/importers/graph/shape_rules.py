@@ -4,8 +4,10 @@ Every rule takes a :class:`ShapeLookup` (the shapes and small values of the node
 node and the output position, and returns the output's shape as a tuple of ints, or None where it
 cannot tell. No rule builds an array of the shapes it reasons about, so a graph that declares a
 tensor of 2^40 elements costs nothing here: sizes are only numbers (:mod:`oversmooth.importers.graph.ops` puts
-these rules beside each op's value semantics; :class:`~oversmooth.importers.graph.shapes.ShapeContext` runs
-them).
+these rules beside each op's value semantics, and asks them an op's output size before it builds a
+value; :class:`~oversmooth.importers.graph.shapes.ShapeContext` runs them). ONNX's Reshape, Slice and
+Split arithmetic (:func:`reshape_target`, :func:`apply_slice`, :func:`split_sizes`) lives here too:
+the Reshape value rule shares the first.
 """
 
 from __future__ import annotations
@@ -16,10 +18,19 @@ from typing import Protocol
 
 import numpy as np
 
-from oversmooth.importers.graph.folding import apply_slice, reshape_target, split_sizes
 from oversmooth.importers.graph.node import Node
 
-__all__ = ["SHAPE_RULES", "Shape", "ShapeLookup", "ShapeRule", "broadcast_rule", "same_shape_rule"]
+__all__ = [
+    "SHAPE_RULES",
+    "Shape",
+    "ShapeLookup",
+    "ShapeRule",
+    "apply_slice",
+    "broadcast_rule",
+    "reshape_target",
+    "same_shape_rule",
+    "split_sizes",
+]
 
 Shape = tuple[int, ...]
 
@@ -71,6 +82,69 @@ def _axes(lookup: ShapeLookup, node: Node, position: int) -> list[int] | None:
     return None if axes is None else _ints(axes)
 
 
+# -- ONNX's shape arithmetic, shared with the value rules ------------------------------------------
+def reshape_target(
+    shape: tuple[int, ...], target: np.ndarray, *, allowzero: bool
+) -> tuple[int, ...]:
+    """ONNX Reshape's output shape for an input of ``shape``, by arithmetic alone.
+
+    A 0 in ``target`` copies the input's dimension at that position (opsets 5 to 13, and 14+
+    without ``allowzero``); with ``allowzero`` it is a dimension of size 0. One -1 is inferred
+    from the element count. The value rule (:mod:`oversmooth.importers.graph.ops`, which the layout
+    probe replays) and the shape rule both use this, so they agree by construction; sizes are only
+    numbers here (a 2^40-element input costs nothing).
+
+    Raises
+    ------
+    ValueError
+        What ONNX (and onnxruntime) refuse: a copying 0 past the input's rank, more than one -1, a
+        dimension below -1, a -1 beside a zero-size dimension (nothing to infer it from), or a
+        different element count.
+    """
+    dims = [int(value) for value in np.ravel(target)]
+    if not allowzero:
+        if any(dim == 0 for dim in dims[len(shape) :]):
+            raise ValueError(f"Reshape target {dims} copies a dimension {shape} does not have")
+        dims = [shape[i] if dim == 0 else dim for i, dim in enumerate(dims)]
+    if dims.count(-1) > 1 or any(dim < -1 for dim in dims):
+        raise ValueError(f"Reshape target {dims} is not a valid shape")
+    total = math.prod(shape)
+    if -1 in dims:
+        known = math.prod(dim for dim in dims if dim != -1)
+        if known == 0 or total % known:
+            raise ValueError(f"Reshape of {shape} to {dims}: sizes do not divide")
+        dims[dims.index(-1)] = total // known
+    if math.prod(dims) != total:
+        raise ValueError(f"Reshape of {shape} to {dims} changes the element count")
+    return tuple(dims)
+
+
+def apply_slice(data: np.ndarray, starts, ends, axes=None, steps=None) -> np.ndarray:
+    """ONNX Slice on ``data`` (starts/ends clamped as in NumPy)."""
+    if starts is None or ends is None:
+        raise ValueError("slice bounds unknown")
+    starts, ends = np.ravel(starts), np.ravel(ends)
+    axes = range(len(starts)) if axes is None else np.ravel(axes)
+    steps = np.ones(len(starts), dtype=np.int64) if steps is None else np.ravel(steps)
+    index = [slice(None)] * data.ndim
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        index[int(axis) % data.ndim] = slice(int(start), int(end), int(step))
+    return data[tuple(index)]
+
+
+def split_sizes(node: Node, length: int, sizes: np.ndarray | None) -> list[int]:
+    """The lengths of a Split's outputs along its axis of ``length`` (``sizes``, the ``split``
+    attribute, or ``num_outputs`` equal parts, the last one shorter)."""
+    if sizes is None:
+        sizes = node.attr("split")
+    if sizes is not None:
+        return [int(size) for size in np.ravel(sizes)]
+    parts = int(node.attr("num_outputs", len(node.outputs)))
+    chunk = -(-length // parts)
+    return [min(chunk, length - i * chunk) for i in range(parts)]
+
+
+# -- the rules -------------------------------------------------------------------------------------
 def same_shape_rule(lookup: ShapeLookup, node: Node, output: int) -> Shape | None:
     """Output 0 has input 0's shape (elementwise ops, norms, casts); other outputs (a norm's mean
     and deviation) are not followed."""

@@ -1,13 +1,13 @@
 """Layout ops replayed on a numeric probe (shared by the layout probe, :mod:`oversmooth.importers.match.layout`,
 and the partial-rotary check, :mod:`oversmooth.importers.match.rotary`), through the op table's values
-(:data:`oversmooth.importers.graph.ops.OPS`)."""
+(:data:`oversmooth.importers.graph.ops.OPS`) and its evaluator."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from oversmooth.importers.graph import Node
-from oversmooth.importers.graph.ops import OPS
+from oversmooth.importers.graph.ops import OPS, fold
 
 
 def apply_layout(node: Node, value: np.ndarray, values: list, output: int) -> np.ndarray:
@@ -18,7 +18,7 @@ def apply_layout(node: Node, value: np.ndarray, values: list, output: int) -> np
         raise ValueError(f"{node.op_type} is not a layout op")
     if semantics.layout and (not values or values[0] is None):
         raise ValueError(f"the {semantics.layout} could not be evaluated")
-    result = semantics.value(node, [value, *values], output)
+    result = fold(node, [value, *values], output)
     if result is None:
         raise ValueError(f"{node.op_type} of the probe would exceed the size limit")
     return result

@@ -4,10 +4,11 @@ A score term that does not depend on the hidden states (a mask, a position bias)
 constants, shapes and the integer graph inputs (an attention mask, position ids). :func:`neutral_value`
 evaluates it with every integer or boolean graph input set to ones: an attention mask that keeps
 every token. The subgraph is cut where a value is already known without running the graph
-(constants, shape arithmetic: :meth:`oversmooth.importers.graph.ShapeContext.value`) and run with ONNX's
-reference evaluator. The structure tests (a table gathered by an index, a ``Where`` between
-masking constants, a graph input) and the value tests below are the classification of
-:mod:`oversmooth.importers.match.scores`:
+(constants, shape arithmetic: :meth:`oversmooth.importers.graph.ShapeContext.value`) and evaluated
+node by node through the importer's one evaluator, :func:`oversmooth.importers.graph.ops.fold`
+(``onnx.reference``'s ops at the model's opset, or the op table's hand-written rules). The
+structure tests (a table gathered by an index, a ``Where`` between masking constants, a graph
+input) and the value tests below are the classification of :mod:`oversmooth.importers.match.scores`:
 
 - entries at or below :data:`MASK_FLOOR` are *masked* (finfo.min, -10000, -inf);
 - the rest is *linear in the key position* in every row (ALiBi: ``m_h * j`` plus a per-row
@@ -18,15 +19,14 @@ masking constants, a graph input) and the value tests below are the classificati
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 
 import numpy as np
-import onnx
 from onnx import helper
 
 from oversmooth.importers.graph import Node
+from oversmooth.importers.graph.ops import fold
 from oversmooth.importers.match.limits import MAX_LAYOUT_STEPS, MAX_TERM_ELEMENTS, MAX_TERM_NODES
 from oversmooth.importers.match.walker import GraphWalker
 
@@ -78,7 +78,7 @@ def neutral_value(walker: GraphWalker, name: str) -> np.ndarray | None:
     ordered = [nodes[key] for key in sorted(nodes)]
     if _too_large(walker, ordered, feeds):
         return None
-    return _evaluate(walker, ordered, feeds, name)
+    return _evaluate(ordered, feeds, name)
 
 
 def _too_large(walker: GraphWalker, nodes: list[Node], feeds: dict[str, np.ndarray]) -> bool:
@@ -104,58 +104,29 @@ def _ones_input(walker: GraphWalker, name: str) -> np.ndarray | None:
     return np.ones(shape, dtype=dtype)
 
 
-def _evaluate(
-    walker: GraphWalker, nodes: list[Node], feeds: dict[str, np.ndarray], output: str
-) -> np.ndarray | None:
-    from onnx.reference import ReferenceEvaluator
-
-    used = {tensor for node in nodes for tensor in node.inputs}
-    feeds = {tensor: np.asarray(value) for tensor, value in feeds.items() if tensor in used}
-    graph = helper.make_graph(
-        [node.proto for node in nodes],
-        "score_term",
-        [
-            helper.make_tensor_value_info(
-                tensor, helper.np_dtype_to_tensor_dtype(value.dtype), None
-            )
-            for tensor, value in feeds.items()
-        ],
-        [helper.make_tensor_value_info(output, onnx.TensorProto.UNDEFINED, None)],
-    )
-    opsets = list(walker.index.opset_import)
-    model = helper.make_model(graph, opset_imports=opsets)
-    default = max((entry.version for entry in opsets if entry.domain in ("", "ai.onnx")), default=0)
+def _evaluate(nodes: list[Node], feeds: dict[str, np.ndarray], output: str) -> np.ndarray | None:
+    """``output`` of the cut subgraph ``nodes`` (in graph order) from ``feeds``, node by node
+    through the op table's evaluator (:func:`oversmooth.importers.graph.ops.fold`); None when any
+    value on the way is unknown or refused."""
+    needed = {output} | {tensor for node in nodes for tensor in node.inputs}
+    values = dict(feeds)
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")  # log(0) in T5's bucket arithmetic, masked later
-            evaluator = ReferenceEvaluator(
-                model, new_ops=[_dequantize_linear()] if default < 19 else None
-            )
-            (value,) = evaluator.run([output], feeds)
-    except Exception:  # any failure of the reference run means "value unknown"
+            for node in nodes:
+                inputs = [values[name] if name else None for name in node.inputs]
+                for position, name in enumerate(node.outputs):
+                    if name in needed:
+                        values[name] = _known_or_fail(fold(node, inputs, position))
+    except Exception:  # any failure of the evaluation means "value unknown"
         return None
-    return np.asarray(value)
+    return values[output]
 
 
-@functools.cache
-def _dequantize_linear() -> type:
-    """``DequantizeLinear`` as opsets 10 to 18 define it (per tensor or per axis), which ONNX's
-    reference evaluator only implements from opset 19 on (int8 exports quantise bias tables)."""
-    from onnx.reference.op_run import OpRun
-
-    class DequantizeLinear(OpRun):
-        op_domain = ""
-
-        def _run(self, x, x_scale, x_zero_point=None, axis=1, **_later):
-            shape = [1] * x.ndim
-            if x_scale.size > 1:
-                shape[int(1 if axis is None else axis) % x.ndim] = x_scale.size
-            shifted = x.astype(np.float32)
-            if x_zero_point is not None:
-                shifted = shifted - x_zero_point.astype(np.float32).reshape(shape)
-            return ((shifted * x_scale.reshape(shape)).astype(x_scale.dtype),)
-
-    return DequantizeLinear
+def _known_or_fail(value: np.ndarray | None) -> np.ndarray:
+    if value is None:
+        raise ValueError("a value on the way is unknown")
+    return value
 
 
 # -- what a term's structure says ------------------------------------------------------------------
