@@ -303,8 +303,9 @@ def fold(node: Node, values: list, output: int = 0) -> np.ndarray | None:
     -------
     ndarray or None
         None where no rule or reference implementation gives it, or where an op that may outgrow
-        its inputs (:data:`_GROWS`) would build more than ``max_elements`` elements: that is
-        decided from the output shape before anything is allocated.
+        its inputs (:data:`_GROWS`) would build more than ``max_elements`` elements, or its
+        output shape cannot be told: that is decided from the output shape before anything is
+        allocated.
 
     Raises
     ------
@@ -317,7 +318,7 @@ def fold(node: Node, values: list, output: int = 0) -> np.ndarray | None:
         return None
     if node.op_type in _GROWS:
         shape = _output_shape(node, values, output)
-        if shape is not None and not materialisable(shape):
+        if shape is None or not materialisable(shape):  # unknown size: never built unchecked
             return None
     return (rule or _reference)(node, values, output)
 

@@ -201,6 +201,14 @@ def test_an_output_beyond_the_limit_is_refused_before_it_is_built(op: str, value
     assert time.perf_counter() - start < 1.0
 
 
+def test_an_op_that_may_grow_is_not_built_when_its_size_cannot_be_told() -> None:
+    """A Pad whose axes input is named but unknown: its shape rule cannot tell the output's size,
+    so it is unknown (None), not padded on every axis by the reference unchecked."""
+    node = Node(0, helper.make_node("Pad", ["x", "pads", "", "axes"], ["y"]), 18)
+    pads = _i(2**21, 2**21, 2**21, 2**21)
+    assert fold(node, [np.zeros((2, 2), F32), pads, None, None]) is None
+
+
 def test_the_layout_probe_is_refused_by_the_same_guard() -> None:
     node = Node(0, helper.make_node("Expand", ["x", "shape"], ["y"]), 17)
     with pytest.raises(ValueError, match="exceed the size limit"):
