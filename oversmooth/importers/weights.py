@@ -375,6 +375,6 @@ def _select(bias: FloatArray | None, columns: np.ndarray) -> FloatArray | None:
 
 
 def _frozen(array: np.ndarray) -> FloatArray:
-    array = np.ascontiguousarray(array, dtype=np.float64)
+    array = np.asarray(array, dtype=np.float64, order="C")  # 0-d stays 0-d (not ascontiguousarray)
     array.flags.writeable = False
     return array

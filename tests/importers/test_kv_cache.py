@@ -5,7 +5,9 @@ optimum's ``text-generation-with-past`` exports (the corpus' ``with_past`` fixtu
 model without a cache: the matcher passes that ``Concat`` as the identity, the probe sizes the past
 axis 0, every input source feeds the caches empty (and position ids counted over the tokens), and
 the audit says so in a note. A merged decoder (the ``merged`` fixture: an ``If`` on
-``use_cache_branch``) is read through its no-cache branch.
+``use_cache_branch``) is read through its no-cache branch. (On hand-made graphs: what counts as a
+cache input in graph/test_kv_cache.py, which ``If`` is inlined in graph/test_branches.py, the
+feeds in inputs/test_decoder_feeds.py.)
 """
 
 from __future__ import annotations
@@ -14,18 +16,15 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from oversmooth.cli import main
 from oversmooth.importers.audit.pipeline import audit
 from oversmooth.importers.errors import FeedError
-from oversmooth.importers.graph import GraphIndex, GraphInput, ShapeContext, model_from_proto
-from oversmooth.importers.graph.branches import read_no_cache_branch
+from oversmooth.importers.graph import ShapeContext
 from oversmooth.importers.graph.kv_cache import cache_inputs
 from oversmooth.importers.inputs import sources
-from oversmooth.importers.inputs.decoder_feeds import empty_cache, positions
+from oversmooth.importers.inputs.decoder_feeds import positions
 from oversmooth.importers.inputs.feeds import Inputs, check_feeds, for_graph
 from oversmooth.importers.match import find_attention_blocks
 from oversmooth.simulator.errors import one_line
@@ -76,92 +75,6 @@ def test_every_block_notes_the_cache_it_reads_empty(file: str) -> None:
             assert f"'past_key_values.{block.index}.{kind}'" in note
         assert "empty KV cache" in block.roles["K"]
         assert "empty KV cache" in block.roles["V"]
-
-
-# -- what counts as a cache: hand-made graphs ------------------------------------------------------
-
-
-def _concat_graph(
-    past_shape: list,
-    axis: int,
-    *,
-    perm: list[int] | None = None,
-    other: str = "computed",
-    view: str = "",
-) -> onnx.ModelProto:
-    """``Concat(view(past), x · W)`` along ``axis``: ``view`` a Transpose by ``perm`` (or none),
-    after a ``Cast`` (``view="cast"``) or the ``Gather`` of index 1 along axis 0 (``"gather"``:
-    the values of onnxruntime's packed (2, B, N, P, H) past); ``other="constant"`` concatenates a
-    constant instead of the product."""
-    nodes, past = [], "past"
-    if view == "cast":
-        nodes.append(helper.make_node("Cast", [past], ["past_c"], to=TensorProto.FLOAT))
-        past = "past_c"
-    if view == "gather":
-        index = helper.make_tensor("one", TensorProto.INT64, [], [1])
-        nodes.append(helper.make_node("Constant", [], ["index"], value=index))
-        nodes.append(helper.make_node("Gather", [past, "index"], ["past_g"], axis=0))
-        past = "past_g"
-    if perm is not None:
-        nodes.append(helper.make_node("Transpose", [past], ["past_t"], perm=perm))
-        past = "past_t"
-    weight = helper.make_tensor("W", TensorProto.FLOAT, [4, 4], np.eye(4, dtype=np.float32).ravel())
-    nodes.append(helper.make_node("MatMul", ["x", "W"], ["new"]))
-    second = "new" if other == "computed" else "W_const"
-    nodes.append(helper.make_node("Concat", [past, second], ["joined"], axis=axis))
-    initializers = [weight]
-    if other == "constant":
-        initializers.append(
-            helper.make_tensor("W_const", TensorProto.FLOAT, [1, 1, 1, 4], np.ones(4, np.float32))
-        )
-    graph = helper.make_graph(
-        nodes,
-        "cache",
-        [
-            helper.make_tensor_value_info("past", TensorProto.FLOAT, past_shape),
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 1, "t", 4]),
-        ],
-        [helper.make_tensor_value_info("joined", TensorProto.FLOAT, None)],
-        initializers,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-@pytest.mark.parametrize(
-    ("past_shape", "axis", "perm", "other", "expected"),
-    [
-        (["b", 1, "past", 4], 2, None, "computed", {"past": 2}),
-        (["b", 1, "past", 4], -2, None, "computed", {"past": 2}),
-        # a (batch, heads, d_head, past) cache transposed to (batch, heads, past, d_head)
-        (["b", 1, 4, "past"], 2, [0, 1, 3, 2], "computed", {"past": 3}),
-        (["b", 1, 5, 4], 2, None, "computed", {}),  # a fixed length is no open past
-        (["b", 1, "past", 4], 2, None, "constant", {}),  # nothing computed joins it
-        (["b", "past"], 1, None, "computed", {}),  # rank 2: not keys or values
-    ],
-)
-def test_a_cache_is_an_open_axis_concatenated_with_computed_keys(
-    past_shape: list, axis: int, perm: list[int] | None, other: str, expected: dict
-) -> None:
-    model = model_from_proto(_concat_graph(past_shape, axis, perm=perm, other=other))
-    assert cache_inputs(model.index) == expected
-
-
-@pytest.mark.parametrize(
-    ("past_shape", "axis", "perm", "view", "expected"),
-    [
-        (["b", 1, "past", 4], 2, None, "cast", {"past": 2}),  # float16 graphs cast the cache
-        (["b", 1, 4, "past"], -2, [0, 1, 3, 2], "cast", {"past": 3}),
-        ([2, "b", 1, "past", 4], 2, None, "gather", {"past": 3}),  # a packed past's values
-        ([2, "b", 1, "past", 4], -2, None, "gather", {"past": 3}),
-        ([2, "b", 1, 4, "past"], 2, [0, 1, 3, 2], "gather", {"past": 4}),
-        ([2, "b", "past", 1, 4], 2, None, "gather", {}),  # axis 2 of the values: fixed
-    ],
-)
-def test_a_cache_is_found_through_casts_and_one_index_of_a_packed_past(
-    past_shape: list, axis: int, perm: list[int] | None, view: str, expected: dict
-) -> None:
-    model = model_from_proto(_concat_graph(past_shape, axis, perm=perm, view=view))
-    assert cache_inputs(model.index) == expected
 
 
 # -- feeds ------------------------------------------------------------------------------------------
@@ -216,14 +129,6 @@ def test_a_cache_that_is_not_empty_is_refused_in_one_line() -> None:
     assert "must be 0" in message
 
 
-def test_a_cache_with_another_open_axis_cannot_be_sized() -> None:
-    sized = GraphInput("past", np.dtype(np.float32), ("b", 2, "past", 8), past_axis=2)
-    assert empty_cache(sized, 3).shape == (3, 2, 0, 8)
-    unsized = GraphInput("past", np.dtype(np.float32), ("b", "heads", "past", 8), past_axis=2)
-    with pytest.raises(FeedError, match="axis 1 is left open"):
-        empty_cache(unsized, 2)
-
-
 # -- a merged decoder ------------------------------------------------------------------------------
 
 
@@ -240,68 +145,6 @@ def test_a_merged_decoder_is_read_through_its_no_cache_branch() -> None:
     report = find_attention_blocks(model)
     assert len(report.blocks) == 2
     assert all(branch.note() in block.notes for block in report.blocks)
-
-
-def _if_graph(*, switch: str, then_reads: str) -> onnx.ModelProto:
-    """``If(switch)`` whose else branch returns ``x · W`` and whose then branch returns
-    ``Concat(then_reads, x · W)``; ``switch`` is ``"input"`` (a bool graph input) or
-    ``"computed"`` (``x`` compared with 0)."""
-    weight = helper.make_tensor("W", TensorProto.FLOAT, [4, 4], np.eye(4, dtype=np.float32).ravel())
-
-    def branch(name: str, nodes: list) -> onnx.GraphProto:
-        out = helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, None)
-        return helper.make_graph(nodes, name, [], [out])
-
-    plain = branch("plain", [helper.make_node("MatMul", ["x", "W"], ["plain_out"])])
-    cached = branch(
-        "cached",
-        [
-            helper.make_node("MatMul", ["x", "W"], ["cached_new"]),
-            helper.make_node("Concat", [then_reads, "cached_new"], ["cached_out"], axis=2),
-        ],
-    )
-    nodes = []
-    condition = "use_cache"
-    if switch == "computed":
-        nodes.append(helper.make_node("ReduceMax", ["x"], ["top"], keepdims=0))
-        nodes.append(helper.make_node("Greater", ["top", "W_zero"], ["use_cache"]))
-    nodes.append(helper.make_node("If", [condition], ["y"], then_branch=cached, else_branch=plain))
-    inputs = [
-        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 1, "t", 4]),
-        helper.make_tensor_value_info("past", TensorProto.FLOAT, ["b", 1, "p", 4]),
-    ]
-    if switch == "input":
-        inputs.append(helper.make_tensor_value_info("use_cache", TensorProto.BOOL, [1]))
-    zero = helper.make_tensor("W_zero", TensorProto.FLOAT, [], [0.0])
-    graph = helper.make_graph(
-        nodes,
-        "merged",
-        inputs,
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [weight, zero],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-@pytest.mark.parametrize(
-    ("switch", "then_reads", "rewritten"),
-    [
-        ("input", "past", True),  # the cache switch: read through the plain branch
-        ("input", "x", False),  # both branches read the same inputs: nothing to choose
-        ("computed", "past", False),  # a condition the graph computes is no caller's switch
-    ],
-)
-def test_only_an_if_switching_a_cache_on_a_graph_input_is_inlined(
-    switch: str, then_reads: str, rewritten: bool
-) -> None:
-    proto = _if_graph(switch=switch, then_reads=then_reads)
-    model = model_from_proto(proto)
-    inlined, done = read_no_cache_branch(proto, GraphIndex(proto.graph))
-    assert (inlined is not None) == rewritten == bool(model.branches)
-    if rewritten:
-        assert done[0].caches == ("past",)
-        assert [spec.name for spec in model.inputs] == ["x"]
-        assert [node.op_type for node in model.index.nodes] == ["MatMul", "Identity"]  # -> y
 
 
 # -- the audit ---------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from PIL import Image
 from oversmooth.importers.errors import ImporterInputError
 from oversmooth.importers.graph import GraphInput
 from oversmooth.importers.inputs import sources
-from oversmooth.simulator.limits import LIMITS, limit
 
 TEXT_GRAPH = (
     GraphInput("input_ids", np.dtype(np.int64), ("batch", "seq")),
@@ -111,17 +110,6 @@ def test_a_text_file_beyond_the_limit_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("OVERSMOOTH_MAX_TEXT_BYTES", "64")
     with pytest.raises(ImporterInputError, match="OVERSMOOTH_MAX_TEXT_BYTES"):
         sources.from_text(text, tmp_path / "tokenizer.json")
-
-
-def test_limits_are_configurable_and_checked(monkeypatch):
-    for name, (default, variable, _) in LIMITS.items():
-        assert limit(name) == default
-        monkeypatch.setenv(variable, "12345")
-        assert limit(name) == 12345
-        monkeypatch.setenv(variable, "-1")
-        with pytest.raises(ValueError, match=variable):
-            limit(name)
-        monkeypatch.delenv(variable)
 
 
 def test_a_pipe_given_as_inputs_is_refused_without_blocking(tmp_path):

@@ -4,7 +4,7 @@ The dense path computes every eigenvalue of A and applies Definition 4 (``certif
 certified path must give the same kind for every head and the same μ, λ^A and λ^H to 1e-9, on
 random row-stochastic matrices of every generator (sharp ones close to reducible included), near
 ties, periodic and decomposable matrices, complex H spectra, and matrices it must refuse. The
-bound itself must never be below a non-Perron eigenvalue.
+bound itself (simulator.doeblin) is tested in test_doeblin.py.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from oversmooth.simulator.perron import (
     perron_certified,
     perron_targets,
 )
-from oversmooth.simulator.theory import HEAD_KINDS, contracting_heads, dominance_kinds, perron_index
+from oversmooth.simulator.theory import HEAD_KINDS, contracting_heads, dominance_kinds
 from oversmooth.simulator.tolerances import EIG_TOL, PERRON_MARGIN, TIE_RTOL
+from tests.simulator.stochastic import sharpened
 from tests.strategies import attention_params, build_attention, complex_spectra, real_spectra
 
 HEADS = 3
@@ -46,23 +47,8 @@ def assert_same_as_dense(A: np.ndarray, eig_H: np.ndarray) -> DominatingModes:
     return fast
 
 
-def nonperron_moduli(A: np.ndarray, centre: float = 0.0) -> np.ndarray:
-    """Per matrix, the largest ``|λ − centre|`` of an eigenvalue other than the Perron root (dense)."""
-    eig = np.linalg.eigvals(A)
-    p = perron_index(eig)
-    others = np.abs(eig - centre)
-    np.put_along_axis(others, p[..., None], 0.0, axis=-1)
-    return others.max(axis=-1)
-
-
 def spectra_for_heads(values: list[complex], heads: int = HEADS) -> np.ndarray:
     return np.tile(np.asarray(values, dtype=np.complex128), (heads, 1))
-
-
-def sharpened(A: np.ndarray, power: float) -> np.ndarray:
-    """Entrywise power, rows renormalised: near-reducible attention for large powers."""
-    B = A**power
-    return B / B.sum(axis=-1, keepdims=True)
 
 
 # -- random matrices -------------------------------------------------------------------------------
@@ -76,22 +62,6 @@ def sharpened(A: np.ndarray, power: float) -> np.ndarray:
 def test_certified_path_equals_the_dense_path(params, eig_H, power) -> None:
     A = sharpened(build_attention(params, batch=(HEADS,)), power)
     assert_same_as_dense(A, spectra_for_heads(eig_H))
-
-
-@given(
-    attention_params(n=(2, 30), scale=(0.2, 8.0)),
-    st.sampled_from([1.0, 4.0, 20.0]),
-    st.integers(0, 8),
-)
-@example(params={"kind": "symmetric", "n": 2, "scale": 0.2, "seed": 0}, power=1.0, squarings=8)
-def test_the_bound_is_never_below_a_nonperron_eigenvalue(params, power, squarings) -> None:
-    A = sharpened(build_attention(params, batch=(HEADS,)), power)
-    bound = nonperron_radius(A, squarings=squarings)
-    # The dense eigenvalues carry round-off; the bound must hold up to that.
-    assert (bound >= nonperron_moduli(A) - EIG_TOL).all()
-    for shift in (0.25, 0.5):
-        shifted = nonperron_radius(A, squarings=squarings, shift=shift)
-        assert (shifted >= nonperron_moduli(A, centre=shift) - EIG_TOL).all()
 
 
 @given(
@@ -209,30 +179,6 @@ def test_matrices_that_are_not_stochastic_are_refused() -> None:
     assert perron_certified(A, targets).all()
 
 
-def test_a_head_gets_the_same_bound_in_any_stack() -> None:
-    """Heads are squared in chunks and unqualified ones dropped on the way: a stack of 11 mixed
-    heads (diffuse, nearly reducible, not stochastic) gives each head exactly its bound alone."""
-    rng = np.random.default_rng(11)
-    n = 20
-    heads = [sharpened(rng.random((n, n)), power) for power in (1.0, 6.0, 20.0) for _ in range(3)]
-    negative = heads[0].copy()
-    negative[0, :2] += [-0.5, 0.5]
-    minus_inf = np.full((n, n), np.nan)
-    minus_inf[:, 0] = -np.inf  # no warning either
-    stack = np.stack([*heads[:4], negative, *heads[4:], minus_inf])
-    shifts = rng.uniform(0.0, 0.5, len(stack))
-    for squarings in (0, 1, 3):
-        for shift in (np.zeros(len(stack)), shifts):
-            together = nonperron_radius(stack, squarings=squarings, shift=shift)
-            alone = [
-                nonperron_radius(stack[i : i + 1], squarings=squarings, shift=shift[i : i + 1])[0]
-                for i in range(len(stack))
-            ]
-            np.testing.assert_array_equal(together, alone)
-            assert np.isinf(together[[4, 10]]).all()
-            assert np.isfinite(np.delete(together, [4, 10])).all()
-
-
 def test_a_single_token_has_no_other_eigenvalue_and_an_empty_stack_no_case() -> None:
     one = np.ones((HEADS, 1, 1))
     assert (nonperron_radius(one) < 1e-12).all()  # zero up to the counted round-off
@@ -248,26 +194,6 @@ def test_the_targets_radius_is_the_largest_that_keeps_other_rows_below_the_tie()
     top = 1.6 * (1 - TIE_RTOL) * (1 - PERRON_MARGIN)
     assert_allclose(targets.radius, (top - 1.0) / 0.8, rtol=1e-15)
     assert targets.best.tolist() == [0]
-
-
-def test_the_schedule_estimate_finds_the_largest_nonperron_modulus() -> None:
-    """The estimate that picks a head's disk (a heuristic, not a bound) is close to the largest
-    non-Perron ``|λ − α|`` when that eigenvalue is well separated, with and without a shift."""
-    from oversmooth.simulator.doeblin import nonperron_estimate as _nonperron_estimate
-
-    rng = np.random.default_rng(7)
-    n = 40
-    # Two clusters barely connected: λ_2 close to 1, far from the rest (as in early layers).
-    blocks = np.zeros((n, n))
-    half = n // 2
-    blocks[:half, :half] = rng.random((half, half))
-    blocks[half:, half:] = rng.random((n - half, n - half))
-    A = 0.95 * blocks / blocks.sum(axis=1, keepdims=True) + 0.05 / n
-    stack = np.stack([A, sharpened(rng.random((n, n)), 1.0)])
-    for shift in (0.0, 0.4):
-        shifts = np.full(2, shift)
-        expected = nonperron_moduli(stack, centre=shift)
-        assert_allclose(_nonperron_estimate(stack, shifts), expected, rtol=0.1)
 
 
 def test_only_heads_left_undecided_by_the_first_squarings_are_estimated(

@@ -110,29 +110,6 @@ def test_files_and_report(model_dir: Path, tmp_path: Path) -> None:
         assert sum(reason in line for reason in reasons) == 1, line
 
 
-@pytest.mark.parametrize(
-    ("observed", "linear", "scale", "bias", "expected"),
-    [
-        (-0.2, -0.1, -0.05, -0.05, "mostly through the effective-H operator"),
-        (1.25, 0.004, 0.456, 0.791, "mostly because of the bias +0.791"),
-        (0.5, -0.1, 0.7, -0.1, "mostly because of the scale +0.700"),
-        (0.01, -0.1, -0.2, -0.3, "against every part's sign"),
-    ],
-)
-def test_the_reason_given_is_a_part_that_moved_hfc_lfc_the_observed_way(
-    observed: float, linear: float, scale: float, bias: float, expected: str
-) -> None:
-    from oversmooth.sublayer_report import _because
-
-    parts = {
-        "scale": {"delta_hfc_lfc": scale},
-        "bias": {"delta_hfc_lfc": bias},
-        "norm": {"delta_hfc_lfc": float("nan")},
-        "reconstruction": {"delta_hfc_lfc": 1e-7},
-    }
-    assert _because({"parts": parts}, observed, linear).startswith(expected)
-
-
 def test_attribution_runs_on_the_audits_first_inputs_wherever_the_shards_start(
     model_dir: Path,
 ) -> None:

@@ -89,10 +89,3 @@ def test_operator_mode_writes_operator_csv_and_reports_the_agreement(
     assert test is not None  # the agreement comes with its chance level, in the report too
     assert f"gives {test.expected:.2f} agreements on average" in report
     assert '"agreement_test"' in (folder / "audit.json").read_text(encoding="utf-8")
-
-
-def test_operator_inputs_must_be_positive() -> None:
-    from oversmooth.importers.errors import ImporterInputError
-
-    with pytest.raises(ImporterInputError, match="operator_inputs"):
-        AuditOptions(dominance="operator", operator_inputs=0)

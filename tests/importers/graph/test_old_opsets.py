@@ -1,8 +1,8 @@
 """Models of opsets 7 to 12: read through ONNX's version converter, run by onnxruntime as shipped.
 
 The loader converts such a model to opset 13 for reading (:mod:`oversmooth.importers.graph.opsets`) and keeps
-the model as read for onnxruntime (:meth:`OnnxModel.session_model`). Checked here: the converter is
-exact on each op form that changed before 13 and keeps every tensor name; builder models spelled
+the model as read for onnxruntime (:meth:`OnnxModel.session_model`). Checked here (the converter
+itself, exact on each op form that changed before 13, in test_opsets.py): builder models spelled
 at older opsets (``tests/importers/old_opsets.py``; the converter cannot go down) are matched with
 the same blocks and weights as at opset 13, and audited to the same numbers, by a session on the
 old graph itself; a Softmax whose pre-13 axis is not the last is not taken for attention; weights
@@ -19,12 +19,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 from oversmooth.importers.audit.pipeline import audit
 from oversmooth.importers.audit.session import audit_session, layer_tensors
 from oversmooth.importers.graph import load_model, model_from_proto
-from oversmooth.importers.graph.opsets import to_read_opset
 from oversmooth.importers.match import find_attention_blocks
 from oversmooth.importers.match.codes import RejectCode
 from oversmooth.importers.runtime import runner as runner_module
@@ -36,96 +35,6 @@ from tests.importers.paddle_graph import paddle_ocr
 from tests.importers.sessions import captured_sessions
 
 SEED = 4
-F = TensorProto.FLOAT
-
-
-def _x_model(opset: int, nodes: list, outputs: tuple[str, ...] = ("y",)) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        nodes,
-        "old",
-        [helper.make_tensor_value_info("x", F, ["b", 2, 4, 4])],
-        [helper.make_tensor_value_info(name, F, None) for name in outputs],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=4)
-
-
-def _const(name: str, value: object, dtype: type = np.float32) -> onnx.NodeProto:
-    tensor = numpy_helper.from_array(np.asarray(value, dtype=dtype))
-    return helper.make_node("Constant", [], [name], value=tensor)
-
-
-_node = helper.make_node
-#: One graph per op form that changed before opset 13: (opset, nodes, outputs).
-OLD_FORMS = {
-    "axes_attributes": (
-        11,
-        [
-            _node("Unsqueeze", ["x"], ["u"], axes=[1]),
-            _node("Squeeze", ["u"], ["s"], axes=[1]),
-            _node("Split", ["s"], ["a", "b"], axis=3, split=[1, 3]),
-            _node("ReduceSum", ["b"], ["y"], axes=[3], keepdims=1),
-        ],
-        ("y", "a"),
-    ),
-    "clip_attributes": (7, [_node("Clip", ["x"], ["y"], min=-0.5, max=0.5)], ("y",)),
-    "pad_attributes": (
-        7,
-        [_node("Pad", ["x"], ["y"], pads=[0, 0, 1, 1, 0, 0, 1, 1], value=0.5)],
-        ("y",),
-    ),
-    "pad_input": (
-        11,
-        [
-            _const("p", [0, 0, 1, 1, 0, 0, 1, 1], np.int64),
-            _node("Pad", ["x", "p"], ["y"], mode="reflect"),
-        ],
-        ("y",),
-    ),
-    "upsample": (7, [_node("Upsample", ["x"], ["y"], scales=[1.0, 1.0, 2.0, 2.0])], ("y",)),
-    "upsample_scales_input": (
-        9,
-        [_const("s", [1, 1, 2, 2]), _node("Upsample", ["x", "s"], ["y"])],
-        ("y",),
-    ),
-    "resize_10": (10, [_const("s", [1, 1, 2, 2]), _node("Resize", ["x", "s"], ["y"])], ("y",)),
-    "dropout_ratio": (7, [_node("Dropout", ["x"], ["y"], ratio=0.3)], ("y",)),
-    "softmax_axes": (
-        11,
-        [
-            _node("Softmax", ["x"], ["last"], axis=3),
-            _node("Softmax", ["x"], ["minus_one"], axis=-1),
-            _node("Softmax", ["x"], ["joint"], axis=1),
-            _node("Softmax", ["x"], ["default"]),
-        ],
-        ("last", "minus_one", "joint", "default"),
-    ),
-}
-
-
-@pytest.mark.parametrize("form", sorted(OLD_FORMS))
-def test_the_conversion_is_exact_and_keeps_every_tensor_name(form: str) -> None:
-    opset, nodes, outputs = OLD_FORMS[form]
-    model = _x_model(opset, nodes, outputs)
-    converted = to_read_opset(model, "the model")
-    assert converted.opset_import[0].version == 13
-    names = {name for node in converted.graph.node for name in node.output}
-    assert {name for node in model.graph.node for name in node.output} <= names
-    x = np.random.default_rng(0).standard_normal((2, 2, 4, 4)).astype(np.float32)
-    runs = [
-        ort.InferenceSession(m.SerializeToString()).run(None, {"x": x}) for m in (model, converted)
-    ]
-    for old, new in zip(*runs, strict=True):
-        np.testing.assert_array_equal(old, new)
-    if form == "softmax_axes":  # over the last axis: one node writing its own output
-        softmax = {
-            node.output[0]: node for node in converted.graph.node if node.op_type == "Softmax"
-        }
-        for name in ("last", "minus_one"):
-            assert helper.get_attribute_value(softmax[name].attribute[0]) == -1
-        assert "joint" not in softmax  # Flatten → Softmax → Reshape, over H·T·T entries
-        assert "default" not in softmax
-
-
 # -- builder models spelled at old opsets ------------------------------------------------------
 
 

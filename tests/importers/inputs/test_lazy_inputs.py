@@ -13,13 +13,13 @@ import pytest
 from PIL import Image
 
 from oversmooth.importers.audit.pipeline import audit
-from oversmooth.importers.errors import FeedError, ImporterInputError
+from oversmooth.importers.errors import ImporterInputError
 from oversmooth.importers.graph import GraphInput
-from oversmooth.importers.inputs import feeds as feeds_module
 from oversmooth.importers.inputs import sources
 from oversmooth.importers.inputs.feeds import Inputs, feeds_digest
 from oversmooth.importers.zoo import IMAGENET_MEAN, IMAGENET_STD
 from tests.importers.family_corpus import load_fixture
+from tests.importers.inputs.batched import assert_batches_are_the_items
 
 TEXT_GRAPH = (
     GraphInput("input_ids", np.dtype(np.int64), ("batch", "sequence")),
@@ -37,20 +37,6 @@ def in_memory(inputs: Inputs) -> Inputs:
         source=inputs.source,
         random=inputs.random,
     )
-
-
-def assert_batches_are_the_items(inputs: Inputs, size: int) -> None:
-    whole = inputs.feeds
-    parts = list(inputs.batches(size))
-    assert sum(part.batch_size for part in parts) == inputs.batch_size
-    for name, array in whole.items():
-        assert np.array_equal(np.concatenate([part.feeds[name] for part in parts]), array)
-
-
-@pytest.fixture
-def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Digests streamed in pieces of one item or so."""
-    monkeypatch.setattr(feeds_module, "DIGEST_CHUNK_BYTES", 64)
 
 
 # -- random ------------------------------------------------------------------------------------
@@ -126,86 +112,3 @@ def test_an_audit_reading_per_batch_equals_one_held_in_memory() -> None:
         assert np.array_equal(values, second.metrics[name], equal_nan=True), name
     assert first.dominance == second.dominance
     assert first.inputs.digest == second.inputs.digest
-
-
-# -- npz --------------------------------------------------------------------------------------
-
-
-def _text_feeds(n: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, 100, size=(n, 7))
-    mask = (np.arange(7) < rng.integers(2, 8, size=n)[:, None]).astype(np.int64)
-    return {"input_ids": ids, "attention_mask": mask}
-
-
-@pytest.mark.parametrize("save", [np.savez, np.savez_compressed], ids=["stored", "deflated"])
-@pytest.mark.parametrize("fortran", [False, True], ids=["C", "F"])
-def test_npz_members_are_read_per_batch(tmp_path, small_chunks, save, fortran) -> None:
-    feeds = _text_feeds(9)
-    if fortran:
-        feeds = {name: np.asfortranarray(array) for name, array in feeds.items()}
-    save(tmp_path / "x.npz", **feeds)
-    inputs = sources.from_npz(tmp_path / "x.npz", TEXT_GRAPH)
-    assert not inputs.in_memory
-    assert inputs.digest == feeds_digest(feeds)
-    for size in (1, 4, 9):
-        assert_batches_are_the_items(inputs, size)
-    assert np.array_equal(inputs.read(6, 9).feeds["input_ids"], feeds["input_ids"][6:])
-    assert np.array_equal(inputs.read(2, 4).feeds["input_ids"], feeds["input_ids"][2:4])  # back
-    assert np.array_equal(inputs.read(2, 4).token_mask, feeds["attention_mask"][2:4] == 1)
-
-
-def test_a_folder_of_npz_shards_is_one_sequence(tmp_path: Path, small_chunks) -> None:
-    feeds = _text_feeds(10)
-    folder = tmp_path / "shards"
-    folder.mkdir()
-    for index, (start, stop) in enumerate([(0, 4), (4, 5), (5, 10)]):
-        part = {name: array[start:stop] for name, array in feeds.items()}
-        save = np.savez_compressed if index % 2 else np.savez
-        save(folder / f"part-{index}.npz", labels=[f"s{i}" for i in range(start, stop)], **part)
-    inputs = sources.from_npz(folder, TEXT_GRAPH)
-    assert inputs.batch_size == 10
-    assert inputs.labels == tuple(f"s{i}" for i in range(10))
-    assert inputs.digest == feeds_digest(feeds)
-    assert inputs.source == f"npz:{feeds_digest(feeds)[:12]}"
-    for size in (3, 4, 10):
-        assert_batches_are_the_items(inputs, size)
-
-
-def test_npz_shards_that_disagree_are_refused(tmp_path: Path) -> None:
-    folder = tmp_path / "shards"
-    folder.mkdir()
-    np.savez(folder / "a.npz", **_text_feeds(3))
-    wider = {name: np.pad(array, ((0, 0), (0, 1))) for name, array in _text_feeds(2).items()}
-    np.savez(folder / "b.npz", **wider)
-    with pytest.raises(FeedError, match=r"b\.npz's 'input_ids' is int64 \(8,\) per item") as info:
-        sources.from_npz(folder, TEXT_GRAPH)
-    assert "\n" not in str(info.value)
-
-
-def test_npz_token_values_are_checked_while_the_digest_is_read(tmp_path: Path) -> None:
-    feeds = _text_feeds(4)
-    feeds["input_ids"][3, 2] = -1
-    np.savez_compressed(tmp_path / "x.npz", **feeds)
-    with pytest.raises(FeedError, match="non-negative token ids"):
-        sources.from_npz(tmp_path / "x.npz", TEXT_GRAPH)
-
-
-def test_npz_items_can_exceed_the_element_limit_of_one_array(tmp_path, monkeypatch) -> None:
-    # The limit guards allocations: only a batch is ever allocated, so 10 items of 7 tokens pass
-    # a limit of 40 elements (one item: 7).
-    np.savez(tmp_path / "x.npz", **_text_feeds(10))
-    monkeypatch.setenv("OVERSMOOTH_MAX_ELEMENTS", "40")
-    inputs = sources.from_npz(tmp_path / "x.npz", TEXT_GRAPH)
-    assert inputs.read(0, 4).feeds["input_ids"].shape == (4, 7)
-
-
-def test_a_damaged_deflated_npz_is_refused_in_one_line(tmp_path: Path) -> None:
-    path = tmp_path / "x.npz"
-    np.savez_compressed(path, **_text_feeds(50))
-    data = bytearray(path.read_bytes())
-    data[len(data) // 3 : len(data) // 3 + 16] = bytes(16)  # inside the first member's stream
-    path.write_bytes(bytes(data))
-    with pytest.raises(ImporterInputError, match=r"cannot read .*x\.npz") as info:
-        sources.from_npz(path, TEXT_GRAPH)
-    assert "\n" not in str(info.value)

@@ -275,28 +275,6 @@ def test_from_images_empty_or_missing_folder(tmp_path: Path) -> None:
 # --- npz, text, random ------------------------------------------------------------------------
 
 
-def test_from_npz_round_trip_with_labels(tmp_path: Path) -> None:
-    text = for_graph(sources.bundled_inputs("text"), TEXT_GRAPH)
-    path = tmp_path / "feeds.npz"
-    np.savez(path, labels=np.asarray(text.labels), **text.feeds)
-    loaded = sources.from_npz(path, TEXT_GRAPH)
-    assert loaded.digest == text.digest
-    assert loaded.source == f"npz:{text.digest[:12]}"
-    assert loaded.labels == text.labels
-    assert np.array_equal(loaded.token_mask, text.token_mask)
-
-
-def test_from_npz_bad_file_and_bad_feeds(tmp_path: Path) -> None:
-    junk = tmp_path / "junk.npz"
-    junk.write_bytes(b"no zip here")
-    with pytest.raises(InputError, match=r"cannot read .*junk\.npz"):
-        sources.from_npz(junk, TEXT_GRAPH)
-    short = tmp_path / "short.npz"
-    np.savez(short, input_ids=np.zeros((2, 4), np.int64))
-    with pytest.raises(errors.FeedError, match="missing feed"):
-        sources.from_npz(short, TEXT_GRAPH)
-
-
 def test_from_text_without_tokenizers_names_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -22,7 +22,7 @@ from oversmooth.importers.match import find_attention_blocks
 from oversmooth.importers.runtime.reductions import plan_reductions
 from oversmooth.importers.runtime.runner import Runner, open_session
 from oversmooth.importers.weights import block_weights
-from oversmooth.simulator.backend import HostCopies, array_module, on_host, to_numpy
+from oversmooth.simulator.backend import HostCopies, on_host
 from oversmooth.simulator.metrics import METRICS
 from oversmooth.simulator.perron import dominating_modes
 from oversmooth.simulator.statistics import (
@@ -52,28 +52,6 @@ def _two_heads(n: int = 40) -> DominanceProblem:
     mask = np.isin(np.arange(n + 1), keep)
     eig_H = np.array([[0.5, 0.0], [-2.02, 0.0]], dtype=complex)
     return DominanceProblem(0, 0, probs, mask, eig_H)
-
-
-def test_host_arrays_are_their_own_module_and_counted_not_copied() -> None:
-    array = np.arange(6.0)
-    assert array_module(array) is np
-    assert on_host(array)
-    assert on_host(2.0)
-    copies = HostCopies()
-    assert copies(array) is array
-    assert (copies.bytes, copies.arrays, copies.device_bytes) == (48, 1, 0)
-    assert to_numpy(array) is array
-
-
-def test_an_array_of_an_unknown_library_is_refused_by_name() -> None:
-    class Foreign:
-        __module__ = "nosuchlibrary.core"
-
-        def __array_namespace__(self) -> types.ModuleType:  # pragma: no cover - never called
-            raise AssertionError
-
-    with pytest.raises(TypeError, match=r"nosuchlibrary\.core\.Foreign are not supported"):
-        array_module(Foreign())
 
 
 def test_only_the_undecided_heads_attention_is_handed_to_the_host() -> None:

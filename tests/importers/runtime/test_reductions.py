@@ -295,26 +295,6 @@ def test_reused_output_buffers_hold_each_batch_and_are_reused() -> None:
     assert runner.collect(feeds, batch_size=size)[layers[1]].shape[0] == len(feeds["input_ids"])
 
 
-def test_two_reused_output_sets_keep_the_previous_batch_valid() -> None:
-    """``reuse_outputs=2``: a batch's arrays survive the next batch's run (the audit reduces one
-    batch while onnxruntime runs the next), and the two sets take turns."""
-    model, inputs = builder_model_and_inputs("bert_legacy", SEED)
-    layers = _layers(model)
-    runner = Runner(model, expose=layers[1:2], provider="cpu")
-    feeds = {name: np.concatenate([array] * 4) for name, array in inputs.feeds.items()}
-    fresh = list(runner.run(feeds, batch_size=2))
-    name = runner.output_names[0]
-    previous, pointers = None, []
-    for i, outputs in enumerate(runner.run(feeds, batch_size=2, reuse_outputs=2)):
-        if previous is not None:
-            np.testing.assert_array_equal(previous, fresh[i - 1][name])
-        previous = outputs[name]
-        pointers.append(previous.ctypes.data)
-    assert len(pointers) >= 4
-    assert pointers[0] != pointers[1]
-    assert pointers[2:4] == pointers[0:2]
-
-
 def test_dominance_cases_do_not_depend_on_the_worker_threads(tmp_path: Path) -> None:
     path = tmp_path / "bert.onnx"
     model, inputs = builder_model_and_inputs("bert_legacy", SEED)

@@ -1,6 +1,8 @@
-"""A decoder with cross-attention takes its encoder's output as graph inputs: text sources draw the
-states (seeded per item by its token ids) and give their mask ones; the token mask stays the
-decoder's own; an ``.npz`` may hold them; the audit's note says which."""
+"""A decoder's feeds (importers.inputs.decoder_feeds): key/value caches fed empty, position ids,
+and the encoder's output it takes as graph inputs: text sources draw the states (seeded per item
+by its token ids) and give their mask ones; the token mask stays the decoder's own; an ``.npz``
+may hold them; the audit's note says which. (Caches fed through every input source, on the
+corpus' with-past exports: tests/importers/test_kv_cache.py.)"""
 
 from __future__ import annotations
 
@@ -10,9 +12,15 @@ import pytest
 from oversmooth.importers.errors import FeedError
 from oversmooth.importers.graph import GraphInput
 from oversmooth.importers.inputs.decoder_feeds import (
+    EncoderInputs,
+    cache_note,
+    empty_cache,
     encoder_inputs,
     encoder_states_note,
+    positions,
+    takes_positions,
     token_mask_input,
+    with_empty_caches,
     with_encoder_states,
 )
 from oversmooth.importers.inputs.feeds import Inputs, for_graph
@@ -101,3 +109,81 @@ def test_the_note_says_what_the_states_were_fed(source: str, said: str) -> None:
     assert "'encoder_hidden_states'" in note
     assert said in note
     assert encoder_states_note(DECODER[1:3], source) == ""
+
+
+# -- key/value caches and positions ---------------------------------------------------------------
+
+
+def test_a_cache_with_another_open_axis_cannot_be_sized() -> None:
+    sized = GraphInput("past", np.dtype(np.float32), ("b", 2, "past", 8), past_axis=2)
+    assert empty_cache(sized, 3).shape == (3, 2, 0, 8)
+    unsized = GraphInput("past", np.dtype(np.float32), ("b", "heads", "past", 8), past_axis=2)
+    with pytest.raises(FeedError, match="axis 1 is left open"):
+        empty_cache(unsized, 2)
+
+
+def test_a_packed_past_has_its_items_second() -> None:
+    """onnxruntime's packed ``past`` (2, B, N, P, H): the items are its first open axis."""
+    packed = GraphInput("past_0", np.dtype(np.float16), (2, "batch", 4, "past", 8), past_axis=3)
+    cache = empty_cache(packed, 5)
+    assert cache.shape == (2, 5, 4, 0, 8)
+    assert cache.dtype == np.float16
+    fixed = GraphInput("past", np.dtype(np.float32), (1, 2, "past", 8), past_axis=2)
+    assert empty_cache(fixed, 3).shape == (3, 2, 0, 8)  # no open axis: the items are first
+
+
+def test_missing_caches_are_added_empty_with_as_many_items_as_the_feeds() -> None:
+    caches = [
+        GraphInput(f"past.{i}", np.dtype(np.float32), ("b", 2, "past", 4), past_axis=2)
+        for i in range(2)
+    ]
+    graph = (GraphInput("input_ids", INT64, ("b", "s")), *caches)
+    given = np.zeros((3, 2, 0, 4), np.float32)
+    feeds = with_empty_caches({"input_ids": np.ones((3, 5), np.int64), "past.0": given}, graph)
+    assert feeds["past.0"] is given
+    assert feeds["past.1"].shape == (3, 2, 0, 4)
+    plain = {"input_ids": np.ones((3, 5), np.int64)}
+    assert with_empty_caches(plain, graph[:1]) == plain
+
+
+def test_the_cache_note_names_four_caches_and_counts_the_rest() -> None:
+    names = [f"past.{i}" for i in range(6)]
+    note = cache_note(names)
+    assert note.startswith("audited at past length 0: the 6 KV cache input(s) 'past.0', ")
+    assert "'past.3' and 2 more were fed empty" in note
+    assert "'past.4'" not in note
+
+
+def test_positions_count_the_real_tokens_from_zero() -> None:
+    mask = np.array([[0, 1, 1, 0, 1], [1, 1, 1, 1, 1]])
+    np.testing.assert_array_equal(positions(mask), [[0, 0, 1, 1, 2], [0, 1, 2, 3, 4]])
+    assert positions(mask).dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("spec", "takes"),
+    [
+        (GraphInput("position_ids", INT64, ("b", "s")), True),
+        (GraphInput("cache_position", np.dtype(np.int32), ("s",)), True),
+        (GraphInput("position_embeddings", FLOAT32, ("b", "s", 8)), False),
+        (GraphInput("input_ids", INT64, ("b", "s")), False),
+    ],
+    ids=lambda value: getattr(value, "name", str(value)),
+)
+def test_integer_position_inputs_take_positions(spec: GraphInput, takes: bool) -> None:
+    assert takes_positions(spec) is takes
+
+
+# -- encoder inputs without token ids ----------------------------------------------------------------
+
+
+def test_a_graph_without_token_ids_has_no_encoder_inputs() -> None:
+    """An image encoder takes a float rank-3 input too, but no ids: it is no decoder."""
+    image = (GraphInput("embeddings", FLOAT32, ("batch", "patches", D_MODEL)),)
+    assert encoder_inputs(image) == EncoderInputs()
+    assert token_mask_input(image) is None
+
+
+def test_states_cannot_be_drawn_without_token_ids() -> None:
+    with pytest.raises(FeedError, match="no token ids to seed them"):
+        with_encoder_states({"decoder_ids": np.ones((1, 3), np.int64)}, DECODER)
