@@ -20,7 +20,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from oversmooth.importers.graph import GraphIndex, Node
 from oversmooth.importers.graph.ops import FOLDERS, OPS, fold
-from oversmooth.importers.match.layout_ops import apply_layout
 
 F32, I64 = np.float32, np.int64
 BIG = 2**40
@@ -207,12 +206,6 @@ def test_an_op_that_may_grow_is_not_built_when_its_size_cannot_be_told() -> None
     node = Node(0, helper.make_node("Pad", ["x", "pads", "", "axes"], ["y"]), 18)
     pads = _i(2**21, 2**21, 2**21, 2**21)
     assert fold(node, [np.zeros((2, 2), F32), pads, None, None]) is None
-
-
-def test_the_layout_probe_is_refused_by_the_same_guard() -> None:
-    node = Node(0, helper.make_node("Expand", ["x", "shape"], ["y"]), 17)
-    with pytest.raises(ValueError, match="exceed the size limit"):
-        apply_layout(node, np.zeros((1, 1)), [_i(BIG, 1)], 0)
 
 
 def test_the_guard_follows_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,8 +21,6 @@ from numpy.testing import assert_allclose, assert_array_equal
 from oversmooth.importers.audit.dominance import attention_by_head
 from oversmooth.importers.graph import model_from_proto
 from oversmooth.importers.match import MatchFailure, NoAttentionBlocksError, find_attention_blocks
-from oversmooth.importers.match.layout import _group_heads, _static_sizes
-from oversmooth.importers.match.walker import RejectError
 from oversmooth.importers.value_spectra import head_eigenvalues, layer_eigenvalues
 from oversmooth.importers.weights import BlockWeights, extract
 from oversmooth.simulator import tolerances as tol
@@ -436,38 +434,6 @@ def test_clipped_projections_are_walked_and_clipped_values_are_a_departure(roles
     weights = extract(model_from_proto(_clipped_projections(roles)))[0]
     for key in ("W_Q", "W_K", "W_V", "W_O"):
         assert_array_equal(getattr(weights, key), getattr(built("bert_legacy", 0).blocks[0], key))
-
-
-def test_a_time_major_stream_is_decoded_and_a_mixed_one_refused():
-    """A stream kept as (tokens, batch, features) (nn.TransformerEncoder without batch_first)
-    numbers its positions t·B + b: each attention row is still one sequence's tokens in order, so
-    it decodes, flagged time-major; positions that are neither layout are refused."""
-    batch, heads, tokens = 2, 2, 3
-    item = np.repeat(np.arange(batch), heads)
-    columns = np.tile(np.arange(heads * 4).reshape(heads, 4), (batch, 1))
-    time_major = np.arange(tokens)[None, :] * batch + item[:, None]
-    decoded = _group_heads(columns, time_major, tokens, "Q")
-    assert decoded.time_major
-    assert_array_equal(decoded.batch_of, item)
-    assert_array_equal(decoded.head_of, np.tile(np.arange(heads), batch))
-    assert not _group_heads(
-        columns, item[:, None] * tokens + np.arange(tokens), tokens, "Q"
-    ).time_major
-    mixed = (item[:, None] * tokens + np.arange(tokens)[None, :])[:, ::-1]
-    with pytest.raises(RejectError, match="mixes tokens"):
-        _group_heads(columns, mixed, tokens, "Q")
-
-
-@pytest.mark.parametrize(
-    ("target", "width", "sizes"),
-    [([1, 197, 12, 64], 768, (1, 197)), ([8, 8, 8], 32, (8, 2)), ([8, 8, 8], 24, None)],
-)
-def test_static_head_split_targets_spell_out_the_probe_sizes(target, width, sizes):
-    """(batch, sequence) read off a head split baked at the traced sizes: (B, T, H, dh), or
-    nn.MultiheadAttention's (T, B·H, dh) with the heads folded into the second axis (in the
-    projection's layout; the probe swaps them back for a (tokens, batch) view)."""
-    value = np.zeros((2, 3, width))
-    assert _static_sizes(np.array(target), value) == sizes
 
 
 # -- near misses ------------------------------------------------------------------------------
