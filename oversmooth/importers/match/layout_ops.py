@@ -18,6 +18,11 @@ def apply_layout(node: Node, value: np.ndarray, values: list, output: int) -> np
         raise ValueError(f"{node.op_type} is not a layout op")
     if semantics.layout and (not values or values[0] is None):
         raise ValueError(f"the {semantics.layout} could not be evaluated")
+    unknown = [
+        name for name, known in zip(node.inputs[1:], values, strict=False) if name and known is None
+    ]
+    if unknown:  # a Slice's bounds or a Split's sizes: replaying without them would be wrong
+        raise ValueError(f"the {node.op_type} operand {unknown[0]!r} could not be evaluated")
     result = fold(node, [value, *values], output)
     if result is None:
         raise ValueError(f"{node.op_type} of the probe would exceed the size limit")

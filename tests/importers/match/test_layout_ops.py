@@ -76,3 +76,34 @@ def test_a_layout_op_whose_shape_operand_is_unknown_is_named(op: str) -> None:
     node = Node(0, helper.make_node(op, ["x", "operand"], ["y"]))
     with pytest.raises(ValueError, match=rf"^the {op} .* could not be evaluated$"):
         apply_layout(node, np.zeros((2, 3)), [None], 0)
+
+
+@pytest.mark.parametrize(
+    ("node", "values", "name"),
+    [
+        (_node("Slice", ["x", "starts", "ends"]), [np.array([0], I64), None], "ends"),
+        (
+            _node("Slice", ["x", "starts", "ends", "axes"]),
+            [None, np.array([1], I64), None],
+            "starts",
+        ),
+        (_node("Split", ["x", "sizes"], outputs=2, axis=2), [None], "sizes"),
+    ],
+    ids=["Slice-ends", "Slice-starts", "Split-sizes"],
+)
+def test_a_slice_or_split_whose_bounds_are_unknown_names_the_operand(
+    node: Node, values: list, name: str
+) -> None:
+    """Bounds given as inputs (opset 10+ Slice, opset 13+ Split) that could not be evaluated are
+    named in the reason, not left to the evaluator's own message about a None."""
+    with pytest.raises(
+        ValueError, match=rf"^the {node.op_type} operand '{name}' could not be evaluated$"
+    ):
+        apply_layout(node, PROBE, values, 0)
+
+
+def test_an_omitted_optional_operand_is_not_unknown() -> None:
+    """A Slice without axes or steps (empty names) replays with their defaults."""
+    node = _node("Slice", ["x", "starts", "ends", "", ""])
+    found = apply_layout(node, PROBE, [np.array([1], I64), np.array([2], I64), None, None], 0)
+    np.testing.assert_array_equal(found, PROBE[1:2], strict=True)
