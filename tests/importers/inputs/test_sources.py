@@ -213,25 +213,6 @@ def test_check_feeds_fixed_dim() -> None:
         check_feeds({"input_image": np.zeros((1, 1, 224, 224), np.float32)}, IMAGE_GRAPH)
 
 
-def test_model_inputs_read_names_dtypes_and_symbolic_dims(tmp_path: Path) -> None:
-    import onnx
-    from onnx import TensorProto, helper
-
-    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])
-    weight = helper.make_tensor_value_info("w", TensorProto.FLOAT, [4])
-    out = helper.make_tensor_value_info("y", TensorProto.INT64, ["batch", "seq"])
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["ids"], ["y"])],
-        "g",
-        [ids, weight],
-        [out],
-        initializer=[helper.make_tensor("w", TensorProto.FLOAT, [4], [0.0] * 4)],
-    )
-    path = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    assert load_model(path).inputs == (GraphInput("ids", np.dtype(np.int64), ("batch", "seq")),)
-
-
 # --- images -----------------------------------------------------------------------------------
 
 
