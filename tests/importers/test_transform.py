@@ -1,4 +1,5 @@
-"""The model transforms: nearest ± reparameterisation of every head, random init, refusals, command.
+"""The model transforms: nearest ± reparameterisation of every head, random init, refusals (the
+``oversmooth transform`` command: tests/oversmooth/commands/test_transform.py).
 
 ``nearest_signed_factors`` must return orthonormal Q and Λ of the requested sign and range, and
 ``Q Λ Qᵀ`` must be the nearest such matrix to the trained product (checked against random feasible
@@ -10,7 +11,6 @@ builder models and on the real ViT. Quantised models are refused without writing
 
 from __future__ import annotations
 
-import argparse
 import functools
 from pathlib import Path
 
@@ -22,8 +22,6 @@ from hypothesis import strategies as st
 from numpy.testing import assert_allclose
 from onnx import numpy_helper
 
-from oversmooth.cli import build_parser, main
-from oversmooth.commands import transform as cmd_transform
 from oversmooth.importers.audit.pipeline import audit
 from oversmooth.importers.graph import load_model, model_from_proto
 from oversmooth.importers.inputs.sources import bundled_inputs
@@ -434,101 +432,3 @@ def test_real_vit_reparameterized_dominance(
     summary = result.dominance_summary()
     assert summary.cases == 2 * 12 * 6
     assert summary.perron == perron
-
-
-# -- the command ---------------------------------------------------------------------------------
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="oversmooth")
-    cmd_transform.register(parser.add_subparsers(dest="command", required=True))
-    return parser.parse_args(argv)
-
-
-def test_command_writes_the_reparameterized_model(
-    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "plus.onnx"
-    source = str(saved(model_dir, "bert_legacy"))
-    args = _parse(["transform", source, "--reparam", "plus", "--out", str(out)])
-    assert args.func(args) == 0
-    assert str(out) in capsys.readouterr().out
-    blocks = weights_of(out)
-    assert all(np.all(head_eigenvalues(b, h).real > 0) for b in blocks for h in range(b.n_heads))
-
-
-def test_command_random_init_uses_seed_and_std(model_dir: Path, tmp_path: Path) -> None:
-    source = str(saved(model_dir, "bert_legacy"))
-    for name in ("a", "b"):
-        out = str(tmp_path / f"{name}.onnx")
-        args = _parse(
-            ["transform", source, "--random-init", "--seed", "9", "--std", "0.1", "--out", out]
-        )
-        assert args.func(args) == 0
-    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
-    expected = random_init(source, tmp_path / "c.onnx", std=0.1, seed=9)
-    assert expected.read_bytes() == (tmp_path / "a.onnx").read_bytes()
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["transform", "m.onnx", "--out", "x.onnx"],
-        ["transform", "m.onnx", "--random-init", "--reparam", "plus", "--out", "x.onnx"],
-        ["transform", "m.onnx", "--reparam", "zero", "--out", "x.onnx"],
-        ["transform", "m.onnx", "--random-init"],
-    ],
-)
-def test_command_line_needs_one_transform_and_an_output(argv: list[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        _parse(argv)
-    assert exit_info.value.code == 2
-
-
-def _registered() -> None:
-    """Mark the dispatcher tests xfail until ``transform`` is registered with ``oversmooth``."""
-    parser = build_parser()
-    commands = next(
-        action for action in parser._actions if isinstance(action, argparse._SubParsersAction)
-    )
-    if "transform" not in commands.choices:
-        pytest.xfail("`oversmooth transform` is not registered in oversmooth/importers/cli.py yet")
-
-
-def test_oversmooth_transform_end_to_end(
-    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    _registered()
-    out = tmp_path / "minus.onnx"
-    code = main(
-        ["transform", str(saved(model_dir, "bert_legacy")), "--reparam", "minus", "--out", str(out)]
-    )
-    assert code == 0
-    assert str(out) in capsys.readouterr().out
-    result = audit(out, builder_inputs(assemble("bert_legacy", SEED)), provider="cpu")
-    assert result.dominance_summary().perron == 0.0
-
-
-@pytest.mark.parametrize("how", [["--reparam", "plus"], ["--random-init"]])
-def test_oversmooth_transform_refuses_a_quantised_model(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: list[str]
-) -> None:
-    _registered()
-    source = saved(tmp_path, "dynamic_quant")
-    out = tmp_path / "out.onnx"
-    assert main(["transform", str(source), *how, "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1
-    assert "quantised" in err
-    assert _only_inputs_left(tmp_path, {source.name})
-
-
-def test_oversmooth_transform_names_a_missing_model(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    _registered()
-    missing = tmp_path / "missing.onnx"
-    code = main(["transform", str(missing), "--random-init", "--out", str(tmp_path / "x.onnx")])
-    assert code == 2
-    assert "missing.onnx" in capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == []

@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 from oversmooth.cli import main
-from oversmooth.importers.errors import ExtractionError, ImporterInputError
+from oversmooth.importers.errors import ExtractionError
 from oversmooth.importers.graph import load_model, model_from_proto
 from oversmooth.importers.inputs.feeds import Inputs
 from oversmooth.importers.value_spectra import block_spectra
@@ -169,16 +169,6 @@ def test_attention_is_checked_on_the_real_tokens_only() -> None:
     assert nonfinite_attention(probs, "p", 3, inputs).tolist() == [False, True]
     probs[0, 0, 0, 0] = np.nan
     assert nonfinite_attention(probs, "p", 3, inputs).tolist() == [True, True]
-
-
-def test_feeds_are_refused_by_feed_and_input() -> None:
-    from oversmooth.importers.inputs.feeds import check_finite
-
-    check_finite({"ids": np.zeros((2, 3), np.int64), "x": np.ones((2, 3))}, ("a", "b"))
-    with pytest.raises(ImporterInputError, match=r"feed 'x' of input 'b' \(item 11\)"):
-        check_finite({"x": np.array([[1.0], [np.nan]])}, ("a", "b"), 10)
-    with pytest.raises(ImporterInputError, match="one value for every input"):
-        check_finite({"x": np.array(np.inf)}, ("a",))
 
 
 def test_load_model_keeps_finite_weights_unchanged(tmp_path) -> None:

@@ -15,7 +15,7 @@ from PIL import Image
 from oversmooth.importers import errors, zoo
 from oversmooth.importers.graph import GraphInput, load_model
 from oversmooth.importers.inputs import sources
-from oversmooth.importers.inputs.feeds import check_feeds, feeds_digest, for_graph
+from oversmooth.importers.inputs.feeds import check_feeds, feeds_digest
 from oversmooth.importers.zoo import IMAGENET_MEAN, IMAGENET_STD
 from oversmooth.simulator import tolerances as tol
 from oversmooth.simulator.errors import InputError
@@ -122,32 +122,6 @@ def test_bundled_inputs_fit_each_zoo_model(name: str) -> None:
     assert batch.digest == feeds_digest(batch.feeds)
 
 
-def test_for_graph_drops_feeds_the_graph_lacks_and_casts_ids() -> None:
-    graph = (
-        GraphInput("input_ids", np.dtype(np.int32), ("b", "t")),
-        GraphInput("attention_mask", np.dtype(np.int32), ("b", "t")),
-    )
-    text = sources.bundled_inputs("text")
-    mapped = for_graph(text, graph)
-    assert set(mapped.feeds) == {"input_ids", "attention_mask"}
-    assert mapped.feeds["input_ids"].dtype == np.int32
-    assert np.array_equal(mapped.feeds["input_ids"], text.feeds["input_ids"])
-    assert mapped.digest != text.digest
-    assert mapped.labels == text.labels
-
-
-def test_for_graph_maps_text_by_name_fragment() -> None:
-    graph = (
-        GraphInput("ids", np.dtype(np.int64), ("b", "t")),
-        GraphInput("mask", np.dtype(np.int64), ("b", "t")),
-        GraphInput("segment_type", np.dtype(np.int64), ("b", "t")),
-    )
-    text = sources.bundled_inputs("text")
-    mapped = for_graph(text, graph)
-    assert np.array_equal(mapped.feeds["mask"], text.feeds["attention_mask"])
-    assert np.array_equal(mapped.feeds["segment_type"], text.feeds["token_type_ids"])
-
-
 def test_for_graph_maps_image_to_the_single_float_input() -> None:
     mapped = sources.bundled_inputs("image", graph=IMAGE_GRAPH)
     assert list(mapped.feeds) == ["input_image"]
@@ -164,72 +138,6 @@ def test_image_of_wrong_size_lists_the_expected_inputs() -> None:
 def test_text_into_image_model_is_refused() -> None:
     with pytest.raises(errors.FeedError, match="no text feed fits graph input 'input_image'"):
         sources.bundled_inputs("text", graph=IMAGE_GRAPH)
-
-
-@pytest.mark.parametrize(
-    ("feeds", "problem"),
-    [
-        ({"input_ids": np.zeros((2, 5), np.int64)}, "missing feed(s) attention_mask"),
-        (
-            {
-                "input_ids": np.zeros((2, 5), np.int64),
-                "attention_mask": np.ones((2, 5), np.int64),
-                "extra": np.ones(2),
-            },
-            "unknown feed(s) extra",
-        ),
-        (
-            {
-                "input_ids": np.zeros((2, 5), np.float32),
-                "attention_mask": np.ones((2, 5), np.int64),
-            },
-            "feed 'input_ids' must be int64; got float32",
-        ),
-        (
-            {
-                "input_ids": np.zeros((2, 5, 1), np.int64),
-                "attention_mask": np.ones((2, 5), np.int64),
-            },
-            "feed 'input_ids' must have 2 axes; got shape (2, 5, 1)",
-        ),
-        (
-            {"input_ids": np.zeros((2, 5), np.int64), "attention_mask": np.ones((2, 6), np.int64)},
-            "axis 1 (sequence) must be 5 like the other feeds; got shape (2, 6)",
-        ),
-    ],
-    ids=["missing", "unknown", "dtype", "rank", "symbolic-dim"],
-)
-def test_check_feeds_errors_list_what_the_model_expects(feeds: dict, problem: str) -> None:
-    with pytest.raises(errors.FeedError) as info:
-        check_feeds(feeds, TEXT_GRAPH)
-    message = str(info.value)
-    assert problem in message
-    assert "input_ids: int64 [batch, sequence]; attention_mask: int64 [batch, sequence]" in message
-    assert "\n" not in message
-
-
-def test_check_feeds_fixed_dim() -> None:
-    with pytest.raises(errors.FeedError, match=r"axis 1 must be 3; got shape \(1, 1, 224, 224\)"):
-        check_feeds({"input_image": np.zeros((1, 1, 224, 224), np.float32)}, IMAGE_GRAPH)
-
-
-def test_model_inputs_read_names_dtypes_and_symbolic_dims(tmp_path: Path) -> None:
-    import onnx
-    from onnx import TensorProto, helper
-
-    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])
-    weight = helper.make_tensor_value_info("w", TensorProto.FLOAT, [4])
-    out = helper.make_tensor_value_info("y", TensorProto.INT64, ["batch", "seq"])
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["ids"], ["y"])],
-        "g",
-        [ids, weight],
-        [out],
-        initializer=[helper.make_tensor("w", TensorProto.FLOAT, [4], [0.0] * 4)],
-    )
-    path = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    assert load_model(path).inputs == (GraphInput("ids", np.dtype(np.int64), ("batch", "seq")),)
 
 
 # --- images -----------------------------------------------------------------------------------
@@ -366,20 +274,6 @@ def test_random_inputs_keep_fixed_dims() -> None:
     assert batch.token_mask is None
 
 
-def test_subset_and_token_mask_for() -> None:
-    text = sources.bundled_inputs("text")
-    part = text.subset([1, 3])
-    assert part.labels == (text.labels[1], text.labels[3])
-    assert np.array_equal(part.feeds["input_ids"], text.feeds["input_ids"][[1, 3]])
-    assert part.digest == feeds_digest(part.feeds)
-    assert part.token_mask_for(text.token_mask.shape[1]).shape == (2, text.token_mask.shape[1])
-    with pytest.raises(InputError, match="`n_tokens` must equal"):
-        part.token_mask_for(3)
-    images = sources.bundled_inputs("image").subset(slice(0, 2))
-    assert images.token_mask_for(257).shape == (2, 257)
-    assert images.token_mask_for(257).all()
-
-
 # --- the regeneration script's tokenizer ------------------------------------------------------
 
 
@@ -400,20 +294,3 @@ def test_script_wordpiece_is_greedy_longest_match() -> None:
     assert script.wordpiece("abb", vocab) == ["a", "##b", "##b"]
     assert script.wordpiece("xyz", vocab) == ["[UNK]"]
     assert script.basic_tokenize("Héllo, World!") == ["hello", ",", "world", "!"]
-
-
-@pytest.mark.parametrize(
-    ("name", "values", "problem"),
-    [
-        ("input_ids", [[101, -1, 102]], "non-negative token ids"),
-        ("attention_mask", [[1, 2, 1]], "only 0 and 1"),
-    ],
-)
-def test_token_values_that_onnxruntime_would_misread_are_refused(name, values, problem):
-    feeds = {
-        "input_ids": np.array([[101, 7, 102]], np.int64),
-        "attention_mask": np.ones((1, 3), np.int64),
-    }
-    feeds[name] = np.array(values, np.int64)
-    with pytest.raises(errors.FeedError, match=problem):
-        check_feeds(feeds, TEXT_GRAPH)
