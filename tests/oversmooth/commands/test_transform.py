@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
-from oversmooth.cli import build_parser, main
+from oversmooth.cli import main
 from oversmooth.commands import transform as cmd_transform
 from oversmooth.importers.audit.pipeline import audit
 from oversmooth.importers.graph import model_from_proto
@@ -101,21 +101,9 @@ def test_command_line_needs_one_transform_and_an_output(argv: list[str]) -> None
 
 
 # Moved from tests/importers/test_transform.py.
-def _registered() -> None:
-    """Mark the dispatcher tests xfail until ``transform`` is registered with ``oversmooth``."""
-    parser = build_parser()
-    commands = next(
-        action for action in parser._actions if isinstance(action, argparse._SubParsersAction)
-    )
-    if "transform" not in commands.choices:
-        pytest.xfail("`oversmooth transform` is not registered in oversmooth/importers/cli.py yet")
-
-
-# Moved from tests/importers/test_transform.py.
 def test_oversmooth_transform_end_to_end(
     model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _registered()
     out = tmp_path / "minus.onnx"
     code = main(
         ["transform", str(saved(model_dir, "bert_legacy")), "--reparam", "minus", "--out", str(out)]
@@ -131,7 +119,6 @@ def test_oversmooth_transform_end_to_end(
 def test_oversmooth_transform_refuses_a_quantised_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], how: list[str]
 ) -> None:
-    _registered()
     source = saved(tmp_path, "dynamic_quant")
     out = tmp_path / "out.onnx"
     assert main(["transform", str(source), *how, "--out", str(out)]) == 2
@@ -145,7 +132,6 @@ def test_oversmooth_transform_refuses_a_quantised_model(
 def test_oversmooth_transform_names_a_missing_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _registered()
     missing = tmp_path / "missing.onnx"
     code = main(["transform", str(missing), "--random-init", "--out", str(tmp_path / "x.onnx")])
     assert code == 2
