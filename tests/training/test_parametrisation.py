@@ -8,7 +8,6 @@ torch = pytest.importorskip(
     "torch", reason="needs the train extra: pip install 'oversmooth[train]'"
 )
 
-from oversmooth.training.model import ViTConfig, build_model  # noqa: E402
 from oversmooth.training.parametrisation import (  # noqa: E402
     head_products,
     orthonormal_basis,
@@ -55,24 +54,4 @@ def test_factors_multiply_to_the_symmetric_head_products(sign):
     torch.testing.assert_close(nonzero.sort().values, (sign * psi**2).sort().values)
     torch.testing.assert_close(
         values.abs().sort().values[:, :12], torch.zeros(4, 12, dtype=torch.float64)
-    )
-
-
-def test_materialised_copy_computes_the_same_function():
-    torch.set_num_threads(1)
-    model = build_model(ViTConfig(width=16, heads=2, depth=2, variant="minus"), seed=3).eval()
-    plain = model.materialised().eval()
-    assert plain.config.variant == "standard"
-    images = torch.rand(5, 1, 8, 8, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        torch.testing.assert_close(plain(images), model(images))
-
-
-def test_init_depends_on_the_seed_only():
-    config = ViTConfig(width=16, heads=2, depth=1, variant="plus")
-    first, again, other = (build_model(config, seed) for seed in (0, 0, 1))
-    state, state_again = first.state_dict(), again.state_dict()
-    assert all(torch.equal(state[k], state_again[k]) for k in state)
-    assert not torch.equal(
-        state["blocks.0.attention.theta"], other.state_dict()["blocks.0.attention.theta"]
     )

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import functools
 import importlib
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -22,11 +20,11 @@ import pytest
 from numpy.testing import assert_allclose
 
 from oversmooth.importers.audit.pipeline import audit
-from oversmooth.importers.audit.session import audit_session, layer_tensors
+from oversmooth.importers.audit.session import layer_tensors
 from oversmooth.importers.errors import ImporterInputError, ProviderError
 from oversmooth.importers.graph import OnnxModel, load_model, model_from_proto
 from oversmooth.importers.inputs.feeds import Inputs
-from oversmooth.importers.inputs.sources import default_inputs, random_inputs
+from oversmooth.importers.inputs.sources import default_inputs
 from oversmooth.importers.match import find_attention_blocks
 from oversmooth.importers.runtime.reductions import MASK_INPUT, plan_reductions
 from oversmooth.importers.runtime.runner import Runner, open_session
@@ -293,92 +291,6 @@ def test_reused_output_buffers_hold_each_batch_and_are_reused() -> None:
     assert len(feeds["input_ids"]) % size != 0
     assert pointers[1] == pointers[0]  # same input shapes: the same host array again
     assert runner.collect(feeds, batch_size=size)[layers[1]].shape[0] == len(feeds["input_ids"])
-
-
-def test_dominance_cases_do_not_depend_on_the_worker_threads(tmp_path: Path) -> None:
-    path = tmp_path / "bert.onnx"
-    model, inputs = builder_model_and_inputs("bert_legacy", SEED)
-    onnx.save(model.proto, path)
-    results = [
-        audit(path, inputs, provider="cpu", batch_size=1, threads=threads).dominance
-        for threads in (1, 3)
-    ]
-    assert results[0] == results[1]
-    assert len(results[0]) > 0
-
-
-def test_the_pipelined_audit_equals_the_sequential_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Reducing batch k while batch k+1 runs changes nothing: metrics and cases as one at a time
-    (a batch's arrays must not be written over by the next run while they are being reduced)."""
-    session_module = importlib.import_module("oversmooth.importers.audit.session")
-    measure_layers = session_module._measure_layers
-
-    def late_measure(*args: Any) -> int:  # the next batch runs before this batch is read
-        time.sleep(0.05)
-        return measure_layers(*args)
-
-    monkeypatch.setattr(session_module, "_measure_layers", late_measure)
-    path = tmp_path / "bert.onnx"
-    model, inputs = builder_model_and_inputs("bert_legacy", SEED)
-    onnx.save(model.proto, path)
-    results = []
-    for lookahead in (0, 1, 3):
-        monkeypatch.setattr(session_module, "LOOKAHEAD_BATCHES", lookahead)
-        results.append(audit(path, inputs, provider="cpu", batch_size=1))
-    for result in results[1:]:
-        assert result.dominance == results[0].dominance
-        for metric in METRICS:
-            np.testing.assert_array_equal(result.metrics[metric], results[0].metrics[metric])
-
-
-def _planned_gram(model: OnnxModel, inputs: Inputs) -> str:
-    blocks = [block_weights(model, block) for block in find_attention_blocks(model).blocks]
-    return audit_session(model, blocks, inputs, attention=False, provider="cpu").plan.gram
-
-
-def _free_sequence(model: OnnxModel) -> OnnxModel:
-    """The model with a symbolic sequence axis (the builders fix it) on its 2-d inputs."""
-    proto = onnx.ModelProto()
-    proto.CopyFrom(model.proto)
-    for value in proto.graph.input:
-        dims = value.type.tensor_type.shape.dim
-        if len(dims) == 2:
-            dims[1].dim_param = "sequence"
-    return model_from_proto(proto)
-
-
-@pytest.mark.parametrize(
-    ("name", "tokens", "gram"),
-    [
-        ("gpt2_fused_qkv", 6, "tokens"),  # no mask: T from the graph's shape arithmetic
-        ("gpt2_fused_qkv", 40, "features"),  # T = 40 > D = 32
-        ("bert_legacy", 6, "tokens"),  # T from the mask
-        ("bert_legacy", 30, "features"),  # T = 30 > D = 24
-        ("vit_prenorm_layerscale", None, "tokens"),  # the builder's (2, 5, 24) embeddings
-    ],
-)
-def test_the_audit_reduces_the_smaller_gram_matrix(
-    name: str, tokens: int | None, gram: str
-) -> None:
-    """T×T or D×D give the same singular values; the smaller one costs less everywhere."""
-    model, inputs = builder_model_and_inputs(name, SEED)
-    if tokens is not None:
-        model = _free_sequence(model)
-        inputs = random_inputs(model.inputs, seed=0, batch=2, seq=tokens, vocab_size=20)
-        assert next(iter(inputs.feeds.values())).shape == (2, tokens)
-    assert _planned_gram(model, inputs) == gram
-
-
-@pytest.mark.realmodel
-@pytest.mark.parametrize("name", ZOO)
-def test_zoo_audits_reduce_the_token_gram_matrix(name: str) -> None:
-    """DINOv2: 257 tokens against 384 features, known only through the graph's own shape
-    arithmetic (ONNX shape inference loses the token count in its position-embedding
-    interpolation); MiniLM: the bundled sentences' mask."""
-    model, inputs, _ = _zoo(name)
-    assert _planned_gram(model, inputs) == "tokens"
 
 
 @pytest.mark.parametrize("orientation", ["tokens", "features"])

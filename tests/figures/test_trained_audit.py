@@ -14,9 +14,12 @@ import pytest
 from oversmooth.figures import ON_DEMAND, SCRIPTS
 from oversmooth.figures.trained_audit import (
     COLUMNS,
+    INPUTS_FILE,
     LAYER_COLUMNS,
+    MODELS_FOLDER,
     NAME,
     QUICK_INPUTS,
+    find_models,
     main,
     summary_rows,
 )
@@ -170,3 +173,36 @@ def test_the_script_exits_2_with_one_line(tmp_path):
 def test_on_demand_only():
     assert NAME in ON_DEMAND
     assert NAME not in SCRIPTS
+
+
+def test_find_models_reads_variant_fraction_and_seed_largest_fraction_first(tmp_path):
+    models = tmp_path / MODELS_FOLDER
+    models.mkdir()
+    names = [
+        "minus-f1.0-s0.onnx",
+        "plus-f0.5-s1.onnx",
+        "standard-f1.0-s1.onnx",
+        "standard-f1.0-s0.onnx",
+        "plus-f1.0-s0.onnx",
+        "notes.onnx",  # not an export: left out
+        "plus-f1.0-s0.txt",
+    ]
+    for name in names:
+        (models / name).write_bytes(b"")
+    (tmp_path / INPUTS_FILE).write_bytes(b"")
+    found = find_models(tmp_path)
+    assert [(v, f, s, p.name) for v, f, s, p in found] == [
+        ("standard", 1.0, 0, "standard-f1.0-s0.onnx"),
+        ("standard", 1.0, 1, "standard-f1.0-s1.onnx"),
+        ("plus", 1.0, 0, "plus-f1.0-s0.onnx"),
+        ("minus", 1.0, 0, "minus-f1.0-s0.onnx"),
+        ("plus", 0.5, 1, "plus-f0.5-s1.onnx"),
+    ]
+
+
+def test_find_models_wants_the_inputs_beside_the_models(tmp_path):
+    (tmp_path / MODELS_FOLDER).mkdir()
+    (tmp_path / MODELS_FOLDER / "plus-f1.0-s0.onnx").write_bytes(b"")
+    with pytest.raises(InputError, match=INPUTS_FILE) as info:
+        find_models(tmp_path)
+    assert "\n" not in str(info.value)

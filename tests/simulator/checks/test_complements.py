@@ -1,5 +1,9 @@
-"""Claims 11 (complex lambda^H), 21 (independent H+ and H-), 34 (S5c, the disks) and 35 (the LFC
-block of a multi-head layer): each check's premise computed independently of the check's body.
+"""Claims 34 (S5c, the disks) and 35 (the LFC block of a multi-head layer),
+:mod:`oversmooth.simulator.checks.complements`, with claim 11's complex example that the disks
+explain: each check's premise computed independently of the check's body.
+
+Moved from tests/simulator/test_checks_complex_s5.py, but for claim 21's test (now in
+test_reparameterization.py) and the claim-11 check's registration (test_linear_algebra.py).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from hypothesis import strategies as st
 
 from oversmooth.simulator import spectra, theory
 from oversmooth.simulator import tolerances as tol
-from oversmooth.simulator.checks import CHECKS, complements, reparameterization
+from oversmooth.simulator.checks import CHECKS, complements
 from tests.strategies import seeds
 
 BY_NAME = {check.name: check for check in CHECKS}
@@ -51,14 +55,6 @@ def test_claim_11_complex_example_is_perron_dominated() -> None:
     assert _in_disk(z, 0.5) < 0  # outside D_0.5, as S5c says it must be
     # The real value with the same real part is inside S5's hypothesis and not Perron-dominated.
     assert theory.dominance(_two_token_attention(0.5), [[-1.0]]).kind == "non-perron"
-
-
-def test_claim_11_complex_check_family_contains_the_example() -> None:
-    # alpha = 0.5 gives spec(A) in [0.5, 1]; y = 0.9 clears the boundary sqrt(2/1.5 - 1) by > 0.1.
-    assert 0.9 - math.sqrt(2.0 / 1.5 - 1.0) > 0.1
-    check = BY_NAME["s5_needs_real_h"]
-    assert check.counterexample
-    assert check.claim == 11
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,16 +175,5 @@ def test_claim_35_one_head_is_lemma_1s_perron_row() -> None:
     )
 
 
-# ----------------------------------------------------------------------------------------------
-# claim 21: H+ and H- are drawn independently
-# ----------------------------------------------------------------------------------------------
-
-
-def test_claim_21_the_four_pre_ln_systems_are_different() -> None:
-    check = BY_NAME["pre_ln_sign_flip"]
-    median = reparameterization.pre_ln_medians(check.draw(3))
-    # With H- = -H+ these pairs were the same system, hence exactly equal medians.
-    assert median[-1.0, 1.0] != median[1.0, -1.0]
-    assert median[1.0, 1.0] != median[-1.0, -1.0]
-    assert median[-1.0, 1.0] > median[1.0, 1.0]
-    assert median[1.0, -1.0] > median[-1.0, -1.0]
+def test_the_module_registers_claims_34_and_35() -> None:
+    assert [check.claim for check in complements.CHECKS] == [34, 35]

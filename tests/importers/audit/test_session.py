@@ -1,0 +1,265 @@
+"""The audit's onnxruntime session (:mod:`oversmooth.importers.audit.session`): the session
+``audit_session`` builds, where the reductions of each stream sit (``AuditSession.reads``,
+``late_start``), the feeds it adds, the refusal of a batch gone non-finite (naming the first place
+in depth order), and the pipeline of every batch's host work (``pipelined``)."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from oversmooth.importers.audit.pipeline import audit
+from oversmooth.importers.audit.session import (
+    LOOKAHEAD_BATCHES,
+    AuditSession,
+    audit_session,
+    check_finite_outputs,
+    layer_tensors,
+    pipelined,
+)
+from oversmooth.importers.errors import NonFiniteModelError
+from oversmooth.importers.graph import OnnxModel, load_model, model_from_proto
+from oversmooth.importers.inputs.feeds import Inputs
+from oversmooth.importers.inputs.sources import default_inputs, random_inputs
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.runtime.reductions import MASK_INPUT
+from oversmooth.importers.weights import block_weights
+from oversmooth.importers.zoo import get_model, models
+from oversmooth.simulator.metrics import METRICS
+from tests.importers.audited import builder_model_and_inputs
+from tests.realmodels import require_real_model
+
+SEED = 3
+ZOO = [entry.name for entry in models()]
+
+
+def _session(name: str, **options: Any) -> tuple[AuditSession, list, Inputs]:
+    model, inputs = builder_model_and_inputs(name, SEED)
+    blocks = [block_weights(model, block) for block in find_attention_blocks(model).blocks]
+    return audit_session(model, blocks, inputs, provider="cpu", **options), blocks, inputs
+
+
+def test_the_session_reduces_the_layers_and_fetches_each_blocks_attention() -> None:
+    session, blocks, _ = _session("bert_legacy")
+    assert session.layers == layer_tensors(blocks)
+    assert len(session.layers) == len(blocks) + 1
+    assert session.attention == [block.attention_name for block in blocks]
+    assert session.plan.gram != "none"
+    plain, _, _ = _session("bert_legacy", attention=False, spectral=False)
+    assert plain.attention == []
+    assert plain.plan.gram == "none"
+
+
+def test_the_feeds_add_the_token_mask_where_the_inputs_have_one() -> None:
+    masked, _, inputs = _session("bert_legacy")
+    assert inputs.token_mask is not None
+    feeds = masked.feeds
+    assert set(feeds) == set(inputs.feeds) | {MASK_INPUT}
+    np.testing.assert_array_equal(feeds[MASK_INPUT], inputs.token_mask.astype(np.float64))
+    unmasked, _, vit_inputs = _session("vit_prenorm_layerscale")
+    assert vit_inputs.token_mask is None
+    assert set(unmasked.feeds) == set(vit_inputs.feeds)
+
+
+def test_reads_and_late_start_place_the_extra_streams_after_the_layers() -> None:
+    # 3 layers (2 blocks), both blocks' sublayers, block 1's attention reading its own stream,
+    # block 0's pre-norm sum: plan layers 0-2, sublayers 3-4, block 1's read 5, the late sum 6
+    session = AuditSession(
+        layers=["x0", "x1", "x2"],
+        attention=[],
+        sublayers=[0, 1],
+        plan=None,  # type: ignore[arg-type]  # not read by these properties
+        runner=None,  # type: ignore[arg-type]
+        inputs=None,  # type: ignore[arg-type]
+        notes=[],
+        attention_inputs=[1],
+        pre_norm_sums=[0],
+    )
+    assert session.reads == [0, 5]
+    assert session.late_start == 6
+    plain = AuditSession(["x0", "x1", "x2"], [], [], None, None, None, [])  # type: ignore[arg-type]
+    assert plain.reads == [0, 1]
+    assert plain.late_start == 3
+
+
+def _first_batch(session: AuditSession) -> tuple[Inputs, dict[str, np.ndarray]]:
+    batch, outputs = next(iter(session.batches(session.inputs.batch_size)))
+    return batch, {name: np.array(array, copy=True) for name, array in outputs.items()}
+
+
+def test_finite_outputs_pass_and_a_non_finite_layer_names_the_input_and_the_layer() -> None:
+    session, blocks, _ = _session("bert_legacy")
+    batch, outputs = _first_batch(session)
+    check_finite_outputs(session, blocks, outputs, batch, start=10)
+    outputs[session.plan.gram_name(2)][1] = np.inf
+    with pytest.raises(NonFiniteModelError) as info:
+        check_finite_outputs(session, blocks, outputs, batch, start=10)
+    message = str(info.value)
+    assert f"{batch.labels[1]!r} (item 11)" in message
+    assert f"first at layer 2 (the output of block {blocks[1].index})" in message
+    assert "\n" not in message
+
+
+def test_the_first_place_in_depth_order_is_named() -> None:
+    session, blocks, _ = _session("bert_legacy")
+    batch, outputs = _first_batch(session)
+    outputs[session.plan.gram_name(2)][0] = np.nan  # layer 2: after block 1
+    outputs[session.attention[1]][0, ..., 0, 0] = np.nan  # block 1's attention: before layer 2
+    with pytest.raises(NonFiniteModelError, match=rf"block {blocks[1].index}'s attention"):
+        check_finite_outputs(session, blocks, outputs, batch, start=0)
+    outputs[session.plan.gram_name(0)][0] = np.nan  # layer 0 comes first of all
+    with pytest.raises(NonFiniteModelError, match=r"first at layer 0 \(the stream entering"):
+        check_finite_outputs(session, blocks, outputs, batch, start=0)
+
+
+class _Work:
+    """A batch's host work whose result names its batch (its per-head cases are ``[start]``)."""
+
+    def __init__(self, start: int, log: list[str]) -> None:
+        self.start, self.log = start, log
+
+    def result(self):
+        self.log.append(f"collect {self.start}")
+        return [self.start], [], [], ([], [])
+
+    def cancel(self) -> None:
+        self.log.append(f"cancel {self.start}")
+
+
+class _Batch:
+    def __init__(self, size: int) -> None:
+        self.batch_size = size
+
+
+def test_pipelined_collects_in_batch_order_with_bounded_lookahead() -> None:
+    log: list[str] = []
+
+    def measure(pool, batch, start, outputs):
+        log.append(f"measure {start}")
+        return _Work(start, log)
+
+    starts = [0, 2, 5, 6]
+    batches = iter([(_Batch(size), {}) for size in (2, 3, 1, 4)])
+    cases, exact, heads, (operating, parts) = pipelined(batches, measure, threads=2)
+    assert cases == starts  # each batch starts where the last one ended, collected in order
+    assert (exact, heads, operating, parts) == ([], [], [], [])
+    # batch k is collected after it started, and before batch k + LOOKAHEAD_BATCHES + 1 starts
+    for k, start in enumerate(starts):
+        collected = log.index(f"collect {start}")
+        assert collected > log.index(f"measure {start}")
+        if k + LOOKAHEAD_BATCHES + 1 < len(starts):
+            assert collected < log.index(f"measure {starts[k + LOOKAHEAD_BATCHES + 1]}")
+
+
+def test_pipelined_cancels_the_pending_work_when_a_batch_fails() -> None:
+    log: list[str] = []
+
+    def batches():
+        yield _Batch(2), {}
+        raise RuntimeError("inference failed")
+
+    def measure(pool, batch, start, outputs):
+        return _Work(start, log)
+
+    with pytest.raises(RuntimeError, match="inference failed"):
+        pipelined(batches(), measure, threads=1)
+    assert log == ["cancel 0"]
+
+
+# Moved from tests/importers/runtime/test_reductions.py.
+def test_dominance_cases_do_not_depend_on_the_worker_threads(tmp_path: Path) -> None:
+    path = tmp_path / "bert.onnx"
+    model, inputs = builder_model_and_inputs("bert_legacy", SEED)
+    onnx.save(model.proto, path)
+    results = [
+        audit(path, inputs, provider="cpu", batch_size=1, threads=threads).dominance
+        for threads in (1, 3)
+    ]
+    assert results[0] == results[1]
+    assert len(results[0]) > 0
+
+
+# Moved from tests/importers/runtime/test_reductions.py.
+def test_the_pipelined_audit_equals_the_sequential_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reducing batch k while batch k+1 runs changes nothing: metrics and cases as one at a time
+    (a batch's arrays must not be written over by the next run while they are being reduced)."""
+    session_module = importlib.import_module("oversmooth.importers.audit.session")
+    measure_layers = session_module._measure_layers
+
+    def late_measure(*args: Any) -> int:  # the next batch runs before this batch is read
+        time.sleep(0.05)
+        return measure_layers(*args)
+
+    monkeypatch.setattr(session_module, "_measure_layers", late_measure)
+    path = tmp_path / "bert.onnx"
+    model, inputs = builder_model_and_inputs("bert_legacy", SEED)
+    onnx.save(model.proto, path)
+    results = []
+    for lookahead in (0, 1, 3):
+        monkeypatch.setattr(session_module, "LOOKAHEAD_BATCHES", lookahead)
+        results.append(audit(path, inputs, provider="cpu", batch_size=1))
+    for result in results[1:]:
+        assert result.dominance == results[0].dominance
+        for metric in METRICS:
+            np.testing.assert_array_equal(result.metrics[metric], results[0].metrics[metric])
+
+
+# Moved from tests/importers/runtime/test_reductions.py.
+def _planned_gram(model: OnnxModel, inputs: Inputs) -> str:
+    blocks = [block_weights(model, block) for block in find_attention_blocks(model).blocks]
+    return audit_session(model, blocks, inputs, attention=False, provider="cpu").plan.gram
+
+
+# Moved from tests/importers/runtime/test_reductions.py.
+def _free_sequence(model: OnnxModel) -> OnnxModel:
+    """The model with a symbolic sequence axis (the builders fix it) on its 2-d inputs."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    for value in proto.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) == 2:
+            dims[1].dim_param = "sequence"
+    return model_from_proto(proto)
+
+
+# Moved from tests/importers/runtime/test_reductions.py.
+@pytest.mark.parametrize(
+    ("name", "tokens", "gram"),
+    [
+        ("gpt2_fused_qkv", 6, "tokens"),  # no mask: T from the graph's shape arithmetic
+        ("gpt2_fused_qkv", 40, "features"),  # T = 40 > D = 32
+        ("bert_legacy", 6, "tokens"),  # T from the mask
+        ("bert_legacy", 30, "features"),  # T = 30 > D = 24
+        ("vit_prenorm_layerscale", None, "tokens"),  # the builder's (2, 5, 24) embeddings
+    ],
+)
+def test_the_audit_reduces_the_smaller_gram_matrix(
+    name: str, tokens: int | None, gram: str
+) -> None:
+    """T×T or D×D give the same singular values; the smaller one costs less everywhere."""
+    model, inputs = builder_model_and_inputs(name, SEED)
+    if tokens is not None:
+        model = _free_sequence(model)
+        inputs = random_inputs(model.inputs, seed=0, batch=2, seq=tokens, vocab_size=20)
+        assert next(iter(inputs.feeds.values())).shape == (2, tokens)
+    assert _planned_gram(model, inputs) == gram
+
+
+# Moved from tests/importers/runtime/test_reductions.py.
+@pytest.mark.realmodel
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_audits_reduce_the_token_gram_matrix(name: str) -> None:
+    """DINOv2: 257 tokens against 384 features, known only through the graph's own shape
+    arithmetic (ONNX shape inference loses the token count in its position-embedding
+    interpolation); MiniLM: the bundled sentences' mask."""
+    model = load_model(require_real_model(name))
+    inputs = default_inputs(model.inputs, get_model(name))
+    assert _planned_gram(model, inputs) == "tokens"
