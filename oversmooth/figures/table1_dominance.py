@@ -130,18 +130,31 @@ NOTE = (
 )
 
 
-def _our_rows(key: str, h: str, quick: bool) -> list[dict[str, Any]]:
-    result = _models.audited(key, quick, "stored" if h == "stored" else "effective")
-    variant, summary = result.variant, result.dominance
-    base = {
+def _ours(
+    variant: _models.Variant, h: str, unit: str, n_inputs: int, counterpart: str | None = None
+) -> dict[str, Any]:
+    """The columns every row of ours starts with, in the table's column order."""
+    return {
         "source": "ours",
         "model": variant.model,
         "transform": variant.transform,
         "h": h,
-        "unit": "head",
-        "n_inputs": result.provenance["inputs"]["n_inputs"],
-        "counterpart": COUNTERPART.get((variant.modality, variant.transform)),
+        "unit": unit,
+        "n_inputs": n_inputs,
+        "counterpart": counterpart,
     }
+
+
+def _our_rows(key: str, h: str, quick: bool) -> list[dict[str, Any]]:
+    result = _models.audited(key, quick, "stored" if h == "stored" else "effective")
+    variant, summary = result.variant, result.dominance
+    base = _ours(
+        variant,
+        h,
+        "head",
+        result.provenance["inputs"]["n_inputs"],
+        COUNTERPART.get((variant.modality, variant.transform)),
+    )
     parts = [("all", summary)] + [(str(r.block), r) for r in summary.per_block]
     intervals = _models.perron_intervals(result, BOOTSTRAP, BOOTSTRAP_SEED)
     return [
@@ -166,16 +179,7 @@ def _operator_rows(key: str, quick: bool) -> list[dict[str, Any]]:
     summary = _models.audited(key, quick, "effective", operator_inputs=inputs).dominance.operator
     if summary is None:  # pragma: no cover - operator mode always yields cases
         return []
-    variant = _models.VARIANTS[key]
-    base = {
-        "source": "ours",
-        "model": variant.model,
-        "transform": variant.transform,
-        "h": "effective",
-        "unit": "operator",
-        "n_inputs": summary.inputs,
-        "counterpart": None,
-    }
+    base = _ours(_models.VARIANTS[key], "effective", "operator", summary.inputs)
     parts = [("all", summary.cases, summary.perron, summary.agreement)] + [
         (str(b.block), b.cases, b.perron, b.agreement) for b in summary.per_block
     ]
@@ -207,16 +211,8 @@ def _operating_rows(key: str, quick: bool) -> list[dict[str, Any]]:
     operating = _models.audited(key, quick, "effective", inputs, frozen="operating").frozen
     operator = _models.audited(key, quick, "effective", inputs).frozen
     smooths = {(int(i), int(b)): int(v) for i, b, _, v in operator}
-    variant = _models.VARIANTS[key]
-    base = {
-        "source": "ours",
-        "model": variant.model,
-        "transform": variant.transform,
-        "h": "effective",
-        "unit": "operating",
-        "n_inputs": len({int(i) for i in operating[:, 0]}),
-        "counterpart": None,
-    }
+    n_inputs = len({int(i) for i in operating[:, 0]})
+    base = _ours(_models.VARIANTS[key], "effective", "operating", n_inputs)
     parts = [("all", operating)] + [
         (str(b), operating[operating[:, 1] == b]) for b in sorted({int(b) for b in operating[:, 1]})
     ]
