@@ -79,7 +79,9 @@ HOPELESS_SQUARINGS = 3
 _U = EPS / 2
 _TINY = float(np.finfo(np.float64).smallest_subnormal)
 #: Heads taken together through a squaring's product and O(n²) passes (a 257×257 float64 head is
-#: 0.5 MiB: a chunk is still in cache for the passes after its product; 12 % less CPU on DINOv2).
+#: 0.5 MiB: a chunk is still in cache for the passes after its product; 12 % less CPU on DINOv2),
+#: and through the estimate's power iterations (all 30 on a chunk while it is in cache: 2-3x
+#: faster than each iteration streaming every head of a stack from memory).
 #: On a device every head of a stack goes at once: there each pass is one kernel launch.
 _CHUNK_HEADS = 4
 #: Rescale by at most 2^±this per squaring (float64 holds 2^±1022 in its normal range).
@@ -321,6 +323,17 @@ def nonperron_estimate(A: NDArray[np.float64], shift: NDArray[np.float64]) -> ND
     -------
     (heads,) float ndarray
     """
+    xp = array_module(A)
+    estimate = xp.empty(A.shape[0])
+    step = _chunk_heads(xp, A.shape[0])
+    for first in range(0, A.shape[0], step):  # each chunk's iterations find its heads in cache
+        part = slice(first, first + step)
+        estimate[part] = _estimate_chunk(A[part], shift[part])
+    return estimate
+
+
+def _estimate_chunk(A: NDArray[np.float64], shift: NDArray[np.float64]) -> NDArray[np.float64]:
+    """:func:`nonperron_estimate` of a few heads, all iterations at once."""
     xp = array_module(A)
     n = A.shape[-1]
     alpha = shift[:, None, None]

@@ -313,3 +313,20 @@ def test_the_schedule_estimate_finds_the_largest_nonperron_modulus() -> None:
         shifts = np.full(2, shift)
         expected = nonperron_moduli(stack, centre=shift)
         assert_allclose(_nonperron_estimate(stack, shifts), expected, rtol=0.1)
+
+
+def test_a_head_gets_the_same_estimate_in_any_stack() -> None:
+    """The estimate runs a few heads at a time (cache): each head of a stack of 11, with its own
+    shift, gets bit for bit the estimate it gets alone."""
+    from oversmooth.simulator.doeblin import nonperron_estimate as _nonperron_estimate
+
+    rng = np.random.default_rng(12)
+    n = 24
+    stack = np.stack(
+        [sharpened(rng.random((n, n)), power) for power in (1.0, 6.0, 20.0) for _ in range(4)][:11]
+    )
+    shifts = rng.uniform(0.0, 0.5, len(stack))
+    together = _nonperron_estimate(stack, shifts)
+    alone = [_nonperron_estimate(stack[i : i + 1], shifts[i : i + 1])[0] for i in range(11)]
+    np.testing.assert_array_equal(together, alone)
+    assert len(set(together.tolist())) == 11  # the heads differ, so a mix-up would show

@@ -14,9 +14,10 @@ The count depends on the inputs and their order only, never on the batch size or
 :func:`dominance_stop` decides it from the cases of the first inputs when the result is assembled,
 and the cases of later inputs are dropped. :class:`DominanceBudget` is the saving: while a local
 audit runs, it makes the same decision as soon as the cases of enough inputs are in, and the
-batches after that skip their spectra (a batch already started completes its own; onnxruntime
-still returns every batch's attention). A sharded audit computes every input's cases and drops
-the same ones at the merge.
+batches after that skip their spectra (onnxruntime still returns every batch's attention). A batch
+whose inputs all lie at or past a look not yet decided is held until that look is decided, so no
+spectrum is computed for inputs the look then drops (only a batch that straddles a look computes
+cases past it); a sharded audit computes every input's cases and drops the same ones at the merge.
 
 Public API
 ----------
@@ -32,7 +33,7 @@ DominanceBudget
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -133,17 +134,41 @@ class DominanceBudget:
         self.auto = mode == "auto" and stop_early
         self._looked = AUTO_FIRST - AUTO_EVERY  # the last grid count looked at
         self._counts = np.zeros((0, len(KINDS)))  # cases per input and class so far
+        self._held: list[tuple[int, Callable[[], object]]] = []  # (first item, release)
 
     def wants(self, item: int) -> bool:
         """Whether input ``item`` (counted from this run's first) needs its dominance cases."""
         return self.limit is None or self.first_input + item < self.limit
 
+    def _undecided(self) -> int | None:
+        """The next grid count not yet looked at while the rule may still stop; else None."""
+        return self._looked + AUTO_EVERY if self.auto and self.limit is None else None
+
+    def holds(self, first_item: int) -> bool:
+        """Whether a batch whose first input is ``first_item`` (counted from this run's first)
+        waits: every input of it lies at or past a look not yet decided, which may drop them."""
+        look = self._undecided()
+        return look is not None and self.first_input + first_item >= look
+
+    def hold(self, first_item: int, release: Callable[[], object]) -> None:
+        """Keep a held batch's ``release`` (it starts the batch's wanted cases) until the looks
+        before ``first_item`` are decided (:meth:`observe` calls it then)."""
+        self._held.append((first_item, release))
+
     def observe(self, cases: Sequence[DominanceCase], complete: int) -> None:
         """Add a batch's ``cases`` to the counts and look at every new grid count up to
         ``complete`` inputs whose cases are all in; the first count whose intervals are narrow
-        enough becomes the limit."""
-        if not self.auto or self.limit is not None:
-            return
+        enough becomes the limit. Held batches that no undecided look stands before are then
+        released, whether or not they are still wanted (:meth:`wants` filters their inputs)."""
+        if self._undecided() is not None:
+            self._look(cases, complete)
+        waiting = [(first, release) for first, release in self._held if self.holds(first)]
+        for first, release in self._held:
+            if not self.holds(first):
+                release()
+        self._held = waiting
+
+    def _look(self, cases: Sequence[DominanceCase], complete: int) -> None:
         last = max((case.input + 1 for case in cases), default=0)
         grown = max(last, complete, len(self._counts))  # inputs without cases count as such
         counts = np.zeros((grown, len(KINDS)))

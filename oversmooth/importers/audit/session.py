@@ -17,6 +17,7 @@ check_finite_outputs
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,6 +29,7 @@ from threadpoolctl import threadpool_limits
 
 from oversmooth.importers.audit.depth import head_cases
 from oversmooth.importers.audit.dominance import (
+    DominanceProblem,
     PendingCases,
     dominance_problems,
     nonfinite_attention,
@@ -389,13 +391,52 @@ Cases = tuple[
 ]
 
 
+class _HeldCases:
+    """A batch's dominance cases, started when :meth:`release` is called: at once, or when the
+    budget has decided the looks before the batch
+    (:meth:`~oversmooth.importers.audit.dominance_inputs.DominanceBudget.hold`).
+
+    ``start`` starts the cases of the problems it is given (a :class:`PendingCases`); only the
+    problems of inputs ``budget`` still wants at release are given.
+    """
+
+    def __init__(
+        self,
+        problems: Sequence[DominanceProblem],
+        start: Callable[[Sequence[DominanceProblem]], PendingCases],
+        budget: DominanceBudget | None,
+    ) -> None:
+        self._problems = problems
+        self._start = start
+        self._budget = budget
+        self._pending: PendingCases | None = None
+
+    def release(self) -> PendingCases:
+        """Start the cases of the wanted inputs (once); the started cases."""
+        if self._pending is None:
+            budget = self._budget
+            wanted = [p for p in self._problems if budget is None or budget.wants(p.item)]
+            self._pending = self._start(wanted)
+        return self._pending
+
+    def result(self) -> list[DominanceCase]:
+        """Wait for the cases. A batch still held here is released first (the budget releases
+        every batch before its turn to be collected; this only keeps a wrong order from waiting
+        forever, at the price of cases the result drops)."""
+        return self.release().result()
+
+    def cancel(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+
+
 class _BatchWork:
     """The host work of one batch running on a thread pool: metrics, dominance and operator cases."""
 
     def __init__(
         self,
         metrics: Future[int],
-        dominance: PendingCases | None,
+        dominance: _HeldCases | None,
         operator: Future[list[OperatorCase]] | None = None,
         heads: Future[list[HeadCase]] | None = None,
         sublayer: Future[tuple[list[OperatingCase], list[AttributionCase]]] | None = None,
@@ -540,9 +581,22 @@ def batch_work(
     parts = None
     if sublayer is not None and start < sublayer.inputs:
         parts = pool.submit(sublayer_cases, problems, outputs, sublayer, start)
-    wanted = problems if budget is None else [p for p in problems if budget.wants(p.item)]
-    pending = PendingCases(wanted, tie_rtol, pool, to_host=session.copies, parallel=session.threads)
-    return _BatchWork(metrics, pending, exact, heads, parts)
+    dominance = _HeldCases(
+        problems,
+        functools.partial(
+            PendingCases,
+            tie_rtol=tie_rtol,
+            pool=pool,
+            to_host=session.copies,
+            parallel=session.threads,
+        ),
+        budget,
+    )
+    if budget is not None and budget.holds(start):
+        budget.hold(start, dominance.release)
+    else:
+        dominance.release()
+    return _BatchWork(metrics, dominance, exact, heads, parts)
 
 
 def pipelined(

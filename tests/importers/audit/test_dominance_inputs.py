@@ -1,10 +1,12 @@
 """``--dominance-inputs N|all|auto``: how many inputs the dominance step uses.
 
 Checked: the rule on case lists (a number, every input, the stopping rule); the budget a running
-audit keeps makes the decision the assembled result makes, for any batch size; and an audit of a
-builder model with more inputs than the rule's first look gives, at batch sizes 3 and 8, exactly
-the cases of ``all`` truncated to the inputs the rule chose (in the batches' order, as ever),
-while its layer metrics still cover every input.
+audit keeps makes the decision the assembled result makes, for any batch size, and holds back every
+batch that lies wholly past an undecided look until that look is decided, so that no spectrum is
+computed for a batch the rule then drops; and an audit of a builder model with more inputs than the
+rule's first look gives, at batch sizes 3 and 8, exactly the cases of ``all`` truncated to the
+inputs the rule chose (in the batches' order, as ever), computes at batch 8 the spectra of those
+inputs only, while its layer metrics still cover every input.
 """
 
 from __future__ import annotations
@@ -77,6 +79,43 @@ def test_the_running_budget_decides_what_the_result_decides(batch: int) -> None:
     assert stop == dominance_stop(every, "auto", 600)  # as if every case had been computed
 
 
+@pytest.mark.parametrize("batch", [1, 5, 8, 16, 40])
+def test_a_batch_past_an_undecided_look_waits_for_it(batch: int) -> None:
+    """The pipeline's order (batch k submitted, then batch k - 1 collected): a batch whose first
+    input lies at or past a look not yet decided is held, released once the look is decided, and
+    then computes only the inputs still wanted; so only a batch that straddles the stopping look
+    computes cases past it."""
+    n_inputs = 600
+    every = _cases(n_inputs, seed=3, heads=40)
+    budget = DominanceBudget("auto")
+    started: dict[int, list[DominanceCase]] = {}
+
+    def start(first: int) -> None:
+        started[first] = [
+            c for c in every if first <= c.input < first + batch and budget.wants(c.input)
+        ]
+
+    submitted: list[int] = []
+    for first in [*range(0, n_inputs, batch), None]:
+        if first is not None:
+            submitted.append(first)
+            if budget.holds(first):
+                budget.hold(first, functools.partial(start, first))
+            else:
+                start(first)
+        if len(submitted) > (1 if first is not None else 0):  # collect the oldest
+            oldest = submitted.pop(0)
+            assert oldest in started, "a held batch reached its collection unreleased"
+            budget.observe(started[oldest], min(oldest + batch, n_inputs))
+    limit = budget.limit
+    assert limit is not None
+    assert dominance_stop(every, "auto", n_inputs).inputs == limit
+    computed = {c.input for cases in started.values() for c in cases}
+    straddling = {first for first in started if first < limit < first + batch}
+    allowed = limit if not straddling else max(straddling) + batch
+    assert computed == set(range(min(allowed, n_inputs)))
+
+
 @pytest.mark.parametrize("value", [0, -2, "some", True, 2.5])
 def test_a_bad_dominance_inputs_is_refused_by_name(value: object) -> None:
     with pytest.raises(ImporterInputError, match="`dominance_inputs` must be a positive integer"):
@@ -123,3 +162,25 @@ def test_an_audit_keeps_the_first_inputs_cases_whatever_the_batch(
             np.testing.assert_array_equal(result.metrics[name], values, err_msg=name)
     assert every.dominance_summary().inputs == n_inputs
     assert f"first {n_inputs} of the {n_inputs} inputs" in render_report(every)
+
+
+def test_an_auto_audit_computes_no_spectrum_past_the_inputs_it_keeps(many_inputs, monkeypatch):
+    """At batch 8 (the looks fall on batch boundaries) the dominance stacks see exactly the
+    inputs the rule keeps: the batch after the stopping look waits for the look and is dropped,
+    not computed and thrown away."""
+    from oversmooth.importers.audit import dominance
+
+    path, inputs, every = many_inputs
+    stop = dominance_stop(every.dominance, "auto", inputs.batch_size)
+    assert stop.inputs < inputs.batch_size  # else nothing would be saved
+    seen: set[int] = set()
+    original = dominance.stacked_cases
+
+    def counting(problems, *args, **kwargs):
+        seen.update(problem.item for problem in problems)
+        return original(problems, *args, **kwargs)
+
+    monkeypatch.setattr(dominance, "stacked_cases", counting)
+    result = audit(path, inputs, provider="cpu", cache=False, batch_size=8, dominance_inputs="auto")
+    assert seen == set(range(stop.inputs))
+    assert result.dominance_summary().inputs == stop.inputs
