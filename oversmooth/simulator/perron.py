@@ -37,14 +37,14 @@ effective H, 31 % of the cases are non-perron: docs/theory.md §6.9).
 
 Which disk a head tries is decided by an estimate, not a bound: a few power iterations
 (O(n²) each) estimate its largest non-Perron ``|λ|``. Every head squares :data:`~oversmooth.simulator.doeblin.HOPELESS_SQUARINGS`
-times first; one still undecided then is estimated, and if its estimate exceeds the first disk's
-target (``|λ_2|`` itself is too large: no power of A can certify it) it stops squaring, with the
-tighter ρ it has, and goes on to the second disk, centred on half the estimate; one whose estimated
-largest ``|λ − α|`` exceeds the second disk's target goes to the dense path at once. A wrong
-estimate costs time, never correctness. On DINOv2 (stored H) this schedule takes 906 squarings
-of a 257×257 head instead of 1191, for 404 instead of 407 certified heads of 432; estimating only the heads
-that 3 squarings leave undecided (201 estimates, both disks, instead of 348: 30 iterations over a
-head cost about two squarings, being bound by memory) cut the step's CPU time by 10–15 %.
+times first (none: A itself is tried); one still undecided then is estimated, and if its estimate
+exceeds the first disk's target (``|λ_2|`` itself is too large: no power of A can certify it) it
+stops squaring, with the ρ it has, and goes on to the second disk, centred on half the estimate;
+one whose estimated largest ``|λ − α|`` exceeds the second disk's target goes to the dense path at
+once. A wrong estimate costs time, never correctness. With the stored H, where the estimate still
+streamed every head from memory (about two squarings a head), 3 squarings before it were
+cheapest; since it runs a few heads at a time in cache, estimating at once is (the constant's
+comment has the figures).
 
 Functions
 ---------

