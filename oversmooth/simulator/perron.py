@@ -96,6 +96,11 @@ __all__ = [
 #: less than the certificate's bookkeeping (12 heads on one core: n = 16, 0.8 ms dense against
 #: 2.1 ms certified; n = 32, 2.9 against 2.8 ms; n = 64, 18 against 5 ms). Short sentences.
 CERTIFY_MIN_ORDER = 33
+#: The schedule takes the first disk's bound to come within this factor of the estimated largest
+#: non-Perron |λ| at best (τ(A^k)^{1/k} approaches it from above as k grows): a head whose second
+#: disk would need a tighter ρ than that goes dense instead of squaring in vain. A wrong guess
+#: costs time, never correctness.
+_REACHABLE = 1.05
 #: Two top |1 + λ^H| of different eigenvalues closer than this (relative) make j* ambiguous: the
 #: dense path, whose Perron root is 1 only to round-off, could pick either.
 _TOP_AMBIGUITY_RTOL = 1e-10
@@ -176,6 +181,21 @@ def _ambiguous_top(
     return np.any(near & ~same, axis=-1)
 
 
+def _second_disk_room(
+    targets: PerronTargets, heads: NDArray[np.intp], shift: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """Per (head, j) of ``heads``: ``room``, the radius R about ``shift`` that keeps
+    ``|1 + λ^H_j α| + |λ^H_j| R`` below the threshold; ``|λ^H_j|``; and the threshold
+    (``(len(heads), 1)``). ``(len(heads), d)`` otherwise."""
+    xp = array_module(heads)
+    lam = targets.eig_H[heads]
+    size = xp.abs(lam)
+    threshold = targets.threshold[heads][:, None]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        room = (threshold - xp.abs(1.0 + lam * shift[:, None])) / size
+    return room, size, threshold
+
+
 def _shifted_target(
     targets: PerronTargets,
     heads: NDArray[np.intp],
@@ -188,15 +208,26 @@ def _shifted_target(
     threshold; -1 where some j cannot (no R would do).
     """
     xp = array_module(heads)
-    lam = targets.eig_H[heads]
-    size = xp.abs(lam)
-    threshold = targets.threshold[heads][:, None]
+    room, size, threshold = _second_disk_room(targets, heads, shift)
     failing = 1.0 + size * rho[:, None] >= threshold
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        room = (threshold - xp.abs(1.0 + lam * shift[:, None])) / size
-    room = xp.where(failing, room, np.inf)
-    radius = room.min(axis=-1)
+    radius = xp.where(failing, room, np.inf).min(axis=-1)
     return xp.where(xp.isfinite(radius) & (radius > 0), radius, -1.0)
+
+
+def _first_disk_need(
+    targets: PerronTargets,
+    heads: NDArray[np.intp],
+    shift: NDArray[np.float64],
+    spread: NDArray[np.float64],
+) -> NDArray[np.float64]:
+    """The first disk's ρ below which the second disk's target R exceeds ``spread`` (per head of
+    ``heads``): every j whose room about ``shift`` is at most ``spread`` must pass the first disk,
+    ``1 + |λ^H_j| ρ`` below the threshold. A target for squaring only, never a bound."""
+    xp = array_module(heads)
+    room, size, threshold = _second_disk_room(targets, heads, shift)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        first = (threshold - 1.0) / size
+    return xp.where(room <= spread[:, None], first, np.inf).min(axis=-1)
 
 
 def perron_certified(
@@ -264,18 +295,37 @@ def _shifted_disk_certified(
     """The second disk ``|λ − α| ≤ R``, ``α = min(estimate, 1)/2``, for ``heads`` (indices).
 
     ``rho`` is the first disk's certified bound, ``estimate`` the estimated largest non-Perron
-    ``|λ|`` (:func:`nonperron_estimate`). A head whose estimated largest ``|λ − α|`` already
-    exceeds its target R skips the squarings (it goes to the dense path).
+    ``|λ|`` (:func:`nonperron_estimate`). R shrinks as ρ grows (more j need the second disk).
+    A head whose estimated largest ``|λ − α|`` (its spread) exceeds R skips the squarings (it
+    goes to the dense path), unless R would exceed it with the best ρ the first disk can reach
+    (:data:`_REACHABLE` times the estimate): then the first disk is squared towards the ρ that
+    R needs (:func:`_first_disk_need`) before the second disk is tried. Heads that stopped the
+    first disk at once, on its estimate (nearly decomposable attention against a negative
+    λ^H), come here with the loose ρ = τ(A); this finishes the first disk only where it helps.
     """
     xp = array_module(A)
     shift = xp.zeros(A.shape[0])
     shift[heads] = xp.minimum(estimate[heads], 1.0) / 2.0
     radius = xp.full(A.shape[0], -1.0)
     radius[heads] = _shifted_target(targets, heads, shift[heads], rho[heads])
-    hopeful = heads[radius[heads] > 0]
-    if hopeful.size:
-        hopeless = nonperron_estimate(A[hopeful], shift[hopeful]) >= radius[hopeful]
-        radius[hopeful[hopeless]] = -1.0
+    reach = xp.full(A.shape[0], -1.0)  # R with the best ρ the first disk can reach
+    best = xp.minimum(rho[heads], _REACHABLE * estimate[heads])
+    reach[heads] = _shifted_target(targets, heads, shift[heads], best)
+    possible = heads[(radius[heads] > 0) | (reach[heads] > 0)]
+    spread = xp.full(A.shape[0], np.inf)
+    if possible.size:
+        spread[possible] = nonperron_estimate(A[possible], shift[possible])
+    wide = spread[possible] >= radius[possible]
+    tighten = possible[wide & (_REACHABLE * spread[possible] < reach[possible])]
+    if tighten.size:
+        need = xp.full(A.shape[0], -1.0)
+        need[tighten] = _first_disk_need(
+            targets, tighten, shift[tighten], _REACHABLE * spread[tighten]
+        )
+        tighter = radius_bounds(A, need, xp.zeros(A.shape[0]), max_squarings, give_up=True)
+        rho = xp.minimum(rho, tighter)
+        radius[tighten] = _shifted_target(targets, tighten, shift[tighten], rho[tighten])
+    radius[spread >= radius] = -1.0  # hopeless, and every head never estimated
     return radius_bounds(A, radius, shift, max_squarings, give_up=True) < radius
 
 

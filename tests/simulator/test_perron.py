@@ -217,7 +217,8 @@ def test_only_heads_left_undecided_by_the_first_squarings_are_estimated(
     eig_H = spectra_for_heads([0.3, -0.35], heads=5)
     radius = perron_targets(eig_H).radius
     within = nonperron_radius(stack, squarings=doeblin.HOPELESS_SQUARINGS) < radius
-    assert within.any() and not within.all()  # (0 squarings: the first head; 3: two more)
+    assert within.any()  # 0 squarings: the first head; 3: two more
+    assert not within.all()
     assert_same_as_dense(stack, eig_H)
     assert estimated, "the undecided heads were estimated"
     for A in estimated:
@@ -245,6 +246,87 @@ def test_the_second_disk_is_centred_on_an_estimate_however_few_squarings(
     assert perron_certified(A, perron_targets(eig_H), max_squarings=max_squarings).all()
     assert centred, "the first disk left heads to the second"
     assert all(np.isfinite(values).all() for values in centred)
+
+
+def _two_weakly_coupled_clusters(m: int = 3, a: float = 0.2, c: float = 0.03) -> np.ndarray:
+    """Two clusters of m tokens (within: ``a`` on the diagonal, the rest spread evenly), each
+    token also attending with weight c to its twin in the other cluster. Symmetric, with
+    eigenvalues 1, 1 − 2c, ``(1 − c)(a − (1 − a)/(m − 1)) ± c``; every column holds zeros, so
+    τ(A) = 1."""
+    within = a * np.eye(m) + (1 - a) * (np.ones((m, m)) - np.eye(m)) / (m - 1)
+    zero, twin = np.zeros((m, m)), np.eye(m)
+    return (1 - c) * np.block([[within, zero], [zero, within]]) + c * np.block(
+        [[zero, twin], [twin, zero]]
+    )
+
+
+def test_the_first_disk_is_finished_where_the_second_disk_needs_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """λ₂ = 0.94 and eigenvalues down to −0.224, against λ^H = 0.3 and −0.35 (first-disk target
+    0.857): the first disk is hopeless, and with its bound at τ(A) = 1 the second disk about
+    α = 0.47 must hold λ^H = 0.3 too (R = 0.53, below the spread 0.694). Squared towards |λ₂|,
+    the first disk passes λ^H = 0.3 and R grows to 1.33: certified, as the dense path says.
+    Without the tightening (no reachable ρ assumed) the head is left to the dense path."""
+    from oversmooth.simulator import perron
+
+    A = _two_weakly_coupled_clusters()[None]
+    assert_allclose(np.sort(np.linalg.eigvals(A[0]).real), [-0.224] * 2 + [-0.164] * 2 + [0.94, 1])
+    eig_H = spectra_for_heads([0.3, -0.35], heads=1)
+    targets = perron_targets(eig_H)
+    assert nonperron_radius(A, squarings=0)[0] >= 1.0 - 1e-12  # τ(A) = 1
+    assert perron_certified(A, targets).tolist() == [True]
+    modes = assert_same_as_dense(np.repeat(A, 2, axis=0), np.repeat(eig_H, 2, axis=0))
+    assert HEAD_KINDS[modes.kinds[0]] == "perron"
+    monkeypatch.setattr(perron, "_REACHABLE", 0.0)
+    assert perron_certified(A, targets).tolist() == [False]
+
+
+@given(
+    attention_params(n=(2, 40), scale=(0.2, 6.0)),
+    st.one_of(real_spectra(max_size=6), complex_spectra()),
+    st.sampled_from([1.0, 3.0, 12.0]),
+    st.lists(st.floats(0.0, 1.5), min_size=1, max_size=5),
+)
+def test_a_wrong_estimate_costs_time_never_correctness(params, eig_H, power, guesses) -> None:
+    """The estimates only order the work (which disk, which centre, whether to finish the first
+    disk for the second): with estimates replaced by arbitrary numbers, every answer is still the
+    dense path's."""
+    from oversmooth.simulator import perron
+
+    calls = iter(range(1_000_000))
+
+    def arbitrary(A: np.ndarray, shift: np.ndarray) -> np.ndarray:
+        start = next(calls)
+        return np.array([guesses[(start + i) % len(guesses)] for i in range(len(A))])
+
+    A = sharpened(build_attention(params, batch=(HEADS,)), power)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(perron, "nonperron_estimate", arbitrary)
+        assert_same_as_dense(A, spectra_for_heads(eig_H))
+
+
+def test_finishing_the_first_disk_trusts_its_bound_never_its_target(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two clusters coupled by 1e-9 (λ₂ = 1 − 2e-9: its mode with λ^H = 0.3 ties the Perron one,
+    so the kind is not perron) and estimates that mislead the schedule (|λ₂| guessed 0.8, the
+    spread about α = 0.4 guessed 0.62) into finishing the first disk for the second. The first
+    disk cannot get below λ₂, so λ^H = 0.3 stays with the second disk, which cannot hold λ₂ = 1 −
+    2e-9 within R = 0.6 of 0.4: undecided, as it must be. Taking the ρ the second disk asked for
+    (≈ 0.99999) instead of the bound reached would certify it."""
+    from oversmooth.simulator import perron
+
+    A = _two_weakly_coupled_clusters(c=1e-9)[None]
+    eig_H = spectra_for_heads([0.3, -0.35, -1.0], heads=1)
+    dense = dominating_modes(A, eig_H, certify=False)
+    assert HEAD_KINDS[dense.kinds[0]] != "perron"
+    guesses = iter([0.8])
+    monkeypatch.setattr(
+        perron, "nonperron_estimate", lambda A, shift: np.full(len(A), next(guesses, 0.62))
+    )
+    assert perron_certified(A, perron_targets(eig_H)).tolist() == [False]
+    np.testing.assert_array_equal(dominating_modes(A, eig_H, min_order=1).kinds, dense.kinds)
 
 
 # -- the contracting class: decided from H alone ---------------------------------------------------
