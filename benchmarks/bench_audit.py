@@ -346,7 +346,7 @@ def audit_against_inference(
     (a drifting machine then errs against the audit). Both are timed on all inputs and on the
     first batch alone, in
     wall and CPU seconds; inside the audit the dominance stacks (``stacked_cases``) and the layer
-    metrics (``_measure_layers``, the Gram spectra) are timed on the worker threads that run them.
+    metrics (``measure_layers``, the Gram spectra) are timed on the worker threads that run them.
     """
     import numpy as np
 
@@ -382,7 +382,7 @@ def audit_against_inference(
         start, cpu = time.perf_counter(), time.process_time()
         with (
             _thread_cpu(dominance, "stacked_cases", totals),
-            _thread_cpu(session_module, "_measure_layers", totals),
+            _thread_cpu(session_module, "measure_layers", totals),
         ):
             audit_module.audit(
                 graph,
@@ -394,7 +394,7 @@ def audit_against_inference(
             )
         seconds.append(time.perf_counter() - start)
         cpu_seconds.append(time.process_time() - cpu)
-        parts += [totals.get("stacked_cases", 0.0), totals.get("_measure_layers", 0.0)]
+        parts += [totals.get("stacked_cases", 0.0), totals.get("measure_layers", 0.0)]
         after = plain(count)
         seconds.append(min(before[0], after[0]))
         cpu_seconds.append(min(before[1], after[1]))

@@ -29,6 +29,8 @@ dominance_stop
     The inputs the dominance step uses, and the widest interval there.
 DominanceBudget
     The same decision made while the audit runs.
+HeldCases
+    A batch's dominance cases, started at once or when the budget releases them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Literal
 import numpy as np
 
 from oversmooth.importers.audit.cases import DominanceCase
+from oversmooth.importers.audit.dominance import DominanceProblem, PendingCases
 from oversmooth.importers.defaults import AUTO_EVERY, AUTO_FIRST, AUTO_WIDTH
 from oversmooth.importers.errors import ImporterInputError
 from oversmooth.simulator.sampling import Stop, inputs_needed, widest_interval
@@ -49,6 +52,7 @@ __all__ = [
     "AUTO_WIDTH",
     "DominanceBudget",
     "DominanceInputs",
+    "HeldCases",
     "check_dominance_inputs",
     "dominance_stop",
 ]
@@ -179,3 +183,41 @@ class DominanceBudget:
             if widest_interval(self._counts[: self._looked]) <= AUTO_WIDTH:
                 self.limit = self._looked
                 return
+
+
+class HeldCases:
+    """A batch's dominance cases, started when :meth:`release` is called: at once, or when the
+    budget has decided the looks before the batch (:meth:`DominanceBudget.hold`).
+
+    ``start`` starts the cases of the problems it is given (a :class:`PendingCases`); only the
+    problems of inputs ``budget`` still wants at release are given.
+    """
+
+    def __init__(
+        self,
+        problems: Sequence[DominanceProblem],
+        start: Callable[[Sequence[DominanceProblem]], PendingCases],
+        budget: DominanceBudget | None,
+    ) -> None:
+        self._problems = problems
+        self._start = start
+        self._budget = budget
+        self._pending: PendingCases | None = None
+
+    def release(self) -> PendingCases:
+        """Start the cases of the wanted inputs (once); the started cases."""
+        if self._pending is None:
+            budget = self._budget
+            wanted = [p for p in self._problems if budget is None or budget.wants(p.item)]
+            self._pending = self._start(wanted)
+        return self._pending
+
+    def result(self) -> list[DominanceCase]:
+        """Wait for the cases. A batch still held here is released first (the budget releases
+        every batch before its turn to be collected; this only keeps a wrong order from waiting
+        forever, at the price of cases the result drops)."""
+        return self.release().result()
+
+    def cancel(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()

@@ -1,4 +1,5 @@
-"""Which graph tensors an audit records as layers: block 0's input, then every block's output.
+"""Which graph tensors an audit records as layers (block 0's input, then every block's output),
+and their metrics per batch.
 
 Split from :mod:`oversmooth.importers.audit.session` (which re-exports :func:`layer_tensors`).
 
@@ -6,17 +7,30 @@ Public API
 ----------
 layer_tensors
     The graph tensors the audit records as layers.
+measure_layers
+    One batch's metrics per layer, from the statistics the session reduced in the graph.
+check_counted_tokens
+    Refuse a batch item left with fewer than 2 counted tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from oversmooth.importers.errors import LayerStreamError
+import numpy as np
+
+from oversmooth.importers.errors import ImporterInputError, LayerStreamError
 from oversmooth.importers.graph import GraphIndex
 from oversmooth.importers.match import AttentionBlock
+from oversmooth.importers.runtime.reductions import ReductionPlan
+from oversmooth.simulator.metrics import METRICS
+from oversmooth.simulator.statistics import (
+    SPECTRAL_METRICS,
+    SPECTRAL_NORM_METRIC,
+    metrics_from_statistics,
+)
 
-__all__ = ["layer_tensors"]
+__all__ = ["check_counted_tokens", "layer_tensors", "measure_layers"]
 
 
 def layer_tensors(
@@ -148,3 +162,51 @@ def _ancestors(index: GraphIndex, name: str) -> set[str]:
                 found.add(operand)
                 frontier.append(operand)
     return found
+
+
+def check_counted_tokens(n_tokens: np.ndarray, labels: Sequence[str]) -> None:
+    """Every item of a batch (``labels``, one each) keeps at least 2 tokens for the metrics."""
+    short = np.flatnonzero(np.asarray(n_tokens) < 2)
+    if short.size:
+        item = int(short[0])
+        label = labels[item] if len(labels[item]) <= 40 else labels[item][:37] + "..."
+        raise ImporterInputError(
+            f"input {label!r} keeps {int(n_tokens[item])} token(s) for the metrics once padding "
+            "and the `exclude_prefix` tokens are left out; a smoothing metric needs at least 2"
+        )
+
+
+def measure_layers(
+    outputs: dict[str, np.ndarray],
+    plan: ReductionPlan,
+    start: int,
+    per_input: dict[str, np.ndarray],
+    labels: Sequence[str],
+    token_mask: np.ndarray | None = None,
+    stream: dict[str, np.ndarray] | None = None,
+) -> int:
+    """Fill ``per_input[metric][item, layer]`` for one batch from its in-graph statistics.
+
+    Without a Gram matrix (``spectral=False``) only the scalar metrics are filled. ``stream``
+    (:data:`~oversmooth.importers.audit.session.STREAM_TERMS`, (n_inputs, layers) each) gets ‖x̄‖ = sqrt(lfc_sq / n) and, where the
+    plan reduces a norm's scale, the mean ``1/s_t`` over the counted tokens. Returns the batch
+    size.
+    """
+    names = [name for name in METRICS if plan.gram != "none" or name not in SPECTRAL_METRICS]
+    names += [SPECTRAL_NORM_METRIC] if plan.spectral_norm and plan.gram != "none" else []
+    batch = 0
+    for layer in range(len(plan.layers)):
+        statistics = plan.statistics(outputs, layer, token_mask)
+        check_counted_tokens(statistics.n_tokens, labels)
+        values = metrics_from_statistics(statistics, names)
+        for metric, value in values.items():
+            batch = len(value)
+            per_input[metric][start : start + batch, layer] = value
+        if stream is not None:
+            n = np.asarray(statistics.n_tokens, dtype=np.float64)
+            rows = slice(start, start + len(n))
+            stream["mean_norm"][rows, layer] = np.sqrt(np.asarray(statistics.lfc_sq) / n)
+            inverse = plan.inverse_scale(outputs, layer)
+            if inverse is not None:
+                stream["inverse_scale"][rows, layer] = inverse / n
+    return batch

@@ -29,13 +29,12 @@ from threadpoolctl import threadpool_limits
 
 from oversmooth.importers.audit.depth import head_cases
 from oversmooth.importers.audit.dominance import (
-    DominanceProblem,
     PendingCases,
     dominance_problems,
     nonfinite_attention,
 )
-from oversmooth.importers.audit.dominance_inputs import DominanceBudget
-from oversmooth.importers.audit.layers import layer_tensors
+from oversmooth.importers.audit.dominance_inputs import DominanceBudget, HeldCases
+from oversmooth.importers.audit.layers import check_counted_tokens, layer_tensors, measure_layers
 from oversmooth.importers.audit.operating_step import (
     AttributionCase,
     OperatingCase,
@@ -47,7 +46,6 @@ from oversmooth.importers.audit.pre_norm_sums import PreNormSums
 from oversmooth.importers.audit.records import DominanceCase, HeadCase
 from oversmooth.importers.errors import (
     ImporterError,
-    ImporterInputError,
     NonFiniteModelError,
 )
 from oversmooth.importers.graph import OnnxModel
@@ -58,13 +56,9 @@ from oversmooth.importers.runtime.batching import run_batches
 from oversmooth.importers.runtime.reductions import Gram, ReductionPlan, TokenScale, plan_reductions
 from oversmooth.importers.runtime.runner import Runner, default_threads
 from oversmooth.simulator.backend import HostCopies, array_module, to_numpy
-from oversmooth.simulator.metrics import METRICS
 from oversmooth.simulator.operator import HeadFactors
 from oversmooth.simulator.statistics import (
-    SPECTRAL_METRICS,
-    SPECTRAL_NORM_METRIC,
     TokenStatistics,
-    metrics_from_statistics,
 )
 
 __all__ = [
@@ -324,54 +318,6 @@ def attention_sublayer_tensor(block: AttentionBlock) -> str | None:
     return block.residual_name
 
 
-def _check_counted_tokens(n_tokens: np.ndarray, labels: Sequence[str]) -> None:
-    """Every item of a batch (``labels``, one each) keeps at least 2 tokens for the metrics."""
-    short = np.flatnonzero(np.asarray(n_tokens) < 2)
-    if short.size:
-        item = int(short[0])
-        label = labels[item] if len(labels[item]) <= 40 else labels[item][:37] + "..."
-        raise ImporterInputError(
-            f"input {label!r} keeps {int(n_tokens[item])} token(s) for the metrics once padding "
-            "and the `exclude_prefix` tokens are left out; a smoothing metric needs at least 2"
-        )
-
-
-def _measure_layers(
-    outputs: dict[str, np.ndarray],
-    plan: ReductionPlan,
-    start: int,
-    per_input: dict[str, np.ndarray],
-    labels: Sequence[str],
-    token_mask: np.ndarray | None = None,
-    stream: dict[str, np.ndarray] | None = None,
-) -> int:
-    """Fill ``per_input[metric][item, layer]`` for one batch from its in-graph statistics.
-
-    Without a Gram matrix (``spectral=False``) only the scalar metrics are filled. ``stream``
-    (:data:`STREAM_TERMS`, (n_inputs, layers) each) gets ‖x̄‖ = sqrt(lfc_sq / n) and, where the
-    plan reduces a norm's scale, the mean ``1/s_t`` over the counted tokens. Returns the batch
-    size.
-    """
-    names = [name for name in METRICS if plan.gram != "none" or name not in SPECTRAL_METRICS]
-    names += [SPECTRAL_NORM_METRIC] if plan.spectral_norm and plan.gram != "none" else []
-    batch = 0
-    for layer in range(len(plan.layers)):
-        statistics = plan.statistics(outputs, layer, token_mask)
-        _check_counted_tokens(statistics.n_tokens, labels)
-        values = metrics_from_statistics(statistics, names)
-        for metric, value in values.items():
-            batch = len(value)
-            per_input[metric][start : start + batch, layer] = value
-        if stream is not None:
-            n = np.asarray(statistics.n_tokens, dtype=np.float64)
-            rows = slice(start, start + len(n))
-            stream["mean_norm"][rows, layer] = np.sqrt(np.asarray(statistics.lfc_sq) / n)
-            inverse = plan.inverse_scale(outputs, layer)
-            if inverse is not None:
-                stream["inverse_scale"][rows, layer] = inverse / n
-    return batch
-
-
 @dataclass(frozen=True)
 class OperatorPlan:
     """What the exact layer dominance needs: every block's head factors, and the inputs it runs on
@@ -391,52 +337,13 @@ Cases = tuple[
 ]
 
 
-class _HeldCases:
-    """A batch's dominance cases, started when :meth:`release` is called: at once, or when the
-    budget has decided the looks before the batch
-    (:meth:`~oversmooth.importers.audit.dominance_inputs.DominanceBudget.hold`).
-
-    ``start`` starts the cases of the problems it is given (a :class:`PendingCases`); only the
-    problems of inputs ``budget`` still wants at release are given.
-    """
-
-    def __init__(
-        self,
-        problems: Sequence[DominanceProblem],
-        start: Callable[[Sequence[DominanceProblem]], PendingCases],
-        budget: DominanceBudget | None,
-    ) -> None:
-        self._problems = problems
-        self._start = start
-        self._budget = budget
-        self._pending: PendingCases | None = None
-
-    def release(self) -> PendingCases:
-        """Start the cases of the wanted inputs (once); the started cases."""
-        if self._pending is None:
-            budget = self._budget
-            wanted = [p for p in self._problems if budget is None or budget.wants(p.item)]
-            self._pending = self._start(wanted)
-        return self._pending
-
-    def result(self) -> list[DominanceCase]:
-        """Wait for the cases. A batch still held here is released first (the budget releases
-        every batch before its turn to be collected; this only keeps a wrong order from waiting
-        forever, at the price of cases the result drops)."""
-        return self.release().result()
-
-    def cancel(self) -> None:
-        if self._pending is not None:
-            self._pending.cancel()
-
-
 class _BatchWork:
     """The host work of one batch running on a thread pool: metrics, dominance and operator cases."""
 
     def __init__(
         self,
         metrics: Future[int],
-        dominance: _HeldCases | None,
+        dominance: HeldCases | None,
         operator: Future[list[OperatorCase]] | None = None,
         heads: Future[list[HeadCase]] | None = None,
         sublayer: Future[tuple[list[OperatingCase], list[AttributionCase]]] | None = None,
@@ -499,7 +406,7 @@ def check_finite_outputs(
     found: list[tuple[float, str, np.ndarray]] = []
     for layer in range(len(plan.layers)):
         scalars = outputs[plan.scalars_name(layer)]
-        _check_counted_tokens(TokenStatistics.from_packed(scalars).n_tokens, batch.labels)
+        check_counted_tokens(TokenStatistics.from_packed(scalars).n_tokens, batch.labels)
         arrays = [scalars] + ([outputs[plan.gram_name(layer)]] if plan.gram != "none" else [])
         bad = _bad_items(arrays)
         if not bad.any():
@@ -562,7 +469,7 @@ def batch_work(
     ``budget`` still wants (:class:`~oversmooth.importers.audit.dominance_inputs.DominanceBudget`)."""
     check_finite_outputs(session, blocks, outputs, batch, start)
     metrics = pool.submit(
-        _measure_layers,
+        measure_layers,
         outputs,
         session.plan,
         start,
@@ -581,7 +488,7 @@ def batch_work(
     parts = None
     if sublayer is not None and start < sublayer.inputs:
         parts = pool.submit(sublayer_cases, problems, outputs, sublayer, start)
-    dominance = _HeldCases(
+    dominance = HeldCases(
         problems,
         functools.partial(
             PendingCases,

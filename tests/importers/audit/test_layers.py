@@ -5,17 +5,20 @@ On the stream tests' two-block graphs (tests/importers/stream_graphs.py), with b
 changed where a case needs it: a broken chain is refused (noted with ``partial``), a chain broken
 by a block skipped by design (a windowed layer) is noted, layers that begin before earlier
 residual sub-layers are noted, and two layers on one tensor are refused. That the layers are the
-residual stream a forward pass computes is tested in match/test_stream.py.
+residual stream a forward pass computes is tested in match/test_stream.py. A batch item left with
+fewer than 2 counted tokens is refused by its label; the metrics per layer (``measure_layers``)
+are tested through the audits of runtime/test_reductions.py and audit/test_session.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
-from oversmooth.importers.audit.layers import layer_tensors
-from oversmooth.importers.errors import LayerStreamError
+from oversmooth.importers.audit.layers import check_counted_tokens, layer_tensors
+from oversmooth.importers.errors import ImporterInputError, LayerStreamError
 from oversmooth.importers.graph import OnnxModel, model_from_proto
 from oversmooth.importers.match import find_attention_blocks
 from oversmooth.importers.weights import BlockWeights, block_weights
@@ -101,3 +104,10 @@ def test_a_block_whose_stream_is_unknown_is_refused_before_the_chain() -> None:
     assert str(info.value) == (
         "layer 2 (the output of block 1) cannot be read: its MLP sum was not found"
     )
+
+
+def test_an_item_with_fewer_than_two_counted_tokens_is_refused_by_its_label() -> None:
+    check_counted_tokens(np.array([2.0, 5.0]), ["a", "b"])
+    long = "x" * 50
+    with pytest.raises(ImporterInputError, match=r"input 'xxx.*\.\.\.' keeps 1 token\(s\)"):
+        check_counted_tokens(np.array([3.0, 1.0]), ["a", long])

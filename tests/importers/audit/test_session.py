@@ -192,13 +192,13 @@ def test_the_pipelined_audit_equals_the_sequential_one(
     """Reducing batch k while batch k+1 runs changes nothing: metrics and cases as one at a time
     (a batch's arrays must not be written over by the next run while they are being reduced)."""
     session_module = importlib.import_module("oversmooth.importers.audit.session")
-    measure_layers = session_module._measure_layers
+    measure_layers = session_module.measure_layers
 
     def late_measure(*args: Any) -> int:  # the next batch runs before this batch is read
         time.sleep(0.05)
         return measure_layers(*args)
 
-    monkeypatch.setattr(session_module, "_measure_layers", late_measure)
+    monkeypatch.setattr(session_module, "measure_layers", late_measure)
     path = tmp_path / "bert.onnx"
     model, inputs = builder_model_and_inputs("bert_legacy", SEED)
     onnx.save(model.proto, path)
