@@ -343,18 +343,22 @@ def _layer_nodes(
         x = b.op("Transpose", [x], f"{layer}.batch_first", perm=[1, 0, 2])
     xd = b.op("Cast", [x], f"{layer}.x64", to=_DOUBLE)
     w = _token_weights(b, xd, mask, prefix)
-    w3 = b.unsqueeze(w, 2, f"{layer}.w3")
-    xm = b.op("Mul", [xd, w3], f"{layer}.xm")
+    # Every token counted (no mask, no prefix): w is all ones, and a product by 1.0 is exact, so
+    # the (B, T, D) products by it are skipped; the values are bit for bit the same.
+    w3 = None if mask is None and prefix == 0 else b.unsqueeze(w, 2, f"{layer}.w3")
+
+    def counted(tensor: str, hint: str) -> str:
+        """``tensor`` (B, T, D) with the rows of uncounted tokens zeroed."""
+        return tensor if w3 is None else b.op("Mul", [tensor, w3], hint)
+
+    xm = counted(xd, f"{layer}.xm")
     n = b.reduce("ReduceSum", w, [1], f"{layer}.n")
     total = b.reduce("ReduceSum", xm, [1], f"{layer}.total")
     if totals:
         b.output("Identity", [total], f"{_PREFIX}.{layer}.totals")
     mean = b.op("Div", [total, b.unsqueeze(n, 1, f"{layer}.n2")], f"{layer}.mean")
-    centered = b.op(
-        "Mul",
-        [b.op("Sub", [xd, b.unsqueeze(mean, 1, f"{layer}.mean3")], f"{layer}.dev"), w3],
-        f"{layer}.centered",
-    )
+    dev = b.op("Sub", [xd, b.unsqueeze(mean, 1, f"{layer}.mean3")], f"{layer}.dev")
+    centered = counted(dev, f"{layer}.centered")
     hfc_sq = b.reduce("ReduceSumSquare", centered, [1, 2], f"{layer}.hfc_sq")
     lfc_sq = b.op("Mul", [n, b.reduce("ReduceSumSquare", mean, [1], "mean_sq")], f"{layer}.lfc_sq")
     norms = b.op("Sqrt", [b.reduce("ReduceSumSquare", xm, [2], "row_sq", keepdims=1)], "norms")

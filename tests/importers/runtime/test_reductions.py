@@ -142,6 +142,32 @@ def test_padding_never_counts() -> None:
 
 
 @pytest.mark.parametrize("gram", ["tokens", "features"])
+def test_counting_every_token_skips_the_weights_bit_for_bit(gram: str) -> None:
+    """Without a mask or a prefix the weights are all ones and the (B, T, D) products by them are
+    left out (two per layer); every statistic and Gram matrix is bit for bit what the same graph
+    gives when an all-ones mask is fed and multiplied in."""
+    model, inputs = builder_model_and_inputs("vit_prenorm_layerscale", SEED)
+    assert inputs.token_mask is None
+    layers = _layers(model)
+    given = {spec.name for spec in model.inputs}
+    exposed = [name for name in layers if name not in given]
+    plain = plan_reductions(model, layers, masked=False, gram=gram)  # type: ignore[arg-type]
+    masked = plan_reductions(model, layers, masked=True, gram=gram)  # type: ignore[arg-type]
+
+    def products(plan) -> int:  # type: ignore[no-untyped-def]
+        return sum(node.op_type == "Mul" for node in plan.extension.nodes)
+
+    assert products(masked) - products(plain) == 2 * len(layers)
+    first = Runner(model, expose=exposed, extension=plain.extension, provider="cpu")
+    second = Runner(model, expose=exposed, extension=masked.extension, provider="cpu")
+    unmasked = first.collect(dict(inputs.feeds))
+    ones = np.ones(unmasked[exposed[0]].shape[:2], dtype=bool)  # (B, T) of a batch-first layer
+    with_mask = second.collect({**inputs.feeds, **masked.mask_feed(ones)})
+    for name in plain.extension.output_names:
+        np.testing.assert_array_equal(unmasked[name], with_mask[name], err_msg=name)
+
+
+@pytest.mark.parametrize("gram", ["tokens", "features"])
 def test_time_major_layers_are_reduced_batch_first(gram: str) -> None:
     """A (T, B, D) layer (nn.TransformerEncoder without batch_first) flagged time-major gives the
     statistics of its (B, T, D) transpose; unflagged, the same tensor gives other numbers."""
