@@ -187,15 +187,16 @@ def measure_layers(
 ) -> int:
     """Fill ``per_input[metric][item, layer]`` for one batch from its in-graph statistics.
 
-    Without a Gram matrix (``spectral=False``) only the scalar metrics are filled. ``stream``
-    (:data:`~oversmooth.importers.audit.session.STREAM_TERMS`, (n_inputs, layers) each) gets ‖x̄‖ = sqrt(lfc_sq / n) and, where the
-    plan reduces a norm's scale, the mean ``1/s_t`` over the counted tokens. Returns the batch
-    size.
+    Without a Gram matrix (``spectral=False``) only the scalar metrics are filled; a layer the
+    plan does not compute (:attr:`ReductionPlan.replaced`) stays as it is. ``stream``
+    (:data:`~oversmooth.importers.audit.session.STREAM_TERMS`, (n_inputs, layers) each) gets
+    ‖x̄‖ = sqrt(lfc_sq / n) and, where the plan reduces a norm's scale, the mean ``1/s_t`` over
+    the counted tokens. Returns the batch size.
     """
     names = [name for name in METRICS if plan.gram != "none" or name not in SPECTRAL_METRICS]
     names += [SPECTRAL_NORM_METRIC] if plan.spectral_norm and plan.gram != "none" else []
     batch = 0
-    for layer in range(len(plan.layers)):
+    for layer in filter(plan.computes, range(len(plan.layers))):
         statistics = plan.statistics(outputs, layer, token_mask)
         check_counted_tokens(statistics.n_tokens, labels)
         values = metrics_from_statistics(statistics, names)

@@ -5,8 +5,10 @@ A post-LN block computes ``Y = LN(X + branch(X))``; the theory's update is the s
 the sum and the norm into one ``SkipLayerNormalization``: reading the sum as a graph output would
 stop that fusion and change the block's output in its last bits. So the sum is read from the graph
 onnxruntime has already optimised (:mod:`oversmooth.importers.runtime.graph_edits`): the fused
-node's own sum output, or the ``Add`` where nothing was fused. The norm's output stays in the plan
-as before (the operating point and the attribution read it).
+node's own sum output, or the ``Add`` where nothing was fused. Where the sum is found, the norm
+output's statistics are not computed (they would be measured and never reported): only its rows
+stay in the plan (the operating point and the attribution read them); where it is not, the norm
+output is measured instead, as a note says.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class PreNormSums:
         Those whose sum was found in the optimised graph, once the runner has looked
         (:meth:`outputs`); their statistics are the last layers of :attr:`plan`, in this order.
     plan : ReductionPlan
-        The plan given, extended by the found sums (:func:`extend_plan`).
+        The plan given, extended by the found sums (:func:`extend_plan`), which replace the
+        statistics of those blocks' norm outputs (:attr:`ReductionPlan.replaced`).
     """
 
     def __init__(
@@ -45,8 +48,12 @@ class PreNormSums:
         blocks: Sequence[AttentionBlock],
         sublayers: Sequence[int],
         plan: ReductionPlan,
+        first_sublayer: int,
     ) -> None:
+        """``sublayers``: the blocks whose norm output (the stream after the attention sublayer)
+        is layer ``first_sublayer + j`` of ``plan``, j its position here."""
         self.graph, self.all_blocks, self.plan = graph, blocks, plan
+        self._sublayer_layer = {i: first_sublayer + j for j, i in enumerate(sublayers)}
         self.wanted = [
             i
             for i in sublayers
@@ -69,7 +76,11 @@ class PreNormSums:
         self.blocks = [i for i, _ in kept]
         time_major = [self.all_blocks[i].time_major for i, _ in kept]
         self.plan = extend_plan(
-            self.plan, self.graph, [name for _, name in kept], time_major=time_major
+            self.plan,
+            self.graph,
+            [name for _, name in kept],
+            time_major=time_major,
+            replacing=[self._sublayer_layer[i] for i in self.blocks],
         )
         return self.plan.late
 

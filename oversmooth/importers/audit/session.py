@@ -260,7 +260,7 @@ def audit_session(
         token_rows=token_rows,
     )
     grams = [plan.gram_name(layer) for layer in range(len(plan.layers))] if spectral else []
-    late = PreNormSums(graph, blocks, sublayers, plan)
+    late = PreNormSums(graph, blocks, sublayers, plan, first_sublayer=len(layers))
     runner = Runner(
         graph,
         expose=probs,
@@ -404,7 +404,7 @@ def check_finite_outputs(
     """
     plan, n_layers = session.plan, len(session.layers)
     found: list[tuple[float, str, np.ndarray]] = []
-    for layer in range(len(plan.layers)):
+    for layer in filter(plan.computes, range(len(plan.layers))):
         scalars = outputs[plan.scalars_name(layer)]
         check_counted_tokens(TokenStatistics.from_packed(scalars).n_tokens, batch.labels)
         arrays = [scalars] + ([outputs[plan.gram_name(layer)]] if plan.gram != "none" else [])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ __all__ = [
     "FUSED_NORMS",
     "FUSED_SUM_OUTPUT",
     "LateOutputs",
+    "drop_outputs",
     "expose_late",
     "instrumented",
     "optimised_model_path",
@@ -96,10 +97,11 @@ def expose_late(graph: Any, sums: Mapping[str, str]) -> list[str | None]:
 
 def optimised_with_late(
     path: str | os.PathLike[str], late: LateOutputs
-) -> tuple[Any, list[str], list[str | None]]:
+) -> tuple[Any, GraphExtension, list[str | None]]:
     """The optimised model saved at ``path`` with ``late``'s tensors found and their extension
-    appended (inputs, initializers, nodes, outputs); the late outputs' names, in order; and per
-    wanted tensor its name in the optimised graph or None (:func:`expose_late`)."""
+    appended (inputs, initializers, nodes, outputs; the outputs it replaces dropped,
+    :func:`drop_outputs`); that extension; and per wanted tensor its name in the optimised graph
+    or None (:func:`expose_late`)."""
     import onnx
 
     model = onnx.load(os.fspath(path))
@@ -109,7 +111,52 @@ def optimised_with_late(
     model.graph.initializer.extend(extension.initializers)
     model.graph.input.extend(extension.inputs)
     model.graph.output.extend(extension.outputs)
-    return model, extension.output_names, found
+    drop_outputs(model.graph, extension.replaces)
+    return model, extension, found
+
+
+def _producers(graph: Any) -> dict[str, int]:
+    return {output: k for k, node in enumerate(graph.node) for output in node.output if output}
+
+
+def _ancestors(graph: Any, names: Iterable[str], producers: Mapping[str, int]) -> set[int]:
+    """The nodes that the tensors ``names`` depend on (indices into ``graph.node``)."""
+    seen: set[int] = set()
+    todo = [producers[name] for name in names if name in producers]
+    while todo:
+        k = todo.pop()
+        if k not in seen:
+            seen.add(k)
+            todo += [producers[name] for name in graph.node[k].input if name in producers]
+    return seen
+
+
+def drop_outputs(graph: Any, names: Iterable[str]) -> int:
+    """Remove the graph outputs ``names`` and the nodes that only they needed; the count removed.
+
+    A node stays if any remaining output depends on it. onnxruntime runs every node of a graph
+    whether or not an output needs it, so an output nobody reads still costs its nodes. A graph
+    with a node that carries a subgraph (If, Loop, Scan: its reads of outer tensors are not
+    listed as inputs) keeps every node.
+    """
+    import onnx
+
+    drop = set(names)
+    if not drop:
+        return 0
+    kept = [value for value in graph.output if value.name not in drop]
+    del graph.output[:]
+    graph.output.extend(kept)
+    subgraph = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    if any(attribute.type in subgraph for node in graph.node for attribute in node.attribute):
+        return 0
+    producers = _producers(graph)
+    needed = _ancestors(graph, (value.name for value in kept), producers)
+    unneeded = _ancestors(graph, drop, producers) - needed
+    nodes = [node for k, node in enumerate(graph.node) if k not in unneeded]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(unneeded)
 
 
 @contextlib.contextmanager

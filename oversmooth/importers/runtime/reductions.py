@@ -92,12 +92,16 @@ class GraphExtension:
         Extra graph inputs the caller feeds.
     outputs : tuple of onnx.ValueInfoProto
         Typed outputs the session returns.
+    replaces : tuple of str
+        Earlier outputs this one makes unneeded (:func:`extend_plan`): no longer returned, and
+        the nodes only they needed removed.
     """
 
     nodes: tuple[onnx.NodeProto, ...] = ()
     initializers: tuple[onnx.TensorProto, ...] = ()
     inputs: tuple[onnx.ValueInfoProto, ...] = ()
     outputs: tuple[onnx.ValueInfoProto, ...] = ()
+    replaces: tuple[str, ...] = ()
 
     @property
     def output_names(self) -> list[str]:
@@ -148,6 +152,9 @@ class ReductionPlan:
     late : GraphExtension
         The statistics of the layers :func:`extend_plan` added, to append to the graph onnxruntime
         has already optimised with :attr:`extension` (empty when none was added).
+    replaced : frozenset of int
+        Layers whose statistics the late ones replace (:func:`extend_plan`), not computed; their
+        rows (:meth:`tokens_name`) still come back.
     """
 
     layers: tuple[str, ...]
@@ -159,6 +166,11 @@ class ReductionPlan:
     token_scale: tuple[TokenScale | None, ...] = ()
     token_rows: bool = False
     late: GraphExtension = field(default=GraphExtension(), repr=False)
+    replaced: frozenset[int] = frozenset()
+
+    def computes(self, layer: int) -> bool:
+        """Whether the session computes ``layer``'s statistics (not :attr:`replaced`)."""
+        return layer not in self.replaced
 
     def tokens_name(self, layer: int) -> str:
         return f"{_PREFIX}.{layer}.tokens"
@@ -522,6 +534,7 @@ def extend_plan(
     layers: Sequence[str],
     *,
     time_major: Sequence[bool] = (),
+    replacing: Sequence[int] = (),
 ) -> ReductionPlan:
     """``plan`` with the statistics of further ``layers`` in :attr:`ReductionPlan.late`.
 
@@ -530,10 +543,12 @@ def extend_plan(
     a tensor there changes none of the fusions the other numbers came from: a post-LN block's sum
     before its norm, which onnxruntime fuses into ``SkipLayerNormalization`` with the norm, is
     read from that node's own optional sum output. Same options as ``plan``, except that the late
-    layers reduce no per-token scale and never come back whole (no :meth:`ReductionPlan.tokens_name`
-    output: nothing reads them so); they are numbered after ``plan.layers`` and their own nodes and constants live
-    under a namespace of their own, so they never meet the first extension's, which the
-    optimiser may have renamed, folded or removed.
+    layers reduce no per-token scale and never come back whole (nothing reads them so); they are
+    numbered after ``plan.layers``, and their nodes and constants live under a namespace of their
+    own, never meeting the first extension's, which the optimiser may have renamed or removed.
+    ``replacing``: layers of ``plan`` whose statistics the new ones make unneeded (a post-LN
+    norm's output, once the sum before it is read): their outputs but the rows are the late
+    extension's :attr:`~GraphExtension.replaces`, the layers :attr:`ReductionPlan.replaced`.
     """
     if time_major and len(time_major) != len(layers):
         raise ImporterInputError(
@@ -551,17 +566,24 @@ def extend_plan(
         tm = bool(time_major and time_major[k])
         _layer_nodes(builder, name, layer, mask, plan.prefix, plan.gram, tm, totals, None, None)
         outputs += _layer_outputs(layer, False, False, plan.gram, totals)
+    scales = (*plan.token_scale, *([None] * (len(plan.layers) - len(plan.token_scale))))
+    replaces = tuple(  # every output but the rows
+        value.name
+        for layer in replacing
+        for value in _layer_outputs(layer, False, scales[layer] is not None, plan.gram, totals)
+    )
     late = GraphExtension(
         nodes=tuple(builder.nodes),
         initializers=tuple(builder.initializers.values()),
         outputs=tuple(outputs),
+        replaces=replaces,
     )
-    scales = (*plan.token_scale, *([None] * (len(plan.layers) - len(plan.token_scale))))
     return dataclasses.replace(
         plan,
         layers=(*plan.layers, *layers),
         token_scale=(*scales, *([None] * len(layers))),
         late=late,
+        replaced=plan.replaced | frozenset(replacing),
     )
 
 

@@ -316,7 +316,8 @@ class Runner:
     late : LateOutputs, optional
         Tensors read from the graph onnxruntime optimised, so that reading them changes no fusion
         (:mod:`~oversmooth.importers.runtime.graph_edits`): their extension's outputs come last
-        (:attr:`late_outputs`). Not for a model with external data (none are read).
+        (:attr:`late_outputs`), and the outputs it replaces are no longer returned
+        (:attr:`GraphExtension.replaces`). Not for a model with external data (none are read).
 
     Attributes
     ----------
@@ -415,13 +416,16 @@ class Runner:
         """The session again, on the graph onnxruntime optimised and saved at ``saved`` with
         ``late``'s tensors read there (:func:`~oversmooth.importers.runtime.graph_edits.
         optimised_with_late`), optimisation off, on the provider the first one used."""
-        model, self.late_outputs, found = optimised_with_late(saved, late)
+        model, extension, found = optimised_with_late(saved, late)
+        self.late_outputs = extension.output_names
         self.late_read = [name for name in found if name is not None]
         self.late_unread = [want for want, name in zip(late.sums, found, strict=True) if not name]
         plain = session_options(self._options.threads, "disable")
         provider = "cuda" if self.session.get_providers()[0] == _CUDA else "cpu"
         self.session = _open_session(ort, model.SerializeToString(), plain, provider)[0]
-        self.output_names = [*self.output_names, *self.late_outputs]
+        replaced = set(extension.replaces)
+        kept = [name for name in self.output_names if name not in replaced]
+        self.output_names = [*kept, *self.late_outputs]
 
     def provenance(self) -> dict[str, Any]:
         """Every choice that affects the numbers: model, outputs, provider and session options."""

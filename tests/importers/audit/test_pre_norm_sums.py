@@ -1,5 +1,6 @@
 """A post-LN block's residual sum before its norm (importers.audit.pre_norm_sums): which blocks
-want it, what the runner is asked to read late, how the plan grows by the sums found, and the note
+want it, what the runner is asked to read late, how the plan grows by the sums found (whose
+blocks' norm outputs are then no longer measured, only returned row by row), and the note
 naming the blocks whose sum was not found, on the plain and the fused (``SkipLayerNormalization``)
 post-LN graphs of tests/importers/stream_graphs.py."""
 
@@ -11,17 +12,21 @@ import pytest
 
 from oversmooth.importers.audit.layers import layer_tensors
 from oversmooth.importers.audit.pre_norm_sums import PreNormSums, pre_norm_notes
+from oversmooth.importers.audit.session import attention_sublayer_tensor
 from oversmooth.importers.match import AttentionBlock, find_attention_blocks
 from oversmooth.importers.runtime.reductions import plan_reductions
 from tests.importers.stream_graphs import build
 
 
 def sums_of(layout: str, sublayers: list[int]) -> tuple[PreNormSums, list[AttentionBlock]]:
-    """The sums of the two-block graph ``layout``, wanted for the blocks ``sublayers``."""
+    """The sums of the two-block graph ``layout``, wanted for the blocks ``sublayers``, whose
+    norm outputs follow the layers in the plan (as the audit's session plans them)."""
     model, _, _ = build(layout)
     blocks = find_attention_blocks(model).blocks
-    plan = plan_reductions(model, layer_tensors(blocks))
-    return PreNormSums(model, blocks, sublayers, plan), blocks
+    layers = layer_tensors(blocks)
+    mids = [str(attention_sublayer_tensor(blocks[i])) for i in sublayers]
+    plan = plan_reductions(model, [*layers, *mids], token_rows=True)
+    return PreNormSums(model, blocks, sublayers, plan, first_sublayer=len(layers)), blocks
 
 
 @pytest.mark.parametrize("layout", ["post", "skip_post"])
@@ -56,6 +61,14 @@ def test_the_sums_found_extend_the_plan_after_its_layers() -> None:
     assert sums.plan.layers == (*layers, blocks[1].residual_name)
     assert extension is sums.plan.late
     assert extension.outputs  # the late statistics' outputs
+    # block 1's norm output (plan layer 4: three layers, then blocks 0 and 1) is not measured
+    # any more, but its rows still come back; block 0's stays measured after its norm
+    plan = sums.plan
+    assert plan.replaced == {4}
+    assert not plan.computes(4)
+    assert plan.computes(3)
+    assert set(extension.replaces) == {plan.scalars_name(4), plan.gram_name(4)}
+    assert plan.tokens_name(4) in plan.extension.output_names
 
 
 def test_a_sum_not_found_is_noted_naming_its_block() -> None:
@@ -70,3 +83,44 @@ def test_a_sum_not_found_is_noted_naming_its_block() -> None:
     renumbered = [dataclasses.replace(block, index=block.index + 4) for block in blocks]
     both = {"not_found_after_optimisation": [block.residual_name for block in blocks]}
     assert "block(s) 4, 5 is measured" in pre_norm_notes(renumbered, both)[0].text
+
+
+def test_not_measuring_the_replaced_norm_outputs_changes_no_reported_number(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """A post-LN builder model audited as it is, and with the norm outputs still measured (the
+    late plan told to replace nothing): the first session's graph loses the nodes of the
+    replaced statistics, and every metric, every attention-sublayer figure and every dominance
+    case is the same, bit for bit."""
+    import numpy as np
+    import onnx
+
+    from oversmooth.importers.audit import pre_norm_sums
+    from oversmooth.importers.audit.pipeline import audit
+    from oversmooth.importers.runtime import graph_edits
+    from tests.importers.audited import builder_model_and_inputs
+
+    removed: list[int] = []
+    drop = graph_edits.drop_outputs
+    monkeypatch.setattr(
+        graph_edits, "drop_outputs", lambda graph, names: removed.append(drop(graph, names))
+    )
+    model, inputs = builder_model_and_inputs("bert_legacy")
+    path = tmp_path / "post_ln.onnx"
+    onnx.save(model.proto, path)
+    lean = audit(path, inputs, provider="cpu", cache=False)
+    extend = pre_norm_sums.extend_plan
+
+    def replacing_nothing(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return extend(*args, **{**kwargs, "replacing": ()})
+
+    monkeypatch.setattr(pre_norm_sums, "extend_plan", replacing_nothing)
+    full = audit(path, inputs, provider="cpu", cache=False)
+    assert removed[0] > 0  # the lean session's replaced statistics were never computed
+    assert removed[1:] == [0]
+    for name in full.metrics:
+        np.testing.assert_array_equal(lean.metrics[name], full.metrics[name], err_msg=name)
+        np.testing.assert_array_equal(
+            lean.attention_part[name], full.attention_part[name], err_msg=name
+        )
+    assert [c.row() for c in lean.dominance] == [c.row() for c in full.dominance]

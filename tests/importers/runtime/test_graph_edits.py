@@ -14,7 +14,7 @@ from numpy.testing import assert_allclose
 from onnx import helper
 
 from oversmooth.importers.match import find_attention_blocks
-from oversmooth.importers.runtime.graph_edits import LateOutputs, expose_late
+from oversmooth.importers.runtime.graph_edits import LateOutputs, drop_outputs, expose_late
 from oversmooth.importers.runtime.reductions import GraphExtension
 from oversmooth.importers.runtime.runner import Runner
 from oversmooth.simulator.metrics import cosine
@@ -56,6 +56,52 @@ def test_a_sum_output_onnxruntime_already_named_is_read_under_that_name() -> Non
 def test_a_norm_outside_the_contrib_domain_is_no_fused_sum() -> None:
     node = helper.make_node("SkipLayerNormalization", ["x", "b", "g"], ["y"], domain="other")
     assert expose_late(_graph([node]), {"sum": "y"}) == [None]
+
+
+def _chain_graph(extra: tuple[onnx.NodeProto, ...] = ()) -> onnx.GraphProto:
+    """x → a → {b → kept, c → gone}, and d → gone2 from a: dropping gone and gone2 leaves
+    a (shared with kept) and b."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Neg", ["a"], ["b"]),
+        helper.make_node("Abs", ["b"], ["kept"]),
+        helper.make_node("Exp", ["a"], ["c"]),
+        helper.make_node("Abs", ["c"], ["gone"]),
+        helper.make_node("Sqrt", ["a"], ["gone2"]),
+        *extra,
+    ]
+    value = onnx.TensorProto.FLOAT
+    return helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", value, [2])],
+        [helper.make_tensor_value_info(name, value, [2]) for name in ("kept", "gone", "gone2")],
+    )
+
+
+def test_dropping_outputs_removes_the_nodes_only_they_needed() -> None:
+    graph = _chain_graph()
+    assert drop_outputs(graph, ["gone", "gone2"]) == 3
+    assert [value.name for value in graph.output] == ["kept"]
+    assert [node.output[0] for node in graph.node] == ["a", "b", "kept"]
+    assert drop_outputs(graph, []) == 0
+
+
+def test_a_graph_with_a_subgraph_keeps_its_nodes_when_outputs_are_dropped() -> None:
+    """An If's branches read outer tensors without listing them: no node is removed then."""
+    branch = helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["out"])],
+        "branch",
+        [],
+        [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [2])],
+    )
+    condition = helper.make_node("Constant", [], ["cond"], value_int=1)
+    branching = helper.make_node("If", ["cond"], ["chosen"], then_branch=branch, else_branch=branch)
+    graph = _chain_graph((condition, branching))
+    nodes = len(graph.node)
+    assert drop_outputs(graph, ["gone"]) == 0
+    assert [value.name for value in graph.output] == ["kept", "gone2"]
+    assert len(graph.node) == nodes
 
 
 def _identity_reads(found: list[str | None]) -> GraphExtension:
