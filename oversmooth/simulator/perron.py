@@ -184,9 +184,9 @@ def _ambiguous_top(
 def _second_disk_room(
     targets: PerronTargets, heads: NDArray[np.intp], shift: NDArray[np.float64]
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-    """Per (head, j) of ``heads``: ``room``, the radius R about ``shift`` that keeps
-    ``|1 + λ^H_j α| + |λ^H_j| R`` below the threshold; ``|λ^H_j|``; and the threshold
-    (``(len(heads), 1)``). ``(len(heads), d)`` otherwise."""
+    """For ``heads``: ``room`` (len(heads), d), the radius R about ``shift`` that keeps
+    ``|1 + λ^H_j α| + |λ^H_j| R`` below the threshold, per j; ``|λ^H_j|`` (len(heads), d); and
+    the threshold (len(heads), 1)."""
     xp = array_module(heads)
     lam = targets.eig_H[heads]
     size = xp.abs(lam)

@@ -166,11 +166,12 @@ class DominanceBudget:
         released, whether or not they are still wanted (:meth:`wants` filters their inputs)."""
         if self._undecided() is not None:
             self._look(cases, complete)
-        waiting = [(first, release) for first, release in self._held if self.holds(first)]
-        for first, release in self._held:
-            if not self.holds(first):
+        held, self._held = self._held, []
+        for first, release in held:
+            if self.holds(first):
+                self._held.append((first, release))
+            else:
                 release()
-        self._held = waiting
 
     def _look(self, cases: Sequence[DominanceCase], complete: int) -> None:
         last = max((case.input + 1 for case in cases), default=0)
