@@ -39,9 +39,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from benchmarks.stages import AUDIT_STAGES, timed_stages
 
 __all__ = [
     "AuditRatio",
@@ -58,6 +60,11 @@ __all__ = [
 ]
 
 DEFAULT_AUDIT_MODEL = "dinov2-vits14"
+#: The audit's parts whose worker-thread CPU :func:`audit_against_inference` reports.
+_CPU_PARTS = {
+    "stacked_cases": AUDIT_STAGES["dominance stacks"],
+    "measure_layers": AUDIT_STAGES["layer metrics"],
+}
 
 
 def load_average() -> str:
@@ -350,8 +357,6 @@ def audit_against_inference(
     """
     import numpy as np
 
-    from oversmooth.importers.audit import dominance
-    from oversmooth.importers.audit import session as session_module
     from oversmooth.importers.graph import load_model
     from oversmooth.importers.inputs.sources import default_inputs
     from oversmooth.importers.runtime.runner import plain_session
@@ -378,12 +383,8 @@ def audit_against_inference(
 
     for count in (n_inputs, batch):
         before = plain(count)
-        totals: dict[str, float] = {}
         start, cpu = time.perf_counter(), time.process_time()
-        with (
-            _thread_cpu(dominance, "stacked_cases", totals),
-            _thread_cpu(session_module, "measure_layers", totals),
-        ):
+        with timed_stages(_CPU_PARTS) as totals:
             audit_module.audit(
                 graph,
                 inputs.subset(range(count)),
@@ -394,34 +395,11 @@ def audit_against_inference(
             )
         seconds.append(time.perf_counter() - start)
         cpu_seconds.append(time.process_time() - cpu)
-        parts += [totals.get("stacked_cases", 0.0), totals.get("measure_layers", 0.0)]
+        parts += [totals["stacked_cases"].cpu, totals["measure_layers"].cpu]
         after = plain(count)
         seconds.append(min(before[0], after[0]))
         cpu_seconds.append(min(before[1], after[1]))
     return AuditRatio(model, n_inputs, batch, *seconds, *cpu_seconds, *parts)
-
-
-@contextlib.contextmanager
-def _thread_cpu(module: object, name: str, totals: dict[str, float]) -> Iterator[None]:
-    """Add the CPU seconds of every call of ``module.name``, on whatever thread, to ``totals``."""
-    import threading
-
-    original = getattr(module, name)
-    lock = threading.Lock()
-
-    def timed(*args: object, **kwargs: object) -> object:
-        start = time.thread_time()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            with lock:
-                totals[name] = totals.get(name, 0.0) + time.thread_time() - start
-
-    setattr(module, name, timed)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
 
 
 def _print_cache_and_dominance(model: str) -> None:

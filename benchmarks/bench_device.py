@@ -12,22 +12,27 @@ can really be created) and each batch size (default 1, 8 and 64), inputs per sec
 
 and ``to host``: the attention bytes per input the dominance step handed to the host's dense
 eigensolver (the undecided heads; ``device`` where they crossed from a GPU). Each line names the
-device. The session is timed as the audit runs it (outputs reused), alternating with plain, after
+device. With ``--stages``, each line is followed by where the timed audit's time went: wall and
+CPU milliseconds per input inside onnxruntime's calls, the layer metrics (the Gram spectra among
+them), the dominance stacks (the certificate, the copies to the host, the dense spectra) and the
+other stages of :data:`benchmarks.stages.AUDIT_STAGES`, summed over threads. The session is timed as the audit runs it (outputs reused), alternating with plain, after
 one warm-up each, for at least ``--min-seconds``; the audit runs on ``--batches-per-audit``
 batches of repeated bundled inputs, once after a warm-up run.
 
 Run with ``python -m benchmarks device [--batches 1 8 64] [--providers cpu cuda]
-[--models NAME ...] [--min-seconds S] [--batches-per-audit K]``.
+[--models NAME ...] [--min-seconds S] [--batches-per-audit K] [--stages]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from benchmarks.bench_runner import _repeated, _timed, available_providers, installed_models
+from benchmarks.stages import Spent, stage_lines, timed_stages
 from oversmooth.importers import zoo
 from oversmooth.importers.audit.pipeline import AuditOptions, measure, measure_session, prepare
 from oversmooth.importers.graph import OnnxModel
@@ -51,6 +56,7 @@ class DeviceRates:
     audit: float
     to_host_per_input: float
     device_bytes_per_input: float
+    stages: tuple[str, ...] = ()
 
     def line(self) -> str:
         return (
@@ -84,8 +90,13 @@ def rates(
     *,
     min_seconds: float,
     batches_per_audit: int,
+    stages: bool = False,
 ) -> DeviceRates:
-    """Plain, session and whole-audit inputs per second of one model at one batch size."""
+    """Plain, session and whole-audit inputs per second of one model at one batch size.
+
+    ``stages``: also where the timed audit's time went (:func:`benchmarks.stages.stage_lines`);
+    the wrappers that time the stages cost a few microseconds per call, in the audit's time too.
+    """
     ref = zoo.lookup(name, allow_fetch=False)  # the graph is already parsed: not again
     items = _repeated(inputs, batch)
     options = AuditOptions(provider=provider, batch_size=batch, exclude_prefix=True)  # type: ignore[arg-type]
@@ -107,9 +118,13 @@ def rates(
     prepared, _ = prepare(ref, graph, many, options)
     prebuilt = measure_session(prepared, graph, many)
     measure(prepared, graph, many, session=prebuilt)  # warm-up
-    began = time.perf_counter()
-    measured = measure(prepared, graph, many, session=prebuilt)
-    elapsed = time.perf_counter() - began
+    totals: dict[str, Spent] = {}
+    with contextlib.ExitStack() as timing:
+        if stages:
+            totals = timing.enter_context(timed_stages())
+        began = time.perf_counter()
+        measured = measure(prepared, graph, many, session=prebuilt)
+        elapsed = time.perf_counter() - began
     copied = measured.attention_to_host
     return DeviceRates(
         name,
@@ -121,6 +136,7 @@ def rates(
         many.batch_size / elapsed,
         copied.get("bytes", 0) / many.batch_size,
         copied.get("device_bytes", 0) / many.batch_size,
+        tuple(stage_lines(totals, many.batch_size, elapsed)) if stages else (),
     )
 
 
@@ -132,6 +148,9 @@ def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
     parser.add_argument("--models", nargs="*", default=[model.name for model in zoo.models()])
     parser.add_argument("--min-seconds", type=float, default=1.0)
     parser.add_argument("--batches-per-audit", type=int, default=2)
+    parser.add_argument(
+        "--stages", action="store_true", help="also print where the audit's time went, per stage"
+    )
     args = parser.parse_args(argv)
     providers = args.providers or available_providers()
     print(
@@ -152,9 +171,10 @@ def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
                     batch,
                     min_seconds=args.min_seconds,
                     batches_per_audit=args.batches_per_audit,
+                    stages=args.stages,
                 )
                 results.append(result)
-                print(result.line(), flush=True)
+                print("\n".join([result.line(), *result.stages]), flush=True)
     return results
 
 

@@ -21,10 +21,16 @@ def test_the_device_benchmark_measures_a_text_model() -> None:
 
     graph = load_model(require_real_model("minilm-l3"))
     inputs = default_inputs(graph.inputs, get_model("minilm-l3"))
-    result = rates(graph, "minilm-l3", inputs, "cpu", 2, min_seconds=0.0, batches_per_audit=1)
+    result = rates(
+        graph, "minilm-l3", inputs, "cpu", 2, min_seconds=0.0, batches_per_audit=1, stages=True
+    )
     assert min(result.plain, result.session, result.audit) > 0
     assert result.device_bytes_per_input == 0
     assert "CPU" in result.line()
+    calls = {line[:24].strip(): int(line[24:31]) for line in result.stages[1:-1]}
+    # the stages every audit with dominance meets were each called, where the benchmark looks
+    for stage in ("onnxruntime calls", "layer metrics", "Gram spectra", "dominance stacks"):
+        assert calls[stage] > 0, stage
 
 
 @pytest.mark.realmodel
@@ -43,3 +49,32 @@ def test_the_train_benchmark_times_one_epoch_of_each_variant() -> None:
     timings = time_runs(1, variants=VARIANTS[:2])
     assert [t.variant for t in timings] == ["standard", "plus"]
     assert all(t.seconds > 0 and t.epochs == 1 and t.device == "cpu" for t in timings)
+
+
+def test_every_audit_stage_names_a_function_the_audit_looks_up_there() -> None:
+    from benchmarks.stages import AUDIT_STAGES, _owner
+
+    for label, (path, name) in AUDIT_STAGES.items():
+        assert callable(getattr(_owner(path), name, None)), label
+
+
+def test_stage_totals_count_every_call_on_every_thread_and_restore_the_function() -> None:
+    import math
+    from concurrent.futures import ThreadPoolExecutor
+
+    from benchmarks.stages import stage_lines, timed_stages
+
+    original = math.fsum
+    with timed_stages({"sums": ("math", "fsum")}) as totals:
+        assert math.fsum is not original
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            assert list(pool.map(math.fsum, [[1.0, 2.0]] * 7)) == [3.0] * 7
+        with pytest.raises(TypeError):
+            math.fsum(None)  # type: ignore[arg-type]
+    assert math.fsum is original
+    assert totals["sums"].calls == 8
+    assert totals["sums"].wall > 0
+    assert totals["sums"].cpu >= 0
+    lines = stage_lines(totals, 4, 1.0)
+    assert lines[1].split()[:2] == ["sums", "8"]
+    assert lines[-1].split() == ["elapsed", "250.0"]
