@@ -42,14 +42,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from oversmooth.importers.errors import ImporterInputError
 from oversmooth.importers.graph import GraphInput, OnnxModel
+from oversmooth.importers.runtime.node_builder import NodeBuilder
 from oversmooth.simulator.backend import to_numpy
 from oversmooth.simulator.statistics import (
     SCALAR_FIELDS,
@@ -235,81 +236,7 @@ class ReductionPlan:
         return dataclasses.replace(stats, hfc_top=top)
 
 
-class _Builder:
-    """Appends nodes with unique names under ``namespace`` (``oversmooth.reduce``); spells ops for
-    the opset."""
-
-    def __init__(self, opset: int, taken: set[str], namespace: str = _PREFIX) -> None:
-        self.opset = opset
-        self.taken = taken
-        self.namespace = namespace
-        self.nodes: list[onnx.NodeProto] = []
-        self.initializers: dict[str, onnx.TensorProto] = {}
-        self._count = 0
-
-    def fresh(self, hint: str) -> str:
-        self._count += 1
-        name = f"{self.namespace}.{hint}.{self._count}"
-        if name in self.taken:
-            raise ImporterInputError(f"the model already has a tensor named {name!r}")
-        return name
-
-    def const(
-        self, values: Sequence[float] | Sequence[int] | float | np.ndarray, dtype: type
-    ) -> str:
-        array: np.ndarray = np.asarray(values, dtype=dtype)
-        name = (
-            f"{self.namespace}.const.{array.dtype}.{'_'.join(map(str, array.ravel())) or 'empty'}"
-        )
-        name += f".{array.ndim}d"
-        if name not in self.initializers:
-            if name in self.taken:
-                raise ImporterInputError(f"the model already has a tensor named {name!r}")
-            self.initializers[name] = numpy_helper.from_array(array, name)
-        return name
-
-    def op(self, op_type: str, inputs: Sequence[str], hint: str, **attributes: Any) -> str:
-        out = self.fresh(hint)
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=out, **attributes))
-        return out
-
-    def output(self, op_type: str, inputs: Sequence[str], name: str, **attributes: Any) -> str:
-        if name in self.taken:
-            raise ImporterInputError(f"the model already has a tensor named {name!r}")
-        self.nodes.append(helper.make_node(op_type, list(inputs), [name], name=name, **attributes))
-        return name
-
-    def reduce(
-        self, op_type: str, x: str, axes: Sequence[int], hint: str, keepdims: int = 0
-    ) -> str:
-        """``op_type`` over ``axes``: axes as an input where the opset has it, else an attribute."""
-        axes_as_input = self.opset >= 18 or (op_type == "ReduceSum" and self.opset >= 13)
-        if axes_as_input:
-            return self.op(op_type, [x, self.const(list(axes), np.int64)], hint, keepdims=keepdims)
-        return self.op(op_type, [x], hint, axes=list(axes), keepdims=keepdims)
-
-    def unsqueeze(self, x: str, axis: int, hint: str) -> str:
-        if self.opset < 13:
-            return self.op("Unsqueeze", [x], hint, axes=[axis])
-        return self.op("Unsqueeze", [x, self.const([axis], np.int64)], hint)
-
-    def slice(self, x: str, start: int, end: int, axis: int, hint: str) -> str:
-        """``x[start:end]`` along ``axis``: bounds as inputs from opset 10, attributes before."""
-        if self.opset < 10:
-            return self.op("Slice", [x], hint, starts=[start], ends=[end], axes=[axis])
-        bounds = [self.const([value], np.int64) for value in (start, end, axis)]
-        return self.op("Slice", [x, *bounds], hint)
-
-    def ones_like_lead(self, x: str, hint: str) -> str:
-        """(B, T) double ones for ``x`` (B, T, ...): ConstantOfShape, or a Tile before opset 9."""
-        batch_tokens = self.slice(self.op("Shape", [x], "shape"), 0, 2, 0, "batch_tokens")
-        if self.opset < 9:
-            return self.op("Tile", [self.const(np.ones((1, 1)), np.float64), batch_tokens], hint)
-        ones = helper.make_tensor("value", _DOUBLE, [1], [1.0])
-        return self.op("ConstantOfShape", [batch_tokens], hint, value=ones)
-
-
-def _token_weights(b: _Builder, x: str, mask: str | None, prefix: int) -> str:
+def _token_weights(b: NodeBuilder, x: str, mask: str | None, prefix: int) -> str:
     """(B, T) double: the mask input, or ones shaped like X's first two axes; prefix zeroed."""
     weights = b.ones_like_lead(x, "ones") if mask is None else mask
     if prefix == 0:
@@ -328,7 +255,7 @@ def _token_weights(b: _Builder, x: str, mask: str | None, prefix: int) -> str:
     return b.op("Mul", [weights, b.op("Cast", [kept], "after_prefix", to=_DOUBLE)], "weights")
 
 
-def _norm_1_inf_sq(b: _Builder, absolute: str, hint: str) -> str:
+def _norm_1_inf_sq(b: NodeBuilder, absolute: str, hint: str) -> str:
     """(B,): max column sum × max row sum of a (B, T, D) non-negative tensor."""
     col = b.reduce("ReduceMax", b.reduce("ReduceSum", absolute, [1], "colsum"), [1], "colmax")
     row = b.reduce("ReduceMax", b.reduce("ReduceSum", absolute, [2], "rowsum"), [1], "rowmax")
@@ -336,7 +263,7 @@ def _norm_1_inf_sq(b: _Builder, absolute: str, hint: str) -> str:
 
 
 def _layer_nodes(
-    b: _Builder,
+    b: NodeBuilder,
     x: str,
     layer: int,
     mask: str | None,
@@ -402,7 +329,7 @@ def _layer_nodes(
         b.output("MatMul", pair, f"{_PREFIX}.{layer}.gram")
 
 
-def _inverse_scale_nodes(b: _Builder, xd: str, w: str, layer: int, scale: TokenScale) -> None:
+def _inverse_scale_nodes(b: NodeBuilder, xd: str, w: str, layer: int, scale: TokenScale) -> None:
     """``Σ_t w_t / s_t`` (B,) of the (B, T, D) double ``xd``: s_t the norm's per-token scale."""
     kind, eps = scale
     centred = xd
@@ -480,7 +407,7 @@ def plan_reductions(
         raise ImporterInputError(f"`gram` must be tokens, features or none; got {gram!r}")
     if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
         raise ImporterInputError(f"`prefix` must be a non-negative integer; got {prefix!r}")
-    builder = _Builder(model.session_opset, _taken_names(model))
+    builder = NodeBuilder(model.session_opset, _taken_names(model), _PREFIX)
     mask = MASK_INPUT if masked else None
     if mask is not None and mask in builder.taken:
         raise ImporterInputError(f"the model already has a tensor named {mask!r}")
@@ -557,7 +484,7 @@ def extend_plan(
     first = plan.extension
     taken = _taken_names(model) | {value.name for value in first.initializers}
     taken |= {output for node in first.nodes for output in node.output}
-    builder = _Builder(model.session_opset, taken, namespace=f"{_PREFIX}.late")
+    builder = NodeBuilder(model.session_opset, taken, namespace=f"{_PREFIX}.late")
     mask = MASK_INPUT if plan.masked else None
     totals = plan.spectral_norm and plan.gram == "features"
     outputs: list[onnx.ValueInfoProto] = []
@@ -587,7 +514,7 @@ def extend_plan(
     )
 
 
-def _marked_rows(b: _Builder) -> str | None:
+def _marked_rows(b: NodeBuilder) -> str | None:
     """(K,) int64: the indices of the items marked in :data:`ROWS_INPUT`; None before opset 9
     (no ``NonZero``: the layers do not come back whole, and the plan says so)."""
     if b.opset < 9:
