@@ -9,8 +9,9 @@ device work it waited for in its wall time.
 
 The totals are summed over threads: worker threads overlap each other and the main thread, so
 the stages add up to more than the elapsed time; a stage's total against the elapsed time says
-how many threads it kept busy. Nested stages (the certificate inside the dominance stacks) are
-counted in both.
+how many threads it kept busy. The CPU seconds are the calling thread's only: work a function
+hands to other threads (onnxruntime's intra-op pool, a multithreaded BLAS) shows in its wall time
+alone. Nested stages (the certificate inside the dominance stacks) are counted in both.
 
 Public API
 ----------
