@@ -12,12 +12,13 @@ can really be created) and each batch size (default 1, 8 and 64), inputs per sec
 
 and ``to host``: the attention bytes per input the dominance step handed to the host's dense
 eigensolver (the undecided heads; ``device`` where they crossed from a GPU). Each line names the
-device. With ``--stages``, each line is followed by where the timed audit's time went: wall and
-CPU milliseconds per input inside onnxruntime's calls, the layer metrics (the Gram spectra among
-them), the dominance stacks (the certificate, the copies to the host, the dense spectra) and the
-other stages of :data:`benchmarks.stages.AUDIT_STAGES`, summed over threads. The session is timed as the audit runs it (outputs reused), alternating with plain, after
+device. The session is timed as the audit runs it (outputs reused), alternating with plain, after
 one warm-up each, for at least ``--min-seconds``; the audit runs on ``--batches-per-audit``
-batches of repeated bundled inputs, once after a warm-up run.
+batches of repeated bundled inputs, once after a warm-up run. With ``--stages``, each line is
+followed by where the timed audit's time went: wall and CPU milliseconds per input inside
+onnxruntime's calls, the layer metrics (the Gram spectra among them), the dominance stacks (the
+certificate, the copies to the host, the dense spectra) and the other stages of
+:data:`benchmarks.stages.AUDIT_STAGES`, summed over threads.
 
 Run with ``python -m benchmarks device [--batches 1 8 64] [--providers cpu cuda]
 [--models NAME ...] [--min-seconds S] [--batches-per-audit K] [--stages]``.
