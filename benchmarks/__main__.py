@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "memory": "benchmarks.bench_memory",
     "operator": "benchmarks.bench_operator",
     "device": "benchmarks.bench_device",
+    "gram": "benchmarks.bench_gram",
     "train": "benchmarks.bench_train",
 }
 

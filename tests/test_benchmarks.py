@@ -78,3 +78,27 @@ def test_stage_totals_count_every_call_on_every_thread_and_restore_the_function(
     lines = stage_lines(totals, 4, 1.0)
     assert lines[1].split()[:2] == ["sums", "8"]
     assert lines[-1].split() == ["elapsed", "250.0"]
+
+
+def test_the_gram_benchmark_times_every_host_solver_against_the_first() -> None:
+    import numpy as np
+
+    from benchmarks.bench_gram import time_solvers
+
+    rows = np.random.default_rng(0).standard_normal((5, 9, 12))
+    timings = time_solvers(rows @ rows.transpose(0, 2, 1), threads=2, repeats=1)
+    assert [t.solver for t in timings] == ["host, 1 thread", "host, 2 threads"]
+    assert all(t.ms_per_matrix > 0 for t in timings)
+    assert timings[0].max_relative_difference == 0
+    assert timings[1].max_relative_difference < 1e-14
+
+
+@pytest.mark.realmodel
+def test_the_gram_benchmark_reads_the_models_own_gram_matrices() -> None:
+    from benchmarks.bench_gram import gram_stack
+
+    require_real_model("minilm-l3")
+    stack = gram_stack("minilm-l3", "cpu", 7)
+    assert stack.shape[0] == 7
+    assert stack.shape[1] == stack.shape[2] > 1
+    assert (stack == stack.transpose(0, 2, 1)).all()
