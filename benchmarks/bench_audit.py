@@ -46,6 +46,7 @@ from pathlib import Path
 from benchmarks.stages import AUDIT_STAGES, timed_stages
 
 __all__ = [
+    "RATIO_TARGETS",
     "AuditRatio",
     "Breakdown",
     "CpuSplit",
@@ -57,9 +58,17 @@ __all__ = [
     "command_seconds",
     "dominance_timing",
     "main",
+    "ratio_target",
 ]
 
 DEFAULT_AUDIT_MODEL = "dinov2-vits14"
+#: The whole audit's targets against plain inference on the CPU, per input beyond the first batch,
+#: with ``--dominance-inputs auto``: (model, from this many inputs) -> the largest ratio.
+RATIO_TARGETS: dict[tuple[str, int], float] = {
+    ("dinov2-vits14", 64): 3.0,
+    ("minilm-l6-int8", 64): 2.0,
+    ("dinov2-vits14", 1024): 1.5,
+}
 #: The audit's parts whose worker-thread CPU :func:`audit_against_inference` reports.
 _CPU_PARTS = {
     "stacked_cases": AUDIT_STAGES["dominance stacks"],
@@ -415,6 +424,20 @@ def _print_cache_and_dominance(model: str) -> None:
     print(f"({load_average()})")
 
 
+def ratio_target(model: str, n_inputs: int) -> float | None:
+    """The target of :data:`RATIO_TARGETS` for ``model`` at ``n_inputs`` (that of the largest
+    count not above it), or None."""
+    counts = [count for name, count in RATIO_TARGETS if name == model and count <= n_inputs]
+    return RATIO_TARGETS[model, max(counts)] if counts else None
+
+
+def _target_text(model: str, n_inputs: int, ratio: float) -> str:
+    target = ratio_target(model, n_inputs)
+    if target is None:
+        return "no target"
+    return f"target <= {target:.1f}x: {'met' if ratio <= target else 'not met'}"
+
+
 def _print_ratios(models: Sequence[str], n_inputs: int, batch: int) -> None:
     print(
         f"\nwhole audit (dominance on) vs plain inference, {n_inputs} inputs, batch {batch}, CPU:"
@@ -429,6 +452,8 @@ def _print_ratios(models: Sequence[str], n_inputs: int, batch: int) -> None:
                 f"{timing.per_input_ratio:.2f} (CPU time {timing.per_input_cpu_ratio:.2f})  "
                 f"({load_average()})"
             )
+            if dominance_inputs == "auto":
+                print(f"  {'':<16} {_target_text(model, n_inputs, timing.per_input_ratio)}")
             split = timing.cpu_split()
             print(
                 f"  {'':<16} CPU ms per input: dominance {split.dominance_ms:.0f}, layer metrics "

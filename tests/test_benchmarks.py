@@ -102,3 +102,13 @@ def test_the_gram_benchmark_reads_the_models_own_gram_matrices() -> None:
     assert stack.shape[0] == 7
     assert stack.shape[1] == stack.shape[2] > 1
     assert (stack == stack.transpose(0, 2, 1)).all()
+
+
+def test_each_ratio_is_held_to_the_target_of_its_largest_count_reached() -> None:
+    from benchmarks.bench_audit import ratio_target
+
+    assert ratio_target("dinov2-vits14", 6) is None
+    assert ratio_target("dinov2-vits14", 64) == ratio_target("dinov2-vits14", 1023) == 3.0
+    assert ratio_target("dinov2-vits14", 1024) == 1.5
+    assert ratio_target("minilm-l6-int8", 256) == 2.0
+    assert ratio_target("minilm-l3", 64) is None
