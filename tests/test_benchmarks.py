@@ -112,3 +112,23 @@ def test_each_ratio_is_held_to_the_target_of_its_largest_count_reached() -> None
     assert ratio_target("dinov2-vits14", 1024) == 1.5
     assert ratio_target("minilm-l6-int8", 256) == 2.0
     assert ratio_target("minilm-l3", 64) is None
+
+
+@pytest.mark.parametrize(("plain_s", "runs"), [(0.4, 5), (0.9, 3), (2.5, 1)])
+def test_a_short_ratio_is_measured_again_and_sorted(
+    monkeypatch: pytest.MonkeyPatch, plain_s: float, runs: int
+) -> None:
+    from benchmarks import bench_audit
+
+    audit_seconds = iter([9.0, 5.0, 7.0, 6.0, 8.0])
+
+    def fake(model: str, n_inputs: int, batch: int, mode: str) -> bench_audit.AuditRatio:
+        return bench_audit.AuditRatio(
+            model, n_inputs, batch, next(audit_seconds), plain_s, 0.0, 0.0, *[1.0] * 8
+        )
+
+    monkeypatch.setattr(bench_audit, "audit_against_inference", fake)
+    measured = bench_audit.ratio_runs("m", 64, 8, "auto")
+    assert len(measured) == runs
+    ratios = [run.per_input_ratio for run in measured]
+    assert ratios == sorted(ratios)
