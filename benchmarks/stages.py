@@ -1,11 +1,11 @@
 """Where an audit's time goes: wall and CPU seconds spent inside named functions, on any thread.
 
-A profiler's sampling thread could not keep up with the GPU audit's 16 host threads (py-spy on an
-H200 did not finish inside the lease), and a GPU's asynchronous work hides from CPU profiles.
-These totals are cheaper: each named function is replaced, for the duration of a ``with`` block,
-by a wrapper that adds the wall seconds and the calling thread's CPU seconds of every call. A
-function that hands its result to the host (``to_numpy``, a device synchronisation) then counts the
-device work it waited for in its wall time.
+A sampling profiler did not serve on a GPU: py-spy recording the device benchmark on an H200 did
+not finish within its 150 s (cause not established), and a GPU's asynchronous work hides from
+CPU profiles anyway. These totals need no sampling: each named function is replaced, for the
+duration of a ``with`` block, by a wrapper that adds the wall seconds and the calling thread's
+CPU seconds of every call. A function that hands its result to the host (``to_numpy``, a device
+synchronisation) then counts the device work it waited for in its wall time.
 
 The totals are summed over threads: worker threads overlap each other and the main thread, so
 the stages add up to more than the elapsed time; a stage's total against the elapsed time says
