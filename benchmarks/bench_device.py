@@ -21,7 +21,8 @@ certificate, the copies to the host, the dense spectra) and the other stages of
 :data:`benchmarks.stages.AUDIT_STAGES`, summed over threads.
 
 Run with ``python -m benchmarks device [--batches 1 8 64] [--providers cpu cuda]
-[--models NAME ...] [--min-seconds S] [--batches-per-audit K] [--stages]``.
+[--models NAME ...] [--min-seconds S] [--batches-per-audit K] [--stages]
+[--dominance-inputs auto|all|N]``.
 """
 
 from __future__ import annotations
@@ -95,15 +96,23 @@ def rates(
     min_seconds: float,
     batches_per_audit: int,
     stages: bool = False,
+    dominance_inputs: int | str = "auto",
 ) -> DeviceRates:
     """Plain, session and whole-audit inputs per second of one model at one batch size.
 
     ``stages``: also where the timed audit's time went (:func:`benchmarks.stages.stage_lines`);
     the wrappers that time the stages cost a few microseconds per call, in the audit's time too.
+    ``dominance_inputs``: the audit's ``--dominance-inputs`` (``"all"`` times the dominance step on
+    every input; the default ``"auto"`` stops where the audit's rule does).
     """
     ref = zoo.lookup(name, allow_fetch=False)  # the graph is already parsed: not again
     items = _repeated(inputs, batch)
-    options = AuditOptions(provider=provider, batch_size=batch, exclude_prefix=True)  # type: ignore[arg-type]
+    options = AuditOptions(
+        provider=provider,  # type: ignore[arg-type]
+        batch_size=batch,
+        exclude_prefix=True,
+        dominance_inputs=dominance_inputs,  # type: ignore[arg-type]
+    )
     quiet = AuditOptions(
         provider=provider,  # type: ignore[arg-type]
         batch_size=batch,
@@ -144,6 +153,13 @@ def rates(
     )
 
 
+def _dominance_inputs(text: str) -> int | str:
+    """``--dominance-inputs``: ``all``, ``auto`` or a positive count."""
+    if text in ("all", "auto") or (text.isdigit() and int(text) > 0):
+        return text if text in ("all", "auto") else int(text)
+    raise argparse.ArgumentTypeError(f"must be 'all', 'auto' or a positive count; got {text!r}")
+
+
 def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
     """Print one line per model, provider and batch size."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -154,6 +170,12 @@ def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
     parser.add_argument("--batches-per-audit", type=int, default=2)
     parser.add_argument(
         "--stages", action="store_true", help="also print where the audit's time went, per stage"
+    )
+    parser.add_argument(
+        "--dominance-inputs",
+        type=_dominance_inputs,
+        default="auto",
+        help="the audit's --dominance-inputs (default auto)",
     )
     args = parser.parse_args(argv)
     providers = args.providers or available_providers()
@@ -181,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
                     min_seconds=args.min_seconds,
                     batches_per_audit=args.batches_per_audit,
                     stages=args.stages,
+                    dominance_inputs=args.dominance_inputs,
                 )
                 results.append(result)
                 print("\n".join([result.line(), *result.stages]), flush=True)

@@ -132,3 +132,14 @@ def test_a_short_ratio_is_measured_again_and_sorted(
     assert len(measured) == runs
     ratios = [run.per_input_ratio for run in measured]
     assert ratios == sorted(ratios)
+
+
+def test_the_device_benchmark_takes_the_audits_dominance_inputs() -> None:
+    import argparse
+
+    from benchmarks.bench_device import _dominance_inputs
+
+    assert [_dominance_inputs(text) for text in ("all", "auto", "32")] == ["all", "auto", 32]
+    for bad in ("0", "-3", "some"):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive count"):
+            _dominance_inputs(bad)
