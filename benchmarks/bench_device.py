@@ -155,8 +155,10 @@ def rates(
 
 def _dominance_inputs(text: str) -> int | str:
     """``--dominance-inputs``: ``all``, ``auto`` or a positive count."""
-    if text in ("all", "auto") or (text.isdigit() and int(text) > 0):
-        return text if text in ("all", "auto") else int(text)
+    if text in ("all", "auto"):
+        return text
+    if text.isdigit() and int(text) > 0:
+        return int(text)
     raise argparse.ArgumentTypeError(f"must be 'all', 'auto' or a positive count; got {text!r}")
 
 
