@@ -15,7 +15,7 @@ check_counted_tokens
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -176,6 +176,11 @@ def check_counted_tokens(n_tokens: np.ndarray, labels: Sequence[str]) -> None:
         )
 
 
+def computed_layers(plan: ReductionPlan) -> list[int]:
+    """The layers whose metrics ``plan`` computes, in depth order."""
+    return list(filter(plan.computes, range(len(plan.layers))))
+
+
 def measure_layers(
     outputs: dict[str, np.ndarray],
     plan: ReductionPlan,
@@ -184,6 +189,7 @@ def measure_layers(
     labels: Sequence[str],
     token_mask: np.ndarray | None = None,
     stream: dict[str, np.ndarray] | None = None,
+    layers: Iterable[int] | None = None,
 ) -> int:
     """Fill ``per_input[metric][item, layer]`` for one batch from its in-graph statistics.
 
@@ -191,12 +197,14 @@ def measure_layers(
     plan does not compute (:attr:`ReductionPlan.replaced`) stays as it is. ``stream``
     (:data:`~oversmooth.importers.audit.session.STREAM_TERMS`, (n_inputs, layers) each) gets
     ‖x̄‖ = sqrt(lfc_sq / n) and, where the plan reduces a norm's scale, the mean ``1/s_t`` over
-    the counted tokens. Returns the batch size.
+    the counted tokens. ``layers`` (default :func:`computed_layers`) are the layers to measure:
+    calls on disjoint layers write disjoint columns, so they may run on different threads.
+    Returns the batch size (0 without a layer).
     """
     names = [name for name in METRICS if plan.gram != "none" or name not in SPECTRAL_METRICS]
     names += [SPECTRAL_NORM_METRIC] if plan.spectral_norm and plan.gram != "none" else []
     batch = 0
-    for layer in filter(plan.computes, range(len(plan.layers))):
+    for layer in computed_layers(plan) if layers is None else layers:
         statistics = plan.statistics(outputs, layer, token_mask)
         check_counted_tokens(statistics.n_tokens, labels)
         values = metrics_from_statistics(statistics, names)

@@ -34,7 +34,12 @@ from oversmooth.importers.audit.dominance import (
     nonfinite_attention,
 )
 from oversmooth.importers.audit.dominance_inputs import DominanceBudget, HeldCases
-from oversmooth.importers.audit.layers import check_counted_tokens, layer_tensors, measure_layers
+from oversmooth.importers.audit.layers import (
+    check_counted_tokens,
+    computed_layers,
+    layer_tensors,
+    measure_layers,
+)
 from oversmooth.importers.audit.operating_step import (
     AttributionCase,
     OperatingCase,
@@ -342,7 +347,7 @@ class _BatchWork:
 
     def __init__(
         self,
-        metrics: Future[int],
+        metrics: Sequence[Future[int]],
         dominance: HeldCases | None,
         operator: Future[list[OperatorCase]] | None = None,
         heads: Future[list[HeadCase]] | None = None,
@@ -355,14 +360,16 @@ class _BatchWork:
         self._sublayer = sublayer
 
     def result(self) -> Cases:
-        self._metrics.result()
+        for layer in self._metrics:  # in depth order: the first layer's error is the one raised
+            layer.result()
         cases = self._dominance.result() if self._dominance is not None else []
         exact = self._operator.result() if self._operator is not None else []
         sublayer = self._sublayer.result() if self._sublayer is not None else ([], [])
         return cases, exact, self._heads.result() if self._heads is not None else [], sublayer
 
     def cancel(self) -> None:
-        self._metrics.cancel()
+        for layer in self._metrics:
+            layer.cancel()
         if self._dominance is not None:
             self._dominance.cancel()
         for future in (self._operator, self._heads, self._sublayer):
@@ -468,16 +475,20 @@ def batch_work(
     checked finite (:func:`check_finite_outputs`); the dominance cases only of the inputs
     ``budget`` still wants (:class:`~oversmooth.importers.audit.dominance_inputs.DominanceBudget`)."""
     check_finite_outputs(session, blocks, outputs, batch, start)
-    metrics = pool.submit(
-        measure_layers,
-        outputs,
-        session.plan,
-        start,
-        per_input,
-        batch.labels,
-        batch.token_mask,
-        stream,
-    )
+    metrics = [  # a task per layer: a batch's Gram spectra spread over every worker thread
+        pool.submit(
+            measure_layers,
+            outputs,
+            session.plan,
+            start,
+            per_input,
+            batch.labels,
+            batch.token_mask,
+            stream,
+            (layer,),
+        )
+        for layer in computed_layers(session.plan)
+    ]
     if not session.attention:
         return _BatchWork(metrics, None)
     problems = dominance_problems(outputs, blocks, session.attention, batch, start, eig_H)

@@ -185,6 +185,41 @@ def test_dominance_cases_do_not_depend_on_the_worker_threads(tmp_path: Path) -> 
     assert len(results[0]) > 0
 
 
+def test_each_layers_metrics_are_a_task_of_their_own_and_do_not_depend_on_the_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's layers are measured one per pool task (so its Gram spectra spread over every
+    worker thread, not one), and the metrics are bitwise those of a single worker."""
+    session_module = importlib.import_module("oversmooth.importers.audit.session")
+    measure_layers = session_module.measure_layers
+    calls: list[tuple[int, int, tuple[int, ...]]] = []
+
+    def recorded(*args: Any) -> int:
+        calls.append((threads, args[2], tuple(args[-1])))  # the batch's start, its layers
+        return measure_layers(*args)
+
+    monkeypatch.setattr(session_module, "measure_layers", recorded)
+    path = tmp_path / "bert.onnx"
+    model, inputs = builder_model_and_inputs("bert_legacy", SEED)
+    onnx.save(model.proto, path)
+    results = []
+    for threads in (1, 3):
+        results.append(audit(path, inputs, provider="cpu", batch_size=2, threads=threads))
+    assert all(len(layers) == 1 for _, _, layers in calls)
+    per_batch: dict[tuple[int, int], list[int]] = {}
+    for threads, start, (layer,) in calls:
+        per_batch.setdefault((threads, start), []).append(layer)
+    assert {(threads, start) for threads, start in per_batch} == {
+        (threads, start) for threads in (1, 3) for start in range(0, len(inputs.labels), 2)
+    }
+    layers = per_batch[(1, 0)]
+    assert len(layers) >= 2
+    assert len(set(layers)) == len(layers)
+    assert all(sorted(measured) == sorted(layers) for measured in per_batch.values())
+    for metric in METRICS:
+        np.testing.assert_array_equal(results[1].metrics[metric], results[0].metrics[metric])
+
+
 # Moved from tests/importers/runtime/test_reductions.py.
 def test_the_pipelined_audit_equals_the_sequential_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
