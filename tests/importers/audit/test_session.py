@@ -173,10 +173,16 @@ def test_pipelined_cancels_the_pending_work_when_a_batch_fails() -> None:
 
 
 # Moved from tests/importers/runtime/test_reductions.py.
-def test_dominance_cases_do_not_depend_on_the_worker_threads(tmp_path: Path) -> None:
-    path = tmp_path / "bert.onnx"
+def _saved_bert(folder: Path) -> tuple[Path, Inputs]:
+    """The ``bert_legacy`` builder model saved in ``folder``, and its inputs."""
+    path = folder / "bert.onnx"
     model, inputs = builder_model_and_inputs("bert_legacy", SEED)
     onnx.save(model.proto, path)
+    return path, inputs
+
+
+def test_dominance_cases_do_not_depend_on_the_worker_threads(tmp_path: Path) -> None:
+    path, inputs = _saved_bert(tmp_path)
     results = [
         audit(path, inputs, provider="cpu", batch_size=1, threads=threads).dominance
         for threads in (1, 3)
@@ -199,9 +205,7 @@ def test_each_layers_metrics_are_a_task_of_their_own_and_do_not_depend_on_the_th
         return measure_layers(*args)
 
     monkeypatch.setattr(session_module, "measure_layers", recorded)
-    path = tmp_path / "bert.onnx"
-    model, inputs = builder_model_and_inputs("bert_legacy", SEED)
-    onnx.save(model.proto, path)
+    path, inputs = _saved_bert(tmp_path)
     results = []
     for threads in (1, 3):
         results.append(audit(path, inputs, provider="cpu", batch_size=2, threads=threads))
@@ -234,9 +238,7 @@ def test_the_pipelined_audit_equals_the_sequential_one(
         return measure_layers(*args)
 
     monkeypatch.setattr(session_module, "measure_layers", late_measure)
-    path = tmp_path / "bert.onnx"
-    model, inputs = builder_model_and_inputs("bert_legacy", SEED)
-    onnx.save(model.proto, path)
+    path, inputs = _saved_bert(tmp_path)
     results = []
     for lookahead in (0, 1, 3):
         monkeypatch.setattr(session_module, "LOOKAHEAD_BATCHES", lookahead)
