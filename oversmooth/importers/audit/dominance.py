@@ -361,13 +361,17 @@ class PendingCases:
             for stack in self._stacks
         ]
 
-    def result(self) -> list[DominanceCase]:
-        """Wait for every stack; the cases in problem order."""
+    def per_problem(self) -> list[list[DominanceCase]]:
+        """Wait for every stack; each problem's cases, in problem order."""
         per_problem: list[list[DominanceCase]] = [[] for _ in range(self._count)]
         for stack, future in zip(self._stacks, self._futures, strict=True):
             for index, cases in zip(stack, future.result(), strict=True):
                 per_problem[index] = cases
-        return [case for cases in per_problem for case in cases]
+        return per_problem
+
+    def result(self) -> list[DominanceCase]:
+        """Wait for every stack; the cases in problem order."""
+        return [case for cases in self.per_problem() for case in cases]
 
     def cancel(self) -> None:
         """Cancel the stacks not yet started."""

@@ -14,10 +14,11 @@ The count depends on the inputs and their order only, never on the batch size or
 :func:`dominance_stop` decides it from the cases of the first inputs when the result is assembled,
 and the cases of later inputs are dropped. :class:`DominanceBudget` is the saving: while a local
 audit runs, it makes the same decision as soon as the cases of enough inputs are in, and the
-batches after that skip their spectra (onnxruntime still returns every batch's attention). A batch
-whose inputs all lie at or past a look not yet decided is held until that look is decided, so no
-spectrum is computed for inputs the look then drops (only a batch that straddles a look computes
-cases past it); a sharded audit computes every input's cases and drops the same ones at the merge.
+batches after that skip their spectra (onnxruntime still returns every batch's attention). A
+batch's cases are cut at every look not yet decided that falls inside it
+(:meth:`DominanceBudget.looks_inside`), and a part whose inputs lie at or past such a look is held
+until that look is decided, so no spectrum is computed for inputs a look then drops, whatever the
+batch size; a sharded audit computes every input's cases and drops the same ones at the merge.
 
 Public API
 ----------
@@ -30,11 +31,14 @@ dominance_stop
 DominanceBudget
     The same decision made while the audit runs.
 HeldCases
-    A batch's dominance cases, started at once or when the budget releases them.
+    A batch's dominance cases, in parts cut at the undecided looks; each part started at once or
+    when the budget releases it.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -148,6 +152,16 @@ class DominanceBudget:
         """The next grid count not yet looked at while the rule may still stop; else None."""
         return self._looked + AUTO_EVERY if self.auto and self.limit is None else None
 
+    def looks_inside(self, first_item: int, end_item: int) -> list[int]:
+        """The looks not yet decided strictly inside the items ``[first_item, end_item)`` (counted
+        from this run's first), in order: where a batch's cases are cut, so that each part waits
+        only for the looks before it (empty once the rule has stopped, or without it)."""
+        look = self._undecided()
+        if look is None:
+            return []
+        start, end = self.first_input + first_item, self.first_input + end_item
+        return [g - self.first_input for g in range(look, end, AUTO_EVERY) if g > start]
+
     def holds(self, first_item: int) -> bool:
         """Whether a batch whose first input is ``first_item`` (counted from this run's first)
         waits: every input of it lies at or past a look not yet decided, which may drop them."""
@@ -186,12 +200,33 @@ class DominanceBudget:
                 return
 
 
-class HeldCases:
-    """A batch's dominance cases, started when :meth:`release` is called: at once, or when the
-    budget has decided the looks before the batch (:meth:`DominanceBudget.hold`).
+class _Part:
+    """The problems of one part of a batch (their indices in the batch's problems), the items it
+    covers, and its cases once started (the indices of the problems it was given)."""
 
-    ``start`` starts the cases of the problems it is given (a :class:`PendingCases`); only the
-    problems of inputs ``budget`` still wants at release are given.
+    def __init__(self, first: int, end: int, indices: list[int]) -> None:
+        self.first, self.end, self.indices = first, end, indices
+        self.started: list[int] = []
+        self.pending: PendingCases | None = None
+
+
+class HeldCases:
+    """A batch's dominance cases, cut at the looks the budget has not decided that fall inside
+    the batch (:meth:`DominanceBudget.looks_inside`): the part before the first such look starts
+    at once, each later part when the budget has decided the looks before it
+    (:meth:`DominanceBudget.hold`); a part of a batch lying wholly past an undecided look waits too.
+
+    Parameters
+    ----------
+    problems : sequence of DominanceProblem
+        The batch's problems, in the order its cases are returned in.
+    start : callable
+        Starts the cases of the problems it is given (a :class:`PendingCases`); only the problems
+        of inputs ``budget`` still wants when a part is released are given.
+    budget : DominanceBudget, optional
+        Told each part's cases as :meth:`result` collects them, in order.
+    first_item, end_item : int
+        The batch's items ``[first_item, end_item)``, counted from this run's first.
     """
 
     def __init__(
@@ -199,26 +234,49 @@ class HeldCases:
         problems: Sequence[DominanceProblem],
         start: Callable[[Sequence[DominanceProblem]], PendingCases],
         budget: DominanceBudget | None,
+        first_item: int,
+        end_item: int,
     ) -> None:
         self._problems = problems
         self._start = start
         self._budget = budget
-        self._pending: PendingCases | None = None
+        cuts = budget.looks_inside(first_item, end_item) if budget is not None else []
+        self._parts = [
+            _Part(first, end, [i for i, p in enumerate(problems) if first <= p.item < end])
+            for first, end in itertools.pairwise([first_item, *cuts, end_item])
+        ]
+        for part in self._parts:
+            if budget is not None and budget.holds(part.first):
+                budget.hold(part.first, functools.partial(self._release, part))
+            else:
+                self._release(part)
 
-    def release(self) -> PendingCases:
-        """Start the cases of the wanted inputs (once); the started cases."""
-        if self._pending is None:
+    def _release(self, part: _Part) -> PendingCases:
+        """Start a part's cases of the wanted inputs (once); the started cases."""
+        if part.pending is None:
             budget = self._budget
-            wanted = [p for p in self._problems if budget is None or budget.wants(p.item)]
-            self._pending = self._start(wanted)
-        return self._pending
+            part.started = [
+                i for i in part.indices if budget is None or budget.wants(self._problems[i].item)
+            ]
+            part.pending = self._start([self._problems[i] for i in part.started])
+        return part.pending
 
     def result(self) -> list[DominanceCase]:
-        """Wait for the cases. A batch still held here is released first (the budget releases
-        every batch before its turn to be collected; this only keeps a wrong order from waiting
-        forever, at the price of cases the result drops)."""
-        return self.release().result()
+        """Wait for each part in turn, tell the budget its cases (which may release the next
+        part, or drop its inputs), and return the batch's cases in problem order. A part still
+        held when its turn comes is released then (the budget releases every part before its
+        turn; this only keeps a wrong order from waiting forever, at the price of cases the
+        result drops)."""
+        per_problem: list[list[DominanceCase]] = [[] for _ in self._problems]
+        for part in self._parts:
+            cases = self._release(part).per_problem()
+            for index, found in zip(part.started, cases, strict=True):
+                per_problem[index] = found
+            if self._budget is not None:
+                self._budget.observe([case for found in cases for case in found], part.end)
+        return [case for found in per_problem for case in found]
 
     def cancel(self) -> None:
-        if self._pending is not None:
-            self._pending.cancel()
+        for part in self._parts:
+            if part.pending is not None:
+                part.pending.cancel()

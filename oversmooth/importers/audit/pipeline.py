@@ -413,7 +413,7 @@ def measure(
         ),
         budget=budget,
     )
-    cases, exact, heads, (operating, parts) = pipelined(batches, measure_batch, threads, budget)
+    cases, exact, heads, (operating, parts) = pipelined(batches, measure_batch, threads)
     runner = session.runner
     provider = ProviderInfo(options.provider, tuple(runner.provider_used), runner.provider_note)
     n_layers, n_blocks = len(session.layers), len(prepared.blocks)

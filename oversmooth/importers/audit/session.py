@@ -509,11 +509,9 @@ def batch_work(
             parallel=session.threads,
         ),
         budget,
+        start,
+        start + batch.batch_size,
     )
-    if budget is not None and budget.holds(start):
-        budget.hold(start, dominance.release)
-    else:
-        dominance.release()
     return _BatchWork(metrics, dominance, exact, heads, parts)
 
 
@@ -521,31 +519,27 @@ def pipelined(
     batches: Iterator[tuple[Inputs, dict[str, np.ndarray]]],
     measure: Callable[[ThreadPoolExecutor, Inputs, int, dict[str, np.ndarray]], _BatchWork],
     threads: int,
-    budget: DominanceBudget | None = None,
 ) -> Cases:
     """Run every batch's host work on worker threads while onnxruntime runs the next batches.
 
     At most :data:`LOOKAHEAD_BATCHES` batches' work is pending when the next one is started, so
-    memory stays bounded; the cases come back in batch order. Many small eigenvalue problems: one
+    memory stays bounded; the cases come back in batch order (a batch's dominance budget, if
+    any, is told its cases as it is collected, in that order). Many small eigenvalue problems: one
     BLAS thread each, ``threads`` worker threads, one per core (this also avoids the collapse of
     multithreaded BLAS on a busy machine, 5-20x measured on 2 cores). On an error or Ctrl-C the
-    work not yet started is cancelled. ``budget`` is given each batch's dominance cases as they
-    come back, in order, and may stop later batches from computing theirs.
+    work not yet started is cancelled.
     """
     cases: list[DominanceCase] = []
     exact: list[OperatorCase] = []
     heads: list[HeadCase] = []
     operating: list[OperatingCase] = []
     parts: list[AttributionCase] = []
-    pending: deque[tuple[_BatchWork, int]] = deque()
+    pending: deque[_BatchWork] = deque()
     start = 0
 
-    def collect(item: tuple[_BatchWork, int]) -> None:
-        work, end = item
+    def collect(work: _BatchWork) -> None:
         per_head, whole, depth, (points, split) = work.result()
         cases.extend(per_head)
-        if budget is not None:
-            budget.observe(per_head, end)
         exact.extend(whole)
         heads.extend(depth)
         operating.extend(points)
@@ -555,14 +549,14 @@ def pipelined(
         pool = ThreadPoolExecutor(max_workers=threads)
         try:
             for batch, outputs in batches:
-                pending.append((measure(pool, batch, start, outputs), start + batch.batch_size))
+                pending.append(measure(pool, batch, start, outputs))
                 start += batch.batch_size
                 while len(pending) > LOOKAHEAD_BATCHES:
                     collect(pending.popleft())
             while pending:
                 collect(pending.popleft())
         finally:
-            for work, _ in pending:
+            for work in pending:
                 work.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
     return cases, exact, heads, (operating, parts)

@@ -1,25 +1,32 @@
 """``--dominance-inputs N|all|auto``: how many inputs the dominance step uses.
 
 Checked: the rule on case lists (a number, every input, the stopping rule); the budget a running
-audit keeps makes the decision the assembled result makes, for any batch size, and holds back every
-batch that lies wholly past an undecided look until that look is decided, so that no spectrum is
-computed for a batch the rule then drops; and an audit of a builder model with more inputs than the
+audit keeps makes the decision the assembled result makes, for any batch size; a batch's cases are
+cut at the undecided looks inside it and every part past such a look is held until that look is
+decided, so that no spectrum is computed for an input the rule then drops; and an audit of a builder model with more inputs than the
 rule's first look gives, at batch sizes 3 and 8, exactly the cases of ``all`` truncated to the
-inputs the rule chose (in the batches' order, as ever), computes at batch 8 the spectra of those
-inputs only, while its layer metrics still cover every input.
+inputs the rule chose (in the batches' order, as ever), computes at batch 8, 12 and 64 the spectra
+of those inputs only, while its layer metrics still cover every input.
 """
 
 from __future__ import annotations
 
 import functools
+from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnx
 import pytest
 
 from oversmooth.importers.audit.cases import DominanceCase
-from oversmooth.importers.audit.dominance_inputs import DominanceBudget, dominance_stop
+from oversmooth.importers.audit.dominance_inputs import (
+    DominanceBudget,
+    HeldCases,
+    dominance_stop,
+)
 from oversmooth.importers.audit.pipeline import AuditOptions, audit
 from oversmooth.importers.defaults import AUTO_EVERY, AUTO_FIRST, AUTO_WIDTH
 from oversmooth.importers.errors import ImporterInputError
@@ -79,41 +86,72 @@ def test_the_running_budget_decides_what_the_result_decides(batch: int) -> None:
     assert stop == dominance_stop(every, "auto", 600)  # as if every case had been computed
 
 
-@pytest.mark.parametrize("batch", [1, 5, 8, 16, 40])
-def test_a_batch_past_an_undecided_look_waits_for_it(batch: int) -> None:
-    """The pipeline's order (batch k submitted, then batch k - 1 collected): a batch whose first
-    input lies at or past a look not yet decided is held, released once the look is decided, and
-    then computes only the inputs still wanted; so only a batch that straddles the stopping look
-    computes cases past it."""
+class _Problem(NamedTuple):
+    """A dominance problem as :class:`HeldCases` sees it: its input and layer."""
+
+    item: int
+    layer: int
+
+
+class _Started:
+    """A :class:`PendingCases` stand-in: the given problems' cases, looked up."""
+
+    def __init__(self, cases: list[list[DominanceCase]]) -> None:
+        self._cases = cases
+
+    def per_problem(self) -> list[list[DominanceCase]]:
+        return self._cases
+
+    def cancel(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("batch", [1, 5, 8, 12, 16, 40, 64, 600])
+def test_no_spectrum_is_computed_past_the_stopping_look_whatever_the_batch(batch: int) -> None:
+    """The pipeline's order (batch k submitted, then batch k - 1 collected) with the real
+    :class:`HeldCases`: a batch is cut at the looks not yet decided inside it, a part at or past
+    one waits until that look is decided, so the inputs whose cases are started are exactly those
+    below the limit the rule sets; each batch's cases come back in problem order (layer, then
+    input) whatever the cuts."""
     n_inputs = 600
     every = _cases(n_inputs, seed=3, heads=40)
+    by_problem: dict[tuple[int, int], list[DominanceCase]] = {}
+    for case in every:
+        by_problem.setdefault((case.input, case.block), []).append(case)
     budget = DominanceBudget("auto")
-    started: dict[int, list[DominanceCase]] = {}
+    started: list[int] = []
 
-    def start(first: int) -> None:
-        started[first] = [
-            c for c in every if first <= c.input < first + batch and budget.wants(c.input)
-        ]
+    def start(problems: Sequence[_Problem]) -> _Started:
+        started.extend(problem.item for problem in problems)
+        return _Started([by_problem[problem] for problem in problems])
 
-    submitted: list[int] = []
-    for first in [*range(0, n_inputs, batch), None]:
-        if first is not None:
-            submitted.append(first)
-            if budget.holds(first):
-                budget.hold(first, functools.partial(start, first))
-            else:
-                start(first)
-        if len(submitted) > (1 if first is not None else 0):  # collect the oldest
-            oldest = submitted.pop(0)
-            assert oldest in started, "a held batch reached its collection unreleased"
-            budget.observe(started[oldest], min(oldest + batch, n_inputs))
+    pending: deque[HeldCases] = deque()
+    collected: list[DominanceCase] = []
+    expected: list[DominanceCase] = []
+    for first in range(0, n_inputs, batch):
+        end = min(first + batch, n_inputs)
+        problems = [_Problem(item, layer) for layer in range(2) for item in range(first, end)]
+        pending.append(HeldCases(problems, start, budget, first, end))
+        expected += [case for problem in problems for case in by_problem[problem]]
+        while len(pending) > 1:
+            collected += pending.popleft().result()
+    while pending:
+        collected += pending.popleft().result()
     limit = budget.limit
     assert limit is not None
     assert dominance_stop(every, "auto", n_inputs).inputs == limit
-    computed = {c.input for cases in started.values() for c in cases}
-    straddling = {first for first in started if first < limit < first + batch}
-    allowed = limit if not straddling else max(straddling) + batch
-    assert computed == set(range(min(allowed, n_inputs)))
+    assert sorted(set(started)) == list(range(limit))
+    assert len(started) == 2 * limit  # each (input, layer) once
+    assert collected == [case for case in expected if case.input < limit]
+
+
+def test_the_looks_inside_a_batch_are_the_undecided_ones_on_the_grid() -> None:
+    budget = DominanceBudget("auto", first_input=10)  # a run whose first input is the 11th
+    looks = [AUTO_FIRST - 10 + k * AUTO_EVERY for k in range(3)]  # 22, 38, 54: inputs 32, 48, 64
+    assert budget.looks_inside(0, looks[-1] + 1) == looks
+    assert budget.looks_inside(AUTO_FIRST - 10, AUTO_FIRST - 9) == []  # a look at its start
+    assert DominanceBudget("all").looks_inside(0, 600) == []
+    assert DominanceBudget("auto", stop_early=False).looks_inside(0, 600) == []
 
 
 @pytest.mark.parametrize("value", [0, -2, "some", True, 2.5])
@@ -164,10 +202,13 @@ def test_an_audit_keeps_the_first_inputs_cases_whatever_the_batch(
     assert f"first {n_inputs} of the {n_inputs} inputs" in render_report(every)
 
 
-def test_an_auto_audit_computes_no_spectrum_past_the_inputs_it_keeps(many_inputs, monkeypatch):
-    """At batch 8 (the looks fall on batch boundaries) the dominance stacks see exactly the
-    inputs the rule keeps: the batch after the stopping look waits for the look and is dropped,
-    not computed and thrown away."""
+@pytest.mark.parametrize("batch_size", [8, 12, 64])
+def test_an_auto_audit_computes_no_spectrum_past_the_inputs_it_keeps(
+    many_inputs, monkeypatch, batch_size: int
+):
+    """The dominance stacks see exactly the inputs the rule keeps, whether the looks fall on
+    batch boundaries (8) or inside batches (12; 64, every input in one batch): what lies past
+    the stopping look waits for it and is dropped, not computed and thrown away."""
     from oversmooth.importers.audit import dominance
 
     path, inputs, every = many_inputs
@@ -181,6 +222,8 @@ def test_an_auto_audit_computes_no_spectrum_past_the_inputs_it_keeps(many_inputs
         return original(problems, *args, **kwargs)
 
     monkeypatch.setattr(dominance, "stacked_cases", counting)
-    result = audit(path, inputs, provider="cpu", cache=False, batch_size=8, dominance_inputs="auto")
+    result = audit(
+        path, inputs, provider="cpu", cache=False, batch_size=batch_size, dominance_inputs="auto"
+    )
     assert seen == set(range(stop.inputs))
     assert result.dominance_summary().inputs == stop.inputs
