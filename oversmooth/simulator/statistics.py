@@ -24,6 +24,12 @@ metrics_from_statistics
     The metrics of :data:`oversmooth.simulator.metrics.METRICS` from the statistics.
 SPECTRAL_METRICS
     The metrics that need the Gram eigenvalues.
+gram_eigenvalues
+    The Gram matrices' eigenvalues, where the matrices are.
+redo_unconverged
+    A device eigensolver's spectra checked, the failures recomputed on the host.
+unconverged
+    Which spectra fail that check.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from numpy.typing import ArrayLike
 from oversmooth.simulator.backend import array_module, to_numpy
 from oversmooth.simulator.errors import InputError
 from oversmooth.simulator.metrics import _FROM_SINGULAR_VALUES, METRICS, _safe_divide
+from oversmooth.simulator.tolerances import EPS, GRAM_DEFECT_ULPS
 from oversmooth.simulator.validation import FloatArray, as_tokens, check_choice
 
 __all__ = [
@@ -48,7 +55,9 @@ __all__ = [
     "centred_gram_top",
     "gram_eigenvalues",
     "metrics_from_statistics",
+    "redo_unconverged",
     "token_statistics",
+    "unconverged",
 ]
 
 #: Metrics that need the singular values (the Gram eigenvalues); the others need scalars only.
@@ -241,12 +250,54 @@ def gram_eigenvalues(gram: Any) -> FloatArray:
     Returns
     -------
     (..., k) float64 ndarray
-        On the host.
+        On the host. A device's spectra are checked (:func:`redo_unconverged`): one that fails
+        is recomputed on the host.
     """
     xp = array_module(gram)
     if xp is np:
         return np.linalg.eigvalsh(np.asarray(gram, np.float64))
-    return to_numpy(xp.linalg.eigvalsh(gram.astype(xp.float64, copy=False)))
+    gram = gram.astype(xp.float64, copy=False)
+    return redo_unconverged(gram, xp.linalg.eigvalsh(gram))
+
+
+def redo_unconverged(gram: Any, eig: Any) -> FloatArray:
+    """``eig`` on the host, with every spectrum that fails the Frobenius check recomputed there.
+
+    An iterative eigensolver that stops early (a Jacobi method after its last sweep) returns the
+    diagonal d of Qᵀ G Q = diag(d) + E, and ``‖G‖_F² = Σ d_i² + ‖E‖_F²``; by the Wielandt–Hoffman
+    theorem ``‖λ(G) − sort(d)‖_2 ≤ ‖E‖_F``. So a spectrum is kept when
+    ``|‖G‖_F² − Σ eig_i²| ≤ GRAM_DEFECT_ULPS · k ε ‖G‖_F²``, and recomputed by LAPACK
+    (``eigvalsh``) otherwise.
+
+    Parameters
+    ----------
+    gram : (..., k, k) float64 array
+        Symmetric, NumPy or a device library's; the check runs where it is.
+    eig : (..., k) float64 array
+        Its ascending eigenvalues as computed, in the same library.
+
+    Returns
+    -------
+    (..., k) float64 ndarray
+    """
+    xp = array_module(gram)
+    k = gram.shape[-1]
+    failed = np.flatnonzero(unconverged(gram, eig))
+    values = np.array(to_numpy(eig), dtype=np.float64)  # a copy: the recomputed rows go in
+    if failed.size:
+        flat = values.reshape(-1, k)
+        redo = to_numpy(gram.reshape(-1, k, k)[xp.asarray(failed)])
+        flat[failed] = np.linalg.eigvalsh(np.asarray(redo, np.float64))
+    return values
+
+
+def unconverged(gram: Any, eig: Any) -> np.ndarray:
+    """(...,) bool on the host: the spectra whose Frobenius defect
+    ``|‖G‖_F² − Σ eig_i²|`` exceeds ``GRAM_DEFECT_ULPS · k ε ‖G‖_F²`` (:func:`redo_unconverged`)."""
+    xp = array_module(gram)
+    frobenius = xp.sum(gram * gram, axis=(-2, -1))
+    defect = xp.abs(frobenius - xp.sum(eig * eig, axis=-1))
+    return np.asarray(to_numpy(defect > GRAM_DEFECT_ULPS * gram.shape[-1] * EPS * frobenius))
 
 
 def _singular_values_from_gram(eig: FloatArray) -> FloatArray:

@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+import scipy.linalg
 from hypothesis import given
 from hypothesis import strategies as st
 from numpy.testing import assert_allclose
@@ -19,9 +20,11 @@ from oversmooth.simulator.statistics import (
     TokenStatistics,
     centred_gram_top,
     metrics_from_statistics,
+    redo_unconverged,
     token_statistics,
+    unconverged,
 )
-from oversmooth.simulator.tolerances import GRAM_ATOL, GRAM_RTOL
+from oversmooth.simulator.tolerances import EPS, GRAM_ATOL, GRAM_DEFECT_ULPS, GRAM_RTOL
 
 seeds = st.integers(min_value=0, max_value=2**32 - 1)
 grams = st.sampled_from(["tokens", "features"])
@@ -134,3 +137,63 @@ def test_the_spectral_norm_hfc_lfc_from_either_gram_is_the_metric_of_the_counted
     for b in range(batch):
         expected = hfc_lfc(X[b][mask[b]], norm="spectral")
         assert_allclose(got[b], expected, rtol=GRAM_RTOL, atol=GRAM_ATOL)
+
+
+def _gram(seed: int, k: int, rank: int, scale: float) -> np.ndarray:
+    """A k×k Gram matrix X Xᵀ of rank ``rank`` (at most), entries of order ``scale``."""
+    x = np.random.default_rng(seed).standard_normal((k, rank)) * np.sqrt(scale / rank)
+    return x @ x.T
+
+
+def _rotated_diagonal(gram: np.ndarray, angle: float, seed: int) -> np.ndarray:
+    """What a Jacobi method stopped early returns: the diagonal of Qᵀ G Q for Q the eigenvectors
+    turned by a random rotation of size ``angle``, sorted."""
+    k = len(gram)
+    skew = np.random.default_rng(seed).standard_normal((k, k))
+    skew = (skew - skew.T) / np.linalg.norm(skew - skew.T, 2)
+    _, vectors = np.linalg.eigh(gram)
+    q = vectors @ scipy.linalg.expm(angle * skew)
+    return np.sort(np.diag(q.T @ gram @ q))
+
+
+@given(
+    seed=seeds,
+    k=st.sampled_from([2, 16, 257]),
+    rank=st.integers(min_value=1, max_value=300),
+    exponent=st.integers(min_value=-30, max_value=30),
+)
+def test_lapacks_own_spectra_pass_the_frobenius_check(
+    seed: int, k: int, rank: int, exponent: int
+) -> None:
+    """No false alarm: LAPACK's eigenvalues of Grams of any rank and scale are kept."""
+    gram = _gram(seed, k, rank, 10.0**exponent)
+    assert not unconverged(gram, np.linalg.eigvalsh(gram)).any()
+
+
+@given(seed=seeds, angle_exponent=st.floats(min_value=-12, max_value=-1))
+def test_a_kept_spectrum_is_within_the_wielandt_hoffman_bound(
+    seed: int, angle_exponent: float
+) -> None:
+    """Whatever a stopped Jacobi run returns, a spectrum the check keeps lies within
+    sqrt(2 · GRAM_DEFECT_ULPS · k ε) ‖G‖_F of the eigenvalues (the factor 2 for the sums'
+    round-off); comparing traces instead, which rotations keep, would keep every one of them."""
+    k = 64
+    gram = _gram(seed, k, rank=80, scale=1.0)
+    stopped = _rotated_diagonal(gram, 10.0**angle_exponent, seed)
+    if not unconverged(gram, stopped):
+        error = np.linalg.norm(np.linalg.eigvalsh(gram) - stopped)
+        assert error <= np.sqrt(2 * GRAM_DEFECT_ULPS * k * EPS) * np.linalg.norm(gram)
+
+
+def test_a_stopped_solvers_spectra_are_recomputed_on_the_host_and_only_those() -> None:
+    grams = np.stack([_gram(seed, 257, 384, 1.0) for seed in range(4)]).reshape(2, 2, 257, 257)
+    exact = np.linalg.eigvalsh(grams)
+    given_eig = exact.copy()
+    given_eig[0, 1] = _rotated_diagonal(grams[0, 1], 1e-2, seed=1)  # stopped early
+    given_eig[1, 1] = np.sort(np.diag(grams[1, 1]))  # stopped before any sweep
+    given_eig[1, 0] *= 1 + 4 * EPS  # a round-off difference is kept as given
+    assert unconverged(grams, given_eig).tolist() == [[False, True], [False, True]]
+    redone = redo_unconverged(grams, given_eig)
+    np.testing.assert_array_equal(redone[:, 1], exact[:, 1])
+    np.testing.assert_array_equal(redone[:, 0], given_eig[:, 0])
+    assert not np.shares_memory(redone, given_eig)

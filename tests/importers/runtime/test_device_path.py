@@ -30,6 +30,8 @@ from oversmooth.simulator.statistics import (
     TokenStatistics,
     gram_eigenvalues,
     metrics_from_statistics,
+    redo_unconverged,
+    unconverged,
 )
 from oversmooth.simulator.theory import HEAD_KINDS
 from oversmooth.simulator.tolerances import EIG_TOL, GRAM_ATOL, GRAM_RTOL, TIE_RTOL
@@ -190,6 +192,22 @@ def test_gram_eigenvalues_on_the_gpu_give_the_host_metrics() -> None:
     cpu = metrics_from_statistics(TokenStatistics.from_packed(scalars, on_cpu), names)
     for name in names:
         assert_allclose(gpu[name], cpu[name], rtol=GRAM_RTOL, atol=GRAM_ATOL, err_msg=name)
+
+
+@pytest.mark.cuda
+def test_a_device_spectrum_that_fails_the_frobenius_check_is_redone_on_the_host() -> None:
+    """CuPy's batched solver reports no failure unless asked: a spectrum that fails the check
+    (here the diagonal, as a run stopped before any sweep returns) is recomputed by LAPACK."""
+    cupy = _cupy_or_skip()
+    X = np.random.default_rng(4).normal(size=(3, 257, 64))
+    gram = X @ np.swapaxes(X, -1, -2)
+    on_device = cupy.asarray(gram)
+    eig = cupy.linalg.eigvalsh(on_device)
+    eig[1] = cupy.sort(cupy.diagonal(on_device[1]))
+    assert unconverged(on_device, eig).tolist() == [False, True, False]
+    redone = redo_unconverged(on_device, eig)
+    np.testing.assert_array_equal(redone[1], np.linalg.eigvalsh(gram[1]))
+    np.testing.assert_array_equal(redone[[0, 2]], cupy.asnumpy(eig[[0, 2]]))
 
 
 class _OnDevice:
