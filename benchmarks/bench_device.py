@@ -22,7 +22,7 @@ certificate, the copies to the host, the dense spectra) and the other stages of
 
 Run with ``python -m benchmarks device [--batches 1 8 64] [--providers cpu cuda]
 [--models NAME ...] [--min-seconds S] [--batches-per-audit K] [--stages]
-[--dominance-inputs auto|all|N]``.
+[--dominance-inputs auto|all|N] [--gram-on-host]``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+import numpy as np
 
 from benchmarks.bench_runner import _repeated, _timed, available_providers, installed_models
 from benchmarks.stages import Spent, stage_lines, timed_stages
@@ -45,8 +49,11 @@ from oversmooth.importers.audit.pipeline import (
 )
 from oversmooth.importers.graph import OnnxModel
 from oversmooth.importers.inputs.feeds import Inputs
+from oversmooth.importers.runtime import reductions
 from oversmooth.importers.runtime.cuda import device_arrays, gpu_info
 from oversmooth.importers.runtime.runner import default_threads, plain_session
+from oversmooth.simulator.backend import to_numpy
+from oversmooth.simulator.statistics import gram_eigenvalues
 
 __all__ = ["DeviceRates", "main", "rates"]
 
@@ -103,13 +110,16 @@ def rates(
     batches_per_audit: int,
     stages: bool = False,
     dominance_inputs: int | str = "auto",
+    gram_on_host: bool = False,
 ) -> DeviceRates:
     """Plain, session and whole-audit inputs per second of one model at one batch size.
 
     ``stages``: also where the timed audit's time went (:func:`benchmarks.stages.stage_lines`);
     the wrappers that time the stages cost a few microseconds per call, in the audit's time too.
     ``dominance_inputs``: the audit's ``--dominance-inputs`` (``"all"`` times the dominance step on
-    every input; the default ``"auto"`` stops where the audit's rule does).
+    every input; the default ``"auto"`` stops where the audit's rule does). ``gram_on_host``: the
+    audit's Gram spectra computed on the host (LAPACK on the worker threads) after a copy, where
+    the matrices would otherwise stay on a GPU: the alternative to the device's batched solver.
     """
     ref = zoo.lookup(name, allow_fetch=False)  # the graph is already parsed: not again
     items = _repeated(inputs, batch)
@@ -130,9 +140,13 @@ def rates(
     many = _repeated(inputs, batch * batches_per_audit)
     prepared, _ = prepare(ref, graph, many, options)
     prebuilt = measure_session(prepared, graph, many)
-    measure(prepared, graph, many, session=prebuilt)  # warm-up
     totals: dict[str, Spent] = {}
     with contextlib.ExitStack() as timing:
+        if gram_on_host:
+            timing.enter_context(
+                mock.patch.object(reductions, "gram_eigenvalues", _gram_eigenvalues_on_the_host)
+            )
+        measure(prepared, graph, many, session=prebuilt)  # warm-up
         if stages:
             totals = timing.enter_context(timed_stages())
         began = time.perf_counter()
@@ -143,7 +157,7 @@ def rates(
         name,
         provider,
         batch,
-        _device_name(provider),
+        _device_name(provider) + (", Gram spectra on the host" if gram_on_host else ""),
         batch / seconds["plain"],
         batch / seconds["session"],
         many.batch_size / elapsed,
@@ -151,6 +165,11 @@ def rates(
         copied.get("device_bytes", 0) / many.batch_size,
         tuple(stage_lines(totals, many.batch_size, elapsed)) if stages else (),
     )
+
+
+def _gram_eigenvalues_on_the_host(gram: Any) -> np.ndarray:
+    """The Gram matrices' eigenvalues by LAPACK, after a copy to the host where they are on a GPU."""
+    return gram_eigenvalues(to_numpy(gram))
 
 
 def _plain_and_session_seconds(
@@ -196,6 +215,11 @@ def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
         default="auto",
         help="the audit's --dominance-inputs (default auto)",
     )
+    parser.add_argument(
+        "--gram-on-host",
+        action="store_true",
+        help="the audit's Gram spectra by LAPACK on the host threads, not the GPU's solver",
+    )
     args = parser.parse_args(argv)
     providers = args.providers or available_providers()
     print(
@@ -223,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
                     batches_per_audit=args.batches_per_audit,
                     stages=args.stages,
                     dominance_inputs=args.dominance_inputs,
+                    gram_on_host=args.gram_on_host,
                 )
                 results.append(result)
                 print("\n".join([result.line(), *result.stages]), flush=True)

@@ -13,6 +13,45 @@ from tests.realmodels import require_real_model
 
 
 @pytest.mark.realmodel
+def test_the_device_benchmark_can_put_the_gram_spectra_on_the_host() -> None:
+    """``--gram-on-host``: the audit's Gram spectra go through the host's LAPACK (the stage is
+    still timed where the audit calls it), the line says so, and the audit's own is restored."""
+    from benchmarks import bench_device
+    from oversmooth.importers.graph import load_model
+    from oversmooth.importers.inputs.sources import default_inputs
+    from oversmooth.importers.runtime import reductions
+    from oversmooth.importers.zoo import get_model
+
+    original = reductions.gram_eigenvalues
+    called: list[int] = []
+
+    def on_the_host(gram):
+        called.append(len(gram))
+        return original(gram)
+
+    graph = load_model(require_real_model("minilm-l3"))
+    inputs = default_inputs(graph.inputs, get_model("minilm-l3"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bench_device, "_gram_eigenvalues_on_the_host", on_the_host)
+        result = bench_device.rates(
+            graph,
+            "minilm-l3",
+            inputs,
+            "cpu",
+            2,
+            min_seconds=0.0,
+            batches_per_audit=1,
+            stages=True,
+            gram_on_host=True,
+        )
+    assert result.line().endswith("Gram spectra on the host")
+    assert called  # the warm-up and the timed audit went through it
+    calls = {line[:24].strip(): int(line[24:31]) for line in result.stages[1:-1]}
+    assert calls["Gram spectra"] > 0
+    assert reductions.gram_eigenvalues is original
+
+
+@pytest.mark.realmodel
 def test_the_device_benchmark_measures_a_text_model() -> None:
     from benchmarks.bench_device import rates
     from oversmooth.importers.graph import load_model
