@@ -3,10 +3,11 @@
 Checked: the rule on case lists (a number, every input, the stopping rule); the budget a running
 audit keeps makes the decision the assembled result makes, for any batch size; a batch's cases are
 cut at the undecided looks inside it and every part past such a look is held until that look is
-decided, so that no spectrum is computed for an input the rule then drops; and an audit of a builder model with more inputs than the
-rule's first look gives, at batch sizes 3 and 8, exactly the cases of ``all`` truncated to the
-inputs the rule chose (in the batches' order, as ever), computes at batch 8, 12 and 64 the spectra
-of those inputs only, while its layer metrics still cover every input.
+decided, so that no spectrum is computed for an input the rule then drops; and an audit of a
+builder model with more inputs than the rule's first look gives, at batch sizes 3 and 8, exactly
+the cases of ``all`` truncated to the inputs the rule chose (in the batches' order, as ever),
+computes at batch 8, 12 and 64 the spectra of those inputs only, while its layer metrics still
+cover every input.
 """
 
 from __future__ import annotations
