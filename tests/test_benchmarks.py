@@ -7,9 +7,46 @@ no longer passes), which nothing else runs.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.realmodels import require_real_model
+
+
+@pytest.mark.realmodel
+def test_the_gpu_checks_script_runs_every_step_in_a_dry_run(tmp_path: Path) -> None:
+    """``scripts/gpu_checks.sh`` on the CPU with a small model: every step finishes (a renamed
+    option of a benchmark would fail its step) and each writes its output under OUT only."""
+    require_real_model("minilm-l3")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    (tmp_path / "site").mkdir()  # what unpack_offline_gpu.sh fills: nothing is needed here
+    environment = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PROVIDER": "cpu",
+        "MODEL": "minilm-l3",
+        "BATCH": "4",
+        "BATCHES_PER_AUDIT": "2",
+        "GRAM_COUNT": "20",
+    }
+    subprocess.run(
+        ["bash", str(root / "scripts" / "gpu_checks.sh"), str(tmp_path / "site"), str(out)],
+        cwd=root,
+        env=environment,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()[1:]]
+    assert [(name, status) for name, status, _ in rows] == [
+        (name, "0") for name in ("doctor", "cuda-tests", "gram", "target", "gram-host")
+    ]
+    assert "Gram spectra on the host" in (out / "gram-host.txt").read_text()
 
 
 @pytest.mark.realmodel

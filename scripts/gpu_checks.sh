@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU checks of a lent device, in one call, each step under its own time limit so that one
+# slow step cannot eat the lease (a py-spy recording once did):
+#
+#   bash scripts/gpu_checks.sh SITE OUT
+#
+# SITE is what scripts/unpack_offline_gpu.sh filled (onnxruntime-gpu, the model wheels); OUT gets
+# one STEP.txt per step (its output) and steps.tsv (step, exit status, seconds). Run from the
+# checkout's root. The steps, in order of what a lease most needs:
+#
+#   doctor      what onnxruntime and CuPy see
+#   cuda-tests  the CUDA tests of the device path (pytest -m cuda)
+#   gram        the Gram spectra's eigensolvers on the model's own matrices
+#   target      the whole audit at batch BATCH on BATCH * BATCHES_PER_AUDIT inputs, with --stages
+#   gram-host   the same with the Gram spectra by LAPACK on the host threads (--gram-on-host)
+#
+# A dry run elsewhere: PROVIDER=cpu MODEL=minilm-l3 BATCH=8 BATCHES_PER_AUDIT=2 GRAM_COUNT=50.
+set -uo pipefail
+
+site=$(cd "${1:?usage: $0 SITE OUT}" && pwd)
+mkdir -p "${2:?usage: $0 SITE OUT}"
+out=$(cd "$2" && pwd)
+export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python=${PYTHON:-python3}
+provider=${PROVIDER:-cuda}
+model=${MODEL:-dinov2-vits14}
+batch=${BATCH:-64}
+per_audit=${BATCHES_PER_AUDIT:-16}
+gram_count=${GRAM_COUNT:-1600}
+
+printf 'step\texit\tseconds\n' >"$out/steps.tsv"
+
+# step NAME SECONDS COMMAND...: run COMMAND for at most SECONDS, its output in OUT/NAME.txt
+step() {
+    local name=$1 limit=$2 began status
+    shift 2
+    began=$(date +%s)
+    timeout --kill-after=5 "$limit" "$@" >"$out/$name.txt" 2>&1
+    status=$?
+    printf '%s\t%s\t%s\n' "$name" "$status" "$(($(date +%s) - began))" >>"$out/steps.tsv"
+    echo "$name: exit $status in $(($(date +%s) - began)) s"
+}
+
+device=(-m benchmarks device --providers "$provider" --models "$model" --batches "$batch"
+    --batches-per-audit "$per_audit" --min-seconds 0.5 --stages)
+step doctor 30 "$python" -m oversmooth doctor
+step cuda-tests 90 "$python" -m pytest -q -p no:cacheprovider -m cuda \
+    tests/importers/runtime/test_reductions.py tests/importers/runtime/test_cuda.py \
+    tests/importers/runtime/test_device_path.py
+step gram 60 "$python" -m benchmarks gram --model "$model" --provider "$provider" \
+    --count "$gram_count"
+step target 180 "$python" "${device[@]}"
+step gram-host 180 "$python" "${device[@]}" --gram-on-host
+cat "$out/steps.tsv"
