@@ -21,6 +21,8 @@ from typing import NamedTuple
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from oversmooth.importers.audit.cases import DominanceCase
 from oversmooth.importers.audit.dominance_inputs import (
@@ -107,15 +109,12 @@ class _Started:
         return None
 
 
-@pytest.mark.parametrize("batch", [1, 5, 8, 12, 16, 40, 64, 600])
-def test_no_spectrum_is_computed_past_the_stopping_look_whatever_the_batch(batch: int) -> None:
+def _pipeline(
+    every: list[DominanceCase], n_inputs: int, sizes: Sequence[int]
+) -> tuple[DominanceBudget, list[int], list[DominanceCase], list[DominanceCase]]:
     """The pipeline's order (batch k submitted, then batch k - 1 collected) with the real
-    :class:`HeldCases`: a batch is cut at the looks not yet decided inside it, a part at or past
-    one waits until that look is decided, so the inputs whose cases are started are exactly those
-    below the limit the rule sets; each batch's cases come back in problem order (layer, then
-    input) whatever the cuts."""
-    n_inputs = 600
-    every = _cases(n_inputs, seed=3, heads=40)
+    :class:`HeldCases` over batches of ``sizes`` (cycled) and two layers: the budget, the inputs
+    whose problems were started, the cases collected and every batch's cases in problem order."""
     by_problem: dict[tuple[int, int], list[DominanceCase]] = {}
     for case in every:
         by_problem.setdefault((case.input, case.block), []).append(case)
@@ -124,26 +123,58 @@ def test_no_spectrum_is_computed_past_the_stopping_look_whatever_the_batch(batch
 
     def start(problems: Sequence[_Problem]) -> _Started:
         started.extend(problem.item for problem in problems)
-        return _Started([by_problem[problem] for problem in problems])
+        return _Started([by_problem.get(problem, []) for problem in problems])
 
     pending: deque[HeldCases] = deque()
     collected: list[DominanceCase] = []
     expected: list[DominanceCase] = []
-    for first in range(0, n_inputs, batch):
-        end = min(first + batch, n_inputs)
+    first, k = 0, 0
+    while first < n_inputs:
+        end = min(first + sizes[k % len(sizes)], n_inputs)
         problems = [_Problem(item, layer) for layer in range(2) for item in range(first, end)]
         pending.append(HeldCases(problems, start, budget, first, end))
-        expected += [case for problem in problems for case in by_problem[problem]]
+        expected += [case for problem in problems for case in by_problem.get(problem, [])]
         while len(pending) > 1:
             collected += pending.popleft().result()
+        first, k = end, k + 1
     while pending:
         collected += pending.popleft().result()
+    return budget, started, collected, expected
+
+
+@pytest.mark.parametrize("batch", [1, 5, 8, 12, 16, 40, 64, 600])
+def test_no_spectrum_is_computed_past_the_stopping_look_whatever_the_batch(batch: int) -> None:
+    """A batch is cut at the looks not yet decided inside it, a part at or past one waits until
+    that look is decided, so the inputs whose cases are started are exactly those below the limit
+    the rule sets; each batch's cases come back in problem order (layer, then input) whatever
+    the cuts."""
+    n_inputs = 600
+    every = _cases(n_inputs, seed=3, heads=40)
+    budget, started, collected, expected = _pipeline(every, n_inputs, [batch])
     limit = budget.limit
     assert limit is not None
     assert dominance_stop(every, "auto", n_inputs).inputs == limit
     assert sorted(set(started)) == list(range(limit))
     assert len(started) == 2 * limit  # each (input, layer) once
     assert collected == [case for case in expected if case.input < limit]
+
+
+@given(
+    n_inputs=st.integers(min_value=1, max_value=300),
+    sizes=st.lists(st.integers(min_value=1, max_value=70), min_size=1, max_size=6),
+    seed=st.integers(min_value=0, max_value=2**16),
+)
+def test_uneven_batches_start_exactly_the_inputs_the_result_keeps(
+    n_inputs: int, sizes: list[int], seed: int
+) -> None:
+    """Batches of any sizes (the last one short), a rule that may never stop: the inputs started
+    are exactly those the assembled result keeps, and the cases collected are its cases."""
+    every = _cases(n_inputs, seed=seed, heads=8)
+    budget, started, collected, expected = _pipeline(every, n_inputs, sizes)
+    kept = dominance_stop(every, "auto", n_inputs).inputs
+    assert budget.limit in (None, kept)
+    assert sorted(started) == sorted(2 * list(range(kept)))
+    assert collected == [case for case in expected if case.input < kept]
 
 
 def test_the_looks_inside_a_batch_are_the_undecided_ones_on_the_grid() -> None:
