@@ -72,7 +72,7 @@ GRAM_ATOL = 1e-7
 #: theorem the values are then within about sqrt(that) ‖G‖_F of the eigenvalues in the 2-norm
 #: (1.9e-6 at k = 257, under 3e-6 with the sums' round-off); a run stopped with more off-diagonal
 #: mass is redone by LAPACK on the host.
-GRAM_DEFECT_ULPS = 64
+GRAM_DEFECT_ULPS = 64.0
 
 #: A float32 ONNX Runtime block output against the float64 simulator from extracted weights.
 ORT_RTOL = 1e-4
