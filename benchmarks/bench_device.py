@@ -39,6 +39,7 @@ import numpy as np
 
 from benchmarks.bench_runner import _repeated, _timed, available_providers, installed_models
 from benchmarks.stages import Spent, stage_lines, timed_stages
+from oversmooth.commands.common import count_or_rule
 from oversmooth.importers import zoo
 from oversmooth.importers.audit.pipeline import (
     AuditOptions,
@@ -55,7 +56,7 @@ from oversmooth.importers.runtime.runner import default_threads, plain_session
 from oversmooth.simulator.backend import to_numpy
 from oversmooth.simulator.statistics import gram_eigenvalues
 
-__all__ = ["DeviceRates", "main", "rates"]
+__all__ = ["DeviceRates", "main", "parser", "rates"]
 
 
 @dataclass(frozen=True)
@@ -189,17 +190,8 @@ def _plain_and_session_seconds(
     return _timed(calls, min_seconds)
 
 
-def _dominance_inputs(text: str) -> int | str:
-    """``--dominance-inputs``: ``all``, ``auto`` or a positive count."""
-    if text in ("all", "auto"):
-        return text
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    raise argparse.ArgumentTypeError(f"must be 'all', 'auto' or a positive count; got {text!r}")
-
-
-def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
-    """Print one line per model, provider and batch size."""
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's options (``--dominance-inputs`` parsed as the audit command parses it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--providers", nargs="+", default=None, help="default: all that work")
@@ -211,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
     )
     parser.add_argument(
         "--dominance-inputs",
-        type=_dominance_inputs,
+        type=count_or_rule,
         default="auto",
         help="the audit's --dominance-inputs (default auto)",
     )
@@ -220,7 +212,12 @@ def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
         action="store_true",
         help="the audit's Gram spectra by LAPACK on the host threads, not the GPU's solver",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
+    """Print one line per model, provider and batch size."""
+    args = parser().parse_args(argv)
     providers = args.providers or available_providers()
     print(
         "ratio = session time / plain time; of plain = audit inputs/s as a share of plain's; "

@@ -210,12 +210,13 @@ def test_a_short_ratio_is_measured_again_and_sorted(
     assert ratios == sorted(ratios)
 
 
-def test_the_device_benchmark_takes_the_audits_dominance_inputs() -> None:
-    import argparse
+def test_the_device_benchmark_takes_the_audits_dominance_inputs(capsys) -> None:
+    from benchmarks.bench_device import parser
 
-    from benchmarks.bench_device import _dominance_inputs
-
-    assert [_dominance_inputs(text) for text in ("all", "auto", "32")] == ["all", "auto", 32]
+    parsed = [parser().parse_args(["--dominance-inputs", text]) for text in ("all", "auto", "32")]
+    assert [args.dominance_inputs for args in parsed] == ["all", "auto", 32]
     for bad in ("0", "-3", "some"):
-        with pytest.raises(argparse.ArgumentTypeError, match="positive count"):
-            _dominance_inputs(bad)
+        with pytest.raises(SystemExit) as stopped:
+            parser().parse_args(["--dominance-inputs", bad])
+        assert stopped.value.code == 2
+        assert "must be a positive integer, 'all' or 'auto'" in capsys.readouterr().err

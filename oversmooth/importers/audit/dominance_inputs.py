@@ -163,20 +163,21 @@ class DominanceBudget:
         return [g - self.first_input for g in range(look, end, AUTO_EVERY) if g > start]
 
     def holds(self, first_item: int) -> bool:
-        """Whether a batch whose first input is ``first_item`` (counted from this run's first)
-        waits: every input of it lies at or past a look not yet decided, which may drop them."""
+        """Whether a batch's part whose first input is ``first_item`` (counted from this run's
+        first) waits: every input of it lies at or past a look not yet decided, which may drop
+        them."""
         look = self._undecided()
         return look is not None and self.first_input + first_item >= look
 
     def hold(self, first_item: int, release: Callable[[], object]) -> None:
-        """Keep a held batch's ``release`` (it starts the batch's wanted cases) until the looks
+        """Keep a held part's ``release`` (it starts the part's wanted cases) until the looks
         before ``first_item`` are decided (:meth:`observe` calls it then)."""
         self._held.append((first_item, release))
 
     def observe(self, cases: Sequence[DominanceCase], complete: int) -> None:
-        """Add a batch's ``cases`` to the counts and look at every new grid count up to
+        """Add a part's ``cases`` to the counts and look at every new grid count up to
         ``complete`` inputs whose cases are all in; the first count whose intervals are narrow
-        enough becomes the limit. Held batches that no undecided look stands before are then
+        enough becomes the limit. Held parts that no undecided look stands before are then
         released, whether or not they are still wanted (:meth:`wants` filters their inputs)."""
         if self._undecided() is not None:
             self._look(cases, complete)
