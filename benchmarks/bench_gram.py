@@ -2,18 +2,22 @@
 
 The layer metrics need every eigenvalue of each layer's Gram matrix (for DINOv2, 25 per input of
 order 257, float64). On this 2-core CPU that is 49-50 ms per input, the tridiagonal reduction
-being 1.83 of the 2.05 ms per matrix. On a GPU the audit calls CuPy's batched ``eigvalsh``, which
-is cuSOLVER's Jacobi solver ``syevjBatched`` at every order (PyTorch keeps that solver for orders
-up to 32); how it compares with the alternatives there was never measured. This times, on the
+being 1.83 of the 2.05 ms per matrix. On a GPU the audit called CuPy's batched ``eigvalsh``,
+cuSOLVER's Jacobi solver ``syevjBatched`` at every order (PyTorch keeps that solver for orders
+up to 32): 0.70 ms per matrix on an H100, the audit's bottleneck there; it now tridiagonalises
+the stack and bisects on the device (:mod:`oversmooth.importers.runtime.device_spectra`). This
+times, on the
 model's own Gram matrices (the audit's session on the bundled inputs, tiled to ``--count``):
 
 - ``host, 1 thread``: NumPy's ``eigvalsh`` (LAPACK), one matrix after another, one BLAS thread;
 - ``host, N threads``: the same on a pool of N threads, one chunk of matrices each (the copy from
   the GPU included where the matrices are there);
-- ``device, batched``: CuPy's ``eigvalsh`` on the whole stack with the Frobenius check that
-  redoes a failed spectrum on the host, as the audit runs it on a GPU
-  (:func:`~oversmooth.simulator.statistics.gram_eigenvalues`); how many spectra failed the check
-  is printed;
+- ``device, tridiagonal``: Householder tridiagonalisation and bisection on the whole stack with
+  the Frobenius check that redoes a failed spectrum on the host, as the audit runs it on a GPU
+  (:func:`~oversmooth.importers.runtime.device_spectra.gram_eigenvalues`);
+- ``device, batched``: CuPy's ``eigvalsh`` on the whole stack (cuSOLVER's Jacobi solver) with the
+  same check (:func:`~oversmooth.simulator.statistics.gram_eigenvalues`), as the audit ran it
+  before; how many spectra of each device solver failed the check is printed;
 - ``device, one by one``: CuPy's ``eigvalsh`` per matrix (cuSOLVER's ``syevd``);
 
 in milliseconds per matrix (median of ``--repeats``), each with its largest eigenvalue difference
@@ -41,6 +45,7 @@ from benchmarks.bench_runner import _repeated, installed_models
 from oversmooth.importers import zoo
 from oversmooth.importers.audit.session import audit_session
 from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.runtime import device_spectra
 from oversmooth.importers.runtime.runner import default_threads
 from oversmooth.importers.weights import block_weights
 from oversmooth.simulator.backend import array_module, to_numpy
@@ -96,6 +101,7 @@ def _solvers(stack: Any, threads: int) -> dict[str, Callable[[Any], np.ndarray]]
     }
     xp = array_module(stack)
     if xp is not np:
+        solvers["device, tridiagonal"] = device_spectra.gram_eigenvalues
         solvers["device, batched"] = gram_eigenvalues
         solvers["device, one by one"] = lambda s: np.stack(
             [to_numpy(xp.linalg.eigvalsh(matrix)) for matrix in s]
@@ -144,8 +150,13 @@ def main(argv: Sequence[str] | None = None) -> list[GramTiming]:
     timings = time_solvers(stack, args.threads, args.repeats)
     xp = array_module(stack)
     if xp is not np:
-        failed = int(unconverged(stack, xp.linalg.eigvalsh(stack)).sum())
-        print(f"  the batched solver's spectra failing the Frobenius check: {failed}")
+        d, e = device_spectra.householder_tridiagonal(stack.copy())
+        for solver, eig in (
+            ("tridiagonal", device_spectra.tridiagonal_eigenvalues(d, e)),
+            ("batched", xp.linalg.eigvalsh(stack)),
+        ):
+            failed = int(unconverged(stack, eig).sum())
+            print(f"  the {solver} solver's spectra failing the Frobenius check: {failed}")
     for timing in timings:
         print(
             f"  {timing.solver:<20}{timing.ms_per_matrix:>9.3f} ms per matrix"

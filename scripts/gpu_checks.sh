@@ -14,6 +14,7 @@
 #   target      the whole audit at batch BATCH on BATCH * BATCHES_PER_AUDIT inputs, with --stages
 #   gram-host   the same with the Gram spectra by LAPACK on the host threads (--gram-on-host)
 #
+# STEPS (default all five) names the steps to run, in that order, when a lease is short.
 # A dry run elsewhere: PROVIDER=cpu MODEL=minilm-l3 BATCH=8 BATCHES_PER_AUDIT=2 GRAM_COUNT=50.
 set -uo pipefail
 
@@ -27,6 +28,7 @@ model=${MODEL:-dinov2-vits14}
 batch=${BATCH:-64}
 per_audit=${BATCHES_PER_AUDIT:-16}
 gram_count=${GRAM_COUNT:-1600}
+steps=" ${STEPS:-doctor cuda-tests gram target gram-host} "
 
 printf 'step\texit\tseconds\n' >"$out/steps.tsv"
 
@@ -34,6 +36,7 @@ printf 'step\texit\tseconds\n' >"$out/steps.tsv"
 step() {
     local name=$1 limit=$2 began status
     shift 2
+    [[ $steps == *" $name "* ]] || return 0
     began=$(date +%s)
     timeout --kill-after=5 "$limit" "$@" >"$out/$name.txt" 2>&1
     status=$?
@@ -46,7 +49,7 @@ device=(-m benchmarks device --providers "$provider" --models "$model" --batches
 step doctor 30 "$python" -m oversmooth doctor
 step cuda-tests 90 "$python" -m pytest -q -p no:cacheprovider -m cuda \
     tests/importers/runtime/test_reductions.py tests/importers/runtime/test_cuda.py \
-    tests/importers/runtime/test_device_path.py
+    tests/importers/runtime/test_device_path.py tests/importers/runtime/test_device_spectra.py
 step gram 60 "$python" -m benchmarks gram --model "$model" --provider "$provider" \
     --count "$gram_count"
 step target 180 "$python" "${device[@]}"

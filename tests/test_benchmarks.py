@@ -22,9 +22,6 @@ def test_the_gpu_checks_script_runs_every_step_in_a_dry_run(tmp_path: Path) -> N
     """``scripts/gpu_checks.sh`` on the CPU with a small model: every step finishes (a renamed
     option of a benchmark would fail its step) and each writes its output under OUT only."""
     require_real_model("minilm-l3")
-    root = Path(__file__).resolve().parents[1]
-    out = tmp_path / "out"
-    (tmp_path / "site").mkdir()  # what unpack_offline_gpu.sh fills: nothing is needed here
     environment = {
         **os.environ,
         "PYTHON": sys.executable,
@@ -34,19 +31,11 @@ def test_the_gpu_checks_script_runs_every_step_in_a_dry_run(tmp_path: Path) -> N
         "BATCHES_PER_AUDIT": "2",
         "GRAM_COUNT": "20",
     }
-    subprocess.run(
-        ["bash", str(root / "scripts" / "gpu_checks.sh"), str(tmp_path / "site"), str(out)],
-        cwd=root,
-        env=environment,
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()[1:]]
+    rows = _gpu_checks(tmp_path, environment, timeout=600)
     assert [(name, status) for name, status, _ in rows] == [
         (name, "0") for name in ("doctor", "cuda-tests", "gram", "target", "gram-host")
     ]
-    assert "Gram spectra on the host" in (out / "gram-host.txt").read_text()
+    assert "Gram spectra on the host" in (tmp_path / "out" / "gram-host.txt").read_text()
 
 
 @pytest.mark.realmodel
@@ -220,3 +209,28 @@ def test_the_device_benchmark_takes_the_audits_dominance_inputs(capsys) -> None:
             parser().parse_args(["--dominance-inputs", bad])
         assert stopped.value.code == 2
         assert "must be a positive integer, 'all' or 'auto'" in capsys.readouterr().err
+
+
+def test_the_gpu_checks_script_runs_only_the_steps_named(tmp_path: Path) -> None:
+    """``STEPS``: a short lease runs the steps it names, in the script's order, and no other."""
+    environment = {**os.environ, "PYTHON": sys.executable, "STEPS": "doctor"}
+    rows = _gpu_checks(tmp_path, environment, timeout=120)
+    assert [(name, status) for name, status, _ in rows] == [("doctor", "0")]
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["doctor.txt", "steps.tsv"]
+
+
+def _gpu_checks(tmp_path: Path, environment: dict[str, str], timeout: int) -> list[list[str]]:
+    """Run ``scripts/gpu_checks.sh`` with SITE (what unpack_offline_gpu.sh fills: nothing is
+    needed on the CPU) and OUT under ``tmp_path``: steps.tsv's rows."""
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    (tmp_path / "site").mkdir()
+    subprocess.run(
+        ["bash", str(root / "scripts" / "gpu_checks.sh"), str(tmp_path / "site"), str(out)],
+        cwd=root,
+        env=environment,
+        check=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+    return [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()[1:]]

@@ -198,14 +198,19 @@ def measure_layers(
     (:data:`~oversmooth.importers.audit.session.STREAM_TERMS`, (n_inputs, layers) each) gets
     ‖x̄‖ = sqrt(lfc_sq / n) and, where the plan reduces a norm's scale, the mean ``1/s_t`` over
     the counted tokens. ``layers`` (default :func:`computed_layers`) are the layers to measure:
-    calls on disjoint layers write disjoint columns, so they may run on different threads.
+    calls on disjoint layers write disjoint columns, so they may run on different threads. Gram
+    matrices on the GPU have their spectra computed in one stacked solve for all of ``layers``
+    (:meth:`~oversmooth.importers.runtime.reductions.ReductionPlan.layer_spectra`); on the host
+    each layer's are computed on their own.
     Returns the batch size (0 without a layer).
     """
     names = [name for name in METRICS if plan.gram != "none" or name not in SPECTRAL_METRICS]
     names += [SPECTRAL_NORM_METRIC] if plan.spectral_norm and plan.gram != "none" else []
     batch = 0
-    for layer in computed_layers(plan) if layers is None else layers:
-        statistics = plan.statistics(outputs, layer, token_mask)
+    layers = computed_layers(plan) if layers is None else list(layers)
+    spectra = plan.layer_spectra(outputs, layers) if plan.grams_on_device(outputs) else {}
+    for layer in layers:
+        statistics = plan.statistics(outputs, layer, token_mask, spectra.get(layer))
         check_counted_tokens(statistics.n_tokens, labels)
         values = metrics_from_statistics(statistics, names)
         for metric, value in values.items():

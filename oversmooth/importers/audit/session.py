@@ -475,7 +475,15 @@ def batch_work(
     checked finite (:func:`check_finite_outputs`); the dominance cases only of the inputs
     ``budget`` still wants (:class:`~oversmooth.importers.audit.dominance_inputs.DominanceBudget`)."""
     check_finite_outputs(session, blocks, outputs, batch, start)
-    metrics = [  # a task per layer: a batch's Gram spectra spread over every worker thread
+    # On the host a task per layer spreads a batch's Gram spectra over every worker thread; on
+    # the GPU one task solves every layer's at once (a kernel per step for the whole stack).
+    layers = computed_layers(session.plan)
+    groups = (
+        [layers]
+        if layers and session.plan.grams_on_device(outputs)
+        else [[layer] for layer in layers]
+    )
+    metrics = [
         pool.submit(
             measure_layers,
             outputs,
@@ -485,9 +493,9 @@ def batch_work(
             batch.labels,
             batch.token_mask,
             stream,
-            (layer,),
+            group,
         )
-        for layer in computed_layers(session.plan)
+        for group in groups
     ]
     if not session.attention:
         return _BatchWork(metrics, None)

@@ -50,14 +50,10 @@ from onnx import TensorProto, helper
 
 from oversmooth.importers.errors import ImporterInputError
 from oversmooth.importers.graph import GraphInput, OnnxModel
+from oversmooth.importers.runtime.device_spectra import gram_eigenvalues
 from oversmooth.importers.runtime.node_builder import NodeBuilder
-from oversmooth.simulator.backend import to_numpy
-from oversmooth.simulator.statistics import (
-    SCALAR_FIELDS,
-    TokenStatistics,
-    centred_gram_top,
-    gram_eigenvalues,
-)
+from oversmooth.simulator.backend import array_module, to_numpy
+from oversmooth.simulator.statistics import SCALAR_FIELDS, TokenStatistics, centred_gram_top
 
 __all__ = [
     "MASK_INPUT",
@@ -204,23 +200,52 @@ class ReductionPlan:
             return None
         return np.asarray(to_numpy(outputs[self.inverse_scale_name(layer)]), dtype=np.float64)
 
+    def grams_on_device(self, outputs: Mapping[str, np.ndarray]) -> bool:
+        """Whether every computed layer's Gram matrices stayed on the GPU (CuPy arrays); a
+        model that runs some nodes on the CPU can return some layers' on the host."""
+        layers = [layer for layer in range(len(self.layers)) if self.computes(layer)]
+        return (
+            self.gram != "none"
+            and bool(layers)
+            and all(array_module(outputs[self.gram_name(layer)]) is not np for layer in layers)
+        )
+
+    def layer_spectra(
+        self, outputs: Mapping[str, np.ndarray], layers: Sequence[int]
+    ) -> dict[int, np.ndarray]:
+        """``{layer: (B, k) ascending Gram eigenvalues}`` of ``layers``, in one solve.
+
+        The layers' ``(B, k, k)`` Gram matrices, all in one place (:meth:`grams_on_device`), are
+        stacked and handed to
+        :func:`~oversmooth.importers.runtime.device_spectra.gram_eigenvalues` at once: on a GPU
+        each step of its tridiagonalisation is then one kernel over every layer of the batch
+        rather than one per layer. Empty without a Gram matrix.
+        """
+        if self.gram == "none" or not layers:
+            return {}
+        grams = [outputs[self.gram_name(layer)] for layer in layers]
+        stacked = grams[0] if len(grams) == 1 else array_module(grams[0]).stack(grams)
+        eig = gram_eigenvalues(stacked).reshape(len(layers), *grams[0].shape[:-1])
+        return dict(zip(layers, eig, strict=True))
+
     def statistics(
         self,
         outputs: Mapping[str, np.ndarray],
         layer: int,
         token_mask: np.ndarray | None = None,
+        eig: np.ndarray | None = None,
     ) -> TokenStatistics:
         """The :class:`~oversmooth.simulator.statistics.TokenStatistics` of one layer for one batch.
 
-        Gram eigenvalues are computed here (``eigvalsh`` in float64, batched, where the Gram
-        matrices are: on the GPU when the session kept them there,
-        :func:`~oversmooth.simulator.statistics.gram_eigenvalues`); with ``spectral_norm``, the centred
+        Gram eigenvalues ``eig`` (B, k) as :meth:`layer_spectra` gives them, else computed here
+        (in float64, batched, where the Gram matrices are: on the GPU when the session kept them
+        there, :func:`~oversmooth.importers.runtime.device_spectra.gram_eigenvalues`); with
+        ``spectral_norm``, the centred
         Gram's largest one too (:func:`~oversmooth.simulator.statistics.centred_gram_top`, on the host: from
         the T×T Gram and the token weights, ``token_mask`` (B, T) with the prefix left out, or
         from the D×D Gram and the rows' sum).
         """
-        eig = None
-        if self.gram != "none":
+        if self.gram != "none" and eig is None:
             eig = gram_eigenvalues(outputs[self.gram_name(layer)])
         stats = TokenStatistics.from_packed(outputs[self.scalars_name(layer)], eig)
         if not self.spectral_norm or self.gram == "none":
