@@ -6,8 +6,8 @@ being 1.83 of the 2.05 ms per matrix. On a GPU the audit called CuPy's batched `
 cuSOLVER's Jacobi solver ``syevjBatched`` at every order (PyTorch keeps that solver for orders
 up to 32): 0.70 ms per matrix on an H100, the audit's bottleneck there; it now tridiagonalises
 the stack and bisects on the device (:mod:`oversmooth.importers.runtime.device_spectra`). This
-times, on the
-model's own Gram matrices (the audit's session on the bundled inputs, tiled to ``--count``):
+times, on the model's own Gram matrices (the audit's session on the bundled inputs, tiled to
+``--count``):
 
 - ``host, 1 thread``: NumPy's ``eigvalsh`` (LAPACK), one matrix after another, one BLAS thread;
 - ``host, N threads``: the same on a pool of N threads, one chunk of matrices each (the copy from
@@ -15,14 +15,18 @@ model's own Gram matrices (the audit's session on the bundled inputs, tiled to `
 - ``device, tridiagonal``: Householder tridiagonalisation and bisection on the whole stack with
   the Frobenius check that redoes a failed spectrum on the host, as the audit runs it on a GPU
   (:func:`~oversmooth.importers.runtime.device_spectra.gram_eigenvalues`);
+- ``device, raw kernels``: the same with the tridiagonalisation's steps as four raw kernels
+  (:mod:`oversmooth.importers.runtime.householder_kernels`, not yet the audit's);
 - ``device, batched``: CuPy's ``eigvalsh`` on the whole stack (cuSOLVER's Jacobi solver) with the
   same check (:func:`~oversmooth.simulator.statistics.gram_eigenvalues`), as the audit ran it
   before; how many spectra of each device solver failed the check is printed;
 - ``device, one by one``: CuPy's ``eigvalsh`` per matrix (cuSOLVER's ``syevd``);
 
 in milliseconds per matrix (median of ``--repeats``), each with its largest eigenvalue difference
-from the first solver's, relative to the matrix's largest eigenvalue. The device rows need a
-CUDA session and CuPy (``--provider cuda``); elsewhere only the host rows run.
+from the first solver's, relative to the matrix's largest eigenvalue; on a GPU also the device
+solver's parts (each tridiagonalisation, the bisection) on the whole stack and on an eighth of
+it. The device rows need a CUDA session and CuPy (``--provider cuda``); elsewhere only the host
+rows run.
 
 Run with ``python -m benchmarks gram [--model NAME] [--provider cpu|cuda] [--count N]
 [--threads N] [--repeats K]``.
@@ -46,10 +50,11 @@ from oversmooth.importers import zoo
 from oversmooth.importers.audit.session import audit_session
 from oversmooth.importers.match import find_attention_blocks
 from oversmooth.importers.runtime import device_spectra
+from oversmooth.importers.runtime.householder_kernels import raw_householder_tridiagonal
 from oversmooth.importers.runtime.runner import default_threads
 from oversmooth.importers.weights import block_weights
 from oversmooth.simulator.backend import array_module, to_numpy
-from oversmooth.simulator.statistics import gram_eigenvalues, unconverged
+from oversmooth.simulator.statistics import gram_eigenvalues, redo_unconverged, unconverged
 
 __all__ = ["GramTiming", "gram_stack", "main", "time_solvers"]
 
@@ -102,11 +107,48 @@ def _solvers(stack: Any, threads: int) -> dict[str, Callable[[Any], np.ndarray]]
     xp = array_module(stack)
     if xp is not np:
         solvers["device, tridiagonal"] = device_spectra.gram_eigenvalues
+        solvers["device, raw kernels"] = lambda s: redo_unconverged(
+            s, device_spectra.tridiagonal_eigenvalues(*raw_householder_tridiagonal(s.copy()))
+        )
         solvers["device, batched"] = gram_eigenvalues
         solvers["device, one by one"] = lambda s: np.stack(
             [to_numpy(xp.linalg.eigvalsh(matrix)) for matrix in s]
         )
     return solvers
+
+
+def time_device_parts(stack: Any, repeats: int) -> dict[str, dict[int, float]]:
+    """Milliseconds per matrix of the device solver's parts, on the whole stack and on an
+    eighth of it (a part whose time per matrix grows as the stack shrinks is bound by its
+    launches, not by the device's throughput): ``{part: {matrices: ms per matrix}}``."""
+    xp = array_module(stack)
+    sizes = sorted({max(1, len(stack) // 8), len(stack)})
+    tridiagonal = {
+        size: device_spectra.householder_tridiagonal(stack[:size].copy()) for size in sizes
+    }
+    parts: dict[str, Callable[[int], Any]] = {
+        "tridiagonalisation, fused kernels": lambda size: device_spectra.householder_tridiagonal(
+            stack[:size].copy()
+        ),
+        "tridiagonalisation, raw kernels": lambda size: raw_householder_tridiagonal(
+            stack[:size].copy()
+        ),
+        "bisection": lambda size: device_spectra.tridiagonal_eigenvalues(*tridiagonal[size]),
+    }
+    times: dict[str, dict[int, float]] = {}
+    for part, run in parts.items():
+        times[part] = {}
+        for size in sizes:
+            run(size)  # warm-up: compiles the kernels
+            seconds = []
+            for _ in range(repeats):
+                xp.cuda.Device().synchronize()
+                began = time.perf_counter()
+                run(size)
+                xp.cuda.Device().synchronize()
+                seconds.append(time.perf_counter() - began)
+            times[part][size] = 1000 * statistics.median(seconds) / size
+    return times
 
 
 def time_solvers(stack: Any, threads: int, repeats: int) -> list[GramTiming]:
@@ -162,6 +204,11 @@ def main(argv: Sequence[str] | None = None) -> list[GramTiming]:
             f"  {timing.solver:<20}{timing.ms_per_matrix:>9.3f} ms per matrix"
             f"   max |Δλ| / λ_max {timing.max_relative_difference:.1e}"
         )
+    if xp is not np:
+        print("  the device solver's parts, ms per matrix:")
+        for part, by_size in time_device_parts(stack, args.repeats).items():
+            cells = ", ".join(f"{ms:.3f} on {size}" for size, ms in by_size.items())
+            print(f"    {part:<36}{cells}")
     return timings
 
 

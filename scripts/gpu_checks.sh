@@ -49,7 +49,8 @@ device=(-m benchmarks device --providers "$provider" --models "$model" --batches
 step doctor 30 "$python" -m oversmooth doctor
 step cuda-tests 90 "$python" -m pytest -q -p no:cacheprovider -m cuda \
     tests/importers/runtime/test_reductions.py tests/importers/runtime/test_cuda.py \
-    tests/importers/runtime/test_device_path.py tests/importers/runtime/test_device_spectra.py
+    tests/importers/runtime/test_device_path.py tests/importers/runtime/test_device_spectra.py \
+    tests/importers/runtime/test_householder_kernels.py
 step gram 60 "$python" -m benchmarks gram --model "$model" --provider "$provider" \
     --count "$gram_count"
 step target 180 "$python" "${device[@]}"

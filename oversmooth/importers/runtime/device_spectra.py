@@ -30,6 +30,9 @@ gram_eigenvalues
     Ascending eigenvalues of ``(..., n, n)`` Gram matrices, on the host, float64.
 householder_tridiagonal
     The diagonal and subdiagonal of ``Qᵀ G Q``, batched, where the matrices are.
+finish_tridiagonal
+    Its last entries, once the reflections are done (shared with
+    :mod:`oversmooth.importers.runtime.householder_kernels`).
 tridiagonal_eigenvalues
     Ascending eigenvalues of symmetric tridiagonal matrices, where they are.
 """
@@ -45,7 +48,12 @@ from oversmooth.simulator import statistics
 from oversmooth.simulator.backend import array_module
 from oversmooth.simulator.statistics import redo_unconverged
 
-__all__ = ["gram_eigenvalues", "householder_tridiagonal", "tridiagonal_eigenvalues"]
+__all__ = [
+    "finish_tridiagonal",
+    "gram_eigenvalues",
+    "householder_tridiagonal",
+    "tridiagonal_eigenvalues",
+]
 
 #: Threads per block of the bisection kernel.
 _THREADS_PER_BLOCK = 128
@@ -164,12 +172,19 @@ def householder_tridiagonal(a: Any) -> tuple[Any, Any]:
         rank2_update(trailing, v, w)
         d[:, k] = a[:, k, k]
         e[:, k] = alpha
+    finish_tridiagonal(a, d, e)
+    return d, e
+
+
+def finish_tridiagonal(a: Any, d: Any, e: Any) -> None:
+    """Fill the last two diagonal entries and the last subdiagonal one of ``d`` (N, n) and ``e``
+    (N, n − 1) from ``a`` (N, n, n), whose first n − 2 steps of reflection are done."""
+    n = a.shape[-1]
     if n >= 2:
         d[:, n - 2] = a[:, n - 2, n - 2]
         e[:, n - 2] = a[:, n - 1, n - 2]
     if n >= 1:
         d[:, n - 1] = a[:, n - 1, n - 1]
-    return d, e
 
 
 def tridiagonal_eigenvalues(d: Any, e: Any) -> Any:

@@ -213,20 +213,27 @@ class ReductionPlan:
     def layer_spectra(
         self, outputs: Mapping[str, np.ndarray], layers: Sequence[int]
     ) -> dict[int, np.ndarray]:
-        """``{layer: (B, k) ascending Gram eigenvalues}`` of ``layers``, in one solve.
+        """``{layer: (B, k) ascending Gram eigenvalues}`` of ``layers``, one solve per order k.
 
         The layers' ``(B, k, k)`` Gram matrices, all in one place (:meth:`grams_on_device`), are
-        stacked and handed to
-        :func:`~oversmooth.importers.runtime.device_spectra.gram_eigenvalues` at once: on a GPU
-        each step of its tridiagonalisation is then one kernel over every layer of the batch
-        rather than one per layer. Empty without a Gram matrix.
+        stacked, those of one shape together (a model whose stages change the token count or
+        the width has several), and handed to
+        :func:`~oversmooth.importers.runtime.device_spectra.gram_eigenvalues`: on a GPU each
+        step of its tridiagonalisation is then one kernel over every layer of the batch rather
+        than one per layer. Empty without a Gram matrix.
         """
-        if self.gram == "none" or not layers:
+        if self.gram == "none":
             return {}
-        grams = [outputs[self.gram_name(layer)] for layer in layers]
-        stacked = grams[0] if len(grams) == 1 else array_module(grams[0]).stack(grams)
-        eig = gram_eigenvalues(stacked).reshape(len(layers), *grams[0].shape[:-1])
-        return dict(zip(layers, eig, strict=True))
+        by_shape: dict[tuple[int, ...], list[int]] = {}
+        for layer in layers:
+            by_shape.setdefault(tuple(outputs[self.gram_name(layer)].shape), []).append(layer)
+        spectra: dict[int, np.ndarray] = {}
+        for shape, group in by_shape.items():
+            grams = [outputs[self.gram_name(layer)] for layer in group]
+            stacked = grams[0] if len(grams) == 1 else array_module(grams[0]).stack(grams)
+            eig = gram_eigenvalues(stacked).reshape(len(group), *shape[:-1])
+            spectra.update(zip(group, eig, strict=True))
+        return spectra
 
     def statistics(
         self,

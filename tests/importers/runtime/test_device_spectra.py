@@ -128,16 +128,26 @@ def test_on_the_host_gram_eigenvalues_are_lapacks() -> None:
     np.testing.assert_array_equal(gram_eigenvalues(gram), statistics.gram_eigenvalues(gram))
 
 
-_HARNESS = r"""
+#: What lets a CUDA kernel's source run under a host C++ compiler: thread indices as globals,
+#: and LAUNCH running every (block, thread) of a grid one after another. Exact for kernels whose
+#: threads share no memory and never synchronise, as the kernels here are written.
+SHIMS = r"""
 #include <cmath>
 #include <cstdio>
 #include <vector>
-using std::fabs; using std::fmin; using std::fmax;
-struct Index { long long x; };
+using std::fabs; using std::fmin; using std::fmax; using std::sqrt;
+struct Index { long long x, y; };
 static Index blockIdx, threadIdx, blockDim;
+#define LAUNCH(grid_x, grid_y, threads, call) \
+    for (blockIdx.y = 0; blockIdx.y < (grid_y); ++blockIdx.y) \
+        for (blockIdx.x = 0; blockIdx.x < (grid_x); ++blockIdx.x) \
+            for (blockDim.x = (threads), threadIdx.x = 0; threadIdx.x < (threads); ++threadIdx.x) \
+                call;
 #define __global__
 #define extern
-SOURCE
+"""
+
+_BISECTION_MAIN = r"""
 int main() {
     int count, n;
     if (std::scanf("%d %d", &count, &n) != 2) return 1;
@@ -146,33 +156,37 @@ int main() {
     for (long long i = 0; i < total; ++i) if (std::scanf("%lf", &d[i]) != 1) return 1;
     for (long long i = 0; i < (long long)count * (n - 1); ++i)
         if (std::scanf("%lf", &e[i]) != 1) return 1;
-    blockDim.x = 1; threadIdx.x = 0;
-    for (long long i = 0; i < total; ++i) {
-        blockIdx.x = i;
-        oversmooth_tridiagonal_bisection(d.data(), e.data(), out.data(), n, total);
-    }
+    LAUNCH(total, 1, 1, oversmooth_tridiagonal_bisection(d.data(), e.data(), out.data(), n, total));
     for (long long i = 0; i < total; ++i) std::printf("%.17g\n", out[i]);
     return 0;
 }
 """
 
 
-def _host_bisection(tmp_path: Path, d: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """The bisection kernel's source run by the host's C++ compiler, one 'thread' at a time."""
+def host_program(tmp_path: Path, kernels: str, main: str) -> Path:
+    """CUDA kernels' ``source`` and a host ``main`` compiled under :data:`SHIMS`; the binary."""
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
-        pytest.skip("no C++ compiler here to run the bisection kernel's source")
-    source = tmp_path / "bisection.cpp"
-    source.write_text(
-        _HARNESS.replace("SOURCE", device_spectra._BISECTION_SOURCE.replace('"C" ', "")),
-        encoding="utf-8",
-    )
-    binary = tmp_path / "bisection"
+        pytest.skip("no C++ compiler here to run the kernels' source")
+    source = tmp_path / "kernels.cpp"
+    source.write_text(SHIMS + kernels.replace('"C" ', "") + main, encoding="utf-8")
+    binary = tmp_path / "kernels"
     subprocess.run([compiler, "-O2", "-o", str(binary), str(source)], check=True)
-    count, n = d.shape
-    text = f"{count} {n}\n" + " ".join(f"{v:.17g}" for v in np.r_[d.ravel(), e.ravel()])
+    return binary
+
+
+def run_program(binary: Path, header: str, numbers: np.ndarray) -> np.ndarray:
+    """``binary`` fed ``header`` and ``numbers`` on its standard input; the numbers it prints."""
+    text = header + "\n" + " ".join(f"{value:.17g}" for value in numbers.ravel())
     result = subprocess.run([str(binary)], input=text, capture_output=True, text=True, check=True)
-    return np.array(result.stdout.split(), dtype=np.float64).reshape(count, n)
+    return np.array(result.stdout.split(), dtype=np.float64)
+
+
+def _host_bisection(tmp_path: Path, d: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """The bisection kernel's source run by the host's C++ compiler, one 'thread' at a time."""
+    binary = host_program(tmp_path, device_spectra._BISECTION_SOURCE, _BISECTION_MAIN)
+    count, n = d.shape
+    return run_program(binary, f"{count} {n}", np.r_[d.ravel(), e.ravel()]).reshape(count, n)
 
 
 def test_the_bisection_kernel_source_gives_lapacks_eigenvalues(tmp_path: Path) -> None:
@@ -254,14 +268,13 @@ def test_a_batchs_device_grams_are_solved_in_one_stacked_call(
         return np.linalg.eigvalsh(gram.data if isinstance(gram, _Held) else gram)
 
     monkeypatch.setattr(reductions, "gram_eigenvalues", solve)
-    plan = ReductionPlan(
-        ("a", "b", "c"), "tokens", False, GraphExtension(), replaced=frozenset({1})
-    )
-    grams = {layer: _grams(layer, 4, 9, 12) for layer in (0, 2)}
+    names = ("a", "b", "c", "d")
+    plan = ReductionPlan(names, "tokens", False, GraphExtension(), replaced=frozenset({1}))
+    grams = {0: _grams(0, 4, 9, 12), 2: _grams(2, 4, 9, 12), 3: _grams(3, 4, 5, 12)}
     outputs = {plan.gram_name(layer): _Held(gram) for layer, gram in grams.items()}
     assert plan.grams_on_device(outputs)
-    spectra = plan.layer_spectra(outputs, [0, 2])
-    assert calls == [(2, 4, 9, 9)]
+    spectra = plan.layer_spectra(outputs, [0, 2, 3])
+    assert calls == [(2, 4, 9, 9), (4, 5, 5)]  # one solve per order (a stage of 5 tokens)
     for layer, gram in grams.items():
         np.testing.assert_array_equal(spectra[layer], np.linalg.eigvalsh(gram))
     outputs[plan.gram_name(2)] = grams[2]
