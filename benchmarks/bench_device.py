@@ -41,6 +41,8 @@ from benchmarks.bench_runner import _repeated, _timed, available_providers, inst
 from benchmarks.stages import Spent, stage_lines, timed_stages
 from oversmooth.commands.common import count_or_rule
 from oversmooth.importers import zoo
+from oversmooth.importers.audit.cases import DominanceCase
+from oversmooth.importers.audit.dominance_inputs import dominance_stop
 from oversmooth.importers.audit.pipeline import (
     AuditOptions,
     PreparedAudit,
@@ -73,6 +75,7 @@ class DeviceRates:
     to_host_per_input: float
     device_bytes_per_input: float
     stages: tuple[str, ...] = ()
+    dominance: str = ""
 
     def line(self) -> str:
         return (
@@ -165,6 +168,18 @@ def rates(
         copied.get("bytes", 0) / many.batch_size,
         copied.get("device_bytes", 0) / many.batch_size,
         tuple(stage_lines(totals, many.batch_size, elapsed)) if stages else (),
+        _dominance_line(measured.dominance, dominance_inputs, many.batch_size),
+    )
+
+
+def _dominance_line(cases: Sequence[DominanceCase], mode: int | str, n_inputs: int) -> str:
+    """How many inputs' dominance cases the audit computed and how many its rule uses, with the
+    widest 95 % interval over those (what the audit's ``--dominance-inputs`` decided)."""
+    computed = len({case.input for case in cases})
+    stop = dominance_stop(cases, mode, n_inputs)  # type: ignore[arg-type]
+    return (
+        f"  dominance: cases of {computed} of {n_inputs} inputs computed, {stop.inputs} used "
+        f"(--dominance-inputs {mode}; widest 95 % interval {stop.width:.3f})"
     )
 
 
@@ -247,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
                     gram_on_host=args.gram_on_host,
                 )
                 results.append(result)
-                print("\n".join([result.line(), *result.stages]), flush=True)
+                print("\n".join([result.line(), result.dominance, *result.stages]), flush=True)
     return results
 
 

@@ -36,6 +36,11 @@ def test_the_gpu_checks_script_runs_every_step_in_a_dry_run(tmp_path: Path) -> N
         (name, "0") for name in ("doctor", "cuda-tests", "gram", "target", "gram-host")
     ]
     assert "Gram spectra on the host" in (tmp_path / "out" / "gram-host.txt").read_text()
+    # 8 inputs, below the rule's first look: every input's cases computed and used
+    assert (
+        "dominance: cases of 8 of 8 inputs computed, 8 used"
+        in (tmp_path / "out" / "target.txt").read_text()
+    )
 
 
 @pytest.mark.realmodel
