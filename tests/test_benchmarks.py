@@ -163,6 +163,41 @@ def test_the_gram_benchmark_times_every_host_solver_against_the_first() -> None:
     assert timings[1].max_relative_difference < 1e-14
 
 
+def test_the_gram_benchmarks_device_rows_run_on_a_stand_in_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The device rows and parts run only on a lent GPU, where a broken one costs the lease's
+    step: here NumPy stands in for CuPy (the raw kernels by the array code they mirror, the
+    synchronisation a no-op), so a renamed function or a wrong argument fails on the CPU."""
+    import types
+
+    import numpy as np
+
+    from benchmarks import bench_gram
+    from oversmooth.importers.runtime import device_spectra
+
+    device = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(synchronize=lambda: None))
+    )
+    monkeypatch.setattr(bench_gram, "array_module", lambda stack: device)
+    monkeypatch.setattr(
+        bench_gram, "raw_householder_tridiagonal", device_spectra.householder_tridiagonal
+    )
+    rows = np.random.default_rng(1).standard_normal((16, 9, 12))
+    stack = rows @ rows.transpose(0, 2, 1)
+    parts = bench_gram.time_device_parts(stack, repeats=1)
+    assert list(parts) == [
+        "tridiagonalisation, fused kernels",
+        "tridiagonalisation, raw kernels",
+        "bisection",
+    ]
+    assert all(list(by_size) == [2, 16] and min(by_size.values()) > 0 for by_size in parts.values())
+    solvers = bench_gram._solvers(stack, threads=2)
+    reference = np.linalg.eigvalsh(stack)
+    for name in ("device, tridiagonal", "device, raw kernels", "device, batched"):
+        np.testing.assert_allclose(solvers[name](stack), reference, atol=1e-12 * reference.max())
+
+
 @pytest.mark.realmodel
 def test_the_gram_benchmark_reads_the_models_own_gram_matrices() -> None:
     from benchmarks.bench_gram import gram_stack
