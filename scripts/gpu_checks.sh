@@ -27,7 +27,7 @@ provider=${PROVIDER:-cuda}
 model=${MODEL:-dinov2-vits14}
 batch=${BATCH:-64}
 per_audit=${BATCHES_PER_AUDIT:-16}
-gram_count=${GRAM_COUNT:-1600}
+gram_count=${GRAM_COUNT:-800}
 steps=" ${STEPS:-doctor cuda-tests gram target gram-host} "
 
 printf 'step\texit\tseconds\n' >"$out/steps.tsv"
@@ -51,7 +51,7 @@ step cuda-tests 90 "$python" -m pytest -q -p no:cacheprovider -m cuda \
     tests/importers/runtime/test_reductions.py tests/importers/runtime/test_cuda.py \
     tests/importers/runtime/test_device_path.py tests/importers/runtime/test_device_spectra.py \
     tests/importers/runtime/test_householder_kernels.py
-step gram 60 "$python" -m benchmarks gram --model "$model" --provider "$provider" \
+step gram 90 "$python" -m benchmarks gram --model "$model" --provider "$provider" \
     --count "$gram_count"
 step target 180 "$python" "${device[@]}"
 step gram-host 180 "$python" "${device[@]}" --gram-on-host
