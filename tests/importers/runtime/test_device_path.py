@@ -9,18 +9,15 @@ there, and the answers are the host path's (same kinds, μ to EIG_TOL, metrics t
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
 from oversmooth.importers.audit.dominance import DominanceProblem, stacked_cases
 from oversmooth.importers.audit.session import audit_session, layer_tensors
-from oversmooth.importers.errors import ProviderError
 from oversmooth.importers.match import find_attention_blocks
 from oversmooth.importers.runtime.reductions import plan_reductions
-from oversmooth.importers.runtime.runner import Runner, open_session
+from oversmooth.importers.runtime.runner import Runner
 from oversmooth.importers.weights import block_weights
 from oversmooth.simulator.backend import HostCopies, on_host
 from oversmooth.simulator.metrics import METRICS
@@ -37,7 +34,7 @@ from oversmooth.simulator.theory import HEAD_KINDS
 from oversmooth.simulator.tolerances import EIG_TOL, GRAM_ATOL, GRAM_RTOL, TIE_RTOL
 from tests.importers.audit.test_dominance import attention_problems
 from tests.importers.audited import builder_model_and_inputs
-from tests.importers.builders import assemble
+from tests.importers.runtime.device_helpers import cupy_or_skip
 
 SEED = 0
 
@@ -115,23 +112,9 @@ def test_the_cpu_session_keeps_nothing_on_a_device() -> None:
 # --- where CUDA and CuPy work ------------------------------------------------------------------
 
 
-def _cupy_or_skip() -> types.ModuleType:
-    tiny = assemble("bert_legacy", SEED).built.model.SerializeToString()
-    try:
-        open_session(tiny, "cuda")
-    except ProviderError as err:
-        pytest.skip(f"no CUDA here: {err}")
-    from oversmooth.importers.runtime.cuda import device_arrays
-
-    cupy = device_arrays()
-    if cupy is None:
-        pytest.skip("CuPy is not installed or sees no GPU (the `gpu` extra installs it)")
-    return cupy
-
-
 @pytest.mark.cuda
 def test_the_runner_yields_device_outputs_equal_to_the_host_copies() -> None:
-    cupy = _cupy_or_skip()
+    cupy = cupy_or_skip()
     model, inputs = builder_model_and_inputs("bert_legacy")
     blocks = find_attention_blocks(model).blocks
     layers = layer_tensors(blocks)
@@ -157,7 +140,7 @@ def test_the_runner_yields_device_outputs_equal_to_the_host_copies() -> None:
 @pytest.mark.cuda
 @pytest.mark.realmodel
 def test_the_certificate_on_the_gpu_gives_the_host_answers() -> None:
-    cupy = _cupy_or_skip()
+    cupy = cupy_or_skip()
     problems = attention_problems("dinov2-vits14")
     on_device = [
         DominanceProblem(p.item, p.layer, cupy.asarray(p.probs), p.token_mask, p.eig_H)
@@ -179,7 +162,7 @@ def test_the_certificate_on_the_gpu_gives_the_host_answers() -> None:
 
 @pytest.mark.cuda
 def test_gram_eigenvalues_on_the_gpu_give_the_host_metrics() -> None:
-    cupy = _cupy_or_skip()
+    cupy = cupy_or_skip()
     X = np.random.default_rng(3).normal(size=(16, 257, 64)) @ np.diag(np.geomspace(1, 1e-3, 64))
     gram = X @ np.swapaxes(X, -1, -2)
     on_gpu = gram_eigenvalues(cupy.asarray(gram))
@@ -198,7 +181,7 @@ def test_gram_eigenvalues_on_the_gpu_give_the_host_metrics() -> None:
 def test_a_device_spectrum_that_fails_the_frobenius_check_is_redone_on_the_host() -> None:
     """CuPy's batched solver reports no failure unless asked: a spectrum that fails the check
     (here the diagonal, as a run stopped before any sweep returns) is recomputed by LAPACK."""
-    cupy = _cupy_or_skip()
+    cupy = cupy_or_skip()
     X = np.random.default_rng(4).normal(size=(3, 257, 64))
     gram = X @ np.swapaxes(X, -1, -2)
     on_device = cupy.asarray(gram)

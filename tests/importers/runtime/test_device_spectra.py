@@ -9,8 +9,6 @@ the fused kernels equal the plain array operations, and the whole device solve e
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -26,43 +24,14 @@ from oversmooth.importers.runtime.device_spectra import (
     tridiagonal_eigenvalues,
 )
 from oversmooth.simulator import statistics
-from oversmooth.simulator.tolerances import EPS
-from tests.importers.runtime.test_device_path import _cupy_or_skip
-
-#: Eigenvalues of an order-n Gram matrix agree with LAPACK's to this many n·ε·‖G‖₂ (both
-#: backward stable: each is within a small multiple of ε‖G‖₂ of the exact one).
-AGREEMENT_ULPS = 4.0
-
-
-def _grams(seed: int, count: int, n: int, d: int, rank: int | None = None) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if rank is None:
-        X = rng.normal(size=(count, n, d))
-    else:
-        X = rng.normal(size=(count, n, rank)) @ rng.normal(size=(count, rank, d))
-    return X @ np.swapaxes(X, -1, -2)
-
-
-def _assert_same_spectra(eig: np.ndarray, gram: np.ndarray) -> None:
-    reference = np.linalg.eigvalsh(gram)
-    n = gram.shape[-1]
-    scale = np.abs(reference).max(axis=-1, keepdims=True)
-    assert np.all(np.abs(eig - reference) <= AGREEMENT_ULPS * max(n, 1) * EPS * scale)
-
-
-def _special_grams() -> np.ndarray:
-    """Order 40: a zero matrix, one with padded (zero) rows and columns, one of rank 1, one
-    scaled by 1e-30, one already diagonal, one already tridiagonal with a zero subdiagonal."""
-    grams = _grams(7, 6, 40, 60)
-    grams[0] = 0.0
-    grams[1][30:, :] = grams[1][:, 30:] = 0.0
-    x = np.arange(40.0)
-    grams[2] = np.outer(x, x)
-    grams[3] *= 1e-30
-    grams[4] = np.diag(np.arange(40.0) - 20.0)
-    grams[5] = np.diag(np.ones(40)) + np.diag(np.r_[np.ones(19), 0.0, np.ones(19)], -1)
-    grams[5] += np.tril(grams[5], -1).T
-    return grams
+from tests.importers.runtime.device_helpers import (
+    assert_same_spectra,
+    cupy_or_skip,
+    host_program,
+    random_grams,
+    run_program,
+    special_grams,
+)
 
 
 @pytest.mark.parametrize(
@@ -80,17 +49,17 @@ def _special_grams() -> np.ndarray:
 def test_tridiagonalisation_keeps_every_eigenvalue(
     count: int, n: int, d: int, rank: int | None
 ) -> None:
-    gram = _grams(count * n, count, n, d, rank)
+    gram = random_grams(count * n, count, n, d, rank)
     d_, e = householder_tridiagonal(gram.copy())
     assert d_.shape == (count, n)
     assert e.shape == (count, max(n - 1, 0))
-    _assert_same_spectra(tridiagonal_eigenvalues(d_, e), gram)
+    assert_same_spectra(tridiagonal_eigenvalues(d_, e), gram)
 
 
 def test_tridiagonalisation_of_special_matrices() -> None:
-    gram = _special_grams()
+    gram = special_grams()
     d, e = householder_tridiagonal(gram.copy())
-    _assert_same_spectra(tridiagonal_eigenvalues(d, e), gram)
+    assert_same_spectra(tridiagonal_eigenvalues(d, e), gram)
     assert np.all(d[0] == 0.0)
     assert np.all(e[0] == 0.0)
 
@@ -102,15 +71,15 @@ def test_tridiagonalisation_of_special_matrices() -> None:
     scale=st.sampled_from([1e-200, 1e-8, 1.0, 1e8, 1e150]),
 )
 def test_tridiagonalisation_property(seed: int, n: int, d: int, scale: float) -> None:
-    gram = _grams(seed, 2, n, d) * scale
+    gram = random_grams(seed, 2, n, d) * scale
     d_, e = householder_tridiagonal(gram.copy())
-    _assert_same_spectra(tridiagonal_eigenvalues(d_, e), gram)
+    assert_same_spectra(tridiagonal_eigenvalues(d_, e), gram)
 
 
 def test_a_broken_reflector_is_caught() -> None:
     """The comparison above fails when a step reflects with the wrong sign of α (a reflector
     that does not map x onto α e₁ changes the spectrum): the test can fail."""
-    gram = _grams(1, 2, 30, 40)
+    gram = random_grams(1, 2, 30, 40)
     original = device_spectra._trailing_operations
 
     def wrong_update(xp):  # type: ignore[no-untyped-def]
@@ -121,44 +90,25 @@ def test_a_broken_reflector_is_caught() -> None:
         patch.setattr(device_spectra, "_trailing_operations", wrong_update)
         d, e = householder_tridiagonal(gram.copy())
     with pytest.raises(AssertionError):
-        _assert_same_spectra(tridiagonal_eigenvalues(d, e), gram)
+        assert_same_spectra(tridiagonal_eigenvalues(d, e), gram)
 
 
 def test_only_the_lower_triangle_is_read_as_by_lapack() -> None:
     """An inexactly symmetric Gram matrix (a general product's rounding, here exaggerated): the
     device solver's steps see what LAPACK's ``eigvalsh`` reads, the lower triangle."""
-    gram = _grams(21, 3, 30, 40)
+    gram = random_grams(21, 3, 30, 40)
     gram = (gram + np.swapaxes(gram, -1, -2)) / 2  # exactly symmetric
     skewed = gram + np.triu(np.random.default_rng(5).normal(size=gram.shape), 1)
     work = from_lower_triangle(skewed)
     np.testing.assert_array_equal(work, gram)
     d, e = householder_tridiagonal(work)
-    _assert_same_spectra(tridiagonal_eigenvalues(d, e), skewed)
+    assert_same_spectra(tridiagonal_eigenvalues(d, e), skewed)
 
 
 def test_on_the_host_gram_eigenvalues_are_lapacks() -> None:
-    gram = _grams(3, 4, 30, 20)
+    gram = random_grams(3, 4, 30, 20)
     np.testing.assert_array_equal(gram_eigenvalues(gram), statistics.gram_eigenvalues(gram))
 
-
-#: What lets a CUDA kernel's source run under a host C++ compiler: thread indices as globals,
-#: and LAUNCH running every (block, thread) of a grid one after another. Exact for kernels whose
-#: threads share no memory and never synchronise, as the kernels here are written.
-SHIMS = r"""
-#include <cmath>
-#include <cstdio>
-#include <vector>
-using std::fabs; using std::fmin; using std::fmax; using std::sqrt;
-struct Index { long long x, y; };
-static Index blockIdx, threadIdx, blockDim;
-#define LAUNCH(grid_x, grid_y, threads, call) \
-    for (blockIdx.y = 0; blockIdx.y < (grid_y); ++blockIdx.y) \
-        for (blockIdx.x = 0; blockIdx.x < (grid_x); ++blockIdx.x) \
-            for (blockDim.x = (threads), threadIdx.x = 0; threadIdx.x < (threads); ++threadIdx.x) \
-                call;
-#define __global__
-#define extern
-"""
 
 _BISECTION_MAIN = r"""
 int main() {
@@ -176,25 +126,6 @@ int main() {
 """
 
 
-def host_program(tmp_path: Path, kernels: str, main: str) -> Path:
-    """CUDA kernels' ``source`` and a host ``main`` compiled under :data:`SHIMS`; the binary."""
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.skip("no C++ compiler here to run the kernels' source")
-    source = tmp_path / "kernels.cpp"
-    source.write_text(SHIMS + kernels.replace('"C" ', "") + main, encoding="utf-8")
-    binary = tmp_path / "kernels"
-    subprocess.run([compiler, "-O2", "-o", str(binary), str(source)], check=True)
-    return binary
-
-
-def run_program(binary: Path, header: str, numbers: np.ndarray) -> np.ndarray:
-    """``binary`` fed ``header`` and ``numbers`` on its standard input; the numbers it prints."""
-    text = header + "\n" + " ".join(f"{value:.17g}" for value in numbers.ravel())
-    result = subprocess.run([str(binary)], input=text, capture_output=True, text=True, check=True)
-    return np.array(result.stdout.split(), dtype=np.float64)
-
-
 def _host_bisection(tmp_path: Path, d: np.ndarray, e: np.ndarray) -> np.ndarray:
     """The bisection kernel's source run by the host's C++ compiler, one 'thread' at a time."""
     binary = host_program(tmp_path, device_spectra._BISECTION_SOURCE, _BISECTION_MAIN)
@@ -203,20 +134,20 @@ def _host_bisection(tmp_path: Path, d: np.ndarray, e: np.ndarray) -> np.ndarray:
 
 
 def test_the_bisection_kernel_source_gives_lapacks_eigenvalues(tmp_path: Path) -> None:
-    grams = [_grams(5, 3, 257, 384), _grams(6, 3, 257, 384, rank=3), _special_grams()]
-    grams += [_grams(8, 3, n, 4) for n in (1, 2, 3)]
+    grams = [random_grams(5, 3, 257, 384), random_grams(6, 3, 257, 384, rank=3), special_grams()]
+    grams += [random_grams(8, 3, n, 4) for n in (1, 2, 3)]
     for gram in grams:
         d, e = householder_tridiagonal(gram.copy())
         eig = _host_bisection(tmp_path, d, e)
-        _assert_same_spectra(eig, gram)
+        assert_same_spectra(eig, gram)
     zero = _host_bisection(tmp_path, np.zeros((1, 5)), np.zeros((1, 4)))
     np.testing.assert_array_equal(zero, 0.0)
 
 
 @pytest.mark.cuda
 def test_fused_kernels_equal_the_array_operations_on_the_gpu() -> None:
-    cupy = _cupy_or_skip()
-    gram = cupy.asarray(_grams(9, 5, 64, 80))
+    cupy = cupy_or_skip()
+    gram = cupy.asarray(random_grams(9, 5, 64, 80))
     fused = device_spectra._trailing_operations(cupy)
     block, v = gram[:, 3:, 3:], cupy.asarray(np.random.default_rng(2).normal(size=(5, 61)))
     w = 0.5 * v[:, ::-1]
@@ -232,12 +163,12 @@ def test_fused_kernels_equal_the_array_operations_on_the_gpu() -> None:
 
 @pytest.mark.cuda
 def test_gram_eigenvalues_on_the_gpu_are_lapacks() -> None:
-    cupy = _cupy_or_skip()
-    grams = [_grams(5, 4, 257, 384), _grams(6, 4, 257, 384, rank=3), _special_grams()]
+    cupy = cupy_or_skip()
+    grams = [random_grams(5, 4, 257, 384), random_grams(6, 4, 257, 384, rank=3), special_grams()]
     for gram in grams:
         eig = gram_eigenvalues(cupy.asarray(gram))
         assert isinstance(eig, np.ndarray)
-        _assert_same_spectra(eig, gram)
+        assert_same_spectra(eig, gram)
     zero = gram_eigenvalues(cupy.zeros((2, 9, 9)))
     np.testing.assert_array_equal(zero, 0.0)
 
@@ -283,7 +214,11 @@ def test_a_batchs_device_grams_are_solved_in_one_stacked_call(
     monkeypatch.setattr(reductions, "gram_eigenvalues", solve)
     names = ("a", "b", "c", "d")
     plan = ReductionPlan(names, "tokens", False, GraphExtension(), replaced=frozenset({1}))
-    grams = {0: _grams(0, 4, 9, 12), 2: _grams(2, 4, 9, 12), 3: _grams(3, 4, 5, 12)}
+    grams = {
+        0: random_grams(0, 4, 9, 12),
+        2: random_grams(2, 4, 9, 12),
+        3: random_grams(3, 4, 5, 12),
+    }
     outputs = {plan.gram_name(layer): _Held(gram) for layer, gram in grams.items()}
     assert plan.grams_on_device(outputs)
     spectra = plan.layer_spectra(outputs, [0, 2, 3])

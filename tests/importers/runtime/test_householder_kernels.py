@@ -1,7 +1,7 @@
 """The tridiagonalisation's raw CUDA kernels, run on the CPU and (marker ``cuda``) on a GPU.
 
 On the CPU their source runs under the host's C++ compiler, one thread after another
-(:data:`tests.importers.runtime.test_device_spectra.SHIMS`), driven step by step as
+(:data:`tests.importers.runtime.device_helpers.SHIMS`), driven step by step as
 :func:`~oversmooth.importers.runtime.householder_kernels.raw_householder_tridiagonal` drives
 them: the tridiagonal it leaves must be the array code's and keep LAPACK's eigenvalues.
 """
@@ -19,13 +19,13 @@ from oversmooth.importers.runtime.device_spectra import (
     tridiagonal_eigenvalues,
 )
 from oversmooth.importers.runtime.householder_kernels import STEP_SOURCE
-from tests.importers.runtime.test_device_path import _cupy_or_skip
-from tests.importers.runtime.test_device_spectra import (
-    _assert_same_spectra,
-    _grams,
-    _special_grams,
+from tests.importers.runtime.device_helpers import (
+    assert_same_spectra,
+    cupy_or_skip,
     host_program,
+    random_grams,
     run_program,
+    special_grams,
 )
 
 #: The host loop of raw_householder_tridiagonal, with the launches run by the shims' LAUNCH
@@ -70,11 +70,11 @@ def _host_steps(binary: Path, gram: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 def test_the_raw_kernels_give_the_array_codes_tridiagonal(tmp_path: Path) -> None:
     binary = host_program(tmp_path, STEP_SOURCE, _STEPS_MAIN)
-    grams = [_grams(11, 3, 257, 384), _grams(12, 2, 257, 384, rank=2), _special_grams()]
-    grams += [_grams(13, 2, n, 3) for n in (1, 2, 3, 4)]
+    grams = [random_grams(11, 3, 257, 384), random_grams(12, 2, 257, 384, rank=2), special_grams()]
+    grams += [random_grams(13, 2, n, 3) for n in (1, 2, 3, 4)]
     for gram in grams:
         d, e = _host_steps(binary, gram)
-        _assert_same_spectra(tridiagonal_eigenvalues(d, e), gram)
+        assert_same_spectra(tridiagonal_eigenvalues(d, e), gram)
         d_array, e_array = householder_tridiagonal(gram.copy())
         scale = np.abs(gram).max(axis=(1, 2))[:, None] + np.finfo(float).tiny
         # the same reflectors, the sums in another order: the same T to round-off
@@ -88,17 +88,17 @@ def test_a_wrong_update_in_the_raw_kernels_is_caught(tmp_path: Path) -> None:
     broken = STEP_SOURCE.replace("vb[i] * wb[j] + wb[i] * vb[j]", "vb[i] * wb[j]")
     assert broken != STEP_SOURCE
     binary = host_program(tmp_path, broken, _STEPS_MAIN)
-    gram = _grams(14, 2, 30, 40)
+    gram = random_grams(14, 2, 30, 40)
     d, e = _host_steps(binary, gram)
     with pytest.raises(AssertionError):
-        _assert_same_spectra(tridiagonal_eigenvalues(d, e), gram)
+        assert_same_spectra(tridiagonal_eigenvalues(d, e), gram)
 
 
 @pytest.mark.cuda
 def test_the_raw_kernels_on_the_gpu_give_the_array_codes_tridiagonal() -> None:
     from oversmooth.importers.runtime.householder_kernels import raw_householder_tridiagonal
 
-    cupy = _cupy_or_skip()
-    for gram in (_grams(15, 4, 257, 384), _special_grams(), _grams(16, 3, 3, 2)):
+    cupy = cupy_or_skip()
+    for gram in (random_grams(15, 4, 257, 384), special_grams(), random_grams(16, 3, 3, 2)):
         d, e = raw_householder_tridiagonal(cupy.asarray(gram))
-        _assert_same_spectra(cupy.asnumpy(tridiagonal_eigenvalues(d, e)), gram)
+        assert_same_spectra(cupy.asnumpy(tridiagonal_eigenvalues(d, e)), gram)

@@ -1,0 +1,108 @@
+"""Helpers of the device-spectra tests: Gram matrices to solve, the agreement with LAPACK, CuPy
+or a skip, and CUDA kernel sources run on the host (:data:`SHIMS`)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oversmooth.importers.errors import ProviderError
+from oversmooth.importers.runtime.runner import open_session
+from oversmooth.simulator.tolerances import EPS
+from tests.importers.builders import assemble
+
+#: Eigenvalues of an order-n Gram matrix agree with LAPACK's to this many n·ε·‖G‖₂ (both
+#: backward stable: each is within a small multiple of ε‖G‖₂ of the exact one).
+AGREEMENT_ULPS = 4.0
+
+
+def random_grams(seed: int, count: int, n: int, d: int, rank: int | None = None) -> np.ndarray:
+    """``(count, n, n)`` Gram matrices ``X Xᵀ`` of normal ``(n, d)`` matrices X (of ``rank``)."""
+    rng = np.random.default_rng(seed)
+    if rank is None:
+        X = rng.normal(size=(count, n, d))
+    else:
+        X = rng.normal(size=(count, n, rank)) @ rng.normal(size=(count, rank, d))
+    return X @ np.swapaxes(X, -1, -2)
+
+
+def assert_same_spectra(eig: np.ndarray, gram: np.ndarray) -> None:
+    """``eig`` is LAPACK's spectrum of ``gram`` to :data:`AGREEMENT_ULPS` · n ε ‖G‖₂."""
+    reference = np.linalg.eigvalsh(gram)
+    n = gram.shape[-1]
+    scale = np.abs(reference).max(axis=-1, keepdims=True)
+    assert np.all(np.abs(eig - reference) <= AGREEMENT_ULPS * max(n, 1) * EPS * scale)
+
+
+def special_grams() -> np.ndarray:
+    """Order 40: a zero matrix, one with padded (zero) rows and columns, one of rank 1, one
+    scaled by 1e-30, one already diagonal, one already tridiagonal with a zero subdiagonal."""
+    grams = random_grams(7, 6, 40, 60)
+    grams[0] = 0.0
+    grams[1][30:, :] = grams[1][:, 30:] = 0.0
+    x = np.arange(40.0)
+    grams[2] = np.outer(x, x)
+    grams[3] *= 1e-30
+    grams[4] = np.diag(np.arange(40.0) - 20.0)
+    grams[5] = np.diag(np.ones(40)) + np.diag(np.r_[np.ones(19), 0.0, np.ones(19)], -1)
+    grams[5] += np.tril(grams[5], -1).T
+    return grams
+
+
+#: What lets a CUDA kernel's source run under a host C++ compiler: thread indices as globals,
+#: and LAUNCH running every (block, thread) of a grid one after another. Exact for kernels whose
+#: threads share no memory and never synchronise, as the kernels here are written.
+SHIMS = r"""
+#include <cmath>
+#include <cstdio>
+#include <vector>
+using std::fabs; using std::fmin; using std::fmax; using std::sqrt;
+struct Index { long long x, y; };
+static Index blockIdx, threadIdx, blockDim;
+#define LAUNCH(grid_x, grid_y, threads, call) \
+    for (blockIdx.y = 0; blockIdx.y < (grid_y); ++blockIdx.y) \
+        for (blockIdx.x = 0; blockIdx.x < (grid_x); ++blockIdx.x) \
+            for (blockDim.x = (threads), threadIdx.x = 0; threadIdx.x < (threads); ++threadIdx.x) \
+                call;
+#define __global__
+#define extern
+"""
+
+
+def host_program(tmp_path: Path, kernels: str, main: str) -> Path:
+    """CUDA kernels' ``source`` and a host ``main`` compiled under :data:`SHIMS`; the binary."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler here to run the kernels' source")
+    source = tmp_path / "kernels.cpp"
+    source.write_text(SHIMS + kernels.replace('"C" ', "") + main, encoding="utf-8")
+    binary = tmp_path / "kernels"
+    subprocess.run([compiler, "-O2", "-o", str(binary), str(source)], check=True)
+    return binary
+
+
+def run_program(binary: Path, header: str, numbers: np.ndarray) -> np.ndarray:
+    """``binary`` fed ``header`` and ``numbers`` on its standard input; the numbers it prints."""
+    text = header + "\n" + " ".join(f"{value:.17g}" for value in numbers.ravel())
+    result = subprocess.run([str(binary)], input=text, capture_output=True, text=True, check=True)
+    return np.array(result.stdout.split(), dtype=np.float64)
+
+
+def cupy_or_skip() -> types.ModuleType:
+    """CuPy, where a CUDA session opens and CuPy sees a GPU; else the test is skipped."""
+    tiny = assemble("bert_legacy", 0).built.model.SerializeToString()
+    try:
+        open_session(tiny, "cuda")
+    except ProviderError as err:
+        pytest.skip(f"no CUDA here: {err}")
+    from oversmooth.importers.runtime.cuda import device_arrays
+
+    cupy = device_arrays()
+    if cupy is None:
+        pytest.skip("CuPy is not installed or sees no GPU (the `gpu` extra installs it)")
+    return cupy
