@@ -77,8 +77,8 @@ def test_tridiagonalisation_property(seed: int, n: int, d: int, scale: float) ->
 
 
 def test_a_broken_reflector_is_caught() -> None:
-    """The comparison above fails when a step reflects with the wrong sign of α (a reflector
-    that does not map x onto α e₁ changes the spectrum): the test can fail."""
+    """The comparison above fails when a step's update is wrong (here ``A + v wᵀ + w vᵀ``, not
+    the similarity ``P A P``, which changes the spectrum): the test can fail."""
     gram = random_grams(1, 2, 30, 40)
     original = device_spectra._trailing_operations
 
