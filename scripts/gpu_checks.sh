@@ -18,6 +18,15 @@
 # A dry run elsewhere: PROVIDER=cpu MODEL=minilm-l3 BATCH=8 BATCHES_PER_AUDIT=2 GRAM_COUNT=50.
 set -uo pipefail
 
+known="doctor cuda-tests gram target gram-host"
+steps=" ${STEPS:-$known} "
+for name in $steps; do
+    if [[ " $known " != *" $name "* ]]; then
+        echo "STEPS names an unknown step '$name'; expected some of: $known" >&2
+        exit 2
+    fi
+done
+
 site=$(cd "${1:?usage: $0 SITE OUT}" && pwd)
 mkdir -p "${2:?usage: $0 SITE OUT}"
 out=$(cd "$2" && pwd)
@@ -28,7 +37,6 @@ model=${MODEL:-dinov2-vits14}
 batch=${BATCH:-64}
 per_audit=${BATCHES_PER_AUDIT:-16}
 gram_count=${GRAM_COUNT:-800}
-steps=" ${STEPS:-doctor cuda-tests gram target gram-host} "
 
 printf 'step\texit\tseconds\n' >"$out/steps.tsv"
 

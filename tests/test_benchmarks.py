@@ -274,3 +274,28 @@ def _gpu_checks(tmp_path: Path, environment: dict[str, str], timeout: int) -> li
         timeout=timeout,
     )
     return [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()[1:]]
+
+
+def test_the_gpu_checks_script_refuses_an_unknown_step(tmp_path: Path) -> None:
+    """A misspelt step would otherwise run nothing and report success: one line, exit 2."""
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "site").mkdir()
+    result = subprocess.run(
+        [
+            "bash",
+            str(root / "scripts" / "gpu_checks.sh"),
+            str(tmp_path / "site"),
+            str(tmp_path / "out"),
+        ],
+        cwd=root,
+        env={**os.environ, "PYTHON": sys.executable, "STEPS": "doctor targt"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "STEPS names an unknown step 'targt'; expected some of: "
+        "doctor cuda-tests gram target gram-host"
+    ]
+    assert not (tmp_path / "out").exists()

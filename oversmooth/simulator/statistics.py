@@ -244,8 +244,10 @@ def gram_eigenvalues(gram: Any) -> FloatArray:
     ----------
     gram : (..., k, k) array
         NumPy, or a device library's (CuPy): then the batched symmetric eigensolver of that
-        library runs on the device (cuSOLVER, float64) and only the ``(..., k)`` eigenvalues
-        come to the host.
+        library runs on the device (cuSOLVER's Jacobi solver, float64) and only the ``(..., k)``
+        eigenvalues come to the host. This branch is the generic one for any NumPy-like device
+        library; a caller with a faster solver for one library (the audit has one for CuPy,
+        built on CUDA kernels this NumPy-only layer does not import) uses its own.
 
     Returns
     -------

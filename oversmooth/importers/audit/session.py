@@ -360,16 +360,16 @@ class _BatchWork:
         self._sublayer = sublayer
 
     def result(self) -> Cases:
-        for layer in self._metrics:  # in depth order: the first layer's error is the one raised
-            layer.result()
+        for group in self._metrics:  # in depth order: the first layer's error is the one raised
+            group.result()
         cases = self._dominance.result() if self._dominance is not None else []
         exact = self._operator.result() if self._operator is not None else []
         sublayer = self._sublayer.result() if self._sublayer is not None else ([], [])
         return cases, exact, self._heads.result() if self._heads is not None else [], sublayer
 
     def cancel(self) -> None:
-        for layer in self._metrics:
-            layer.cancel()
+        for group in self._metrics:
+            group.cancel()
         if self._dominance is not None:
             self._dominance.cancel()
         for future in (self._operator, self._heads, self._sublayer):

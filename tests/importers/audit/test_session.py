@@ -172,6 +172,41 @@ def test_pipelined_cancels_the_pending_work_when_a_batch_fails() -> None:
     assert log == ["cancel 0"]
 
 
+def test_gram_matrices_on_a_device_are_one_task_and_one_solve_per_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where every layer's Gram matrices stayed on the GPU (here: said to have), a batch's layers
+    are one pool task whose spectra are one stacked solve, and the metrics are bitwise the
+    host path's (LAPACK solves each matrix of a stack on its own)."""
+    session_module = importlib.import_module("oversmooth.importers.audit.session")
+    reductions = importlib.import_module("oversmooth.importers.runtime.reductions")
+    path, inputs = _saved_bert(tmp_path)
+    on_host = audit(path, inputs, provider="cpu", batch_size=2)
+    measure_layers = session_module.measure_layers
+    solve = reductions.gram_eigenvalues
+    tasks: list[tuple[int, ...]] = []
+    solves: list[tuple[int, ...]] = []
+
+    def task(*args: Any) -> int:
+        tasks.append(tuple(args[-1]))
+        return measure_layers(*args)
+
+    def stacked(gram: np.ndarray) -> np.ndarray:
+        solves.append(gram.shape)
+        return solve(gram)
+
+    monkeypatch.setattr(session_module, "measure_layers", task)
+    monkeypatch.setattr(reductions, "gram_eigenvalues", stacked)
+    monkeypatch.setattr(reductions.ReductionPlan, "grams_on_device", lambda plan, outputs: True)
+    on_device = audit(path, inputs, provider="cpu", batch_size=2)
+    batches = -(-len(inputs.labels) // 2)
+    assert len(tasks) == len(solves) == batches
+    assert all(len(layers) == len(tasks[0]) >= 2 for layers in tasks)
+    assert all(shape[0] == len(tasks[0]) for shape in solves)  # every layer in one stack
+    for metric in METRICS:
+        np.testing.assert_array_equal(on_device.metrics[metric], on_host.metrics[metric])
+
+
 # Moved from tests/importers/runtime/test_reductions.py.
 def _saved_bert(folder: Path) -> tuple[Path, Inputs]:
     """The ``bert_legacy`` builder model saved in ``folder``, and its inputs."""
