@@ -37,6 +37,7 @@ from unittest import mock
 
 import numpy as np
 
+from benchmarks.bench_gram import host_pool
 from benchmarks.bench_runner import _repeated, _timed, available_providers, installed_models
 from benchmarks.stages import Spent, stage_lines, timed_stages
 from oversmooth.commands.common import count_or_rule
@@ -55,8 +56,6 @@ from oversmooth.importers.inputs.feeds import Inputs
 from oversmooth.importers.runtime import reductions
 from oversmooth.importers.runtime.cuda import device_arrays, gpu_info
 from oversmooth.importers.runtime.runner import default_threads, plain_session
-from oversmooth.simulator.backend import to_numpy
-from oversmooth.simulator.statistics import gram_eigenvalues
 
 __all__ = ["DeviceRates", "main", "parser", "rates"]
 
@@ -184,8 +183,10 @@ def _dominance_line(cases: Sequence[DominanceCase], mode: int | str, n_inputs: i
 
 
 def _gram_eigenvalues_on_the_host(gram: Any) -> np.ndarray:
-    """The Gram matrices' eigenvalues by LAPACK, after a copy to the host where they are on a GPU."""
-    return gram_eigenvalues(to_numpy(gram))
+    """The Gram matrices' eigenvalues by LAPACK, after a copy to the host where they are on a GPU,
+    on every host thread: a batch whose matrices were on the GPU hands all its layers' in one
+    stack (one task), which one thread would otherwise solve alone."""
+    return host_pool(default_threads())(gram)
 
 
 def _plain_and_session_seconds(

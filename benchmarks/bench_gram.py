@@ -56,7 +56,7 @@ from oversmooth.importers.weights import block_weights
 from oversmooth.simulator.backend import array_module, to_numpy
 from oversmooth.simulator.statistics import gram_eigenvalues, redo_unconverged, unconverged
 
-__all__ = ["GramTiming", "gram_stack", "main", "time_solvers"]
+__all__ = ["GramTiming", "gram_stack", "host_pool", "main", "time_device_parts", "time_solvers"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,10 @@ def gram_stack(name: str, provider: str, count: int) -> Any:
     return stack[xp.asarray(np.resize(np.arange(len(stack)), count))]
 
 
-def _host_pool(threads: int) -> Callable[[Any], np.ndarray]:
+def host_pool(threads: int) -> Callable[[Any], np.ndarray]:
+    """LAPACK's ``eigvalsh`` of a stack on ``threads`` host threads, a chunk of its first axis
+    each, after a copy to the host where the stack is on a GPU."""
+
     def solve(stack: Any) -> np.ndarray:
         host = to_numpy(stack)
         chunks = np.array_split(np.arange(len(host)), threads)
@@ -102,7 +105,7 @@ def _host_pool(threads: int) -> Callable[[Any], np.ndarray]:
 def _solvers(stack: Any, threads: int) -> dict[str, Callable[[Any], np.ndarray]]:
     solvers: dict[str, Callable[[Any], np.ndarray]] = {
         "host, 1 thread": lambda s: np.linalg.eigvalsh(to_numpy(s)),
-        f"host, {threads} threads": _host_pool(threads),
+        f"host, {threads} threads": host_pool(threads),
     }
     xp = array_module(stack)
     if xp is not np:

@@ -299,3 +299,16 @@ def test_the_gpu_checks_script_refuses_an_unknown_step(tmp_path: Path) -> None:
         "doctor cuda-tests gram target gram-host"
     ]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_host_pool_solves_any_stack_on_its_threads() -> None:
+    """``--gram-on-host`` hands a device batch's whole stack (layers, batch, k, k) to the pool,
+    which may have more threads than layers: LAPACK's values, bitwise."""
+    import numpy as np
+
+    from benchmarks.bench_gram import host_pool
+
+    rows = np.random.default_rng(2).standard_normal((3, 2, 6, 8))
+    stack = rows @ np.swapaxes(rows, -1, -2)
+    for threads in (1, 2, 5):
+        np.testing.assert_array_equal(host_pool(threads)(stack), np.linalg.eigvalsh(stack))
