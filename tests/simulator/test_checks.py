@@ -54,6 +54,14 @@ def test_long_run_check_holds_on_drawn_instances(check: Check, data: st.DataObje
 # ----------------------------------------------------------------------------------------------
 
 
+def test_divergence_holds_where_h_annihilates_the_perron_mode() -> None:
+    """λ^H = −1 against A's Perron root 1 (the space's corner h_low = h_ratio = 1, d = 1, which
+    hypothesis found): every Perron mode is zero, the predicted growth infinite; the first layer
+    sends HFC/LFC to round-off's ceiling, so claim 13 holds, rather than dividing by zero."""
+    params = {"n": 4, "d": 1, "scale": 1.4375, "h_low": 1.0, "h_ratio": 1.0, "seed": 83878}
+    _assert_holds(BY_NAME["doubly_stochastic_divergence"], params)
+
+
 def test_registry_covers_at_least_25_distinct_claims_of_1_to_30_and_claims_34_35() -> None:
     claims = {check.claim for check in CHECKS}
     assert claims <= set(range(1, 31)) | {34, 35}
