@@ -72,7 +72,15 @@ def test_layer_norm_matches_onnx_reference(n, d, seed, sign, eps):
     beta = rng.standard_normal(d).astype(np.float32)
     expected = _onnx_layer_norm(X, gamma, beta, eps)
     got = layer_norm(X.astype(np.float64), gamma, beta, eps=eps)
-    np.testing.assert_allclose(got, expected, rtol=FLOAT32_RTOL, atol=FLOAT32_ATOL)
+    # The float32 reference rounds x and its mean to ε₃₂|x| before subtracting, so its error is
+    # amplified by each row's κ = max|x| / sqrt(var + eps) (two nearly equal entries of d = 2
+    # gave κ = 625 and an error of 5.9e-5): the tolerance grows with κ, a few ε₃₂ per unit.
+    X64 = X.astype(np.float64)
+    kappa = np.abs(X64).max(axis=-1, keepdims=True) / np.sqrt(X64.var(axis=-1, keepdims=True) + eps)
+    rounding = 8 * np.finfo(np.float32).eps * kappa * np.abs(gamma)
+    assert np.all(
+        np.abs(got - expected) <= FLOAT32_ATOL + rounding + FLOAT32_RTOL * np.abs(expected)
+    )
 
 
 @given(n=sizes, d=st.integers(min_value=2, max_value=8), seed=seeds, c=st.floats(0.01, 10.0))
