@@ -22,13 +22,15 @@ certificate, the copies to the host, the dense spectra) and the other stages of
 
 Run with ``python -m benchmarks device [--batches 1 8 64] [--providers cpu cuda]
 [--models NAME ...] [--min-seconds S] [--batches-per-audit K] [--stages]
-[--dominance-inputs auto|all|N] [--gram-on-host]``.
+[--dominance-inputs auto|all|N] [--gram-solver fused|raw|block|host]`` (``--gram-on-host``:
+``--gram-solver host``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,11 +55,12 @@ from oversmooth.importers.audit.pipeline import (
 )
 from oversmooth.importers.graph import OnnxModel
 from oversmooth.importers.inputs.feeds import Inputs
-from oversmooth.importers.runtime import reductions
+from oversmooth.importers.runtime import device_spectra, reductions
 from oversmooth.importers.runtime.cuda import device_arrays, gpu_info
+from oversmooth.importers.runtime.householder_kernels import TRIDIAGONALISATIONS
 from oversmooth.importers.runtime.runner import default_threads, plain_session
 
-__all__ = ["DeviceRates", "main", "parser", "rates"]
+__all__ = ["GRAM_SOLVERS", "DeviceRates", "main", "parser", "rates"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,15 @@ class DeviceRates:
             f"{self.device_bytes_per_input / 2**20:>9.2f}  {self.device}"
         )
 
+
+#: How the benchmark may compute the audit's Gram spectra: on the device, by each of the
+#: tridiagonalisations (``fused`` is the audit's own), or by LAPACK on the host threads.
+GRAM_SOLVERS = (*TRIDIAGONALISATIONS, "host")
+#: What the device column adds for a Gram solver that is not the audit's.
+_GRAM_SOLVER_NOTES = {
+    "host": ", Gram spectra on the host",
+    **{name: f", Gram tridiagonal by the {name} kernels" for name in ("raw", "block")},
+}
 
 #: The whole audit's target on a GPU, as a share of plain inference's inputs per second.
 GPU_AUDIT_TARGET = 0.25
@@ -113,16 +125,18 @@ def rates(
     batches_per_audit: int,
     stages: bool = False,
     dominance_inputs: int | str = "auto",
-    gram_on_host: bool = False,
+    gram_solver: str = "fused",
 ) -> DeviceRates:
     """Plain, session and whole-audit inputs per second of one model at one batch size.
 
     ``stages``: also where the timed audit's time went (:func:`benchmarks.stages.stage_lines`);
     the wrappers that time the stages cost a few microseconds per call, in the audit's time too.
     ``dominance_inputs``: the audit's ``--dominance-inputs`` (``"all"`` times the dominance step on
-    every input; the default ``"auto"`` stops where the audit's rule does). ``gram_on_host``: the
-    audit's Gram spectra computed on the host (LAPACK on the worker threads) after a copy, where
-    the matrices would otherwise stay on a GPU: the alternative to the device's batched solver.
+    every input; the default ``"auto"`` stops where the audit's rule does). ``gram_solver``:
+    how the audit's Gram spectra are computed where the matrices stay on a GPU, one of
+    :data:`GRAM_SOLVERS`: the device's tridiagonalisation and bisection with the fused kernels
+    (``fused``, the audit's own), the raw kernels per step (``raw``) or one launch of a thread
+    block per matrix (``block``); or ``host``: LAPACK on every host thread after a copy.
     """
     ref = zoo.lookup(name, allow_fetch=False)  # the graph is already parsed: not again
     items = _repeated(inputs, batch)
@@ -145,9 +159,9 @@ def rates(
     prebuilt = measure_session(prepared, graph, many)
     totals: dict[str, Spent] = {}
     with contextlib.ExitStack() as timing:
-        if gram_on_host:
+        if gram_solver != "fused":
             timing.enter_context(
-                mock.patch.object(reductions, "gram_eigenvalues", _gram_eigenvalues_on_the_host)
+                mock.patch.object(reductions, "gram_eigenvalues", _gram_solver(gram_solver))
             )
         measure(prepared, graph, many, session=prebuilt)  # warm-up
         if stages:
@@ -160,7 +174,7 @@ def rates(
         name,
         provider,
         batch,
-        _device_name(provider) + (", Gram spectra on the host" if gram_on_host else ""),
+        _device_name(provider) + _GRAM_SOLVER_NOTES.get(gram_solver, ""),
         batch / seconds["plain"],
         batch / seconds["session"],
         many.batch_size / elapsed,
@@ -179,6 +193,15 @@ def _dominance_line(cases: Sequence[DominanceCase], mode: int | str, n_inputs: i
     return (
         f"  dominance: cases of {computed} of {n_inputs} inputs computed, {stop.inputs} used "
         f"(--dominance-inputs {mode}; widest 95 % interval {stop.width:.3f})"
+    )
+
+
+def _gram_solver(name: str) -> Callable[[Any], np.ndarray]:
+    """The Gram spectra's function for :data:`GRAM_SOLVERS` entry ``name`` (not ``fused``)."""
+    if name == "host":
+        return _gram_eigenvalues_on_the_host
+    return functools.partial(
+        device_spectra.gram_eigenvalues, tridiagonalise=TRIDIAGONALISATIONS[name]
     )
 
 
@@ -224,9 +247,18 @@ def parser() -> argparse.ArgumentParser:
         help="the audit's --dominance-inputs (default auto)",
     )
     parser.add_argument(
+        "--gram-solver",
+        choices=GRAM_SOLVERS,
+        default="fused",
+        help="the audit's Gram spectra on a GPU: its tridiagonalisation by the fused kernels (the "
+        "audit's), the raw kernels or one block per matrix; or LAPACK on the host threads",
+    )
+    parser.add_argument(
         "--gram-on-host",
-        action="store_true",
-        help="the audit's Gram spectra by LAPACK on the host threads, not the GPU's solver",
+        dest="gram_solver",
+        action="store_const",
+        const="host",
+        help="the same as --gram-solver host",
     )
     return parser
 
@@ -260,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
                     batches_per_audit=args.batches_per_audit,
                     stages=args.stages,
                     dominance_inputs=args.dominance_inputs,
-                    gram_on_host=args.gram_on_host,
+                    gram_solver=args.gram_solver,
                 )
                 results.append(result)
                 print("\n".join([result.line(), result.dominance, *result.stages]), flush=True)

@@ -12,11 +12,13 @@ times, on the model's own Gram matrices (the audit's session on the bundled inpu
 - ``host, 1 thread``: NumPy's ``eigvalsh`` (LAPACK), one matrix after another, one BLAS thread;
 - ``host, N threads``: the same on a pool of N threads, one chunk of matrices each (the copy from
   the GPU included where the matrices are there);
-- ``device, tridiagonal``: Householder tridiagonalisation and bisection on the whole stack with
-  the Frobenius check that redoes a failed spectrum on the host, as the audit runs it on a GPU
-  (:func:`~oversmooth.importers.runtime.device_spectra.gram_eigenvalues`);
-- ``device, raw kernels``: the same with the tridiagonalisation's steps as four raw kernels
-  (:mod:`oversmooth.importers.runtime.householder_kernels`, not yet the audit's);
+- ``device, fused``: Householder tridiagonalisation (two fused kernels per step) and bisection on
+  the whole stack with the Frobenius check that redoes a failed spectrum on the host, as the
+  audit runs it on a GPU (:func:`~oversmooth.importers.runtime.device_spectra.gram_eigenvalues`);
+- ``device, raw`` and ``device, block``: the same with the tridiagonalisation as four raw kernels
+  per step or as one launch of a thread block per matrix
+  (:data:`~oversmooth.importers.runtime.householder_kernels.TRIDIAGONALISATIONS`, not yet the
+  audit's);
 - ``device, batched``: CuPy's ``eigvalsh`` on the whole stack (cuSOLVER's Jacobi solver) with the
   same check (:func:`~oversmooth.simulator.statistics.gram_eigenvalues`), as the audit ran it
   before; how many spectra of each device solver failed the check is printed;
@@ -35,6 +37,7 @@ Run with ``python -m benchmarks gram [--model NAME] [--provider cpu|cuda] [--cou
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -50,11 +53,11 @@ from oversmooth.importers import zoo
 from oversmooth.importers.audit.session import audit_session
 from oversmooth.importers.match import find_attention_blocks
 from oversmooth.importers.runtime import device_spectra
-from oversmooth.importers.runtime.householder_kernels import raw_householder_tridiagonal
+from oversmooth.importers.runtime.householder_kernels import TRIDIAGONALISATIONS
 from oversmooth.importers.runtime.runner import default_threads
 from oversmooth.importers.weights import block_weights
 from oversmooth.simulator.backend import array_module, to_numpy
-from oversmooth.simulator.statistics import gram_eigenvalues, redo_unconverged, unconverged
+from oversmooth.simulator.statistics import gram_eigenvalues, unconverged
 
 __all__ = ["GramTiming", "gram_stack", "host_pool", "main", "time_device_parts", "time_solvers"]
 
@@ -109,10 +112,10 @@ def _solvers(stack: Any, threads: int) -> dict[str, Callable[[Any], np.ndarray]]
     }
     xp = array_module(stack)
     if xp is not np:
-        solvers["device, tridiagonal"] = device_spectra.gram_eigenvalues
-        solvers["device, raw kernels"] = lambda s: redo_unconverged(
-            s, device_spectra.tridiagonal_eigenvalues(*raw_householder_tridiagonal(s.copy()))
-        )
+        for name, tridiagonalise in TRIDIAGONALISATIONS.items():
+            solvers[f"device, {name}"] = functools.partial(
+                device_spectra.gram_eigenvalues, tridiagonalise=tridiagonalise
+            )
         solvers["device, batched"] = gram_eigenvalues
         solvers["device, one by one"] = lambda s: np.stack(
             [to_numpy(xp.linalg.eigvalsh(matrix)) for matrix in s]
@@ -130,14 +133,10 @@ def time_device_parts(stack: Any, repeats: int) -> dict[str, dict[int, float]]:
         size: device_spectra.householder_tridiagonal(stack[:size].copy()) for size in sizes
     }
     parts: dict[str, Callable[[int], Any]] = {
-        "tridiagonalisation, fused kernels": lambda size: device_spectra.householder_tridiagonal(
-            stack[:size].copy()
-        ),
-        "tridiagonalisation, raw kernels": lambda size: raw_householder_tridiagonal(
-            stack[:size].copy()
-        ),
-        "bisection": lambda size: device_spectra.tridiagonal_eigenvalues(*tridiagonal[size]),
+        f"tridiagonalisation, {name}": functools.partial(_on_a_copy, tridiagonalise, stack)
+        for name, tridiagonalise in TRIDIAGONALISATIONS.items()
     }
+    parts["bisection"] = lambda size: device_spectra.tridiagonal_eigenvalues(*tridiagonal[size])
     times: dict[str, dict[int, float]] = {}
     for part, run in parts.items():
         times[part] = {}
@@ -152,6 +151,11 @@ def time_device_parts(stack: Any, repeats: int) -> dict[str, dict[int, float]]:
                 seconds.append(time.perf_counter() - began)
             times[part][size] = 1000 * statistics.median(seconds) / size
     return times
+
+
+def _on_a_copy(tridiagonalise: Callable[[Any], Any], stack: Any, size: int) -> Any:
+    """``tridiagonalise`` of a copy of the stack's first ``size`` matrices."""
+    return tridiagonalise(stack[:size].copy())
 
 
 def time_solvers(stack: Any, threads: int, repeats: int) -> list[GramTiming]:
@@ -177,6 +181,19 @@ def time_solvers(stack: Any, threads: int, repeats: int) -> list[GramTiming]:
     return timings
 
 
+def _unchecked_device_spectra(stack: Any) -> dict[str, Any]:
+    """Each device solver's spectra of ``stack`` before the check that redoes failures."""
+    xp = array_module(stack)
+    spectra = {
+        name: device_spectra.tridiagonal_eigenvalues(
+            *tridiagonalise(device_spectra.from_lower_triangle(stack))
+        )
+        for name, tridiagonalise in TRIDIAGONALISATIONS.items()
+    }
+    spectra["batched"] = xp.linalg.eigvalsh(stack)
+    return spectra
+
+
 def main(argv: Sequence[str] | None = None) -> list[GramTiming]:
     """Print each solver's milliseconds per Gram matrix."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -195,11 +212,7 @@ def main(argv: Sequence[str] | None = None) -> list[GramTiming]:
     timings = time_solvers(stack, args.threads, args.repeats)
     xp = array_module(stack)
     if xp is not np:
-        d, e = device_spectra.householder_tridiagonal(stack.copy())
-        for solver, eig in (
-            ("tridiagonal", device_spectra.tridiagonal_eigenvalues(d, e)),
-            ("batched", xp.linalg.eigvalsh(stack)),
-        ):
+        for solver, eig in _unchecked_device_spectra(stack).items():
             failed = int(unconverged(stack, eig).sum())
             print(f"  the {solver} solver's spectra failing the Frobenius check: {failed}")
     for timing in timings:

@@ -13,12 +13,15 @@
 #   gram        the Gram spectra's eigensolvers on the model's own matrices
 #   target      the whole audit at batch BATCH on BATCH * BATCHES_PER_AUDIT inputs, with --stages
 #   gram-host   the same with the Gram spectra by LAPACK on the host threads (--gram-on-host)
+#   target-block, target-raw
+#               the same with the Gram tridiagonal by one launch of a thread block per matrix,
+#               or by four raw kernels per step (--gram-solver block|raw), not yet the audit's
 #
-# STEPS (default all five) names the steps to run, in that order, when a lease is short.
+# STEPS (default all seven) names the steps to run, in that order, when a lease is short.
 # A dry run elsewhere: PROVIDER=cpu MODEL=minilm-l3 BATCH=8 BATCHES_PER_AUDIT=2 GRAM_COUNT=50.
 set -uo pipefail
 
-known="doctor cuda-tests gram target gram-host"
+known="doctor cuda-tests gram target gram-host target-block target-raw"
 steps=" ${STEPS:-$known} "
 for name in $steps; do
     if [[ " $known " != *" $name "* ]]; then
@@ -63,4 +66,6 @@ step gram 90 "$python" -m benchmarks gram --model "$model" --provider "$provider
     --count "$gram_count"
 step target 180 "$python" "${device[@]}"
 step gram-host 180 "$python" "${device[@]}" --gram-on-host
+step target-block 180 "$python" "${device[@]}" --gram-solver block
+step target-raw 180 "$python" "${device[@]}" --gram-solver raw
 cat "$out/steps.tsv"

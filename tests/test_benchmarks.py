@@ -33,9 +33,19 @@ def test_the_gpu_checks_script_runs_every_step_in_a_dry_run(tmp_path: Path) -> N
     }
     rows = _gpu_checks(tmp_path, environment, timeout=600)
     assert [(name, status) for name, status, _ in rows] == [
-        (name, "0") for name in ("doctor", "cuda-tests", "gram", "target", "gram-host")
+        (name, "0")
+        for name in (
+            "doctor",
+            "cuda-tests",
+            "gram",
+            "target",
+            "gram-host",
+            "target-block",
+            "target-raw",
+        )
     ]
     assert "Gram spectra on the host" in (tmp_path / "out" / "gram-host.txt").read_text()
+    assert "by the block kernels" in (tmp_path / "out" / "target-block.txt").read_text()
     # 8 inputs, below the rule's first look: every input's cases computed and used
     assert (
         "dominance: cases of 8 of 8 inputs computed, 8 used"
@@ -45,7 +55,7 @@ def test_the_gpu_checks_script_runs_every_step_in_a_dry_run(tmp_path: Path) -> N
 
 @pytest.mark.realmodel
 def test_the_device_benchmark_can_put_the_gram_spectra_on_the_host() -> None:
-    """``--gram-on-host``: the audit's Gram spectra go through the host's LAPACK (the stage is
+    """``--gram-solver host``: the audit's Gram spectra go through the host's LAPACK (the stage is
     still timed where the audit calls it), the line says so, and the audit's own is restored."""
     from benchmarks import bench_device
     from oversmooth.importers.graph import load_model
@@ -73,7 +83,7 @@ def test_the_device_benchmark_can_put_the_gram_spectra_on_the_host() -> None:
             min_seconds=0.0,
             batches_per_audit=1,
             stages=True,
-            gram_on_host=True,
+            gram_solver="host",
         )
     assert result.line().endswith("Gram spectra on the host")
     assert called  # the warm-up and the timed audit went through it
@@ -174,28 +184,35 @@ def test_the_gram_benchmarks_device_rows_run_on_a_stand_in_device(
     import numpy as np
 
     from benchmarks import bench_gram
-    from oversmooth.importers.runtime import device_spectra
+    from oversmooth.importers.runtime import device_spectra, householder_kernels
 
     device = types.SimpleNamespace(
-        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(synchronize=lambda: None))
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(synchronize=lambda: None)),
+        linalg=np.linalg,
     )
     monkeypatch.setattr(bench_gram, "array_module", lambda stack: device)
-    monkeypatch.setattr(
-        bench_gram, "raw_householder_tridiagonal", device_spectra.householder_tridiagonal
-    )
+    for name in ("raw", "block"):
+        monkeypatch.setitem(
+            householder_kernels.TRIDIAGONALISATIONS, name, device_spectra.householder_tridiagonal
+        )
     rows = np.random.default_rng(1).standard_normal((16, 9, 12))
     stack = rows @ rows.transpose(0, 2, 1)
     parts = bench_gram.time_device_parts(stack, repeats=1)
     assert list(parts) == [
-        "tridiagonalisation, fused kernels",
-        "tridiagonalisation, raw kernels",
+        "tridiagonalisation, fused",
+        "tridiagonalisation, raw",
+        "tridiagonalisation, block",
         "bisection",
     ]
     assert all(list(by_size) == [2, 16] and min(by_size.values()) > 0 for by_size in parts.values())
     solvers = bench_gram._solvers(stack, threads=2)
     reference = np.linalg.eigvalsh(stack)
-    for name in ("device, tridiagonal", "device, raw kernels", "device, batched"):
+    for name in ("device, fused", "device, raw", "device, block", "device, batched"):
         np.testing.assert_allclose(solvers[name](stack), reference, atol=1e-12 * reference.max())
+    unchecked = bench_gram._unchecked_device_spectra(stack)
+    assert list(unchecked) == ["fused", "raw", "block", "batched"]
+    for eig in unchecked.values():
+        np.testing.assert_allclose(eig, reference, atol=1e-12 * reference.max())
 
 
 @pytest.mark.realmodel
@@ -251,6 +268,25 @@ def test_the_device_benchmark_takes_the_audits_dominance_inputs(capsys) -> None:
         assert "must be a positive integer, 'all' or 'auto'" in capsys.readouterr().err
 
 
+def test_the_device_benchmark_picks_the_gram_solver_it_is_told() -> None:
+    """``--gram-solver`` names a device tridiagonalisation or the host (``--gram-on-host`` is the
+    latter); the audit's Gram function is then the device solver with that tridiagonalisation."""
+    from benchmarks import bench_device
+    from oversmooth.importers.runtime import device_spectra
+    from oversmooth.importers.runtime.householder_kernels import TRIDIAGONALISATIONS
+
+    parse = bench_device.parser().parse_args
+    assert parse([]).gram_solver == "fused"
+    assert parse(["--gram-on-host"]).gram_solver == "host"
+    assert parse(["--gram-solver", "block"]).gram_solver == "block"
+    with pytest.raises(SystemExit):
+        parse(["--gram-solver", "jacobi"])
+    block = bench_device._gram_solver("block")
+    assert block.func is device_spectra.gram_eigenvalues  # type: ignore[attr-defined]
+    assert block.keywords == {"tridiagonalise": TRIDIAGONALISATIONS["block"]}  # type: ignore[attr-defined]
+    assert bench_device._gram_solver("host") is bench_device._gram_eigenvalues_on_the_host
+
+
 def test_the_gpu_checks_script_runs_only_the_steps_named(tmp_path: Path) -> None:
     """``STEPS``: a short lease runs the steps it names, in the script's order, and no other."""
     environment = {**os.environ, "PYTHON": sys.executable, "STEPS": "doctor"}
@@ -296,7 +332,7 @@ def test_the_gpu_checks_script_refuses_an_unknown_step(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "STEPS names an unknown step 'targt'; expected some of: "
-        "doctor cuda-tests gram target gram-host"
+        "doctor cuda-tests gram target gram-host target-block target-raw"
     ]
     assert not (tmp_path / "out").exists()
 

@@ -44,6 +44,7 @@ tridiagonal_eigenvalues
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -114,7 +115,9 @@ extern "C" __global__ void oversmooth_tridiagonal_bisection(
 _KERNELS: dict[str, Any] = {}
 
 
-def gram_eigenvalues(gram: Any) -> np.ndarray:
+def gram_eigenvalues(
+    gram: Any, tridiagonalise: Callable[[Any], tuple[Any, Any]] | None = None
+) -> np.ndarray:
     """Ascending eigenvalues of symmetric matrices, float64, on the host.
 
     Parameters
@@ -122,9 +125,13 @@ def gram_eigenvalues(gram: Any) -> np.ndarray:
     gram : (..., n, n) array
         NumPy: LAPACK's ``eigvalsh``
         (:func:`oversmooth.simulator.statistics.gram_eigenvalues`). A device library's (CuPy):
-        :func:`householder_tridiagonal` then :func:`tridiagonal_eigenvalues` on the device, each
-        spectrum checked by :func:`~oversmooth.simulator.statistics.redo_unconverged`; only the
+        ``tridiagonalise`` then :func:`tridiagonal_eigenvalues` on the device, each spectrum
+        checked by :func:`~oversmooth.simulator.statistics.redo_unconverged`; only the
         ``(..., n)`` eigenvalues come to the host.
+    tridiagonalise : callable, optional
+        ``(N, n, n)`` stack (overwritten) → diagonals and subdiagonals on the device; default
+        :func:`householder_tridiagonal` (the benchmarks pass the raw kernels' alternatives,
+        :data:`~oversmooth.importers.runtime.householder_kernels.TRIDIAGONALISATIONS`).
 
     Returns
     -------
@@ -135,7 +142,7 @@ def gram_eigenvalues(gram: Any) -> np.ndarray:
         return statistics.gram_eigenvalues(gram)
     n = gram.shape[-1]
     stack = gram.reshape(-1, n, n).astype(xp.float64, copy=False)
-    d, e = householder_tridiagonal(from_lower_triangle(stack))
+    d, e = (tridiagonalise or householder_tridiagonal)(from_lower_triangle(stack))
     eig = tridiagonal_eigenvalues(d, e)
     return redo_unconverged(stack, eig).reshape(gram.shape[:-1])
 

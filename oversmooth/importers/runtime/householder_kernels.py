@@ -1,12 +1,13 @@
-"""The Householder tridiagonalisation's steps as four raw CUDA kernels (an alternative to measure).
+"""The Householder tridiagonalisation as raw CUDA kernels: two alternatives to measure.
 
 :func:`~oversmooth.importers.runtime.device_spectra.householder_tridiagonal` runs each step as
 two fused CuPy kernels (the trailing blocks' product and rank-2 update) and about thirty small
 array operations (the reflector). On an H100 that took 0.46–0.52 ms per matrix of order 257,
-about ten times what the memory traffic needs. This module writes each step as four kernels with
-plain two-dimensional indexing per matrix (``blockIdx.y`` is the matrix, 32-bit offsets inside
-it), no shared memory and no synchronisation, so that each thread's work is independent and the
-same source runs, one thread after another, under a host C++ compiler in the tests:
+about ten times what the memory traffic needs. Two ways to fewer launches and less traffic:
+
+**Four kernels per step** (:data:`STEP_SOURCE`, :func:`raw_householder_tridiagonal`), with plain
+two-dimensional indexing per matrix (``blockIdx.y`` is the matrix, 32-bit offsets inside it), no
+shared memory and no synchronisation:
 
 1. ``reflector`` (a thread per matrix): from row k right of the diagonal (column k below it, by
    symmetry) ``x``, scaled by ``max|x|``: ``α = −sign(x₀)‖x‖``, ``v = (x − α e₁)/‖x − α e₁‖``,
@@ -16,29 +17,69 @@ same source runs, one thread after another, under a host C++ compiler in the tes
 3. ``reflected`` (a thread per matrix): ``w = 2 (p − (vᵀp) v)``, in place of p;
 4. ``update`` (a thread per element): ``A_ij −= v_i w_j + w_i v_j``.
 
-Not yet the audit's path: it becomes so once a GPU has timed it against the fused kernels
-(``python -m benchmarks gram --provider cuda``) and run the CUDA tests.
+**One launch for the whole stack** (:data:`BLOCK_SOURCE`, :func:`block_householder_tridiagonal`):
+a thread block per matrix runs all ``n − 2`` steps, its reflector and ``w`` in shared memory,
+the block's threads synchronised between the phases of a step. Step k − 1's rank-2 update is
+not a pass of its own: step k applies it to row k on the fly (that row is step k's ``x``) and to
+the trailing block in the same pass that forms ``p = A v``, a thread per column i reading and
+writing ``A_ji`` down the column (neighbouring threads, neighbouring addresses). One read and one
+write of the trailing block per step instead of two reads and a write, and no launch per step.
+``‖x‖`` is one block reduction of (scale, sum of squares relative to it) pairs, as LAPACK's
+``dnrm2`` keeps them, and ``‖x − α e₁‖² = 2‖x‖(‖x‖ + |x₀|)`` needs no second one. It needs
+``4n + 2·threads + 1`` doubles of shared memory: up to order :data:`BLOCK_MAX_ORDER`; larger stacks
+take the fused kernels.
+
+Both are tested on the CPU, their CUDA source compiled by the host's C++ compiler: the four
+kernels' threads share no memory and never synchronise, so they run one after another; the
+single launch's threads run as host threads, ``__syncthreads`` a barrier between them
+(``tests/importers/runtime/device_helpers.py``). Neither is the audit's path yet: one becomes so
+once a GPU has timed them against the fused kernels (``python -m benchmarks gram --provider
+cuda``, and the audit itself with ``python -m benchmarks device --tridiagonal NAME``) and run the
+CUDA tests.
 
 Public API
 ----------
 STEP_SOURCE
     The four kernels' CUDA C source.
+BLOCK_SOURCE
+    The single launch's CUDA C source.
+BLOCK_MAX_ORDER
+    The largest order the single launch takes.
 raw_householder_tridiagonal
-    The diagonal and subdiagonal of ``Qᵀ A Q`` for a CuPy stack, by those kernels.
+    The diagonal and subdiagonal of ``Qᵀ A Q`` for a CuPy stack, by the four kernels.
+block_householder_tridiagonal
+    The same by the single launch.
+TRIDIAGONALISATIONS
+    Every device tridiagonalisation by name (the benchmarks' choice; ``fused`` is the audit's).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from oversmooth.importers.runtime.device_spectra import finish_tridiagonal
+from oversmooth.importers.runtime.device_spectra import (
+    finish_tridiagonal,
+    householder_tridiagonal,
+)
 
-__all__ = ["STEP_SOURCE", "raw_householder_tridiagonal"]
+__all__ = [
+    "BLOCK_MAX_ORDER",
+    "BLOCK_SOURCE",
+    "STEP_SOURCE",
+    "TRIDIAGONALISATIONS",
+    "block_householder_tridiagonal",
+    "raw_householder_tridiagonal",
+]
 
-#: Threads per block of every kernel here.
+#: Threads per block of every kernel here (a power of two: the block reductions halve it).
 _THREADS = 128
+#: Shared memory a block may use without opting in, in doubles (48 KiB on every CUDA device).
+_SHARED_DOUBLES = 48 * 1024 // 8
+#: The largest order :func:`block_householder_tridiagonal` takes: 4n + 2·threads + 1 doubles.
+BLOCK_MAX_ORDER = (_SHARED_DOUBLES - 2 * _THREADS - 1) // 4
 #: The most matrices one launch covers (CUDA's limit on ``gridDim.y``).
 _MATRICES_PER_LAUNCH = 65535
 
@@ -115,6 +156,120 @@ extern "C" __global__ void oversmooth_householder_update(
 }
 """
 
+#: One thread block per matrix, ``blockDim.x`` a power of two, ``4n + 2·blockDim.x + 1`` doubles
+#: of dynamic shared memory: v and w of steps k and k − 1 (alternating halves), the reduction's
+#: two arrays and x₀. Writes d and e; leaves the last 2 × 2 block for finish_tridiagonal.
+BLOCK_SOURCE = r"""
+__device__ void oversmooth_pair_reduce(double* big, double* sum, const bool pair)
+{
+    /* tree reduction of (big[t], sum[t]) over the block: with pair, (scale, sum of squares
+       relative to it) combine as (s, q1 (s1/s)^2 + q2 (s2/s)^2); else plain sums of sum[t] */
+    const int t = threadIdx.x;
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        __syncthreads();
+        if (t < half) {
+            if (pair) {
+                const double s1 = big[t], s2 = big[t + half];
+                const double s = fmax(s1, s2);
+                if (s > 0.0) {
+                    const double r1 = s1 / s, r2 = s2 / s;
+                    sum[t] = sum[t] * r1 * r1 + sum[t + half] * r2 * r2;
+                }
+                big[t] = s;
+            } else {
+                sum[t] += sum[t + half];
+            }
+        }
+    }
+    __syncthreads();
+}
+
+extern "C" __global__ void oversmooth_block_tridiagonal(
+    double* a, double* d, double* e, const int n)
+{
+    extern __shared__ double oversmooth_shared[];
+    const int t = threadIdx.x;
+    const int threads = blockDim.x;
+    double* A = a + (long long)blockIdx.x * n * n;
+    double* dm = d + (long long)blockIdx.x * n;
+    double* em = e + (long long)blockIdx.x * (n - 1);
+    double* vs[2] = {oversmooth_shared, oversmooth_shared + n};
+    double* ws[2] = {oversmooth_shared + 2 * n, oversmooth_shared + 3 * n};
+    double* big = oversmooth_shared + 4 * n;
+    double* sum = big + threads;
+    double* first = sum + threads;  /* x0, as its owner computed it: one value for every thread */
+    for (int i = t; i < n; i += threads) {
+        vs[1][i] = 0.0;
+        ws[1][i] = 0.0;
+    }
+    __syncthreads();
+    for (int k = 0; k + 2 < n; ++k) {
+        double* v = vs[k % 2];
+        double* w = ws[k % 2];
+        const double* vp = vs[1 - k % 2];  /* step k - 1's reflector, its update pending */
+        const double* wp = ws[1 - k % 2];
+        const double* row = A + (long long)k * n;
+        /* x: row k right of the diagonal, with step k - 1's update */
+        double largest = 0.0;
+        for (int j = k + 1 + t; j < n; j += threads) {
+            const double x = row[j] - vp[k] * wp[j] - wp[k] * vp[j];
+            v[j] = x;
+            if (j == k + 1) *first = x;
+            largest = fmax(largest, fabs(x));
+        }
+        big[t] = largest;
+        double squares = 0.0;
+        if (largest > 0.0)
+            for (int j = k + 1 + t; j < n; j += threads) {
+                const double y = v[j] / largest;
+                squares += y * y;
+            }
+        sum[t] = squares;
+        oversmooth_pair_reduce(big, sum, true);
+        const double scale = big[0] > 0.0 ? big[0] : 1.0;
+        const double norm = sqrt(sum[0]);  /* ||x|| / scale */
+        const double x0 = *first / scale;
+        const double alpha = x0 >= 0.0 ? -norm : norm;
+        /* ||x - alpha e1||^2 = 2 ||x|| (||x|| + |x0|), relative to scale^2 */
+        const double length = sqrt(2.0 * norm * (norm + fabs(x0)));
+        const double inverse = length > 0.0 ? 1.0 / length : 0.0;
+        for (int j = k + 1 + t; j < n; j += threads)
+            v[j] = (v[j] / scale - (j == k + 1 ? alpha : 0.0)) * inverse;
+        if (t == 0) {
+            dm[k] = row[k] - 2.0 * vp[k] * wp[k];
+            em[k] = alpha * scale;
+        }
+        __syncthreads();
+        /* one pass over the trailing block: step k - 1's update, then p = A v */
+        double dot = 0.0;
+        for (int i = k + 1 + t; i < n; i += threads) {
+            const double vpi = vp[i], wpi = wp[i];
+            double p = 0.0;
+            for (int j = k + 1; j < n; ++j) {
+                const double updated = A[(long long)j * n + i] - vp[j] * wpi - wp[j] * vpi;
+                A[(long long)j * n + i] = updated;
+                p += updated * v[j];
+            }
+            w[i] = p;
+            dot += v[i] * p;
+        }
+        sum[t] = dot;
+        oversmooth_pair_reduce(big, sum, false);
+        const double c = sum[0];
+        for (int i = k + 1 + t; i < n; i += threads) w[i] = 2.0 * (w[i] - c * v[i]);
+        __syncthreads();
+    }
+    if (n >= 3 && t == 0) {
+        /* the last step's update of the last 2 x 2 block */
+        const double* v = vs[(n - 3) % 2];
+        const double* w = ws[(n - 3) % 2];
+        for (int i = n - 2; i < n; ++i)
+            for (int j = n - 2; j < n; ++j)
+                A[(long long)i * n + j] -= v[i] * w[j] + w[i] * v[j];
+    }
+}
+"""
+
 _MODULES: dict[str, Any] = {}
 
 
@@ -161,10 +316,53 @@ def raw_householder_tridiagonal(a: Any) -> tuple[Any, Any]:
     return d, e
 
 
+def block_householder_tridiagonal(a: Any) -> tuple[Any, Any]:
+    """Diagonal and subdiagonal of ``T = Qᵀ A Q`` for a CuPy stack, in one launch of
+    :data:`BLOCK_SOURCE` (a thread block per matrix).
+
+    Parameters
+    ----------
+    a : (N, n, n) CuPy float64 array
+        Symmetric, C-contiguous; overwritten. Above order :data:`BLOCK_MAX_ORDER` (its vectors
+        would not fit in a block's shared memory) the fused kernels of
+        :func:`~oversmooth.importers.runtime.device_spectra.householder_tridiagonal` run instead.
+
+    Returns
+    -------
+    d : (N, n) CuPy array
+    e : (N, n - 1) CuPy array
+        The same reflectors as the fused kernels', so the same T up to the order of the sums.
+    """
+    count, n = a.shape[0], a.shape[-1]
+    if n > BLOCK_MAX_ORDER:
+        return householder_tridiagonal(a)
+    import cupy
+
+    a = cupy.ascontiguousarray(a, dtype=cupy.float64)
+    d = cupy.empty((count, n), dtype=cupy.float64)
+    e = cupy.zeros((count, max(n - 1, 0)), dtype=cupy.float64)
+    if count and n > 2:
+        shared = 8 * (4 * n + 2 * _THREADS + 1)
+        _module(cupy)["block"]((count,), (_THREADS,), (a, d, e, np.int32(n)), shared_mem=shared)
+    finish_tridiagonal(a, d, e)
+    return d, e
+
+
+#: Every device tridiagonalisation, ``(N, n, n)`` symmetric stack (overwritten) → ``(d, e)``,
+#: by the name the benchmarks take and print: the fused kernels (the audit's), the four raw
+#: kernels per step, the single launch of a thread block per matrix.
+TRIDIAGONALISATIONS: dict[str, Callable[[Any], tuple[Any, Any]]] = {
+    "fused": householder_tridiagonal,
+    "raw": raw_householder_tridiagonal,
+    "block": block_householder_tridiagonal,
+}
+
+
 def _module(cupy: Any) -> dict[str, Any]:
-    """The four compiled kernels (once per process)."""
+    """The compiled kernels (once per process)."""
     if not _MODULES:
         module = cupy.RawModule(code=STEP_SOURCE)
         for name in ("reflector", "matvec", "reflected", "update"):
             _MODULES[name] = module.get_function(f"oversmooth_householder_{name}")
+        _MODULES["block"] = cupy.RawKernel(BLOCK_SOURCE, "oversmooth_block_tridiagonal")
     return _MODULES

@@ -70,19 +70,53 @@ static Index blockIdx, threadIdx, blockDim;
             for (blockDim.x = (threads), threadIdx.x = 0; threadIdx.x < (threads); ++threadIdx.x) \
                 call;
 #define __global__
-#define extern
 """
 
 
-def host_program(tmp_path: Path, kernels: str, main: str) -> Path:
-    """CUDA kernels' ``source`` and a host ``main`` compiled under :data:`SHIMS`; the binary."""
+#: What lets a CUDA kernel whose threads synchronise run under a host C++ compiler: LAUNCH_BLOCKS
+#: runs the grid's blocks one after another and each block's threads as host threads, with
+#: ``threadIdx`` their own, ``__syncthreads`` a barrier among them (which also orders their
+#: memory), and ``__shared__`` memory one array that the block in hand owns.
+THREADED_SHIMS = r"""
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+#include <vector>
+using std::fabs; using std::fmin; using std::fmax; using std::sqrt;
+struct Index { long long x, y; };
+static Index blockIdx, blockDim;
+static thread_local Index threadIdx;
+static std::barrier<>* oversmooth_block_barrier = nullptr;
+#define __syncthreads() oversmooth_block_barrier->arrive_and_wait()
+#define __device__
+#define __global__
+#define __shared__
+double oversmooth_shared[1 << 16];
+#define LAUNCH_BLOCKS(grid_x, threads, call) \
+    for (blockIdx.x = 0; blockIdx.x < (grid_x); ++blockIdx.x) { \
+        blockDim.x = (threads); \
+        std::barrier<> barrier_(threads); \
+        oversmooth_block_barrier = &barrier_; \
+        std::vector<std::thread> pool_; \
+        for (long long t_ = 0; t_ < (threads); ++t_) \
+            pool_.emplace_back([&, t_] { threadIdx.x = t_; call; }); \
+        for (auto& thread_ : pool_) thread_.join(); \
+    }
+"""
+
+
+def host_program(tmp_path: Path, kernels: str, main: str, shims: str = SHIMS) -> Path:
+    """CUDA kernels' ``source`` and a host ``main`` compiled under ``shims`` (:data:`SHIMS` or
+    :data:`THREADED_SHIMS`); the binary."""
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         pytest.skip("no C++ compiler here to run the kernels' source")
     source = tmp_path / "kernels.cpp"
-    source.write_text(SHIMS + kernels.replace('"C" ', "") + main, encoding="utf-8")
+    source.write_text(shims + kernels.replace('extern "C" ', "") + main, encoding="utf-8")
     binary = tmp_path / "kernels"
-    subprocess.run([compiler, "-O2", "-o", str(binary), str(source)], check=True)
+    command = [compiler, "-std=c++20", "-pthread", "-O2", "-o", str(binary), str(source)]
+    subprocess.run(command, check=True)
     return binary
 
 

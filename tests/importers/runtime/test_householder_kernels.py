@@ -1,9 +1,12 @@
 """The tridiagonalisation's raw CUDA kernels, run on the CPU and (marker ``cuda``) on a GPU.
 
-On the CPU their source runs under the host's C++ compiler, one thread after another
-(:data:`tests.importers.runtime.device_helpers.SHIMS`), driven step by step as
+On the CPU their source runs under the host's C++ compiler: the four kernels one thread after
+another (:data:`tests.importers.runtime.device_helpers.SHIMS`), driven step by step as
 :func:`~oversmooth.importers.runtime.householder_kernels.raw_householder_tridiagonal` drives
-them: the tridiagonal it leaves must be the array code's and keep LAPACK's eigenvalues.
+them; the single launch with each block's threads as host threads and a barrier for
+``__syncthreads`` (:data:`~tests.importers.runtime.device_helpers.THREADED_SHIMS`), as
+:func:`~oversmooth.importers.runtime.householder_kernels.block_householder_tridiagonal` launches
+it. The tridiagonal each leaves must be the array code's and keep LAPACK's eigenvalues.
 """
 
 from __future__ import annotations
@@ -13,13 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from oversmooth.importers.runtime import householder_kernels
 from oversmooth.importers.runtime.device_spectra import (
     finish_tridiagonal,
+    gram_eigenvalues,
     householder_tridiagonal,
     tridiagonal_eigenvalues,
 )
-from oversmooth.importers.runtime.householder_kernels import STEP_SOURCE
+from oversmooth.importers.runtime.householder_kernels import BLOCK_SOURCE, STEP_SOURCE
 from tests.importers.runtime.device_helpers import (
+    THREADED_SHIMS,
     assert_same_spectra,
     cupy_or_skip,
     host_program,
@@ -58,9 +64,31 @@ int main() {
 """
 
 
-def _host_steps(binary: Path, gram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+#: One launch of the single-launch kernel: a block of THREADS host threads per matrix, the
+#: shared memory block_householder_tridiagonal asks for. Prints a, then d, then e.
+_BLOCK_MAIN = r"""
+int main() {
+    int count, n, threads;
+    if (std::scanf("%d %d %d", &count, &n, &threads) != 3) return 1;
+    if (4LL * n + 2LL * threads + 1 > (long long)(sizeof oversmooth_shared / sizeof(double)))
+        return 2;
+    const long long size = (long long)count * n * n;
+    const int sub = n > 1 ? n - 1 : 1;
+    std::vector<double> a(size), d((long long)count * n), e((long long)count * sub, 0.0);
+    for (long long i = 0; i < size; ++i) if (std::scanf("%lf", &a[i]) != 1) return 1;
+    if (n > 2)
+        LAUNCH_BLOCKS(count, threads, oversmooth_block_tridiagonal(a.data(), d.data(), e.data(), n));
+    for (double x : a) std::printf("%.17g\n", x);
+    for (double x : d) std::printf("%.17g\n", x);
+    for (long long i = 0; i < (long long)count * (n - 1); ++i) std::printf("%.17g\n", e[i]);
+    return 0;
+}
+"""
+
+
+def _host_steps(binary: Path, gram: np.ndarray, header: str = "") -> tuple[np.ndarray, np.ndarray]:
     count, n = gram.shape[0], gram.shape[-1]
-    printed = run_program(binary, f"{count} {n}", gram)
+    printed = run_program(binary, f"{count} {n} {header}", gram)
     a = printed[: count * n * n].reshape(count, n, n)
     d = printed[count * n * n : count * n * (n + 1)].reshape(count, n)
     e = printed[count * n * (n + 1) :].reshape(count, max(n - 1, 0))
@@ -68,18 +96,73 @@ def _host_steps(binary: Path, gram: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return d, e
 
 
+def _assert_the_array_codes_tridiagonal(d: np.ndarray, e: np.ndarray, gram: np.ndarray) -> None:
+    """``(d, e)`` keeps LAPACK's eigenvalues of ``gram`` and is the array code's T: the same
+    reflectors, the sums in another order, so the same entries to round-off."""
+    assert_same_spectra(tridiagonal_eigenvalues(d, e), gram)
+    d_array, e_array = householder_tridiagonal(gram.copy())
+    scale = np.abs(gram).max(axis=(1, 2))[:, None] + np.finfo(float).tiny
+    assert np.all(np.abs(d - d_array) <= 1e-11 * scale)
+    assert np.all(np.abs(e - e_array) <= 1e-11 * scale)
+
+
 def test_the_raw_kernels_give_the_array_codes_tridiagonal(tmp_path: Path) -> None:
     binary = host_program(tmp_path, STEP_SOURCE, _STEPS_MAIN)
     grams = [random_grams(11, 3, 257, 384), random_grams(12, 2, 257, 384, rank=2), special_grams()]
     grams += [random_grams(13, 2, n, 3) for n in (1, 2, 3, 4)]
     for gram in grams:
-        d, e = _host_steps(binary, gram)
-        assert_same_spectra(tridiagonal_eigenvalues(d, e), gram)
-        d_array, e_array = householder_tridiagonal(gram.copy())
-        scale = np.abs(gram).max(axis=(1, 2))[:, None] + np.finfo(float).tiny
-        # the same reflectors, the sums in another order: the same T to round-off
-        assert np.all(np.abs(d - d_array) <= 1e-11 * scale)
-        assert np.all(np.abs(e - e_array) <= 1e-11 * scale)
+        _assert_the_array_codes_tridiagonal(*_host_steps(binary, gram), gram)
+
+
+def test_the_single_launch_gives_the_array_codes_tridiagonal(tmp_path: Path) -> None:
+    """At the audit's 128 threads on DINOv2's order, with fewer threads than columns (a thread
+    sweeps several), with more threads than columns, and at the orders where the loop of steps
+    is empty or one step long."""
+    binary = host_program(tmp_path, BLOCK_SOURCE, _BLOCK_MAIN, THREADED_SHIMS)
+    cases = [
+        (random_grams(11, 2, 257, 384), 128),
+        (random_grams(12, 2, 257, 384, rank=2), 32),
+        (special_grams(), 16),
+        (special_grams()[:2], 64),
+    ]
+    cases += [(random_grams(13, 2, n, 3), 4) for n in (1, 2, 3, 4, 5)]
+    for gram, threads in cases:
+        _assert_the_array_codes_tridiagonal(*_host_steps(binary, gram, str(threads)), gram)
+
+
+@pytest.mark.parametrize(
+    ("correct", "broken"),
+    [
+        # step k - 1's update left out of row k (step k's x)
+        ("row[j] - vp[k] * wp[j] - wp[k] * vp[j]", "row[j]"),
+        # and out of the trailing block's pass
+        ("A[(long long)j * n + i] - vp[j] * wpi - wp[j] * vpi", "A[(long long)j * n + i]"),
+        # the norm's partial sums combined without their threads' scales
+        ("sum[t] * r1 * r1 + sum[t + half] * r2 * r2", "sum[t] + sum[t + half]"),
+    ],
+)
+def test_a_broken_single_launch_is_caught(tmp_path: Path, correct: str, broken: str) -> None:
+    """The comparison above can fail: without either half of the deferred update, or with the
+    threads' sums of squares added as if relative to one scale, the spectrum is another."""
+    assert BLOCK_SOURCE.count(correct) == 1
+    binary = host_program(
+        tmp_path, BLOCK_SOURCE.replace(correct, broken), _BLOCK_MAIN, THREADED_SHIMS
+    )
+    gram = random_grams(14, 2, 30, 40)
+    d, e = _host_steps(binary, gram, "8")
+    with pytest.raises(AssertionError):
+        _assert_the_array_codes_tridiagonal(d, e, gram)
+
+
+def test_orders_too_large_for_a_blocks_shared_memory_take_the_fused_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gram = random_grams(17, 2, 6, 8)
+    monkeypatch.setattr(householder_kernels, "BLOCK_MAX_ORDER", 5)
+    d, e = householder_kernels.block_householder_tridiagonal(gram.copy())
+    d_array, e_array = householder_tridiagonal(gram.copy())
+    assert np.array_equal(d, d_array)
+    assert np.array_equal(e, e_array)
 
 
 def test_a_wrong_update_in_the_raw_kernels_is_caught(tmp_path: Path) -> None:
@@ -102,3 +185,19 @@ def test_the_raw_kernels_on_the_gpu_give_the_array_codes_tridiagonal() -> None:
     for gram in (random_grams(15, 4, 257, 384), special_grams(), random_grams(16, 3, 3, 2)):
         d, e = raw_householder_tridiagonal(cupy.asarray(gram))
         assert_same_spectra(cupy.asnumpy(tridiagonal_eigenvalues(d, e)), gram)
+
+
+@pytest.mark.cuda
+def test_the_single_launch_on_the_gpu_gives_the_array_codes_tridiagonal() -> None:
+    from oversmooth.importers.runtime.householder_kernels import block_householder_tridiagonal
+
+    cupy = cupy_or_skip()
+    grams = (random_grams(15, 4, 257, 384), special_grams(), random_grams(16, 3, 3, 2))
+    for gram in (*grams, random_grams(18, 2, 2, 2), random_grams(19, 0, 5, 5)):
+        d, e = block_householder_tridiagonal(cupy.asarray(gram))
+        if len(gram):
+            _assert_the_array_codes_tridiagonal(cupy.asnumpy(d), cupy.asnumpy(e), gram)
+    # as the benchmarks' --gram-solver block runs it: the device solver with its check
+    gram = random_grams(20, 6, 257, 384)
+    eig = gram_eigenvalues(cupy.asarray(gram), tridiagonalise=block_householder_tridiagonal)
+    assert_same_spectra(eig, gram)
