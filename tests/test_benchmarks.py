@@ -287,6 +287,33 @@ def test_the_device_benchmark_picks_the_gram_solver_it_is_told() -> None:
     assert bench_device._gram_solver("host") is bench_device._gram_eigenvalues_on_the_host
 
 
+def test_the_device_benchmark_warms_up_on_its_first_batches_with_the_timed_runner() -> None:
+    """The warm-up audits the first two batches (the whole set where it is smaller), through
+    the session the timed run uses, so that run finds its kernels compiled and pools filled."""
+    from dataclasses import dataclass
+
+    import numpy as np
+
+    from benchmarks.bench_device import WARM_UP_BATCHES, _warm_up
+    from oversmooth.importers.inputs.feeds import Inputs
+
+    @dataclass
+    class Session:
+        runner: object
+        inputs: Inputs
+
+    items = np.arange(40.0).reshape(20, 2)
+    inputs = Inputs(labels=[str(i) for i in range(20)], source="test", feeds={"x": items})
+    runner = object()
+    few, warm = _warm_up(Session(runner, inputs), inputs, 4)  # type: ignore[arg-type]
+    assert WARM_UP_BATCHES == 2
+    np.testing.assert_array_equal(few.feeds["x"], items[:8])
+    assert warm.inputs is few
+    assert warm.runner is runner
+    few, _ = _warm_up(Session(runner, inputs), inputs, 16)  # type: ignore[arg-type]
+    assert few.batch_size == 20
+
+
 def test_the_gpu_checks_script_runs_only_the_steps_named(tmp_path: Path) -> None:
     """``STEPS``: a short lease runs the steps it names, in the script's order, and no other."""
     environment = {**os.environ, "PYTHON": sys.executable, "STEPS": "doctor"}
