@@ -40,6 +40,8 @@ finish_tridiagonal
     :mod:`oversmooth.importers.runtime.householder_kernels`).
 tridiagonal_eigenvalues
     Ascending eigenvalues of symmetric tridiagonal matrices, where they are.
+BISECTION_SOURCE
+    The bisection kernel's CUDA C source.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from oversmooth.simulator.backend import array_module
 from oversmooth.simulator.statistics import redo_unconverged
 
 __all__ = [
+    "BISECTION_SOURCE",
     "finish_tridiagonal",
     "from_lower_triangle",
     "gram_eigenvalues",
@@ -68,7 +71,7 @@ _THREADS_PER_BLOCK = 128
 #: One thread per (matrix, index j): the j-th smallest eigenvalue of the symmetric tridiagonal
 #: matrix with diagonal d (n) and subdiagonal e (n - 1), by bisection on Sturm counts, as
 #: LAPACK's dstebz (default tolerance 2 eps ||T||, pivots kept away from 0 by pivmin).
-_BISECTION_SOURCE = r"""
+BISECTION_SOURCE = r"""
 extern "C" __global__ void oversmooth_tridiagonal_bisection(
     const double* d, const double* e, double* out, const int n, const long long total)
 {
@@ -249,7 +252,7 @@ def tridiagonal_eigenvalues(d: Any, e: Any) -> Any:
 def _bisection_kernel(xp: Any) -> Any:
     """The compiled bisection kernel (CuPy's ``RawKernel``, compiled once per process)."""
     if "bisection" not in _KERNELS:
-        _KERNELS["bisection"] = xp.RawKernel(_BISECTION_SOURCE, "oversmooth_tridiagonal_bisection")
+        _KERNELS["bisection"] = xp.RawKernel(BISECTION_SOURCE, "oversmooth_tridiagonal_bisection")
     return _KERNELS["bisection"]
 
 

@@ -184,6 +184,13 @@ __device__ void oversmooth_pair_reduce(double* big, double* sum, const bool pair
     __syncthreads();
 }
 
+__device__ double oversmooth_updated(
+    const double a, const double vj, const double wj, const double vi, const double wi)
+{
+    /* entry (j, i) of A - v w^T - w v^T, from a = A_ji: the one form of every deferred update */
+    return a - vj * wi - wj * vi;
+}
+
 extern "C" __global__ void oversmooth_block_tridiagonal(
     double* a, double* d, double* e, const int n)
 {
@@ -212,7 +219,7 @@ extern "C" __global__ void oversmooth_block_tridiagonal(
         /* x: row k right of the diagonal, with step k - 1's update */
         double largest = 0.0;
         for (int j = k + 1 + t; j < n; j += threads) {
-            const double x = row[j] - vp[k] * wp[j] - wp[k] * vp[j];
+            const double x = oversmooth_updated(row[j], vp[k], wp[k], vp[j], wp[j]);
             v[j] = x;
             if (j == k + 1) *first = x;
             largest = fmax(largest, fabs(x));
@@ -236,19 +243,35 @@ extern "C" __global__ void oversmooth_block_tridiagonal(
         for (int j = k + 1 + t; j < n; j += threads)
             v[j] = (v[j] / scale - (j == k + 1 ? alpha : 0.0)) * inverse;
         if (t == 0) {
-            dm[k] = row[k] - 2.0 * vp[k] * wp[k];
+            dm[k] = oversmooth_updated(row[k], vp[k], wp[k], vp[k], wp[k]);
             em[k] = alpha * scale;
         }
         __syncthreads();
-        /* one pass over the trailing block: step k - 1's update, then p = A v */
+        /* one pass over the trailing block, a thread per column i: step k - 1's update, then
+           p = A v. Four loads are issued before their stores: the compiler may not move a load
+           of the column above a store it cannot prove is elsewhere. */
         double dot = 0.0;
         for (int i = k + 1 + t; i < n; i += threads) {
             const double vpi = vp[i], wpi = wp[i];
+            double* column = A + i;
             double p = 0.0;
-            for (int j = k + 1; j < n; ++j) {
-                const double updated = A[(long long)j * n + i] - vp[j] * wpi - wp[j] * vpi;
-                A[(long long)j * n + i] = updated;
-                p += updated * v[j];
+            int j = k + 1;
+            for (; j + 3 < n; j += 4) {
+                double a[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) a[u] = column[(long long)(j + u) * n];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    a[u] = oversmooth_updated(a[u], vp[j + u], wp[j + u], vpi, wpi);
+                    column[(long long)(j + u) * n] = a[u];
+                    p += a[u] * v[j + u];
+                }
+            }
+            for (; j < n; ++j) {
+                const double a =
+                    oversmooth_updated(column[(long long)j * n], vp[j], wp[j], vpi, wpi);
+                column[(long long)j * n] = a;
+                p += a * v[j];
             }
             w[i] = p;
             dot += v[i] * p;
@@ -264,8 +287,10 @@ extern "C" __global__ void oversmooth_block_tridiagonal(
         const double* v = vs[(n - 3) % 2];
         const double* w = ws[(n - 3) % 2];
         for (int i = n - 2; i < n; ++i)
-            for (int j = n - 2; j < n; ++j)
-                A[(long long)i * n + j] -= v[i] * w[j] + w[i] * v[j];
+            for (int j = n - 2; j < n; ++j) {
+                double* entry = A + (long long)i * n + j;
+                *entry = oversmooth_updated(*entry, v[i], w[i], v[j], w[j]);
+            }
     }
 }
 """

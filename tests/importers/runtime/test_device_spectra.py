@@ -128,7 +128,7 @@ int main() {
 
 def _host_bisection(tmp_path: Path, d: np.ndarray, e: np.ndarray) -> np.ndarray:
     """The bisection kernel's source run by the host's C++ compiler, one 'thread' at a time."""
-    binary = host_program(tmp_path, device_spectra._BISECTION_SOURCE, _BISECTION_MAIN)
+    binary = host_program(tmp_path, device_spectra.BISECTION_SOURCE, _BISECTION_MAIN)
     count, n = d.shape
     return run_program(binary, f"{count} {n}", np.r_[d.ravel(), e.ravel()]).reshape(count, n)
 

@@ -133,17 +133,20 @@ def test_the_single_launch_gives_the_array_codes_tridiagonal(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("correct", "broken"),
     [
-        # step k - 1's update left out of row k (step k's x)
-        ("row[j] - vp[k] * wp[j] - wp[k] * vp[j]", "row[j]"),
-        # and out of the trailing block's pass
-        ("A[(long long)j * n + i] - vp[j] * wpi - wp[j] * vpi", "A[(long long)j * n + i]"),
+        # step k - 1's update left out of row k (step k's x), of d_k and of the trailing block
+        ("return a - vj * wi - wj * vi;", "return a;"),
+        # a half of it left out
+        ("return a - vj * wi - wj * vi;", "return a - vj * wi;"),
+        # x0 not shared: every thread would read the previous step's
+        ("if (j == k + 1) *first = x;", ""),
         # the norm's partial sums combined without their threads' scales
         ("sum[t] * r1 * r1 + sum[t + half] * r2 * r2", "sum[t] + sum[t + half]"),
     ],
 )
 def test_a_broken_single_launch_is_caught(tmp_path: Path, correct: str, broken: str) -> None:
-    """The comparison above can fail: without either half of the deferred update, or with the
-    threads' sums of squares added as if relative to one scale, the spectrum is another."""
+    """The comparison above can fail: without the deferred update or half of it, without x₀
+    shared, or with the threads' sums of squares added as if relative to one scale, the
+    spectrum is another."""
     assert BLOCK_SOURCE.count(correct) == 1
     binary = host_program(
         tmp_path, BLOCK_SOURCE.replace(correct, broken), _BLOCK_MAIN, THREADED_SHIMS
