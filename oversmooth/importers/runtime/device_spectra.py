@@ -6,7 +6,8 @@ batched ``eigvalsh`` is cuSOLVER's Jacobi solver (``syevjBatched``), which took 
 matrix on an H100, 25 of them 28 times plain inference's time per input. This module computes
 the same spectra in the two steps LAPACK's ``dsyev`` takes, each batched over the whole stack
 (0.46 ms per matrix on the same H100, within 1.5·10⁻¹⁵ λ_max of LAPACK's; still about ten times
-what its memory traffic needs, docs/performance.md):
+what its memory traffic needs, docs/performance.md; the raw-kernel tridiagonalisations of
+:mod:`~oversmooth.importers.runtime.householder_kernels` await a GPU's timing):
 
 1. **Householder tridiagonalisation** ``Qᵀ G Q = T`` (:func:`householder_tridiagonal`): for
    ``k = 0 … n−3`` one reflector ``P = I − 2 v vᵀ`` per matrix zeroes column k below the

@@ -34,7 +34,7 @@ kernels' threads share no memory and never synchronise, so they run one after an
 single launch's threads run as host threads, ``__syncthreads`` a barrier between them
 (``tests/importers/runtime/device_helpers.py``). Neither is the audit's path yet: one becomes so
 once a GPU has timed them against the fused kernels (``python -m benchmarks gram --provider
-cuda``, and the audit itself with ``python -m benchmarks device --tridiagonal NAME``) and run the
+cuda``, and the audit itself with ``python -m benchmarks device --gram-solver NAME``) and run the
 CUDA tests.
 
 Public API
