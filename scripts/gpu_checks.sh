@@ -16,12 +16,14 @@
 #   target-block, target-raw
 #               the same with the Gram tridiagonal by one launch of a thread block per matrix,
 #               or by four raw kernels per step (--gram-solver block|raw), not yet the audit's
+#   session     where the audit's session costs more than plain inference at batch BATCH:
+#               plain, the reductions with and without the Gram matrices, with the attention
 #
-# STEPS (default all seven) names the steps to run, in that order, when a lease is short.
+# STEPS (default all eight) names the steps to run, in that order, when a lease is short.
 # A dry run elsewhere: PROVIDER=cpu MODEL=minilm-l3 BATCH=8 BATCHES_PER_AUDIT=2 GRAM_COUNT=50.
 set -uo pipefail
 
-known="doctor cuda-tests gram target gram-host target-block target-raw"
+known="doctor cuda-tests gram target gram-host target-block target-raw session"
 steps=" ${STEPS:-$known} "
 for name in $steps; do
     if [[ " $known " != *" $name "* ]]; then
@@ -68,4 +70,6 @@ step target 180 "$python" "${device[@]}"
 step gram-host 180 "$python" "${device[@]}" --gram-on-host
 step target-block 180 "$python" "${device[@]}" --gram-solver block
 step target-raw 180 "$python" "${device[@]}" --gram-solver raw
+step session 120 "$python" -m benchmarks runner --providers "$provider" --models "$model" \
+    --batches "$batch" --min-seconds 2 --audit-inputs "$batch" --audit-batch "$batch"
 cat "$out/steps.tsv"

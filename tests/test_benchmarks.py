@@ -42,6 +42,7 @@ def test_the_gpu_checks_script_runs_every_step_in_a_dry_run(tmp_path: Path) -> N
             "gram-host",
             "target-block",
             "target-raw",
+            "session",
         )
     ]
     assert "Gram spectra on the host" in (tmp_path / "out" / "gram-host.txt").read_text()
@@ -359,7 +360,7 @@ def test_the_gpu_checks_script_refuses_an_unknown_step(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "STEPS names an unknown step 'targt'; expected some of: "
-        "doctor cuda-tests gram target gram-host target-block target-raw"
+        "doctor cuda-tests gram target gram-host target-block target-raw session"
     ]
     assert not (tmp_path / "out").exists()
 
