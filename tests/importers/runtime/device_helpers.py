@@ -106,17 +106,25 @@ double oversmooth_shared[1 << 16];
 """
 
 
-def host_program(tmp_path: Path, kernels: str, main: str, shims: str = SHIMS) -> Path:
+def host_program(
+    tmp_path: Path, kernels: str, main: str, shims: str = SHIMS, *, race_checked: bool = False
+) -> Path:
     """CUDA kernels' ``source`` and a host ``main`` compiled under ``shims`` (:data:`SHIMS` or
-    :data:`THREADED_SHIMS`); the binary."""
+    :data:`THREADED_SHIMS`); the binary. ``race_checked``: under ThreadSanitizer, which reports
+    (exit status 66) any two accesses of one address by threads that no barrier orders, one of
+    them a write; skipped where the compiler has no ThreadSanitizer."""
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         pytest.skip("no C++ compiler here to run the kernels' source")
     source = tmp_path / "kernels.cpp"
     source.write_text(shims + kernels.replace('extern "C" ', "") + main, encoding="utf-8")
     binary = tmp_path / "kernels"
-    command = [compiler, "-std=c++20", "-pthread", "-O2", "-o", str(binary), str(source)]
-    subprocess.run(command, check=True)
+    flags = ["-O1", "-g", "-fsanitize=thread"] if race_checked else ["-O2"]
+    command = [compiler, "-std=c++20", "-pthread", *flags, "-o", str(binary), str(source)]
+    built = subprocess.run(command, capture_output=True, text=True)
+    if built.returncode and race_checked and "tsan" in built.stderr.lower():
+        pytest.skip(f"no ThreadSanitizer here: {built.stderr.strip().splitlines()[-1]}")
+    built.check_returncode()
     return binary
 
 

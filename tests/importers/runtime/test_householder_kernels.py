@@ -11,6 +11,7 @@ it. The tridiagonal each leaves must be the array code's and keep LAPACK's eigen
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +156,35 @@ def test_a_broken_single_launch_is_caught(tmp_path: Path, correct: str, broken: 
     d, e = _host_steps(binary, gram, "8")
     with pytest.raises(AssertionError):
         _assert_the_array_codes_tridiagonal(d, e, gram)
+
+
+def _race_report(binary: Path, gram: np.ndarray, threads: int) -> str:
+    """ThreadSanitizer's report of one run of the race-checked single launch (empty: none)."""
+    count, n = gram.shape[0], gram.shape[-1]
+    text = f"{count} {n} {threads}\n" + " ".join(f"{value:.17g}" for value in gram.ravel())
+    result = subprocess.run([str(binary)], input=text, capture_output=True, text=True)
+    if "FATAL: ThreadSanitizer" in result.stderr:  # e.g. a kernel's address layout it refuses
+        pytest.skip(f"ThreadSanitizer cannot run here: {result.stderr.strip().splitlines()[0]}")
+    assert result.returncode in (0, 66), result.stderr  # 66: ThreadSanitizer found a race
+    return result.stderr if result.returncode else ""
+
+
+def test_the_single_launchs_threads_never_race(tmp_path: Path) -> None:
+    """Every access of shared or global memory that two of a block's threads make, one of them a
+    write, is ordered by a barrier: ThreadSanitizer sees none unordered, whatever order the
+    threads happen to run in, with more threads than columns and fewer. Without the barrier
+    between the reflector and the pass that reads it, it sees one."""
+    binary = host_program(tmp_path, BLOCK_SOURCE, _BLOCK_MAIN, THREADED_SHIMS, race_checked=True)
+    for gram, threads in ((random_grams(21, 2, 40, 60), 16), (random_grams(22, 1, 20, 30), 4)):
+        assert _race_report(binary, gram, threads) == ""
+    barrier = "        __syncthreads();\n        /* one pass over the trailing block"
+    assert BLOCK_SOURCE.count(barrier) == 1
+    unordered = BLOCK_SOURCE.replace(barrier, "        /* one pass over the trailing block")
+    (tmp_path / "unordered").mkdir()
+    binary = host_program(
+        tmp_path / "unordered", unordered, _BLOCK_MAIN, THREADED_SHIMS, race_checked=True
+    )
+    assert "data race" in _race_report(binary, random_grams(21, 2, 40, 60), 16)
 
 
 def test_orders_too_large_for_a_blocks_shared_memory_take_the_fused_kernels(
