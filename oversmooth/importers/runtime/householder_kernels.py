@@ -18,7 +18,8 @@ shared memory and no synchronisation:
 4. ``update`` (a thread per element): ``A_ij −= v_i w_j + w_i v_j``.
 
 **One launch for the whole stack** (:data:`BLOCK_SOURCE`, :func:`block_householder_tridiagonal`):
-a thread block per matrix runs all ``n − 2`` steps, its reflector and ``w`` in shared memory,
+a thread block per matrix (up to 128 threads, whole warps, about one per column) runs all
+``n − 2`` steps, its reflector and ``w`` in shared memory,
 the block's threads synchronised between the phases of a step. Step k − 1's rank-2 update is
 not a pass of its own: step k applies it to row k on the fly (that row is step k's ``x``) and to
 the trailing block in the same pass that forms ``p = A v``, a thread per column i reading and
@@ -367,10 +368,18 @@ def block_householder_tridiagonal(a: Any) -> tuple[Any, Any]:
     d = cupy.empty((count, n), dtype=cupy.float64)
     e = cupy.zeros((count, max(n - 1, 0)), dtype=cupy.float64)
     if count and n > 2:
-        shared = 8 * (4 * n + 2 * _THREADS + 1)
-        _module(cupy)["block"]((count,), (_THREADS,), (a, d, e, np.int32(n)), shared_mem=shared)
+        threads = _block_threads(n)
+        shared = 8 * (4 * n + 2 * threads + 1)
+        _module(cupy)["block"]((count,), (threads,), (a, d, e, np.int32(n)), shared_mem=shared)
     finish_tridiagonal(a, d, e)
     return d, e
+
+
+def _block_threads(n: int) -> int:
+    """Threads of the single launch's block for order n: one per column of the first trailing
+    block (n − 1), rounded up to a power of two, at least a warp (32), at most :data:`_THREADS`;
+    a small matrix leaves no threads idle that another block could use."""
+    return min(_THREADS, max(32, 1 << max(n - 2, 0).bit_length()))
 
 
 #: Every device tridiagonalisation, ``(N, n, n)`` symmetric stack (overwritten) → ``(d, e)``,

@@ -187,6 +187,18 @@ def test_the_single_launchs_threads_never_race(tmp_path: Path) -> None:
     assert "data race" in _race_report(binary, random_grams(21, 2, 40, 60), 16)
 
 
+def test_the_single_launch_gives_a_small_matrix_a_small_block() -> None:
+    """A power of two of whole warps, one thread per column of the first trailing block where
+    that fits in 128 (the reductions halve the block; the kernel is tested at each size)."""
+    from oversmooth.importers.runtime.householder_kernels import _block_threads
+
+    for n in range(3, 600):
+        threads = _block_threads(n)
+        assert threads in (32, 64, 128)
+        assert threads >= min(n - 1, 128)
+        assert threads == 32 or threads // 2 < n - 1
+
+
 def test_orders_too_large_for_a_blocks_shared_memory_take_the_fused_kernels(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
