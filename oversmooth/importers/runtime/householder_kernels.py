@@ -19,16 +19,15 @@ shared memory and no synchronisation:
 
 **One launch for the whole stack** (:data:`BLOCK_SOURCE`, :func:`block_householder_tridiagonal`):
 a thread block per matrix (up to 128 threads, whole warps, about one per column) runs all
-``n − 2`` steps, its reflector and ``w`` in shared memory,
-the block's threads synchronised between the phases of a step. Step k − 1's rank-2 update is
-not a pass of its own: step k applies it to row k on the fly (that row is step k's ``x``) and to
-the trailing block in the same pass that forms ``p = A v``, a thread per column i reading and
-writing ``A_ji`` down the column (neighbouring threads, neighbouring addresses). One read and one
-write of the trailing block per step instead of two reads and a write, and no launch per step.
-``‖x‖`` is one block reduction of (scale, sum of squares relative to it) pairs, as LAPACK's
-``dnrm2`` keeps them, and ``‖x − α e₁‖² = 2‖x‖(‖x‖ + |x₀|)`` needs no second one. It needs
-``4n + 2·threads + 1`` doubles of shared memory: up to order :data:`BLOCK_MAX_ORDER`; larger stacks
-take the fused kernels.
+``n − 2`` steps, its reflector and ``w`` in shared memory, the block's threads synchronised
+between the phases of a step. Step k − 1's rank-2 update is not a pass of its own: step k
+applies it to row k on the fly (that row is step k's ``x``) and to the trailing block in the
+same pass that forms ``p = A v``, a thread per column i reading and writing ``A_ji`` down the
+column (neighbouring threads, neighbouring addresses). One read and one write of the trailing
+block per step instead of two reads and a write, and no launch per step. ``‖x‖`` is one block
+reduction of (scale, sum of squares relative to it) pairs, as LAPACK's ``dnrm2`` keeps them, and
+``‖x − α e₁‖² = 2‖x‖(‖x‖ + |x₀|)`` needs no second one. It needs ``4n + 2·threads + 1`` doubles
+of shared memory: up to order :data:`BLOCK_MAX_ORDER`; larger stacks take the fused kernels.
 
 Both are tested on the CPU, their CUDA source compiled by the host's C++ compiler: the four
 kernels' threads share no memory and never synchronise, so they run one after another; the
