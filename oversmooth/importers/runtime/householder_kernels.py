@@ -322,7 +322,7 @@ def raw_householder_tridiagonal(a: Any) -> tuple[Any, Any]:
     e = cupy.zeros((count, max(n - 1, 0)), dtype=cupy.float64)
     v = cupy.empty((count, max(n - 1, 1)), dtype=cupy.float64)
     p = cupy.empty_like(v)
-    kernels = _module(cupy)
+    kernels = _step_kernels(cupy)
     per_matrix = ((count + _THREADS - 1) // _THREADS,)
     for k in range(n - 2):
         m = n - k - 1
@@ -369,7 +369,7 @@ def block_householder_tridiagonal(a: Any) -> tuple[Any, Any]:
     if count and n > 2:
         threads = _block_threads(n)
         shared = 8 * (4 * n + 2 * threads + 1)
-        _module(cupy)["block"]((count,), (threads,), (a, d, e, np.int32(n)), shared_mem=shared)
+        _block_kernel(cupy)((count,), (threads,), (a, d, e, np.int32(n)), shared_mem=shared)
     finish_tridiagonal(a, d, e)
     return d, e
 
@@ -391,11 +391,18 @@ TRIDIAGONALISATIONS: dict[str, Callable[[Any], tuple[Any, Any]]] = {
 }
 
 
-def _module(cupy: Any) -> dict[str, Any]:
-    """The compiled kernels (once per process)."""
-    if not _MODULES:
+def _step_kernels(cupy: Any) -> dict[str, Any]:
+    """The four kernels of :data:`STEP_SOURCE`, compiled once per process."""
+    if "matvec" not in _MODULES:
         module = cupy.RawModule(code=STEP_SOURCE)
         for name in ("reflector", "matvec", "reflected", "update"):
             _MODULES[name] = module.get_function(f"oversmooth_householder_{name}")
-        _MODULES["block"] = cupy.RawKernel(BLOCK_SOURCE, "oversmooth_block_tridiagonal")
     return _MODULES
+
+
+def _block_kernel(cupy: Any) -> Any:
+    """The single launch's kernel of :data:`BLOCK_SOURCE`, compiled once per process (and
+    without compiling the four others, which it does not need)."""
+    if "block" not in _MODULES:
+        _MODULES["block"] = cupy.RawKernel(BLOCK_SOURCE, "oversmooth_block_tridiagonal")
+    return _MODULES["block"]
