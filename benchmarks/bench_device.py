@@ -94,11 +94,6 @@ class DeviceRates:
 #: How the benchmark may compute the audit's Gram spectra: on the device, by each of the
 #: tridiagonalisations (``fused`` is the audit's own), or by LAPACK on the host threads.
 GRAM_SOLVERS = (*TRIDIAGONALISATIONS, "host")
-#: What the device column adds for a Gram solver that is not the audit's.
-_GRAM_SOLVER_NOTES = {
-    "host": ", Gram spectra on the host",
-    **{name: f", Gram tridiagonal by the {name} kernels" for name in ("raw", "block")},
-}
 
 #: Batches of the audit's warm-up run (the timed run has ``--batches-per-audit``): two, so that
 #: the dominance step's first look, after 32 inputs, falls inside it at batch 16 and above.
@@ -182,7 +177,7 @@ def rates(
         name,
         provider,
         batch,
-        _device_name(provider) + _GRAM_SOLVER_NOTES.get(gram_solver, ""),
+        _device_name(provider) + _gram_solver_note(gram_solver, provider),
         batch / seconds["plain"],
         batch / seconds["session"],
         many.batch_size / elapsed,
@@ -209,6 +204,19 @@ def _dominance_line(cases: Sequence[DominanceCase], mode: int | str, n_inputs: i
         f"  dominance: cases of {computed} of {n_inputs} inputs computed, {stop.inputs} used "
         f"(--dominance-inputs {mode}; widest 95 % interval {stop.width:.3f})"
     )
+
+
+def _gram_solver_note(name: str, provider: str) -> str:
+    """What the device column adds for a Gram solver that is not the audit's: a device
+    tridiagonalisation only applies where the Gram matrices stay on a GPU (elsewhere LAPACK
+    solves them, whatever was asked), and the line says which held."""
+    if name == "fused":
+        return ""
+    if name == "host":
+        return ", Gram spectra on the host"
+    if provider == "cuda" and device_arrays() is not None:
+        return f", Gram tridiagonal by the {name} kernels"
+    return f", --gram-solver {name} unused (the Gram matrices are on the host: LAPACK)"
 
 
 def _gram_solver(name: str) -> Callable[[Any], np.ndarray]:

@@ -46,7 +46,8 @@ def test_the_gpu_checks_script_runs_every_step_in_a_dry_run(tmp_path: Path) -> N
         )
     ]
     assert "Gram spectra on the host" in (tmp_path / "out" / "gram-host.txt").read_text()
-    assert "by the block kernels" in (tmp_path / "out" / "target-block.txt").read_text()
+    # on the CPU a device tridiagonalisation has nothing to run on, and the line says so
+    assert "--gram-solver block unused" in (tmp_path / "out" / "target-block.txt").read_text()
     # 8 inputs, below the rule's first look: every input's cases computed and used
     assert (
         "dominance: cases of 8 of 8 inputs computed, 8 used"
@@ -286,6 +287,9 @@ def test_the_device_benchmark_picks_the_gram_solver_it_is_told() -> None:
     assert block.func is device_spectra.gram_eigenvalues  # type: ignore[attr-defined]
     assert block.keywords == {"tridiagonalise": TRIDIAGONALISATIONS["block"]}  # type: ignore[attr-defined]
     assert bench_device._gram_solver("host") is bench_device._gram_eigenvalues_on_the_host
+    assert bench_device._gram_solver_note("fused", "cpu") == ""
+    assert bench_device._gram_solver_note("host", "cpu") == ", Gram spectra on the host"
+    assert "unused" in bench_device._gram_solver_note("block", "cpu")
 
 
 def test_the_device_benchmark_warms_up_on_its_first_batches_with_the_timed_runner() -> None:
