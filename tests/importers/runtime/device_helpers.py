@@ -128,9 +128,14 @@ def host_program(
     return binary
 
 
+def program_input(header: str, numbers: np.ndarray) -> str:
+    """The standard input of a kernel program: ``header``, then ``numbers`` to the last bit."""
+    return header + "\n" + " ".join(f"{value:.17g}" for value in numbers.ravel())
+
+
 def run_program(binary: Path, header: str, numbers: np.ndarray) -> np.ndarray:
     """``binary`` fed ``header`` and ``numbers`` on its standard input; the numbers it prints."""
-    text = header + "\n" + " ".join(f"{value:.17g}" for value in numbers.ravel())
+    text = program_input(header, numbers)
     result = subprocess.run([str(binary)], input=text, capture_output=True, text=True, check=True)
     return np.array(result.stdout.split(), dtype=np.float64)
 

@@ -30,6 +30,7 @@ from tests.importers.runtime.device_helpers import (
     assert_same_spectra,
     cupy_or_skip,
     host_program,
+    program_input,
     random_grams,
     run_program,
     special_grams,
@@ -161,7 +162,7 @@ def test_a_broken_single_launch_is_caught(tmp_path: Path, correct: str, broken: 
 def _race_report(binary: Path, gram: np.ndarray, threads: int) -> str:
     """ThreadSanitizer's report of one run of the race-checked single launch (empty: none)."""
     count, n = gram.shape[0], gram.shape[-1]
-    text = f"{count} {n} {threads}\n" + " ".join(f"{value:.17g}" for value in gram.ravel())
+    text = program_input(f"{count} {n} {threads}", gram)
     result = subprocess.run([str(binary)], input=text, capture_output=True, text=True)
     if "FATAL: ThreadSanitizer" in result.stderr:  # e.g. a kernel's address layout it refuses
         pytest.skip(f"ThreadSanitizer cannot run here: {result.stderr.strip().splitlines()[0]}")
