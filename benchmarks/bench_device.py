@@ -58,9 +58,12 @@ from oversmooth.importers.audit.pipeline import (
 from oversmooth.importers.audit.session import AuditSession
 from oversmooth.importers.graph import OnnxModel
 from oversmooth.importers.inputs.feeds import Inputs
-from oversmooth.importers.runtime import device_spectra, reductions
+from oversmooth.importers.runtime import gram_spectra, reductions
 from oversmooth.importers.runtime.cuda import device_arrays, gpu_info
-from oversmooth.importers.runtime.householder_kernels import TRIDIAGONALISATIONS
+from oversmooth.importers.runtime.householder_kernels import (
+    AUDIT_TRIDIAGONALISATION,
+    TRIDIAGONALISATIONS,
+)
 from oversmooth.importers.runtime.runner import default_threads, plain_session
 
 __all__ = ["GRAM_SOLVERS", "DeviceRates", "main", "parser", "rates"]
@@ -92,7 +95,8 @@ class DeviceRates:
 
 
 #: How the benchmark may compute the audit's Gram spectra: on the device, by each of the
-#: tridiagonalisations (``fused`` is the audit's own), or by LAPACK on the host threads.
+#: tridiagonalisations (:data:`AUDIT_TRIDIAGONALISATION`, ``block``, is the audit's own), or by
+#: LAPACK on the host threads.
 GRAM_SOLVERS = (*TRIDIAGONALISATIONS, "host")
 
 #: Batches of the audit's warm-up run (the timed run has ``--batches-per-audit``): two, so that
@@ -127,7 +131,7 @@ def rates(
     batches_per_audit: int,
     stages: bool = False,
     dominance_inputs: int | str = "auto",
-    gram_solver: str = "fused",
+    gram_solver: str = AUDIT_TRIDIAGONALISATION,
 ) -> DeviceRates:
     """Plain, session and whole-audit inputs per second of one model at one batch size.
 
@@ -136,9 +140,9 @@ def rates(
     ``dominance_inputs``: the audit's ``--dominance-inputs`` (``"all"`` times the dominance step on
     every input; the default ``"auto"`` stops where the audit's rule does). ``gram_solver``:
     how the audit's Gram spectra are computed where the matrices stay on a GPU, one of
-    :data:`GRAM_SOLVERS`: the device's tridiagonalisation and bisection with the fused kernels
-    (``fused``, the audit's own), the raw kernels per step (``raw``) or one launch of a thread
-    block per matrix (``block``); or ``host``: LAPACK on every host thread after a copy.
+    :data:`GRAM_SOLVERS`: the device's tridiagonalisation and bisection with one launch of a
+    thread block per matrix (``block``, the audit's own), the fused kernels (``fused``) or the
+    raw kernels per step (``raw``); or ``host``: LAPACK on every host thread after a copy.
     """
     ref = zoo.lookup(name, allow_fetch=False)  # the graph is already parsed: not again
     items = _repeated(inputs, batch)
@@ -161,7 +165,7 @@ def rates(
     prebuilt = measure_session(prepared, graph, many)
     totals: dict[str, Spent] = {}
     with contextlib.ExitStack() as timing:
-        if gram_solver != "fused":
+        if gram_solver != AUDIT_TRIDIAGONALISATION:
             timing.enter_context(
                 mock.patch.object(reductions, "gram_eigenvalues", _gram_solver(gram_solver))
             )
@@ -210,7 +214,7 @@ def _gram_solver_note(name: str, provider: str) -> str:
     """What the device column adds for a Gram solver that is not the audit's: a device
     tridiagonalisation only applies where the Gram matrices stay on a GPU (elsewhere LAPACK
     solves them, whatever was asked), and the line says which held."""
-    if name == "fused":
+    if name == AUDIT_TRIDIAGONALISATION:
         return ""
     if name == "host":
         return ", Gram spectra on the host"
@@ -220,11 +224,11 @@ def _gram_solver_note(name: str, provider: str) -> str:
 
 
 def _gram_solver(name: str) -> Callable[[Any], np.ndarray]:
-    """The Gram spectra's function for :data:`GRAM_SOLVERS` entry ``name`` (not ``fused``)."""
+    """The Gram spectra's function for :data:`GRAM_SOLVERS` entry ``name`` (not the audit's)."""
     if name == "host":
         return _gram_eigenvalues_on_the_host
     return functools.partial(
-        device_spectra.gram_eigenvalues, tridiagonalise=TRIDIAGONALISATIONS[name]
+        gram_spectra.gram_eigenvalues, tridiagonalise=TRIDIAGONALISATIONS[name]
     )
 
 
@@ -272,9 +276,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gram-solver",
         choices=GRAM_SOLVERS,
-        default="fused",
-        help="the audit's Gram spectra on a GPU: its tridiagonalisation by the fused kernels (the "
-        "audit's), the raw kernels or one block per matrix; or LAPACK on the host threads",
+        default=AUDIT_TRIDIAGONALISATION,
+        help="the audit's Gram spectra on a GPU: its tridiagonalisation by one launch of a block "
+        "per matrix (block, the audit's), the fused kernels or the raw kernels; or LAPACK on the "
+        "host threads",
     )
     parser.add_argument(
         "--gram-on-host",

@@ -5,7 +5,8 @@ order 257, float64). On this 2-core CPU that is 49-50 ms per input, the tridiago
 being 1.83 of the 2.05 ms per matrix. On a GPU the audit called CuPy's batched ``eigvalsh``,
 cuSOLVER's Jacobi solver ``syevjBatched`` at every order (PyTorch keeps that solver for orders
 up to 32): 0.70 ms per matrix on an H100, the audit's bottleneck there; it now tridiagonalises
-the stack and bisects on the device (:mod:`oversmooth.importers.runtime.device_spectra`). This
+the stack and bisects on the device (:mod:`oversmooth.importers.runtime.device_spectra`), 0.051
+ms per matrix on an H200 (0.686 for ``eigvalsh`` on the same lease). This
 times, on the model's own Gram matrices (the audit's session on the bundled inputs, tiled to
 ``--count``):
 
@@ -13,12 +14,12 @@ times, on the model's own Gram matrices (the audit's session on the bundled inpu
 - ``host, N threads``: the same on a pool of N threads, one chunk of matrices each (the copy from
   the GPU included where the matrices are there);
 - ``device, fused``: Householder tridiagonalisation (two fused kernels per step) and bisection on
-  the whole stack with the Frobenius check that redoes a failed spectrum on the host, as the
-  audit runs it on a GPU (:func:`~oversmooth.importers.runtime.device_spectra.gram_eigenvalues`);
+  the whole stack with the Frobenius check that redoes a failed spectrum on the host
+  (:func:`~oversmooth.importers.runtime.gram_spectra.gram_eigenvalues`);
 - ``device, raw`` and ``device, block``: the same with the tridiagonalisation as four raw kernels
   per step or as one launch of a thread block per matrix
-  (:data:`~oversmooth.importers.runtime.householder_kernels.TRIDIAGONALISATIONS`, not yet the
-  audit's);
+  (:data:`~oversmooth.importers.runtime.householder_kernels.TRIDIAGONALISATIONS`); ``block`` is
+  how the audit runs it on a GPU;
 - ``device, batched``: CuPy's ``eigvalsh`` on the whole stack (cuSOLVER's Jacobi solver) with the
   same check (:func:`~oversmooth.simulator.statistics.gram_eigenvalues`), as the audit ran it
   before; how many spectra of each device solver failed the check is printed;
@@ -52,7 +53,7 @@ from benchmarks.bench_runner import _repeated, installed_models
 from oversmooth.importers import zoo
 from oversmooth.importers.audit.session import audit_session
 from oversmooth.importers.match import find_attention_blocks
-from oversmooth.importers.runtime import device_spectra
+from oversmooth.importers.runtime import device_spectra, gram_spectra
 from oversmooth.importers.runtime.householder_kernels import TRIDIAGONALISATIONS
 from oversmooth.importers.runtime.runner import default_threads
 from oversmooth.importers.weights import block_weights
@@ -114,7 +115,7 @@ def _solvers(stack: Any, threads: int) -> dict[str, Callable[[Any], np.ndarray]]
     if xp is not np:
         for name, tridiagonalise in TRIDIAGONALISATIONS.items():
             solvers[f"device, {name}"] = functools.partial(
-                device_spectra.gram_eigenvalues, tridiagonalise=tridiagonalise
+                gram_spectra.gram_eigenvalues, tridiagonalise=tridiagonalise
             )
         solvers["device, batched"] = gram_eigenvalues
         solvers["device, one by one"] = lambda s: np.stack(

@@ -12,10 +12,11 @@
 #   cuda-tests  the CUDA tests of the device path (pytest -m cuda)
 #   gram        the Gram spectra's eigensolvers on the model's own matrices
 #   target      the whole audit at batch BATCH on BATCH * BATCHES_PER_AUDIT inputs, with --stages
+#               (300 s: on a machine where nothing had run yet, an H200's took more than 180)
 #   gram-host   the same with the Gram spectra by LAPACK on the host threads (--gram-on-host)
-#   target-block, target-raw
-#               the same with the Gram tridiagonal by one launch of a thread block per matrix,
-#               or by four raw kernels per step (--gram-solver block|raw), not yet the audit's
+#   target-fused, target-raw
+#               the same with the Gram tridiagonal by the fused kernels or by four raw kernels
+#               per step (--gram-solver fused|raw) instead of the audit's single launch
 #   session     where the audit's session costs more than plain inference at batch BATCH:
 #               plain, the reductions with and without the Gram matrices, with the attention
 #
@@ -23,7 +24,7 @@
 # A dry run elsewhere: PROVIDER=cpu MODEL=minilm-l3 BATCH=8 BATCHES_PER_AUDIT=2 GRAM_COUNT=50.
 set -uo pipefail
 
-known="doctor cuda-tests gram target gram-host target-block target-raw session"
+known="doctor cuda-tests gram target gram-host target-fused target-raw session"
 steps=" ${STEPS:-$known} "
 for name in $steps; do
     if [[ " $known " != *" $name "* ]]; then
@@ -66,9 +67,9 @@ step cuda-tests 90 "$python" -m pytest -q -p no:cacheprovider -m cuda \
     tests/importers/runtime/test_householder_kernels.py
 step gram 90 "$python" -m benchmarks gram --model "$model" --provider "$provider" \
     --count "$gram_count"
-step target 180 "$python" "${device[@]}"
+step target 300 "$python" "${device[@]}"
 step gram-host 180 "$python" "${device[@]}" --gram-on-host
-step target-block 180 "$python" "${device[@]}" --gram-solver block
+step target-fused 180 "$python" "${device[@]}" --gram-solver fused
 step target-raw 180 "$python" "${device[@]}" --gram-solver raw
 step session 120 "$python" -m benchmarks runner --providers "$provider" --models "$model" \
     --batches "$batch" --min-seconds 2 --audit-inputs "$batch" --audit-batch "$batch"

@@ -40,14 +40,14 @@ def test_the_gpu_checks_script_runs_every_step_in_a_dry_run(tmp_path: Path) -> N
             "gram",
             "target",
             "gram-host",
-            "target-block",
+            "target-fused",
             "target-raw",
             "session",
         )
     ]
     assert "Gram spectra on the host" in (tmp_path / "out" / "gram-host.txt").read_text()
     # on the CPU a device tridiagonalisation has nothing to run on, and the line says so
-    assert "--gram-solver block unused" in (tmp_path / "out" / "target-block.txt").read_text()
+    assert "--gram-solver fused unused" in (tmp_path / "out" / "target-fused.txt").read_text()
     # 8 inputs, below the rule's first look: every input's cases computed and used
     assert (
         "dominance: cases of 8 of 8 inputs computed, 8 used"
@@ -274,22 +274,22 @@ def test_the_device_benchmark_picks_the_gram_solver_it_is_told() -> None:
     """``--gram-solver`` names a device tridiagonalisation or the host (``--gram-on-host`` is the
     latter); the audit's Gram function is then the device solver with that tridiagonalisation."""
     from benchmarks import bench_device
-    from oversmooth.importers.runtime import device_spectra
+    from oversmooth.importers.runtime import gram_spectra
     from oversmooth.importers.runtime.householder_kernels import TRIDIAGONALISATIONS
 
     parse = bench_device.parser().parse_args
-    assert parse([]).gram_solver == "fused"
+    assert parse([]).gram_solver == "block"
     assert parse(["--gram-on-host"]).gram_solver == "host"
-    assert parse(["--gram-solver", "block"]).gram_solver == "block"
+    assert parse(["--gram-solver", "fused"]).gram_solver == "fused"
     with pytest.raises(SystemExit):
         parse(["--gram-solver", "jacobi"])
-    block = bench_device._gram_solver("block")
-    assert block.func is device_spectra.gram_eigenvalues  # type: ignore[attr-defined]
-    assert block.keywords == {"tridiagonalise": TRIDIAGONALISATIONS["block"]}  # type: ignore[attr-defined]
+    fused = bench_device._gram_solver("fused")
+    assert fused.func is gram_spectra.gram_eigenvalues  # type: ignore[attr-defined]
+    assert fused.keywords == {"tridiagonalise": TRIDIAGONALISATIONS["fused"]}  # type: ignore[attr-defined]
     assert bench_device._gram_solver("host") is bench_device._gram_eigenvalues_on_the_host
-    assert bench_device._gram_solver_note("fused", "cpu") == ""
+    assert bench_device._gram_solver_note("block", "cpu") == ""
     assert bench_device._gram_solver_note("host", "cpu") == ", Gram spectra on the host"
-    assert "unused" in bench_device._gram_solver_note("block", "cpu")
+    assert "unused" in bench_device._gram_solver_note("fused", "cpu")
 
 
 def test_the_device_benchmark_warms_up_on_its_first_batches_with_the_timed_runner() -> None:
@@ -364,7 +364,7 @@ def test_the_gpu_checks_script_refuses_an_unknown_step(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "STEPS names an unknown step 'targt'; expected some of: "
-        "doctor cuda-tests gram target gram-host target-block target-raw session"
+        "doctor cuda-tests gram target gram-host target-fused target-raw session"
     ]
     assert not (tmp_path / "out").exists()
 

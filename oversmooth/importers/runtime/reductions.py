@@ -50,7 +50,7 @@ from onnx import TensorProto, helper
 
 from oversmooth.importers.errors import ImporterInputError
 from oversmooth.importers.graph import GraphInput, OnnxModel
-from oversmooth.importers.runtime.device_spectra import gram_eigenvalues
+from oversmooth.importers.runtime.gram_spectra import gram_eigenvalues
 from oversmooth.importers.runtime.node_builder import NodeBuilder
 from oversmooth.simulator.backend import array_module, to_numpy
 from oversmooth.simulator.statistics import SCALAR_FIELDS, TokenStatistics, centred_gram_top
@@ -218,7 +218,7 @@ class ReductionPlan:
         The layers' ``(B, k, k)`` Gram matrices, all in one place (:meth:`grams_on_device`), are
         stacked, those of one shape together (a model whose stages change the token count or
         the width has several), and handed to
-        :func:`~oversmooth.importers.runtime.device_spectra.gram_eigenvalues`: on a GPU each
+        :func:`~oversmooth.importers.runtime.gram_spectra.gram_eigenvalues`: on a GPU each
         step of its tridiagonalisation is then one kernel over every layer of the batch rather
         than one per layer. Empty without a Gram matrix.
         """
@@ -246,7 +246,7 @@ class ReductionPlan:
 
         Gram eigenvalues ``eig`` (B, k) as :meth:`layer_spectra` gives them, else computed here
         (in float64, batched, where the Gram matrices are: on the GPU when the session kept them
-        there, :func:`~oversmooth.importers.runtime.device_spectra.gram_eigenvalues`); with
+        there, :func:`~oversmooth.importers.runtime.gram_spectra.gram_eigenvalues`); with
         ``spectral_norm``, the centred
         Gram's largest one too (:func:`~oversmooth.simulator.statistics.centred_gram_top`, on the host: from
         the T×T Gram and the token weights, ``token_mask`` (B, T) with the prefix left out, or

@@ -9,6 +9,8 @@ the fused kernels equal the plain array operations, and the whole device solve e
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +21,10 @@ from hypothesis import strategies as st
 from oversmooth.importers.runtime import device_spectra
 from oversmooth.importers.runtime.device_spectra import (
     from_lower_triangle,
-    gram_eigenvalues,
     householder_tridiagonal,
     tridiagonal_eigenvalues,
 )
+from oversmooth.importers.runtime.gram_spectra import gram_eigenvalues
 from oversmooth.simulator import statistics
 from tests.importers.runtime.device_helpers import (
     assert_same_spectra,
@@ -108,6 +110,33 @@ def test_only_the_lower_triangle_is_read_as_by_lapack() -> None:
 def test_on_the_host_gram_eigenvalues_are_lapacks() -> None:
     gram = random_grams(3, 4, 30, 20)
     np.testing.assert_array_equal(gram_eigenvalues(gram), statistics.gram_eigenvalues(gram))
+
+
+def test_the_device_path_tridiagonalises_by_the_audits_choice_unless_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a device the Gram spectra take :data:`AUDIT_TRIDIAGONALISATION` (the single launch),
+    or the tridiagonalisation passed. NumPy stands in for the device library: the path is the
+    device's, the array code the kernels' stand-in, and the spectra still LAPACK's."""
+    from oversmooth.importers.runtime import gram_spectra, householder_kernels
+
+    assert householder_kernels.AUDIT_TRIDIAGONALISATION == "block"
+    called: list[str] = []
+
+    def spy(name: str) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        def tridiagonalise(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            called.append(name)
+            return householder_tridiagonal(a)
+
+        return tridiagonalise
+
+    device = types.SimpleNamespace(float64=np.float64)
+    monkeypatch.setattr(gram_spectra, "array_module", lambda array: device)
+    monkeypatch.setitem(householder_kernels.TRIDIAGONALISATIONS, "block", spy("block"))
+    gram = random_grams(4, 3, 20, 30)
+    assert_same_spectra(gram_eigenvalues(gram), gram)
+    assert_same_spectra(gram_eigenvalues(gram, tridiagonalise=spy("given")), gram)
+    assert called == ["block", "given"]
 
 
 _BISECTION_MAIN = r"""

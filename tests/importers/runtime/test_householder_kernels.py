@@ -20,10 +20,10 @@ import pytest
 from oversmooth.importers.runtime import householder_kernels
 from oversmooth.importers.runtime.device_spectra import (
     finish_tridiagonal,
-    gram_eigenvalues,
     householder_tridiagonal,
     tridiagonal_eigenvalues,
 )
+from oversmooth.importers.runtime.gram_spectra import gram_eigenvalues
 from oversmooth.importers.runtime.householder_kernels import BLOCK_SOURCE, STEP_SOURCE
 from tests.importers.runtime.device_helpers import (
     THREADED_SHIMS,
@@ -234,7 +234,18 @@ def test_the_raw_kernels_on_the_gpu_give_the_array_codes_tridiagonal() -> None:
 
 
 @pytest.mark.cuda
-def test_the_single_launch_on_the_gpu_gives_the_array_codes_tridiagonal() -> None:
+def test_the_single_launch_on_the_gpu_keeps_lapacks_spectra() -> None:
+    """On a GPU the single launch's T is orthogonally similar to the Gram matrix: LAPACK's
+    eigenvalues to round-off, and the audit's default solver returns them.
+
+    Unlike the host tests this does not compare T's entries with the array code's. Both reduce
+    by the same reflectors, but T's late entries are not forward stable: a different rounding
+    moves them far more than the eigenvalues. On an H200, at order 257 (this test's first
+    stack), every device tridiagonalisation's T differed from the NumPy array code's by more
+    than the host tests' 10⁻¹¹ max|G| near step 247: the fused kernels by 4.1·10⁻¹¹, the raw
+    ones by 3.9·10⁻¹¹, the single launch by 9.1·10⁻¹¹ (2.5·10⁻¹¹ compiled without fused
+    multiply–adds), while all kept LAPACK's eigenvalues to 5.3·10⁻¹⁵ λ_max.
+    """
     from oversmooth.importers.runtime.householder_kernels import block_householder_tridiagonal
 
     cupy = cupy_or_skip()
@@ -242,8 +253,7 @@ def test_the_single_launch_on_the_gpu_gives_the_array_codes_tridiagonal() -> Non
     for gram in (*grams, random_grams(18, 2, 2, 2), random_grams(19, 0, 5, 5)):
         d, e = block_householder_tridiagonal(cupy.asarray(gram))
         if len(gram):
-            _assert_the_array_codes_tridiagonal(cupy.asnumpy(d), cupy.asnumpy(e), gram)
-    # as the benchmarks' --gram-solver block runs it: the device solver with its check
+            assert_same_spectra(cupy.asnumpy(tridiagonal_eigenvalues(d, e)), gram)
+    # as the audit runs it: the device solver's default, with its check
     gram = random_grams(20, 6, 257, 384)
-    eig = gram_eigenvalues(cupy.asarray(gram), tridiagonalise=block_householder_tridiagonal)
-    assert_same_spectra(eig, gram)
+    assert_same_spectra(gram_eigenvalues(cupy.asarray(gram)), gram)
