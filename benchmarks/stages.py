@@ -11,7 +11,9 @@ The totals are summed over threads: worker threads overlap each other and the ma
 the stages add up to more than the elapsed time; a stage's total against the elapsed time says
 how many threads it kept busy. The CPU seconds are the calling thread's only: work a function
 hands to other threads (onnxruntime's intra-op pool, a multithreaded BLAS) shows in its wall time
-alone. Nested stages (the certificate inside the dominance stacks) are counted in both.
+alone. Nested stages (the certificate inside the dominance stacks) are counted in both. The last
+stage, the pipeline waiting for a batch's metrics and dominance before it runs the one after
+next, is the main thread's alone: what of the elapsed time the host work did not overlap.
 
 Public API
 ----------
@@ -47,8 +49,11 @@ AUDIT_STAGES: dict[str, tuple[str, str]] = {
     "  Gram spectra": ("oversmooth.importers.runtime.reductions", "gram_eigenvalues"),
     "dominance stacks": ("oversmooth.importers.audit.dominance", "stacked_cases"),
     "  certificate": ("oversmooth.simulator.perron", "perron_certified"),
+    "    squarings": ("oversmooth.simulator.perron", "radius_bounds"),
+    "    estimates": ("oversmooth.simulator.perron", "nonperron_estimate"),
     "  to the host": ("oversmooth.simulator.backend:HostCopies", "__call__"),
     "  dense spectra": ("oversmooth.simulator.perron", "_dense_modes"),
+    "waiting for a batch": ("oversmooth.importers.audit.session:_BatchWork", "result"),
 }
 
 

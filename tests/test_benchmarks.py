@@ -111,7 +111,13 @@ def test_the_device_benchmark_measures_a_text_model() -> None:
     assert "CPU" in result.line()
     calls = {line[:24].strip(): int(line[24:31]) for line in result.stages[1:-1]}
     # the stages every audit with dominance meets were each called, where the benchmark looks
-    for stage in ("onnxruntime calls", "layer metrics", "Gram spectra", "dominance stacks"):
+    for stage in (
+        "onnxruntime calls",
+        "layer metrics",
+        "Gram spectra",
+        "dominance stacks",
+        "waiting for a batch",
+    ):
         assert calls[stage] > 0, stage
 
 
