@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "simulator": "benchmarks.bench_simulator",
     "importer": "benchmarks.bench_importer",
     "runner": "benchmarks.bench_runner",
+    "ops": "benchmarks.bench_ops",
     "audit": "benchmarks.bench_audit",
     "scheduler": "benchmarks.bench_scheduler",
     "memory": "benchmarks.bench_memory",

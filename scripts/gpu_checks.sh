@@ -19,12 +19,14 @@
 #               per step (--gram-solver fused|raw) instead of the audit's single launch
 #   session     where the audit's session costs more than plain inference at batch BATCH:
 #               plain, the reductions with and without the Gram matrices, with the attention
+#   ops         the same sessions node by node, by onnxruntime's profiler: kernels, the time
+#               between them, the time on each provider (a node left on the CPU shows there)
 #
-# STEPS (default all eight) names the steps to run, in that order, when a lease is short.
+# STEPS (default all nine) names the steps to run, in that order, when a lease is short.
 # A dry run elsewhere: PROVIDER=cpu MODEL=minilm-l3 BATCH=8 BATCHES_PER_AUDIT=2 GRAM_COUNT=50.
 set -uo pipefail
 
-known="doctor cuda-tests gram target gram-host target-fused target-raw session"
+known="doctor cuda-tests gram target gram-host target-fused target-raw session ops"
 steps=" ${STEPS:-$known} "
 for name in $steps; do
     if [[ " $known " != *" $name "* ]]; then
@@ -73,4 +75,5 @@ step target-fused 180 "$python" "${device[@]}" --gram-solver fused
 step target-raw 180 "$python" "${device[@]}" --gram-solver raw
 step session 120 "$python" -m benchmarks runner --providers "$provider" --models "$model" \
     --batches "$batch" --min-seconds 2 --audit-inputs "$batch" --audit-batch "$batch"
+step ops 120 "$python" -m benchmarks ops --model "$model" --provider "$provider" --batch "$batch"
 cat "$out/steps.tsv"

@@ -43,6 +43,7 @@ def test_the_gpu_checks_script_runs_every_step_in_a_dry_run(tmp_path: Path) -> N
             "target-fused",
             "target-raw",
             "session",
+            "ops",
         )
     ]
     assert "Gram spectra on the host" in (tmp_path / "out" / "gram-host.txt").read_text()
@@ -370,7 +371,7 @@ def test_the_gpu_checks_script_refuses_an_unknown_step(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "STEPS names an unknown step 'targt'; expected some of: "
-        "doctor cuda-tests gram target gram-host target-fused target-raw session"
+        "doctor cuda-tests gram target gram-host target-fused target-raw session ops"
     ]
     assert not (tmp_path / "out").exists()
 
@@ -386,3 +387,60 @@ def test_the_host_pool_solves_any_stack_on_its_threads() -> None:
     stack = rows @ np.swapaxes(rows, -1, -2)
     for threads in (1, 2, 5):
         np.testing.assert_array_equal(host_pool(threads)(stack), np.linalg.eigvalsh(stack))
+
+
+def _profile_event(cat: str, name: str, dur: int, **args: str) -> dict[str, object]:
+    return {"cat": cat, "name": name, "dur": dur, "args": args}
+
+
+def test_an_op_profile_sums_each_calls_kernels_and_leaves_out_the_warm_up() -> None:
+    """A call's kernels are the Node events before its ``model_run``; warm-up calls do not
+    count; ``between`` is the run's time the kernels do not account for."""
+    from benchmarks.bench_ops import op_profile
+
+    def call(run: int, *kernels: tuple[str, str, int]) -> list[dict[str, object]]:
+        nodes = [
+            _profile_event("Node", f"{op}_{k}_kernel_time", dur, op_name=op, provider=provider)
+            for k, (op, provider, dur) in enumerate(kernels)
+        ]
+        return [*nodes, _profile_event("Session", "model_run", run)]
+
+    events = [
+        _profile_event("Session", "session_initialization", 9_000_000),
+        *call(50_000, ("MatMul", "CUDAExecutionProvider", 40_000)),  # warm-up
+        *call(
+            5_000,
+            ("MatMul", "CUDAExecutionProvider", 3_000),
+            ("Abs", "CPUExecutionProvider", 1_000),
+        ),
+        *call(
+            7_000,
+            ("MatMul", "CUDAExecutionProvider", 4_000),
+            ("Abs", "CPUExecutionProvider", 2_000),
+        ),
+    ]
+    profile = op_profile(events, warm_up=1)
+    assert profile.calls == 2
+    assert profile.run_ms == pytest.approx(6.0)
+    assert profile.node_ms == pytest.approx(5.0)
+    assert profile.between_ms == pytest.approx(1.0)
+    assert profile.nodes == 2
+    assert profile.providers == pytest.approx(
+        {"CUDAExecutionProvider": 3.5, "CPUExecutionProvider": 1.5}
+    )
+    assert profile.ops["Abs"] == pytest.approx((1.0, 1.5))
+    with pytest.raises(ValueError, match="no call after the 3 warm-up calls"):
+        op_profile(events, warm_up=3)
+
+
+@pytest.mark.realmodel
+def test_the_ops_benchmark_profiles_plain_inference_and_the_audits_session() -> None:
+    from benchmarks.bench_ops import profile_lines, session_profiles
+
+    require_real_model("minilm-l3")
+    profiles = session_profiles("minilm-l3", "cpu", batch=2, runs=1, warm_up=1)
+    assert list(profiles) == ["plain", "reduced", "+attention"]
+    assert profiles["reduced"].nodes > profiles["plain"].nodes  # the reductions are nodes too
+    assert all(set(p.providers) == {"CPUExecutionProvider"} for p in profiles.values())
+    assert all(p.run_ms >= p.node_ms > 0 for p in profiles.values())
+    assert profile_lines(profiles, 3)[1].split()[0] == "plain"

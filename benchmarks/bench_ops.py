@@ -1,0 +1,227 @@
+"""Where the audit's session spends its time, node by node, by onnxruntime's own profiler.
+
+``python -m benchmarks runner`` says how much slower the audit's session is than plain inference
+(on an H200 at batch 64: 1.65×; its fixed part, about 10.5 ms per call at batch 1 and at batch 8,
+did not grow with the batch). This says where: both sessions are built with onnxruntime's
+profiling on, run ``--runs`` times after ``--warm-up`` runs, and per variant it prints per call
+
+- ``run``: onnxruntime's whole ``model_run``, in ms;
+- ``nodes``: the kernels it ran and the sum of their times; ``run`` minus that sum is
+  onnxruntime's own work between kernels (dispatch, allocation, copies of the outputs);
+- the time on each execution provider (on a CUDA session a node on the CPU, or a ``Memcpy``,
+  means a tensor crossed between the host and the device);
+- the ``--top`` operator types by time, each with its count and time per call.
+
+On a CUDA session a kernel's time is what the host spent launching it (the device runs it
+asynchronously); a synchronising node (a copy to the host) then shows the device work it waited
+for. So on a GPU the per-node times tell dispatch from work only together with ``run``.
+
+Run with ``python -m benchmarks ops [--model NAME] [--provider cpu|cuda] [--batch B]
+[--runs N] [--warm-up N] [--top K]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from oversmooth.importers import zoo
+from oversmooth.importers.audit.session import audit_session
+from oversmooth.importers.graph import load_model
+from oversmooth.importers.inputs.sources import default_inputs
+from oversmooth.importers.match import find_attention_blocks
+from oversmooth.importers.runtime import runner
+from oversmooth.importers.weights import block_weights
+
+__all__ = ["OpProfile", "main", "op_profile", "profiled_sessions", "session_profiles"]
+
+#: The variants profiled: plain inference, and the audit's session with and without the
+#: attention probabilities (``benchmarks runner``'s ``reduced`` and ``+attention``).
+VARIANTS = ("plain", "reduced", "+attention")
+
+
+@dataclass(frozen=True)
+class OpProfile:
+    """One session's profile, per call (the warm-up calls left out).
+
+    Attributes
+    ----------
+    calls : int
+        The calls summarised.
+    run_ms : float
+        Median of onnxruntime's ``model_run`` per call.
+    node_ms : float
+        Median over calls of the sum of the kernels' times.
+    between_ms : float
+        Median over calls of ``model_run`` minus the kernels' sum: onnxruntime's own work.
+    nodes : float
+        Mean kernels run per call.
+    providers : dict of str to float
+        Mean ms per call on each execution provider.
+    ops : dict of str to (float, float)
+        Per operator type, the mean count and ms per call.
+    """
+
+    calls: int
+    run_ms: float
+    node_ms: float
+    between_ms: float
+    nodes: float
+    providers: dict[str, float] = field(default_factory=dict)
+    ops: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+def op_profile(events: Sequence[Mapping[str, Any]], warm_up: int) -> OpProfile:
+    """The per-call profile of a session from its profiler's events, the first ``warm_up``
+    calls left out.
+
+    A call's kernels (events of category ``Node`` named ``*_kernel_time``) come before its
+    ``model_run`` event, which closes it.
+    """
+    runs: list[float] = []
+    nodes: list[list[Mapping[str, Any]]] = []
+    pending: list[Mapping[str, Any]] = []
+    for event in events:
+        if event.get("cat") == "Node" and str(event.get("name", "")).endswith("_kernel_time"):
+            pending.append(event)
+        elif event.get("cat") == "Session" and event.get("name") == "model_run":
+            runs.append(event["dur"] / 1000.0)
+            nodes.append(pending)
+            pending = []
+    runs, nodes = runs[warm_up:], nodes[warm_up:]
+    if not runs:
+        raise ValueError(f"the profile holds no call after the {warm_up} warm-up calls")
+    calls = len(runs)
+    providers: defaultdict[str, float] = defaultdict(float)
+    counts: Counter[str] = Counter()
+    times: defaultdict[str, float] = defaultdict(float)
+    for call in nodes:
+        for event in call:
+            args = event.get("args", {})
+            ms = event["dur"] / 1000.0
+            providers[str(args.get("provider", "?"))] += ms / calls
+            counts[str(args.get("op_name", "?"))] += 1
+            times[str(args.get("op_name", "?"))] += ms / calls
+    kernels = [sum(event["dur"] for event in call) / 1000.0 for call in nodes]
+    return OpProfile(
+        calls=calls,
+        run_ms=statistics.median(runs),
+        node_ms=statistics.median(kernels),
+        between_ms=statistics.median([r - k for r, k in zip(runs, kernels, strict=True)]),
+        nodes=sum(len(call) for call in nodes) / calls,
+        providers=dict(providers),
+        ops={op: (counts[op] / calls, times[op]) for op in times},
+    )
+
+
+@contextlib.contextmanager
+def profiled_sessions(folder: str | Path) -> Iterator[None]:
+    """Every onnxruntime session built inside the block profiles its calls into ``folder``
+    (the options every session here takes, :func:`oversmooth.importers.runtime.runner.session_options`,
+    with profiling on)."""
+    original = runner.session_options
+
+    def with_profiling(*args: Any, **kwargs: Any) -> Any:
+        options = original(*args, **kwargs)
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(folder) / "session")
+        return options
+
+    with mock.patch.object(runner, "session_options", with_profiling):
+        yield
+
+
+def session_profiles(
+    name: str, provider: str, batch: int, runs: int, warm_up: int
+) -> dict[str, OpProfile]:
+    """:class:`OpProfile` of each of :data:`VARIANTS` for the installed zoo model ``name`` on
+    its bundled inputs, repeated to fill ``batch``."""
+    graph = load_model(zoo.lookup(name, allow_fetch=False).path)
+    entry = zoo.get_model(name)
+    inputs = default_inputs(graph.inputs, entry)
+    items = inputs.subset([i % inputs.batch_size for i in range(batch)])  # repeated to fill
+    blocks = [block_weights(graph, block) for block in find_attention_blocks(graph).blocks]
+    calls: dict[str, tuple[Any, Callable[[], object]]] = {}
+    with tempfile.TemporaryDirectory(prefix="oversmooth-ops-") as folder:
+        with profiled_sessions(folder):
+            plain = runner.plain_session(graph, provider=provider)  # type: ignore[arg-type]
+            calls["plain"] = (plain, lambda: plain.run(None, items.feeds))
+            for variant in VARIANTS[1:]:
+                session = audit_session(
+                    graph,
+                    blocks,
+                    items,
+                    prefix=int(entry.prefix_tokens),
+                    attention=variant == "+attention",
+                    provider=provider,  # type: ignore[arg-type]
+                )
+                calls[variant] = (
+                    session.runner.session,
+                    lambda s=session: list(s.runner.run(s.feeds, reuse_outputs=True)),
+                )
+        profiles = {}
+        for variant, (session, call) in calls.items():
+            for _ in range(warm_up + runs):
+                call()
+            events = json.loads(Path(session.end_profiling()).read_text())
+            profiles[variant] = op_profile(events, warm_up)
+    return profiles
+
+
+def profile_lines(profiles: Mapping[str, OpProfile], top: int) -> list[str]:
+    """The profiles as text: a line per variant, then its ``top`` operator types by time."""
+    lines = [
+        f"  {'variant':<12}{'run ms':>9}{'nodes':>8}{'node ms':>9}{'between':>9}  per provider (ms)"
+    ]
+    for variant, profile in profiles.items():
+        providers = ", ".join(
+            f"{name.removesuffix('ExecutionProvider')} {ms:.2f}"
+            for name, ms in sorted(profile.providers.items(), key=lambda item: -item[1])
+        )
+        lines.append(
+            f"  {variant:<12}{profile.run_ms:>9.2f}{profile.nodes:>8.0f}{profile.node_ms:>9.2f}"
+            f"{profile.between_ms:>9.2f}  {providers}"
+        )
+    for variant, profile in profiles.items():
+        ranked = sorted(profile.ops.items(), key=lambda item: -item[1][1])[:top]
+        lines.append(
+            f"  {variant}: the {len(ranked)} costliest operator types, count and ms per call"
+        )
+        lines += [f"    {op:<28}{count:>6.0f}{ms:>9.3f}" for op, (count, ms) in ranked]
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, OpProfile]:
+    """Print where plain inference and the audit's session spend each call."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="dinov2-vits14")
+    parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--warm-up", type=int, default=2)
+    parser.add_argument("--top", type=int, default=8)
+    args = parser.parse_args(argv)
+    if zoo.model_status(args.model) not in ("installed", "cached"):
+        print(f"{args.model}: not installed or cached (skipped)")
+        return {}
+    profiles = session_profiles(args.model, args.provider, args.batch, args.runs, args.warm_up)
+    print(
+        f"{args.model}, {args.provider}, batch {args.batch}: {args.runs} calls per variant "
+        f"after {args.warm_up} warm-up calls (onnxruntime's profiler)"
+    )
+    for line in profile_lines(profiles, args.top):
+        print(line)
+    return profiles
+
+
+if __name__ == "__main__":
+    main()
