@@ -1,9 +1,11 @@
 """Where the audit's session spends its time, node by node, by onnxruntime's own profiler.
 
 ``python -m benchmarks runner`` says how much slower the audit's session is than plain inference
-(on an H200 at batch 64: 1.65×; its fixed part, about 10.5 ms per call at batch 1 and at batch 8,
-did not grow with the batch). This says where: both sessions are built with onnxruntime's
-profiling on, run ``--runs`` times after ``--warm-up`` runs, and per variant it prints per call
+(on an H200 at batch 64: 1.65×; the gap per call was about 10.5 ms at batch 1 and at batch 8
+alike, 24 ms at batch 64). This says where: both sessions are built with onnxruntime's profiling
+on, run ``--runs`` times after ``--warm-up`` runs, and per variant it prints per call (one
+onnxruntime run: a model that runs one input at a time makes several per benchmark call, and
+then the counts are per run)
 
 - ``run``: onnxruntime's whole ``model_run``, in ms;
 - ``nodes``: the kernels it ran and the sum of their times; ``run`` minus that sum is
@@ -23,7 +25,9 @@ Run with ``python -m benchmarks ops [--model NAME] [--provider cpu|cuda] [--batc
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
+import itertools
 import json
 import statistics
 import tempfile
@@ -84,20 +88,27 @@ def op_profile(events: Sequence[Mapping[str, Any]], warm_up: int) -> OpProfile:
     """The per-call profile of a session from its profiler's events, the first ``warm_up``
     calls left out.
 
-    A call's kernels (events of category ``Node`` named ``*_kernel_time``) come before its
-    ``model_run`` event, which closes it.
+    A call is an event of category ``Session`` named ``model_run``; its kernels are the events of
+    category ``Node`` named ``*_kernel_time`` that start within its span (``ts`` to ``ts + dur``,
+    microseconds), whatever the order the events were written in.
     """
-    runs: list[float] = []
-    nodes: list[list[Mapping[str, Any]]] = []
-    pending: list[Mapping[str, Any]] = []
+    calls_in_order = sorted(
+        (
+            event
+            for event in events
+            if event.get("cat") == "Session" and event.get("name") == "model_run"
+        ),
+        key=lambda event: event["ts"],
+    )
+    starts = [event["ts"] for event in calls_in_order]
+    nodes: list[list[Mapping[str, Any]]] = [[] for _ in calls_in_order]
     for event in events:
         if event.get("cat") == "Node" and str(event.get("name", "")).endswith("_kernel_time"):
-            pending.append(event)
-        elif event.get("cat") == "Session" and event.get("name") == "model_run":
-            runs.append(event["dur"] / 1000.0)
-            nodes.append(pending)
-            pending = []
-    runs, nodes = runs[warm_up:], nodes[warm_up:]
+            k = bisect.bisect_right(starts, event["ts"]) - 1
+            if k >= 0 and event["ts"] <= starts[k] + calls_in_order[k]["dur"]:
+                nodes[k].append(event)
+    runs = [event["dur"] / 1000.0 for event in calls_in_order][warm_up:]
+    nodes = nodes[warm_up:]
     if not runs:
         raise ValueError(f"the profile holds no call after the {warm_up} warm-up calls")
     calls = len(runs)
@@ -129,11 +140,13 @@ def profiled_sessions(folder: str | Path) -> Iterator[None]:
     (the options every session here takes, :func:`oversmooth.importers.runtime.runner.session_options`,
     with profiling on)."""
     original = runner.session_options
+    numbers = itertools.count()
 
     def with_profiling(*args: Any, **kwargs: Any) -> Any:
         options = original(*args, **kwargs)
         options.enable_profiling = True
-        options.profile_file_prefix = str(Path(folder) / "session")
+        # a prefix of its own: onnxruntime adds only a timestamp, which two sessions may share
+        options.profile_file_prefix = str(Path(folder) / f"session-{next(numbers)}")
         return options
 
     with mock.patch.object(runner, "session_options", with_profiling):

@@ -22,7 +22,8 @@
 #   ops         the same sessions node by node, by onnxruntime's profiler: kernels, the time
 #               between them, the time on each provider (a node left on the CPU shows there)
 #
-# STEPS (default all nine) names the steps to run, in that order, when a lease is short.
+# STEPS (default all nine) names the steps to run when a lease is short; they run in the order
+# above, whatever the order named.
 # A dry run elsewhere: PROVIDER=cpu MODEL=minilm-l3 BATCH=8 BATCHES_PER_AUDIT=2 GRAM_COUNT=50.
 set -uo pipefail
 

@@ -389,35 +389,35 @@ def test_the_host_pool_solves_any_stack_on_its_threads() -> None:
         np.testing.assert_array_equal(host_pool(threads)(stack), np.linalg.eigvalsh(stack))
 
 
-def _profile_event(cat: str, name: str, dur: int, **args: str) -> dict[str, object]:
-    return {"cat": cat, "name": name, "dur": dur, "args": args}
+def _profile_event(cat: str, name: str, ts: int, dur: int, **args: str) -> dict[str, object]:
+    return {"cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
 
 
 def test_an_op_profile_sums_each_calls_kernels_and_leaves_out_the_warm_up() -> None:
-    """A call's kernels are the Node events before its ``model_run``; warm-up calls do not
-    count; ``between`` is the run's time the kernels do not account for."""
+    """A call's kernels are the Node events that start within its ``model_run``, in whatever
+    order the events were written; warm-up calls do not count; ``between`` is the run's time
+    the kernels do not account for."""
     from benchmarks.bench_ops import op_profile
 
-    def call(run: int, *kernels: tuple[str, str, int]) -> list[dict[str, object]]:
-        nodes = [
-            _profile_event("Node", f"{op}_{k}_kernel_time", dur, op_name=op, provider=provider)
-            for k, (op, provider, dur) in enumerate(kernels)
-        ]
-        return [*nodes, _profile_event("Session", "model_run", run)]
+    def call(start: int, run: int, *kernels: tuple[str, str, int]) -> list[dict[str, object]]:
+        events, ts = [], start
+        for k, (op, provider, dur) in enumerate(kernels):
+            name = f"{op}_{k}_kernel_time"
+            events.append(_profile_event("Node", name, ts, dur, op_name=op, provider=provider))
+            ts += dur
+        return [*events, _profile_event("Session", "model_run", start, run)]
 
+    cuda, cpu = "CUDAExecutionProvider", "CPUExecutionProvider"
+    first = call(1_000, 50_000, ("MatMul", cuda, 40_000))  # warm-up
+    second = call(60_000, 5_000, ("MatMul", cuda, 3_000), ("Abs", cpu, 1_000))
+    third = call(70_000, 7_000, ("MatMul", cuda, 4_000), ("Abs", cpu, 2_000))
     events = [
-        _profile_event("Session", "session_initialization", 9_000_000),
-        *call(50_000, ("MatMul", "CUDAExecutionProvider", 40_000)),  # warm-up
-        *call(
-            5_000,
-            ("MatMul", "CUDAExecutionProvider", 3_000),
-            ("Abs", "CPUExecutionProvider", 1_000),
-        ),
-        *call(
-            7_000,
-            ("MatMul", "CUDAExecutionProvider", 4_000),
-            ("Abs", "CPUExecutionProvider", 2_000),
-        ),
+        _profile_event("Session", "session_initialization", 0, 900),
+        _profile_event("Node", "Init_kernel_time", 10, 5, op_name="Init", provider=cpu),
+        *first,
+        *second,
+        third[-1],  # the run's own event written before its kernels'
+        *third[:-1],
     ]
     profile = op_profile(events, warm_up=1)
     assert profile.calls == 2
@@ -425,10 +425,9 @@ def test_an_op_profile_sums_each_calls_kernels_and_leaves_out_the_warm_up() -> N
     assert profile.node_ms == pytest.approx(5.0)
     assert profile.between_ms == pytest.approx(1.0)
     assert profile.nodes == 2
-    assert profile.providers == pytest.approx(
-        {"CUDAExecutionProvider": 3.5, "CPUExecutionProvider": 1.5}
-    )
+    assert profile.providers == pytest.approx({cuda: 3.5, cpu: 1.5})
     assert profile.ops["Abs"] == pytest.approx((1.0, 1.5))
+    assert "Init" not in profile.ops  # outside every call
     with pytest.raises(ValueError, match="no call after the 3 warm-up calls"):
         op_profile(events, warm_up=3)
 

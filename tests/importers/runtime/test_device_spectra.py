@@ -192,12 +192,15 @@ def test_fused_kernels_equal_the_array_operations_on_the_gpu() -> None:
 
 @pytest.mark.cuda
 def test_gram_eigenvalues_on_the_gpu_are_lapacks() -> None:
+    """The audit's device solver (the single launch) and the fused kernels, its fallback above
+    the single launch's largest order, each with the bisection and the check."""
     cupy = cupy_or_skip()
     grams = [random_grams(5, 4, 257, 384), random_grams(6, 4, 257, 384, rank=3), special_grams()]
     for gram in grams:
-        eig = gram_eigenvalues(cupy.asarray(gram))
-        assert isinstance(eig, np.ndarray)
-        assert_same_spectra(eig, gram)
+        for tridiagonalise in (None, householder_tridiagonal):
+            eig = gram_eigenvalues(cupy.asarray(gram), tridiagonalise=tridiagonalise)
+            assert isinstance(eig, np.ndarray)
+            assert_same_spectra(eig, gram)
     zero = gram_eigenvalues(cupy.zeros((2, 9, 9)))
     np.testing.assert_array_equal(zero, 0.0)
 
