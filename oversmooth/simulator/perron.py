@@ -57,7 +57,8 @@ dominating_modes   -- kind, μ, λ^A, λ^H per head: contracting where H alone d
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,7 @@ from oversmooth.simulator.tolerances import PERRON_MARGIN, TIE_RTOL
 __all__ = [
     "CERTIFY_MIN_ORDER",
     "MAX_SQUARINGS",
+    "DenseMap",
     "DominatingModes",
     "PerronTargets",
     "dominating_modes",
@@ -101,6 +103,9 @@ CERTIFY_MIN_ORDER = 33
 #: disk would need a tighter ρ than that goes dense instead of squaring in vain. A wrong guess
 #: costs time, never correctness.
 _REACHABLE = 1.05
+#: How :func:`dominating_modes` may run its dense parts: ``dense_map(solve, parts)`` returns
+#: ``solve`` of each part, in order (the builtin ``map``'s contract).
+DenseMap = Callable[[Callable[[slice], Any], Sequence[slice]], Iterable[Any]]
 #: Two top |1 + λ^H| of different eigenvalues closer than this (relative) make j* ambiguous: the
 #: dense path, whose Perron root is 1 only to round-off, could pick either.
 _TOP_AMBIGUITY_RTOL = 1e-10
@@ -225,8 +230,8 @@ def _first_disk_need(
     ``1 + |λ^H_j| ρ`` below the threshold. A target for squaring only, never a bound."""
     xp = array_module(heads)
     room, size, threshold = _second_disk_room(targets, heads, shift)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        first = (threshold - 1.0) / size
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        first = (threshold - 1.0) / size  # a subnormal |λ^H_j| asks for no ρ at all: +inf
     return xp.where(room <= spread[:, None], first, np.inf).min(axis=-1)
 
 
@@ -361,6 +366,8 @@ def dominating_modes(
     targets: PerronTargets | None = None,
     min_order: int = CERTIFY_MIN_ORDER,
     to_host: Callable[[Any], NDArray[Any]] = to_numpy,
+    dense_parts: int = 1,
+    dense_map: DenseMap = map,
 ) -> DominatingModes:
     """Kind and dominating eigenvalue of ``I + H_h ⊗ A_h`` for every head h.
 
@@ -385,6 +392,15 @@ def dominating_modes(
         Brings the undecided heads' matrices ``A[dense]`` to the host as NumPy (e.g. a
         :class:`oversmooth.simulator.backend.HostCopies`, which counts the bytes); the only large array
         that leaves A's device.
+    dense_parts : int
+        The undecided heads go to their dense spectra in this many consecutive parts (fewer
+        where there are fewer heads), each brought to the host and solved on its own.
+    dense_map : callable
+        ``dense_map(solve, parts)`` returns ``[solve(part) for part in parts]`` in order, however
+        it runs them (the builtin ``map``, or the parts spread over threads: a caller that
+        certifies one large stack on a device still solves its undecided heads on every host
+        thread). Each head's spectrum and mode depend on that head alone, so the parts change
+        no answer.
 
     Returns
     -------
@@ -418,10 +434,23 @@ def dominating_modes(
     dense = ~certified & ~contracting
     if dense.any():
         undecided = A if dense.all() else A[dense if xp is np else xp.asarray(dense)]
-        kinds[dense], mu[dense], lam_A[dense], lam_H_mode[dense] = _dense_modes(
-            to_host(undecided), lam_H[dense], tie_rtol
+        lam_H_dense = lam_H[dense]
+
+        def solve(part: slice) -> tuple[NDArray[Any], ...]:
+            return _dense_modes(to_host(undecided[part]), lam_H_dense[part], tie_rtol)
+
+        solved = list(dense_map(solve, _consecutive_parts(len(lam_H_dense), dense_parts)))
+        kinds[dense], mu[dense], lam_A[dense], lam_H_mode[dense] = (
+            np.concatenate(column) for column in zip(*solved, strict=True)
         )
     return DominatingModes(kinds, mu, lam_A, lam_H_mode, certified)
+
+
+def _consecutive_parts(count: int, parts: int) -> list[slice]:
+    """``range(count)`` in at most ``parts`` consecutive slices of near-equal length, none empty."""
+    parts = min(max(parts, 1), count)
+    bounds = [k * count // parts for k in range(parts + 1)]  # strictly increasing: count ≥ parts
+    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def _dense_modes(

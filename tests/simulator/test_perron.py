@@ -399,3 +399,43 @@ def test_contracting_heads_take_no_spectrum_and_report_no_mode() -> None:
 )
 def test_contracting_heads_boundary(spectrum: list[complex], expected: bool) -> None:
     assert bool(contracting_heads(np.asarray(spectrum, dtype=np.complex128))) is expected
+
+
+@given(
+    attention_params(n=(2, 40), scale=(0.2, 6.0)),
+    st.one_of(real_spectra(max_size=6), complex_spectra()),
+    st.integers(1, 9),
+    st.booleans(),
+)
+@example(  # a subnormal λ^H: the first disk's need overflowed to +inf with a warning
+    params={"kind": "general", "n": 11, "scale": 5.0, "seed": 1},
+    eig_H=[0.5, 2.225073858507203e-309, -1.0],
+    parts=1,
+    certify=True,
+)
+def test_the_dense_parts_change_no_answer(params, eig_H, parts, certify) -> None:
+    """Solving the undecided heads in consecutive parts, each brought to the host on its own,
+    gives the one-call answer bit for bit; the map is given the parts, in order, covering every
+    undecided head once."""
+    heads = 7
+    A = build_attention(params, batch=(heads,))
+    lam_H = spectra_for_heads(eig_H, heads)
+    whole = dominating_modes(A, lam_H, certify=certify, min_order=1)
+    seen: list[slice] = []
+
+    def recording_map(solve, items):  # type: ignore[no-untyped-def]
+        seen.extend(items)
+        return [solve(item) for item in reversed(items)][::-1]  # out of order, returned in order
+
+    parted = dominating_modes(
+        A, lam_H, certify=certify, min_order=1, dense_parts=parts, dense_map=recording_map
+    )
+    for name in ("kinds", "mu", "eig_A", "eig_H", "certified"):
+        np.testing.assert_array_equal(getattr(parted, name), getattr(whole, name))
+    undecided = int(
+        np.count_nonzero(~whole.certified & (whole.kinds != HEAD_KINDS.index("contracting")))
+    )
+    assert [(part.start, part.stop) for part in seen] == [
+        (k * undecided // len(seen), (k + 1) * undecided // len(seen)) for k in range(len(seen))
+    ]
+    assert len(seen) == (min(parts, undecided) if undecided else 0)

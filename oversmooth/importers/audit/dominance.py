@@ -38,7 +38,7 @@ from oversmooth.importers.match import AttentionBlock
 from oversmooth.importers.value_spectra import BlockSpectra, HChoice
 from oversmooth.importers.weights import BlockWeights
 from oversmooth.simulator.backend import array_module, on_host, to_numpy
-from oversmooth.simulator.perron import CERTIFY_MIN_ORDER, dominating_modes
+from oversmooth.simulator.perron import CERTIFY_MIN_ORDER, DenseMap, dominating_modes
 from oversmooth.simulator.theory import HEAD_KINDS
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "dominance_spectra",
     "nonfinite_attention",
     "per_input_attention",
+    "spread_over",
     "stacked_cases",
     "stacks",
 ]
@@ -213,6 +214,8 @@ def stacked_cases(
     *,
     certify: bool = True,
     to_host: Callable[[Any], np.ndarray] = to_numpy,
+    dense_parts: int = 1,
+    dense_map: DenseMap = map,
 ) -> list[list[DominanceCase]]:
     """The cases of problems with equal token counts and H widths, from one stacked call.
 
@@ -225,7 +228,8 @@ def stacked_cases(
 
     Problems whose probabilities are on a device are stacked and certified there; ``to_host``
     (e.g. a :class:`oversmooth.simulator.backend.HostCopies`) brings only the undecided heads' matrices to
-    the host for their dense spectra.
+    the host for their dense spectra, in ``dense_parts`` parts run by ``dense_map``
+    (:func:`~oversmooth.simulator.perron.dominating_modes`; the parts change no answer).
 
     Returns
     -------
@@ -239,7 +243,15 @@ def stacked_cases(
     for problem in problems:  # each written into its place: no copy of the whole stack
         problem.attention(out=A[first : first + problem.eig_H.shape[0]])
         first += problem.eig_H.shape[0]
-    modes = dominating_modes(A, eig_H, tie_rtol=tie_rtol, certify=certify, to_host=to_host)
+    modes = dominating_modes(
+        A,
+        eig_H,
+        tie_rtol=tie_rtol,
+        certify=certify,
+        to_host=to_host,
+        dense_parts=dense_parts,
+        dense_map=dense_map,
+    )
     cases = []
     first = 0
     for problem in problems:
@@ -289,7 +301,7 @@ def dominance_problems(
     return problems
 
 
-def stacks(problems: Sequence[DominanceProblem], parallel: int = 1) -> list[list[int]]:
+def stacks(problems: Sequence[DominanceProblem]) -> list[list[int]]:
     """Indices of ``problems`` grouped for :func:`stacked_cases`, in order.
 
     A stack holds problems with the same number of real tokens and the same H width, of any
@@ -299,40 +311,52 @@ def stacks(problems: Sequence[DominanceProblem], parallel: int = 1) -> list[list
     batch as many as its distinct lengths instead of lengths × layers: the per-call overhead of
     the small dense problems counts there (MiniLM-L6: 6× fewer calls).
 
-    Problems on a device with matrices large enough to certify
-    (:data:`~oversmooth.simulator.perron.CERTIFY_MIN_ORDER`) are cut into at least ``parallel`` stacks (the
-    worker threads): the certificate runs on the device either way, but each stack's undecided
-    heads take their dense spectra on the host in its own thread (one stack per batch left 13 of
-    DINOv2's 16 threads idle on an H100: 6.8 audited inputs/s, against 11.6 on an H200 cut into
-    16). Smaller ones go straight to the dense path, where more stacks only add per-stack
-    overhead (MiniLM-L6 on an H200, 16 stacks per sentence length: 38 inputs/s, against 186 on
-    an H100 with one).
+    Problems on a device are not cut further for the worker threads (they were, into one stack
+    per thread, until 2026-11-28): the certificate's kernels, launched under the GIL, cost the
+    same per stack whatever its size, and on an H200 the certificate took 23.3 wall but 2.2 CPU
+    ms per audited input over 16 such stacks, its threads waiting. The undecided heads' dense
+    spectra still use every thread: :class:`PendingCases` spreads them
+    (:func:`spread_over`).
     """
     groups: dict[tuple[int, int], list[int]] = {}
     for index, problem in enumerate(problems):
         groups.setdefault((problem.n_tokens, problem.eig_H.shape[1]), []).append(index)
-    return [run for group in groups.values() for run in _even_runs(problems, group, parallel)]
+    return [run for group in groups.values() for run in _even_runs(problems, group)]
 
 
-def _even_runs(
-    problems: Sequence[DominanceProblem], group: list[int], parallel: int = 1
-) -> list[list[int]]:
-    """``group`` cut into the fewest runs within :data:`MAX_STACK_ELEMENTS`, of near-equal length
-    (device problems: within :data:`MAX_DEVICE_STACK_ELEMENTS`, and at least ``parallel`` runs
-    of matrices large enough to certify).
+def _even_runs(problems: Sequence[DominanceProblem], group: list[int]) -> list[list[int]]:
+    """``group`` cut into the fewest runs within :data:`MAX_STACK_ELEMENTS` (device problems:
+    :data:`MAX_DEVICE_STACK_ELEMENTS`), of near-equal length.
 
     Equal runs keep the worker threads equally busy (a greedy fill left one short run: 11 % more
     wall time on DINOv2's 72 problems over two threads).
     """
     n = problems[group[0]].n_tokens
     largest = max(problems[i].eig_H.shape[0] for i in group) * n * n
-    host = on_host(problems[group[0]].probs)
-    limit = MAX_STACK_ELEMENTS if host else MAX_DEVICE_STACK_ELEMENTS
+    limit = MAX_STACK_ELEMENTS if on_host(problems[group[0]].probs) else MAX_DEVICE_STACK_ELEMENTS
     per_run = max(1, limit // max(largest, 1))
     count = -(-len(group) // per_run)
-    if not host and n >= CERTIFY_MIN_ORDER:
-        count = max(count, min(parallel, len(group)))
     return [run.tolist() for run in np.array_split(np.asarray(group), count)]
+
+
+def spread_over(pool: Executor) -> DenseMap:
+    """A ``dense_map`` for :func:`~oversmooth.simulator.perron.dominating_modes` that solves the
+    parts on ``pool``'s threads, the caller (itself one of them) taking the first part and any
+    part no thread has started by the time its turn comes.
+
+    No part waits for a thread that waits for it, so the pool cannot deadlock however many of
+    its threads spread parts at once; with every thread busy the caller solves all its parts
+    itself. Results come back in the parts' order.
+    """
+
+    def spread(solve: Callable[[slice], Any], parts: Sequence[slice]) -> list[Any]:
+        later = [pool.submit(solve, part) for part in parts[1:]]
+        solved = [solve(parts[0])] if parts else []
+        for part, future in zip(parts[1:], later, strict=True):
+            solved.append(solve(part) if future.cancel() else future.result())
+        return solved
+
+    return spread
 
 
 class PendingCases:
@@ -342,8 +366,10 @@ class PendingCases:
     (:func:`stacks`) and the stacks spread over ``pool``'s threads (matrix products and LAPACK
     release the GIL); the caller goes on (runs the next batch). :meth:`result` waits for them
     and returns them in (layer, input, head) order, whatever the stacking and the thread count.
-    ``to_host`` brings the undecided heads' matrices to the host (:func:`stacked_cases`);
-    ``parallel``, the pool's thread count, cuts device problems into that many stacks at least.
+    ``to_host`` brings the undecided heads' matrices to the host (:func:`stacked_cases`). A
+    stack certified on a device solves its undecided heads in ``parallel`` parts (the pool's
+    thread count) spread over the pool (:func:`spread_over`); the others, and stacks too small to
+    certify (dense at once, where more parts would only add per-part overhead), in one.
     """
 
     def __init__(
@@ -355,11 +381,22 @@ class PendingCases:
         parallel: int = 1,
     ) -> None:
         self._count = len(problems)
-        self._stacks = stacks(problems, parallel)
-        self._futures = [
-            pool.submit(stacked_cases, [problems[i] for i in stack], tie_rtol, to_host=to_host)
-            for stack in self._stacks
-        ]
+        self._stacks = stacks(problems)
+        spread = spread_over(pool)
+        self._futures = []
+        for stack in self._stacks:
+            first = problems[stack[0]]
+            certified_on_device = not on_host(first.probs) and first.n_tokens >= CERTIFY_MIN_ORDER
+            self._futures.append(
+                pool.submit(
+                    stacked_cases,
+                    [problems[i] for i in stack],
+                    tie_rtol,
+                    to_host=to_host,
+                    dense_parts=parallel if certified_on_device else 1,
+                    dense_map=spread if certified_on_device else map,
+                )
+            )
 
     def per_problem(self) -> list[list[DominanceCase]]:
         """Wait for every stack; each problem's cases, in problem order."""

@@ -152,6 +152,70 @@ def test_stacked_problems_come_back_per_problem_in_order(monkeypatch: pytest.Mon
     assert cases == [case for problem in problems for case in problem.cases(TIE_RTOL)]
 
 
+def test_spreading_parts_returns_them_in_order_and_cannot_deadlock() -> None:
+    """spread_over's map returns each part's result in order, a part's error is raised, and a
+    pool whose every thread spreads parts at once still finishes: the caller solves the parts
+    no thread has started (one thread here, itself spreading)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from oversmooth.importers.audit.dominance import spread_over
+
+    parts = [slice(k, k + 1) for k in range(6)]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        spread = spread_over(pool)
+        threads: set[int] = set()
+
+        def solve(part: slice) -> int:
+            threads.add(threading.get_ident())
+            return part.start * 10
+
+        outer = pool.submit(spread, solve, parts)  # the pool's only thread spreads
+        assert outer.result(timeout=30) == [0, 10, 20, 30, 40, 50]
+        assert len(threads) == 1  # no other thread was free: the caller solved every part
+        assert spread(solve, []) == []
+
+        def failing(part: slice) -> int:
+            if part.start == 4:
+                raise ValueError("part 4")
+            return part.start
+
+        with pytest.raises(ValueError, match="part 4"):
+            spread(failing, parts)
+
+
+def test_only_stacks_certified_on_a_device_spread_their_dense_parts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Plumbing check (what PendingCases asks of stacked_cases, not what it computes): a stack
+    on a device of certifiable order solves its undecided heads in one part per thread, spread
+    over the pool; host stacks and device stacks too small to certify, in one part."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from oversmooth.importers.audit import dominance
+
+    class OnDevice:  # stands for a device array in the stacking
+        __dlpack_device__ = None
+
+    asked: list[tuple[int, int, bool]] = []
+
+    def stacked(problems, tie_rtol, **options):  # type: ignore[no-untyped-def]
+        asked.append((problems[0].n_tokens, options["dense_parts"], options["dense_map"] is map))
+        return [[] for _ in problems]
+
+    monkeypatch.setattr(dominance, "stacked_cases", stacked)
+    eig_H = np.zeros((2, 3), dtype=complex)
+    long, short = np.ones(40, dtype=bool), np.ones(8, dtype=bool)
+    problems = [
+        DominanceProblem(0, 0, OnDevice(), long, eig_H),
+        DominanceProblem(0, 1, OnDevice(), short, eig_H),
+        DominanceProblem(0, 2, np.zeros((2, 40, 40)), long, np.zeros((2, 4), dtype=complex)),
+    ]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        dominance.PendingCases(problems, TIE_RTOL, pool, parallel=5).result()
+    assert sorted(asked) == [(8, 1, True), (40, 1, True), (40, 5, False)]
+
+
 @pytest.mark.parametrize("shape", [(8, 2, 4, 4), (16, 4, 4)])
 def test_attention_of_another_leading_size_than_the_inputs_is_refused_naming_the_block(
     shape: tuple[int, ...],

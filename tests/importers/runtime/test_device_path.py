@@ -199,10 +199,10 @@ class _OnDevice:
     __dlpack_device__ = None
 
 
-def test_device_problems_are_cut_into_a_stack_per_thread_at_least() -> None:
-    """Host problems stack by memory alone (one stack here); device problems of certifiable size
-    make at least one stack per worker thread, so that the undecided heads' dense spectra run on
-    every thread; smaller ones (dense at once) stack by memory."""
+def test_device_problems_stack_by_memory_alone() -> None:
+    """Host and device problems stack by memory alone, each within its own limit (one stack
+    here; the device's holds 2^27 entries, 64 times the host's): a device stack is not cut for
+    the threads, whose share is the undecided heads' dense spectra (spread_over)."""
     from oversmooth.importers.audit.dominance import stacks
 
     mask = np.ones(40, dtype=bool)
@@ -210,9 +210,11 @@ def test_device_problems_are_cut_into_a_stack_per_thread_at_least() -> None:
     host = [DominanceProblem(i, 0, np.zeros((6, 40, 40)), mask, eig_H) for i in range(10)]
     device = [DominanceProblem(i, 0, _OnDevice(), mask, eig_H) for i in range(10)]
     assert not on_host(device[0].probs)
-    assert stacks(host, parallel=4) == [list(range(10))]
-    assert [len(stack) for stack in stacks(device, parallel=4)] == [3, 3, 2, 2]
-    assert [len(stack) for stack in stacks(device[:2], parallel=4)] == [1, 1]
-    short = np.ones(8, dtype=bool)
-    small = [DominanceProblem(i, 0, _OnDevice(), short, eig_H) for i in range(10)]
-    assert stacks(small, parallel=4) == [list(range(10))]
+    assert stacks(host) == [list(range(10))]
+    assert stacks(device) == [list(range(10))]
+    wide = np.zeros((6, 40, 40))
+    many_host = [DominanceProblem(i, 0, wide, mask, eig_H) for i in range(300)]
+    many_device = [DominanceProblem(i, 0, _OnDevice(), mask, eig_H) for i in range(300)]
+    # 2^21 // (6 · 40²) = 218 problems per host stack: two stacks, of equal length
+    assert [len(stack) for stack in stacks(many_host)] == [150, 150]
+    assert stacks(many_device) == [list(range(300))]
