@@ -393,8 +393,8 @@ def dominating_modes(
         :class:`oversmooth.simulator.backend.HostCopies`, which counts the bytes); the only large array
         that leaves A's device.
     dense_parts : int
-        The undecided heads go to their dense spectra in this many consecutive parts (fewer
-        where there are fewer heads), each brought to the host and solved on its own.
+        The undecided heads, brought to the host in one copy, go to their dense spectra in this
+        many consecutive parts (fewer where there are fewer heads), each solved on its own.
     dense_map : callable
         ``dense_map(solve, parts)`` returns ``[solve(part) for part in parts]`` in order, however
         it runs them (the builtin ``map``, or the parts spread over threads: a caller that
@@ -433,11 +433,12 @@ def dominating_modes(
         mu[heads] = 1.0 + lam_H_mode[heads]
     dense = ~certified & ~contracting
     if dense.any():
-        undecided = A if dense.all() else A[dense if xp is np else xp.asarray(dense)]
+        # one copy, on this thread: a device's work is ordered on this thread's stream only
+        undecided = to_host(A if dense.all() else A[dense if xp is np else xp.asarray(dense)])
         lam_H_dense = lam_H[dense]
 
         def solve(part: slice) -> tuple[NDArray[Any], ...]:
-            return _dense_modes(to_host(undecided[part]), lam_H_dense[part], tie_rtol)
+            return _dense_modes(undecided[part], lam_H_dense[part], tie_rtol)
 
         solved = list(dense_map(solve, _consecutive_parts(len(lam_H_dense), dense_parts)))
         kinds[dense], mu[dense], lam_A[dense], lam_H_mode[dense] = (

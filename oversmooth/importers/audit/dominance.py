@@ -312,11 +312,13 @@ def stacks(problems: Sequence[DominanceProblem]) -> list[list[int]]:
     the small dense problems counts there (MiniLM-L6: 6× fewer calls).
 
     Problems on a device are not cut further for the worker threads (they were, into one stack
-    per thread, until 2026-11-28): the certificate's kernels, launched under the GIL, cost the
-    same per stack whatever its size, and on an H200 the certificate took 23.3 wall but 2.2 CPU
-    ms per audited input over 16 such stacks, its threads waiting. The undecided heads' dense
-    spectra still use every thread: :class:`PendingCases` spreads them
-    (:func:`spread_over`).
+    per thread, until 2026-11-28). The certificate launches its kernels once per stack, whatever
+    the stack's size; on an H200 it took 23.3 wall but 2.2 CPU ms per audited input over 16 such
+    stacks, its threads waiting, for the device or, as supposed here, for the GIL to launch the
+    same kernels sixteen times. One stack per 2,032 heads of 257 tokens (DINOv2's default rule:
+    32 inputs, 384 (input, layer) problems, two stacks) is the design that follows, not yet
+    measured on a device. The undecided heads' dense spectra still use every thread:
+    :class:`PendingCases` spreads them (:func:`spread_over`).
     """
     groups: dict[tuple[int, int], list[int]] = {}
     for index, problem in enumerate(problems):
@@ -341,20 +343,29 @@ def _even_runs(problems: Sequence[DominanceProblem], group: list[int]) -> list[l
 
 def spread_over(pool: Executor) -> DenseMap:
     """A ``dense_map`` for :func:`~oversmooth.simulator.perron.dominating_modes` that solves the
-    parts on ``pool``'s threads, the caller (itself one of them) taking the first part and any
-    part no thread has started by the time its turn comes.
+    parts on ``pool``'s threads, the caller (itself one of them) taking the first part, then
+    each later part no thread has started, before it waits for those that others run.
 
-    No part waits for a thread that waits for it, so the pool cannot deadlock however many of
-    its threads spread parts at once; with every thread busy the caller solves all its parts
-    itself. Results come back in the parts' order.
+    A part never waits, and the caller waits only for parts already running, so the pool cannot
+    deadlock however many of its threads spread parts at once; with every other thread busy the
+    caller solves all its parts itself. Results come back in the parts' order. If a part fails,
+    the parts not yet started are cancelled and the error is raised.
     """
 
     def spread(solve: Callable[[slice], Any], parts: Sequence[slice]) -> list[Any]:
-        later = [pool.submit(solve, part) for part in parts[1:]]
-        solved = [solve(parts[0])] if parts else []
-        for part, future in zip(parts[1:], later, strict=True):
-            solved.append(solve(part) if future.cancel() else future.result())
-        return solved
+        later = {k: pool.submit(solve, parts[k]) for k in range(1, len(parts))}
+        try:
+            solved = {0: solve(parts[0])} if parts else {}
+            for k, future in later.items():  # in order, each part no thread has started
+                if future.cancel():
+                    solved[k] = solve(parts[k])
+            for k, future in later.items():
+                if k not in solved:
+                    solved[k] = future.result()
+            return [solved[k] for k in range(len(parts))]
+        finally:
+            for future in later.values():
+                future.cancel()
 
     return spread
 
@@ -368,8 +379,9 @@ class PendingCases:
     and returns them in (layer, input, head) order, whatever the stacking and the thread count.
     ``to_host`` brings the undecided heads' matrices to the host (:func:`stacked_cases`). A
     stack certified on a device solves its undecided heads in ``parallel`` parts (the pool's
-    thread count) spread over the pool (:func:`spread_over`); the others, and stacks too small to
-    certify (dense at once, where more parts would only add per-part overhead), in one.
+    thread count) spread over the pool (:func:`spread_over`); the others in one, stacks too
+    small to certify included (dense at once: cutting those into 16 stacks cost 5× on MiniLM-L6
+    on an H200; parts are not measured there).
     """
 
     def __init__(

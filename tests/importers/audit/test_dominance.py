@@ -9,7 +9,11 @@ to 1e-9, and most heads must be decided by the bound (else the fast path would n
 from __future__ import annotations
 
 import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -152,36 +156,82 @@ def test_stacked_problems_come_back_per_problem_in_order(monkeypatch: pytest.Mon
     assert cases == [case for problem in problems for case in problem.cases(TIE_RTOL)]
 
 
-def test_spreading_parts_returns_them_in_order_and_cannot_deadlock() -> None:
-    """spread_over's map returns each part's result in order, a part's error is raised, and a
-    pool whose every thread spreads parts at once still finishes: the caller solves the parts
-    no thread has started (one thread here, itself spreading)."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
+class _BusyPool(Executor):
+    """A pool whose threads are all busy for good: what it is given never starts."""
 
+    def __init__(self) -> None:
+        self.submitted: list[Future[Any]] = []
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        future: Future[Any] = Future()
+        self.submitted.append(future)
+        return future
+
+
+def _within(seconds: float, run: Callable[[], Any]) -> list[Any]:
+    """``[run()]`` from a daemon thread, or [] if it has not returned within ``seconds`` (a
+    deadlock fails the test instead of hanging the run)."""
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(run()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return out
+
+
+def test_spreading_parts_cannot_deadlock_and_returns_them_in_order() -> None:
+    """With every thread of the pool busy, the caller solves every part itself, in order; a
+    part's error is raised, whether the caller's own first part or a later one, and the parts
+    not yet started are cancelled."""
     from oversmooth.importers.audit.dominance import spread_over
 
     parts = [slice(k, k + 1) for k in range(6)]
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        spread = spread_over(pool)
-        threads: set[int] = set()
+    busy = _BusyPool()
+    spread = spread_over(busy)
+    order: list[int] = []
 
-        def solve(part: slice) -> int:
-            threads.add(threading.get_ident())
-            return part.start * 10
+    def solve(part: slice) -> int:
+        order.append(part.start)
+        return part.start * 10
 
-        outer = pool.submit(spread, solve, parts)  # the pool's only thread spreads
-        assert outer.result(timeout=30) == [0, 10, 20, 30, 40, 50]
-        assert len(threads) == 1  # no other thread was free: the caller solved every part
-        assert spread(solve, []) == []
+    assert _within(30, lambda: spread(solve, parts)) == [[0, 10, 20, 30, 40, 50]]
+    assert order == [0, 1, 2, 3, 4, 5]
+    assert all(future.cancelled() for future in busy.submitted)
+    assert spread(solve, []) == []
+    for bad in (0, 4):
 
-        def failing(part: slice) -> int:
-            if part.start == 4:
-                raise ValueError("part 4")
+        def failing(part: slice, bad: int = bad) -> int:
+            if part.start == bad:
+                raise ValueError(f"part {bad}")
             return part.start
 
-        with pytest.raises(ValueError, match="part 4"):
-            spread(failing, parts)
+        fresh = _BusyPool()
+        with pytest.raises(ValueError, match=f"part {bad}"):
+            spread_over(fresh)(failing, parts)
+        assert all(future.cancelled() for future in fresh.submitted)
+
+
+def test_dense_parts_spread_over_threads_give_the_one_call_answer() -> None:
+    """dominating_modes with its undecided heads in four parts on a pool of three threads (the
+    caller one of them) returns the one-call answer, byte for byte."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from oversmooth.importers.audit.dominance import spread_over
+    from oversmooth.simulator import spectra
+
+    A = spectra.attention_general(40, batch=(9,), rng=11)
+    eig_H = np.tile(np.array([-1.7, 0.3, -0.2 + 0.5j, -0.2 - 0.5j]), (9, 1))
+    whole = dominating_modes(A, eig_H, certify=False)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        parted = pool.submit(
+            dominating_modes,
+            A,
+            eig_H,
+            certify=False,
+            dense_parts=4,
+            dense_map=spread_over(pool),
+        ).result(timeout=60)
+    for name in ("kinds", "mu", "eig_A", "eig_H", "certified"):
+        assert getattr(parted, name).tobytes() == getattr(whole, name).tobytes(), name
 
 
 def test_only_stacks_certified_on_a_device_spread_their_dense_parts(
