@@ -158,6 +158,18 @@ def test_the_certificate_on_the_gpu_gives_the_host_answers() -> None:
     dense = ~modes.certified & (modes.kinds != HEAD_KINDS.index("contracting"))
     assert copies.device_bytes == copies.bytes == int(dense.sum()) * n * n * 8
     assert copies.bytes < 0.5 * len(gpu) * n * n * 8
+    # as the audit runs them: stacked by memory, the undecided heads in four parts on four threads
+    from concurrent.futures import ThreadPoolExecutor
+
+    from oversmooth.importers.audit.dominance import PendingCases
+
+    spread = HostCopies()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        pending = PendingCases(on_device, TIE_RTOL, pool, to_host=spread, parallel=4)
+        audit = pending.result()
+    assert [case.kind for case in audit] == [case.kind for case in host]
+    assert_allclose([c.mu for c in audit], [c.mu for c in host], rtol=0, atol=EIG_TOL)
+    assert spread.bytes == copies.bytes
 
 
 @pytest.mark.cuda
