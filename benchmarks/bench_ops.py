@@ -12,7 +12,8 @@ then the counts are per run)
   onnxruntime's own work between kernels (dispatch, allocation, copies of the outputs);
 - the time on each execution provider (on a CUDA session a node on the CPU, or a ``Memcpy``,
   means a tensor crossed between the host and the device);
-- the ``--top`` operator types by time, each with its count and time per call.
+- the ``--top`` operator types by time, each with its count and time per call;
+- the operator types that cost the session (``reduced``) most more than plain inference.
 
 On a CUDA session a kernel's time is what the host spent launching it (the device runs it
 asynchronously); a synchronising node (a copy to the host) then shows the device work it waited
@@ -46,7 +47,14 @@ from oversmooth.importers.match import find_attention_blocks
 from oversmooth.importers.runtime import runner
 from oversmooth.importers.weights import block_weights
 
-__all__ = ["OpProfile", "main", "op_profile", "profiled_sessions", "session_profiles"]
+__all__ = [
+    "OpProfile",
+    "extra_over",
+    "main",
+    "op_profile",
+    "profiled_sessions",
+    "session_profiles",
+]
 
 #: The variants profiled: plain inference, and the audit's session with and without the
 #: attention probabilities (``benchmarks runner``'s ``reduced`` and ``+attention``).
@@ -210,7 +218,23 @@ def profile_lines(profiles: Mapping[str, OpProfile], top: int) -> list[str]:
             f"  {variant}: the {len(ranked)} costliest operator types, count and ms per call"
         )
         lines += [f"    {op:<28}{count:>6.0f}{ms:>9.3f}" for op, (count, ms) in ranked]
+    if "plain" in profiles and "reduced" in profiles:
+        lines.append("  reduced against plain: the operator types that cost most more, per call")
+        lines.append(f"    {'operator':<28}{'count':>13}{'ms more':>9}")
+        for op, before, after, more in extra_over(profiles["plain"], profiles["reduced"])[:top]:
+            lines.append(f"    {op:<28}{before:>6.0f} → {after:<4.0f}{more:>9.3f}")
     return lines
+
+
+def extra_over(base: OpProfile, other: OpProfile) -> list[tuple[str, float, float, float]]:
+    """Per operator type: its count per call in ``base`` and in ``other`` and how many ms per
+    call more it took in ``other``, costliest difference first (ties by name)."""
+    rows = []
+    for op in set(base.ops) | set(other.ops):
+        count_base, ms_base = base.ops.get(op, (0.0, 0.0))
+        count_other, ms_other = other.ops.get(op, (0.0, 0.0))
+        rows.append((op, count_base, count_other, ms_other - ms_base))
+    return sorted(rows, key=lambda row: (-row[3], row[0]))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, OpProfile]:

@@ -432,6 +432,25 @@ def test_an_op_profile_sums_each_calls_kernels_and_leaves_out_the_warm_up() -> N
         op_profile(events, warm_up=3)
 
 
+def test_the_extra_over_plain_ranks_operator_types_by_the_time_they_add() -> None:
+    """Types only one side has count from 0; the costliest difference comes first, a type that
+    got cheaper last."""
+    from benchmarks.bench_ops import OpProfile, extra_over, profile_lines
+
+    plain = OpProfile(3, 10.0, 9.0, 1.0, 2, ops={"MatMul": (2, 8.0), "Add": (1, 1.0)})
+    reduced = OpProfile(
+        3, 14.0, 12.5, 1.5, 5, ops={"MatMul": (3, 10.0), "Add": (1, 0.5), "ReduceSum": (1, 2.0)}
+    )
+    assert extra_over(plain, reduced) == [
+        ("MatMul", 2, 3, 2.0),
+        ("ReduceSum", 0.0, 1, 2.0),
+        ("Add", 1, 1, -0.5),
+    ]
+    lines = profile_lines({"plain": plain, "reduced": reduced}, top=2)
+    assert lines[-2].split() == ["MatMul", "2", "→", "3", "2.000"]
+    assert lines[-1].split() == ["ReduceSum", "0", "→", "1", "2.000"]
+
+
 @pytest.mark.realmodel
 def test_the_ops_benchmark_profiles_plain_inference_and_the_audits_session() -> None:
     from benchmarks.bench_ops import profile_lines, session_profiles
