@@ -2,8 +2,9 @@
 
 ``python -m benchmarks runner`` says how much slower the audit's session is than plain inference
 (on an H200 at batch 64: 1.65×; the gap per call was about 10.5 ms at batch 1 and at batch 8
-alike, 24 ms at batch 64). This says where: both sessions are built with onnxruntime's profiling
-on, run ``--runs`` times after ``--warm-up`` runs, and per variant it prints per call (one
+alike, 24 ms at batch 64). This says where: its sessions (plain, ``reduced``, ``scalars``,
+``+attention``, built as that benchmark builds them) are built with onnxruntime's profiling on,
+run ``--runs`` times after ``--warm-up`` runs, and per variant it prints per call (one
 onnxruntime run: a model that runs one input at a time makes several per benchmark call, and
 then the counts are per run)
 
@@ -33,19 +34,17 @@ import json
 import statistics
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from oversmooth.importers import zoo
-from oversmooth.importers.audit.session import audit_session
-from oversmooth.importers.graph import load_model
-from oversmooth.importers.inputs.sources import default_inputs
-from oversmooth.importers.match import find_attention_blocks
+from benchmarks.bench_runner import installed_models, variant_calls
+from oversmooth.commands.common import positive_int
+from oversmooth.importers.graph import OnnxModel
+from oversmooth.importers.inputs.feeds import Inputs
 from oversmooth.importers.runtime import runner
-from oversmooth.importers.weights import block_weights
 
 __all__ = [
     "OpProfile",
@@ -55,10 +54,6 @@ __all__ = [
     "profiled_sessions",
     "session_profiles",
 ]
-
-#: The variants profiled: plain inference, and the audit's session with and without the
-#: attention probabilities (``benchmarks runner``'s ``reduced`` and ``+attention``).
-VARIANTS = ("plain", "reduced", "+attention")
 
 
 @dataclass(frozen=True)
@@ -162,33 +157,20 @@ def profiled_sessions(folder: str | Path) -> Iterator[None]:
 
 
 def session_profiles(
-    name: str, provider: str, batch: int, runs: int, warm_up: int
+    graph: OnnxModel,
+    inputs: Inputs,
+    name: str,
+    provider: str,
+    batch: int,
+    runs: int,
+    warm_up: int,
 ) -> dict[str, OpProfile]:
-    """:class:`OpProfile` of each of :data:`VARIANTS` for the installed zoo model ``name`` on
-    its bundled inputs, repeated to fill ``batch``."""
-    graph = load_model(zoo.lookup(name, allow_fetch=False).path)
-    entry = zoo.get_model(name)
-    inputs = default_inputs(graph.inputs, entry)
-    items = inputs.subset([i % inputs.batch_size for i in range(batch)])  # repeated to fill
-    blocks = [block_weights(graph, block) for block in find_attention_blocks(graph).blocks]
-    calls: dict[str, tuple[Any, Callable[[], object]]] = {}
+    """:class:`OpProfile` of each of ``benchmarks runner``'s variants
+    (:func:`benchmarks.bench_runner.variant_calls`) for zoo model ``name`` on ``inputs``,
+    repeated to fill ``batch``."""
     with tempfile.TemporaryDirectory(prefix="oversmooth-ops-") as folder:
         with profiled_sessions(folder):
-            plain = runner.plain_session(graph, provider=provider)  # type: ignore[arg-type]
-            calls["plain"] = (plain, lambda: plain.run(None, items.feeds))
-            for variant in VARIANTS[1:]:
-                session = audit_session(
-                    graph,
-                    blocks,
-                    items,
-                    prefix=int(entry.prefix_tokens),
-                    attention=variant == "+attention",
-                    provider=provider,  # type: ignore[arg-type]
-                )
-                calls[variant] = (
-                    session.runner.session,
-                    lambda s=session: list(s.runner.run(s.feeds, reuse_outputs=True)),
-                )
+            calls = variant_calls(graph, inputs, provider, batch, name)
         profiles = {}
         for variant, (session, call) in calls.items():
             for _ in range(warm_up + runs):
@@ -242,21 +224,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, OpProfile]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="dinov2-vits14")
     parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--batch", type=positive_int, default=8)
+    parser.add_argument("--runs", type=positive_int, default=5)
     parser.add_argument("--warm-up", type=int, default=2)
-    parser.add_argument("--top", type=int, default=8)
+    parser.add_argument("--top", type=positive_int, default=8)
     args = parser.parse_args(argv)
-    if zoo.model_status(args.model) not in ("installed", "cached"):
-        print(f"{args.model}: not installed or cached (skipped)")
-        return {}
-    profiles = session_profiles(args.model, args.provider, args.batch, args.runs, args.warm_up)
-    print(
-        f"{args.model}, {args.provider}, batch {args.batch}: {args.runs} calls per variant "
-        f"after {args.warm_up} warm-up calls (onnxruntime's profiler)"
-    )
-    for line in profile_lines(profiles, args.top):
-        print(line)
+    if args.warm_up < 0:
+        parser.error(f"--warm-up must be 0 or more, not {args.warm_up}")
+    profiles: dict[str, OpProfile] = {}
+    for name, graph, inputs in installed_models([args.model]):
+        profiles = session_profiles(
+            graph, inputs, name, args.provider, args.batch, args.runs, args.warm_up
+        )
+        print(
+            f"{name}, {args.provider}, batch {args.batch}: {args.runs} calls per variant "
+            f"after {args.warm_up} warm-up calls (onnxruntime's profiler)"
+        )
+        for line in profile_lines(profiles, args.top):
+            print(line)
     return profiles
 
 

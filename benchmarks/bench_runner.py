@@ -30,6 +30,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,14 @@ from oversmooth.importers.runtime.cuda import gpu_info
 from oversmooth.importers.runtime.runner import open_session, plain_session
 from oversmooth.importers.weights import block_weights
 
-__all__ = ["Throughput", "available_providers", "installed_models", "main", "throughput"]
+__all__ = [
+    "Throughput",
+    "available_providers",
+    "installed_models",
+    "main",
+    "throughput",
+    "variant_calls",
+]
 
 VARIANTS = ("plain", "reduced", "scalars", "+attention")
 
@@ -101,16 +109,20 @@ def _timed(calls: dict[str, Callable[[], object]], min_seconds: float) -> dict[s
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def throughput(
-    graph: OnnxModel, inputs: Inputs, provider: str, batch: int, *, min_seconds: float, name: str
-) -> Throughput:
-    """Inputs per second of plain inference and of the audit's two sessions at one batch size."""
+def variant_calls(
+    graph: OnnxModel, inputs: Inputs, provider: str, batch: int, name: str
+) -> dict[str, tuple[Any, Callable[[], object]]]:
+    """Per variant of :data:`VARIANTS`, its onnxruntime session and one call of it on ``inputs``
+    repeated to fill ``batch``, as the audit runs it (zoo model ``name``'s prefix tokens)."""
     entry = zoo.get_model(name)
     blocks = [block_weights(graph, block) for block in find_attention_blocks(graph).blocks]
     items = _repeated(inputs, batch)
     plain = plain_session(graph, provider=provider)  # type: ignore[arg-type]
-    sessions = {
-        variant: audit_session(
+    calls: dict[str, tuple[Any, Callable[[], object]]] = {
+        "plain": (plain, lambda: plain.run(None, items.feeds))
+    }
+    for variant in VARIANTS[1:]:
+        session = audit_session(
             graph,
             blocks,
             items,
@@ -119,14 +131,19 @@ def throughput(
             spectral=variant != "scalars",
             provider=provider,  # type: ignore[arg-type]
         )
-        for variant in VARIANTS[1:]
-    }
-    calls: dict[str, Callable[[], object]] = {"plain": lambda: plain.run(None, items.feeds)}
-    for variant, session in sessions.items():
-        calls[variant] = lambda s=session: list(  # type: ignore[misc]
-            s.runner.run(s.feeds, reuse_outputs=True)  # as the audit runs it
+        calls[variant] = (
+            session.runner.session,
+            lambda s=session: list(s.runner.run(s.feeds, reuse_outputs=True)),
         )
-    seconds = _timed(calls, min_seconds)
+    return calls
+
+
+def throughput(
+    graph: OnnxModel, inputs: Inputs, provider: str, batch: int, *, min_seconds: float, name: str
+) -> Throughput:
+    """Inputs per second of plain inference and of the audit's sessions at one batch size."""
+    calls = variant_calls(graph, inputs, provider, batch, name)
+    seconds = _timed({variant: call for variant, (_, call) in calls.items()}, min_seconds)
     return Throughput(name, provider, batch, {v: batch / seconds[v] for v in VARIANTS})
 
 

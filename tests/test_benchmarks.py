@@ -454,11 +454,25 @@ def test_the_extra_over_plain_ranks_operator_types_by_the_time_they_add() -> Non
 @pytest.mark.realmodel
 def test_the_ops_benchmark_profiles_plain_inference_and_the_audits_session() -> None:
     from benchmarks.bench_ops import profile_lines, session_profiles
+    from benchmarks.bench_runner import VARIANTS, installed_models
 
     require_real_model("minilm-l3")
-    profiles = session_profiles("minilm-l3", "cpu", batch=2, runs=1, warm_up=1)
-    assert list(profiles) == ["plain", "reduced", "+attention"]
+    ((name, graph, inputs),) = installed_models(["minilm-l3"])
+    profiles = session_profiles(graph, inputs, name, "cpu", batch=2, runs=1, warm_up=1)
+    assert tuple(profiles) == VARIANTS
     assert profiles["reduced"].nodes > profiles["plain"].nodes  # the reductions are nodes too
+    assert profiles["reduced"].nodes > profiles["scalars"].nodes  # and the Gram products'
     assert all(set(p.providers) == {"CPUExecutionProvider"} for p in profiles.values())
     assert all(p.run_ms >= p.node_ms > 0 for p in profiles.values())
     assert profile_lines(profiles, 3)[1].split()[0] == "plain"
+
+
+def test_the_ops_benchmark_refuses_what_it_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """No calls or a negative warm-up: one line naming the option, exit 2 (not a traceback)."""
+    from benchmarks.bench_ops import main
+
+    for argv, option in ((["--runs", "0"], "--runs"), (["--warm-up", "-1"], "--warm-up")):
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2
+        assert option in capsys.readouterr().err
