@@ -12,8 +12,9 @@ the stages add up to more than the elapsed time; a stage's total against the ela
 how many threads it kept busy. The CPU seconds are the calling thread's only: work a function
 hands to other threads (onnxruntime's intra-op pool, a multithreaded BLAS) shows in its wall time
 alone. Nested stages (the certificate inside the dominance stacks) are counted in both. The last
-stage, the pipeline waiting for a batch's metrics and dominance before it runs the one after
-next, is the main thread's alone: what of the elapsed time the host work did not overlap.
+stage, the pipeline waiting for a batch's metrics and cases before it runs the one after next
+(or for dominance cases it may no longer leave running), is the main thread's alone: what of
+the elapsed time the host work did not overlap.
 
 Public API
 ----------
@@ -43,9 +44,9 @@ __all__ = ["AUDIT_STAGES", "Spent", "stage_lines", "timed_stages"]
 #: ``module:Class``, whose attribute is looked up at call time; the attribute).
 AUDIT_STAGES: dict[str, tuple[str, str]] = {
     "onnxruntime calls": ("oversmooth.importers.runtime.runner:Runner", "_call"),
-    "finite check": ("oversmooth.importers.audit.session", "check_finite_outputs"),
-    "dominance problems": ("oversmooth.importers.audit.session", "dominance_problems"),
-    "layer metrics": ("oversmooth.importers.audit.session", "measure_layers"),
+    "finite check": ("oversmooth.importers.audit.host_work", "check_finite_outputs"),
+    "dominance problems": ("oversmooth.importers.audit.host_work", "dominance_problems"),
+    "layer metrics": ("oversmooth.importers.audit.host_work", "measure_layers"),
     "  Gram spectra": ("oversmooth.importers.runtime.reductions", "gram_eigenvalues"),
     "dominance stacks": ("oversmooth.importers.audit.dominance", "stacked_cases"),
     "  certificate": ("oversmooth.simulator.perron", "perron_certified"),
@@ -53,7 +54,7 @@ AUDIT_STAGES: dict[str, tuple[str, str]] = {
     "    estimates": ("oversmooth.simulator.perron", "nonperron_estimate"),
     "  to the host": ("oversmooth.simulator.backend:HostCopies", "__call__"),
     "  dense spectra": ("oversmooth.simulator.perron", "_dense_modes"),
-    "waiting for a batch": ("oversmooth.importers.audit.session:_BatchWork", "result"),
+    "waiting for a batch": ("oversmooth.importers.audit.host_work", "_wait"),
 }
 
 

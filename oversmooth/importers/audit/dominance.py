@@ -418,6 +418,10 @@ class PendingCases:
                 per_problem[index] = cases
         return per_problem
 
+    def done(self) -> bool:
+        """Whether every stack has finished (:meth:`per_problem` would not wait)."""
+        return all(future.done() for future in self._futures)
+
     def result(self) -> list[DominanceCase]:
         """Wait for every stack; the cases in problem order."""
         return [case for cases in self.per_problem() for case in cases]

@@ -32,7 +32,7 @@ DominanceBudget
     The same decision made while the audit runs.
 HeldCases
     A batch's dominance cases, in parts cut at the undecided looks; each part started at once or
-    when the budget releases it.
+    when the budget releases it, and taken in, in order, as it finishes or when waited for.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ class HeldCases:
         Starts the cases of the problems it is given (a :class:`PendingCases`); only the problems
         of inputs ``budget`` still wants when a part is released are given.
     budget : DominanceBudget, optional
-        Told each part's cases as :meth:`result` collects them, in order.
+        Told each part's cases as :meth:`advance` takes them in, in order.
     first_item, end_item : int
         The batch's items ``[first_item, end_item)``, counted from this run's first.
     """
@@ -241,6 +241,8 @@ class HeldCases:
         self._problems = problems
         self._start = start
         self._budget = budget
+        self._per_problem: list[list[DominanceCase]] = [[] for _ in problems]
+        self._taken = 0  # the parts taken in (:meth:`advance`)
         cuts = budget.looks_inside(first_item, end_item) if budget is not None else []
         self._parts = [
             _Part(first, end, [i for i, p in enumerate(problems) if first <= p.item < end])
@@ -262,20 +264,30 @@ class HeldCases:
             part.pending = self._start([self._problems[i] for i in part.started])
         return part.pending
 
-    def result(self) -> list[DominanceCase]:
-        """Wait for each part in turn, tell the budget its cases (which may release the next
-        part, or drop its inputs), and return the batch's cases in problem order. A part still
-        held when its turn comes is released then (the budget releases every part before its
-        turn; this only keeps a wrong order from waiting forever, at the price of cases the
-        result drops)."""
-        per_problem: list[list[DominanceCase]] = [[] for _ in self._problems]
-        for part in self._parts:
+    def advance(self, wait: bool = False) -> bool:
+        """Take in the parts in turn: each part's cases are kept and told to the budget (which may
+        release the next part, or drop its inputs). Without ``wait``, stop at the first part not
+        finished (or still held); with it, wait for each. Whether every part is taken in.
+
+        A part still held when its turn comes with ``wait`` is released then (the budget
+        releases every part before its turn; this only keeps a wrong order from waiting forever,
+        at the price of cases the result drops)."""
+        while self._taken < len(self._parts):
+            part = self._parts[self._taken]
+            if not wait and (part.pending is None or not part.pending.done()):
+                return False
             cases = self._release(part).per_problem()
             for index, found in zip(part.started, cases, strict=True):
-                per_problem[index] = found
+                self._per_problem[index] = found
+            self._taken += 1
             if self._budget is not None:
                 self._budget.observe([case for found in cases for case in found], part.end)
-        return [case for found in per_problem for case in found]
+        return True
+
+    def result(self) -> list[DominanceCase]:
+        """Wait for every part (:meth:`advance`); the batch's cases in problem order."""
+        self.advance(wait=True)
+        return [case for found in self._per_problem for case in found]
 
     def cancel(self) -> None:
         for part in self._parts:

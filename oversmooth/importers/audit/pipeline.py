@@ -74,6 +74,12 @@ from oversmooth.importers.audit.dominance import (
     dominance_spectra,
 )
 from oversmooth.importers.audit.dominance_inputs import DominanceBudget, dominance_stop
+from oversmooth.importers.audit.host_work import (
+    OperatorPlan,
+    batch_work,
+    held_attention_limit,
+    pipelined,
+)
 from oversmooth.importers.audit.operating_step import (
     AttributionCase,
     BlockTerms,
@@ -98,11 +104,8 @@ from oversmooth.importers.audit.records import (
 from oversmooth.importers.audit.session import (
     STREAM_TERMS,
     AuditSession,
-    OperatorPlan,
     audit_session,
-    batch_work,
     layer_tensors,
-    pipelined,
 )
 from oversmooth.importers.defaults import (
     DOMINANCE_MODES,
@@ -413,7 +416,9 @@ def measure(
         ),
         budget=budget,
     )
-    cases, exact, heads, (operating, parts) = pipelined(batches, measure_batch, threads)
+    cases, exact, heads, (operating, parts) = pipelined(
+        batches, measure_batch, threads, held_attention_limit(session)
+    )
     runner = session.runner
     provider = ProviderInfo(options.provider, tuple(runner.provider_used), runner.provider_note)
     n_layers, n_blocks = len(session.layers), len(prepared.blocks)

@@ -7,48 +7,28 @@ layer_tensors
 audit_session, AuditSession
     The session an audit runs (model plus in-graph reductions), for the audit, benchmarks and tools.
 LOOKAHEAD_BATCHES
-    Batches whose host work may still run while the next batch is inferred.
-batch_work, pipelined
-    One batch's host work (its metrics, its dominance cases) started on a thread pool, and every
-    batch's, overlapped with inference.
+    Batches whose host work may still run while the next batch is inferred (that work and its
+    overlap with inference: :mod:`oversmooth.importers.audit.host_work`).
 check_finite_outputs
     Refuse a batch whose layer statistics or attention probabilities went NaN or infinite.
 """
 
 from __future__ import annotations
 
-import functools
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
-from oversmooth.importers.audit.depth import head_cases
 from oversmooth.importers.audit.dominance import (
-    PendingCases,
-    dominance_problems,
     nonfinite_attention,
 )
-from oversmooth.importers.audit.dominance_inputs import DominanceBudget, HeldCases
 from oversmooth.importers.audit.layers import (
     check_counted_tokens,
-    computed_layers,
     layer_tensors,
-    measure_layers,
 )
-from oversmooth.importers.audit.operating_step import (
-    AttributionCase,
-    OperatingCase,
-    OperatingPlan,
-    sublayer_cases,
-)
-from oversmooth.importers.audit.operator_step import OperatorCase, operator_cases
 from oversmooth.importers.audit.pre_norm_sums import PreNormSums
-from oversmooth.importers.audit.records import DominanceCase, HeadCase
 from oversmooth.importers.errors import (
     ImporterError,
     NonFiniteModelError,
@@ -61,7 +41,6 @@ from oversmooth.importers.runtime.batching import run_batches
 from oversmooth.importers.runtime.reductions import Gram, ReductionPlan, TokenScale, plan_reductions
 from oversmooth.importers.runtime.runner import Runner, default_threads
 from oversmooth.simulator.backend import HostCopies, array_module, to_numpy
-from oversmooth.simulator.operator import HeadFactors
 from oversmooth.simulator.statistics import (
     TokenStatistics,
 )
@@ -70,14 +49,10 @@ __all__ = [
     "LOOKAHEAD_BATCHES",
     "STREAM_TERMS",
     "AuditSession",
-    "Cases",
-    "OperatorPlan",
     "attention_sublayer_tensor",
     "audit_session",
-    "batch_work",
     "check_finite_outputs",
     "layer_tensors",
-    "pipelined",
 ]
 
 #: Batches whose host work (metrics, dominance) may still run while the next batch is inferred.
@@ -323,60 +298,6 @@ def attention_sublayer_tensor(block: AttentionBlock) -> str | None:
     return block.residual_name
 
 
-@dataclass(frozen=True)
-class OperatorPlan:
-    """What the exact layer dominance needs: every block's head factors, and the inputs it runs on
-    (those numbered below ``inputs``)."""
-
-    factors: tuple[HeadFactors, ...]
-    inputs: int
-
-
-#: A batch's cases: per (input, block, head), per (input, block) of the whole operator, per
-#: (input, block, head) of the depth step, and the operating point's and attribution's.
-Cases = tuple[
-    list[DominanceCase],
-    list[OperatorCase],
-    list[HeadCase],
-    tuple[list[OperatingCase], list[AttributionCase]],
-]
-
-
-class _BatchWork:
-    """The host work of one batch running on a thread pool: metrics, dominance and operator cases."""
-
-    def __init__(
-        self,
-        metrics: Sequence[Future[int]],
-        dominance: HeldCases | None,
-        operator: Future[list[OperatorCase]] | None = None,
-        heads: Future[list[HeadCase]] | None = None,
-        sublayer: Future[tuple[list[OperatingCase], list[AttributionCase]]] | None = None,
-    ) -> None:
-        self._metrics = metrics
-        self._dominance = dominance
-        self._operator = operator
-        self._heads = heads
-        self._sublayer = sublayer
-
-    def result(self) -> Cases:
-        for group in self._metrics:  # in depth order: the first layer's error is the one raised
-            group.result()
-        cases = self._dominance.result() if self._dominance is not None else []
-        exact = self._operator.result() if self._operator is not None else []
-        sublayer = self._sublayer.result() if self._sublayer is not None else ([], [])
-        return cases, exact, self._heads.result() if self._heads is not None else [], sublayer
-
-    def cancel(self) -> None:
-        for group in self._metrics:
-            group.cancel()
-        if self._dominance is not None:
-            self._dominance.cancel()
-        for future in (self._operator, self._heads, self._sublayer):
-            if future is not None:
-                future.cancel()
-
-
 def _bad_items(arrays: Sequence[Any]) -> np.ndarray:
     """(batch,) bool: which items hold a NaN or an infinity in any of ``arrays`` (batch first;
     arrays on a device are tested there)."""
@@ -449,122 +370,3 @@ def check_finite_outputs(
             f"{start + item}): first at {where}; its weights or its precision cannot carry "
             "this input, and no metric or eigenvalue can be computed from such values"
         )
-
-
-def batch_work(
-    session: AuditSession,
-    blocks: Sequence[AttentionBlock],
-    eig_H: Sequence[np.ndarray],
-    tie_rtol: float,
-    per_input: dict[str, np.ndarray],
-    operator: OperatorPlan | None,
-    pool: ThreadPoolExecutor,
-    batch: Inputs,
-    start: int,
-    outputs: dict[str, np.ndarray],
-    *,
-    stream: dict[str, np.ndarray] | None = None,
-    depth_inputs: int = 0,
-    sublayer: OperatingPlan | None = None,
-    budget: DominanceBudget | None = None,
-) -> _BatchWork:
-    """Start a batch's host work: its layer metrics (into ``per_input``, the depth step's stream
-    terms into ``stream``), its dominance cases, the operator cases of its inputs below
-    ``operator.inputs``, the depth step's head cases of those below ``depth_inputs`` and the
-    operating point's and attribution's of those below ``sublayer.inputs``, once its outputs are
-    checked finite (:func:`check_finite_outputs`); the dominance cases only of the inputs
-    ``budget`` still wants (:class:`~oversmooth.importers.audit.dominance_inputs.DominanceBudget`)."""
-    check_finite_outputs(session, blocks, outputs, batch, start)
-    # On the host a task per layer spreads a batch's Gram spectra over every worker thread; on
-    # the GPU one task solves every layer's at once (a kernel per step for the whole stack).
-    layers = computed_layers(session.plan)
-    groups = (
-        [layers]
-        if layers and session.plan.grams_on_device(outputs)
-        else [[layer] for layer in layers]
-    )
-    metrics = [
-        pool.submit(
-            measure_layers,
-            outputs,
-            session.plan,
-            start,
-            per_input,
-            batch.labels,
-            batch.token_mask,
-            stream,
-            group,
-        )
-        for group in groups
-    ]
-    if not session.attention:
-        return _BatchWork(metrics, None)
-    problems = dominance_problems(outputs, blocks, session.attention, batch, start, eig_H)
-    exact = None
-    if operator is not None and start < operator.inputs:
-        exact = pool.submit(operator_cases, problems, operator.factors, tie_rtol, operator.inputs)
-    heads = pool.submit(head_cases, problems, depth_inputs) if start < depth_inputs else None
-    parts = None
-    if sublayer is not None and start < sublayer.inputs:
-        parts = pool.submit(sublayer_cases, problems, outputs, sublayer, start)
-    dominance = HeldCases(
-        problems,
-        functools.partial(
-            PendingCases,
-            tie_rtol=tie_rtol,
-            pool=pool,
-            to_host=session.copies,
-            parallel=session.threads,
-        ),
-        budget,
-        start,
-        start + batch.batch_size,
-    )
-    return _BatchWork(metrics, dominance, exact, heads, parts)
-
-
-def pipelined(
-    batches: Iterator[tuple[Inputs, dict[str, np.ndarray]]],
-    measure: Callable[[ThreadPoolExecutor, Inputs, int, dict[str, np.ndarray]], _BatchWork],
-    threads: int,
-) -> Cases:
-    """Run every batch's host work on worker threads while onnxruntime runs the next batches.
-
-    At most :data:`LOOKAHEAD_BATCHES` batches' work is pending when the next one is started, so
-    memory stays bounded; the cases come back in batch order (a batch's dominance budget, if
-    any, is told its cases as it is collected, in that order). Many small eigenvalue problems: one
-    BLAS thread each, ``threads`` worker threads, one per core (this also avoids the collapse of
-    multithreaded BLAS on a busy machine, 5-20x measured on 2 cores). On an error or Ctrl-C the
-    work not yet started is cancelled.
-    """
-    cases: list[DominanceCase] = []
-    exact: list[OperatorCase] = []
-    heads: list[HeadCase] = []
-    operating: list[OperatingCase] = []
-    parts: list[AttributionCase] = []
-    pending: deque[_BatchWork] = deque()
-    start = 0
-
-    def collect(work: _BatchWork) -> None:
-        per_head, whole, depth, (points, split) = work.result()
-        cases.extend(per_head)
-        exact.extend(whole)
-        heads.extend(depth)
-        operating.extend(points)
-        parts.extend(split)
-
-    with threadpool_limits(limits=1, user_api="blas"):
-        pool = ThreadPoolExecutor(max_workers=threads)
-        try:
-            for batch, outputs in batches:
-                pending.append(measure(pool, batch, start, outputs))
-                start += batch.batch_size
-                while len(pending) > LOOKAHEAD_BATCHES:
-                    collect(pending.popleft())
-            while pending:
-                collect(pending.popleft())
-        finally:
-            for work in pending:
-                work.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
-    return cases, exact, heads, (operating, parts)

@@ -18,6 +18,8 @@ gpu_info
 device_arrays, device_arrays_status
     CuPy, when it is installed and sees a GPU (the ``gpu`` extra): outputs can then stay there;
     and why not, in one line.
+device_memory
+    The memory of the GPU CuPy uses, in bytes.
 device_view
     An onnxruntime output on the GPU as a CuPy array over the same memory (no copy).
 """
@@ -37,6 +39,7 @@ __all__ = [
     "GPU_INSTALL_HINT",
     "device_arrays",
     "device_arrays_status",
+    "device_memory",
     "device_view",
     "gpu_info",
     "loaded_cuda_libraries",
@@ -120,6 +123,12 @@ def device_arrays() -> Any:
     if not _CUPY:
         _CUPY.append(_probe_cupy()[0])
     return _CUPY[0]
+
+
+def device_memory() -> int | None:
+    """The total memory of the GPU that CuPy uses, in bytes; None without :func:`device_arrays`."""
+    cupy = device_arrays()
+    return None if cupy is None else int(cupy.cuda.Device().mem_info[1])
 
 
 def device_arrays_status() -> str:

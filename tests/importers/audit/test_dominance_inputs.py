@@ -13,7 +13,6 @@ cover every input.
 from __future__ import annotations
 
 import functools
-from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -30,6 +29,7 @@ from oversmooth.importers.audit.dominance_inputs import (
     HeldCases,
     dominance_stop,
 )
+from oversmooth.importers.audit.host_work import pipelined
 from oversmooth.importers.audit.pipeline import AuditOptions, audit
 from oversmooth.importers.defaults import AUTO_EVERY, AUTO_FIRST, AUTO_WIDTH
 from oversmooth.importers.errors import ImporterInputError
@@ -97,10 +97,16 @@ class _Problem(NamedTuple):
 
 
 class _Started:
-    """A :class:`PendingCases` stand-in: the given problems' cases, looked up."""
+    """A :class:`PendingCases` stand-in: the given problems' cases, looked up, finished after
+    ``polls`` looks."""
 
-    def __init__(self, cases: list[list[DominanceCase]]) -> None:
+    def __init__(self, cases: list[list[DominanceCase]], polls: int = 0) -> None:
         self._cases = cases
+        self._polls = polls
+
+    def done(self) -> bool:
+        self._polls -= 1
+        return self._polls < 0
 
     def per_problem(self) -> list[list[DominanceCase]]:
         return self._cases
@@ -109,36 +115,65 @@ class _Started:
         return None
 
 
+class _Batch(NamedTuple):
+    batch_size: int
+
+
+class _Work:
+    """A batch's host work holding only its dominance cases; ``held``: the bytes they hold if
+    they may outlive the batch (attention on a device), else None."""
+
+    def __init__(self, cases: HeldCases, held: int | None) -> None:
+        self._cases, self._held = cases, held
+
+    def detach(self) -> tuple[HeldCases, int] | None:
+        return None if self._held is None else (self._cases, self._held)
+
+    def result(self):
+        return (self._cases.result() if self._held is None else []), [], [], ([], [])
+
+    def cancel(self) -> None:
+        self._cases.cancel()
+
+
 def _pipeline(
-    every: list[DominanceCase], n_inputs: int, sizes: Sequence[int]
+    every: list[DominanceCase],
+    n_inputs: int,
+    sizes: Sequence[int],
+    held: tuple[int, int] | None = None,
+    seed: int = 0,
 ) -> tuple[DominanceBudget, list[int], list[DominanceCase], list[DominanceCase]]:
-    """The pipeline's order (batch k submitted, then batch k - 1 collected) with the real
-    :class:`HeldCases` over batches of ``sizes`` (cycled) and two layers: the budget, the inputs
-    whose problems were started, the cases collected and every batch's cases in problem order."""
+    """The audit's pipeline (:func:`pipelined`) with the real :class:`HeldCases` over batches of
+    ``sizes`` (cycled) and two layers: the budget, the inputs whose problems were started, the
+    cases collected and every batch's cases in problem order. ``held``: (bytes a batch holds,
+    the limit) for cases that may outlive their batch, each part finishing after 0 to 3 looks
+    (drawn from ``seed``); None: host attention, collected with its batch."""
     by_problem: dict[tuple[int, int], list[DominanceCase]] = {}
     for case in every:
         by_problem.setdefault((case.input, case.block), []).append(case)
     budget = DominanceBudget("auto")
     started: list[int] = []
+    rng = np.random.default_rng(seed)
 
     def start(problems: Sequence[_Problem]) -> _Started:
         started.extend(problem.item for problem in problems)
-        return _Started([by_problem.get(problem, []) for problem in problems])
+        polls = int(rng.integers(0, 4)) if held is not None else 0
+        return _Started([by_problem.get(problem, []) for problem in problems], polls)
 
-    pending: deque[HeldCases] = deque()
-    collected: list[DominanceCase] = []
     expected: list[DominanceCase] = []
-    first, k = 0, 0
-    while first < n_inputs:
-        end = min(first + sizes[k % len(sizes)], n_inputs)
+
+    def measure(pool, batch: _Batch, first: int, outputs) -> _Work:
+        end = first + batch.batch_size
         problems = [_Problem(item, layer) for layer in range(2) for item in range(first, end)]
-        pending.append(HeldCases(problems, start, budget, first, end))
-        expected += [case for problem in problems for case in by_problem.get(problem, [])]
-        while len(pending) > 1:
-            collected += pending.popleft().result()
-        first, k = end, k + 1
-    while pending:
-        collected += pending.popleft().result()
+        expected.extend(case for problem in problems for case in by_problem.get(problem, []))
+        return _Work(HeldCases(problems, start, budget, first, end), held and held[0])
+
+    batches, first, k = [], 0, 0
+    while first < n_inputs:
+        size = min(sizes[k % len(sizes)], n_inputs - first)
+        batches.append((_Batch(size), {}))
+        first, k = first + size, k + 1
+    collected, *_ = pipelined(iter(batches), measure, threads=1, held_limit=held[1] if held else 0)
     return budget, started, collected, expected
 
 
@@ -175,6 +210,26 @@ def test_uneven_batches_start_exactly_the_inputs_the_result_keeps(
     assert budget.limit in (None, kept)
     assert sorted(started) == sorted(2 * list(range(kept)))
     assert collected == [case for case in expected if case.input < kept]
+
+
+@given(
+    n_inputs=st.integers(min_value=1, max_value=300),
+    sizes=st.lists(st.integers(min_value=1, max_value=70), min_size=1, max_size=6),
+    limit=st.sampled_from([0, 1, 3, 10**9]),
+    seed=st.integers(min_value=0, max_value=2**16),
+)
+def test_cases_that_outlive_their_batch_change_nothing(
+    n_inputs: int, sizes: list[int], limit: int, seed: int
+) -> None:
+    """Dominance cases on device attention, taken in whenever they finish and the limit allows
+    (later batches then built while looks are undecided): the same inputs started, the same
+    cases in the same order, the same limit as cases collected with their batch."""
+    every = _cases(n_inputs, seed=seed, heads=8)
+    on_host = _pipeline(every, n_inputs, sizes)
+    on_device = _pipeline(every, n_inputs, sizes, held=(1, limit), seed=seed)
+    assert on_device[0].limit == on_host[0].limit
+    assert sorted(on_device[1]) == sorted(on_host[1])
+    assert on_device[2] == on_host[2]
 
 
 def test_the_looks_inside_a_batch_are_the_undecided_ones_on_the_grid() -> None:

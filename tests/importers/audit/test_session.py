@@ -1,19 +1,21 @@
 """The audit's onnxruntime session (:mod:`oversmooth.importers.audit.session`): the session
 ``audit_session`` builds, where the reductions of each stream sit (``AuditSession.reads``,
 ``late_start``), the feeds it adds, the refusal of a batch gone non-finite (naming the first place
-in depth order), and the pipeline of every batch's host work (``pipelined``)."""
+in depth order), and the pipeline of every batch's host work
+(:func:`oversmooth.importers.audit.host_work.pipelined`)."""
 
 from __future__ import annotations
 
 import importlib
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
 import pytest
 
+from oversmooth.importers.audit.host_work import _device_bytes, pipelined
 from oversmooth.importers.audit.pipeline import audit
 from oversmooth.importers.audit.session import (
     LOOKAHEAD_BATCHES,
@@ -21,7 +23,6 @@ from oversmooth.importers.audit.session import (
     audit_session,
     check_finite_outputs,
     layer_tensors,
-    pipelined,
 )
 from oversmooth.importers.errors import NonFiniteModelError
 from oversmooth.importers.graph import OnnxModel, load_model, model_from_proto
@@ -118,15 +119,42 @@ def test_the_first_place_in_depth_order_is_named() -> None:
         check_finite_outputs(session, blocks, outputs, batch, start=0)
 
 
-class _Work:
-    """A batch's host work whose result names its batch (its per-head cases are ``[start]``)."""
+class _Held:
+    """A :class:`~oversmooth.importers.audit.dominance_inputs.HeldCases` stand-in: cases ``[start]``,
+    finished on their own or only once waited for."""
 
-    def __init__(self, start: int, log: list[str]) -> None:
-        self.start, self.log = start, log
+    def __init__(self, start: int, log: list[str], finished: bool) -> None:
+        self.start, self.log, self.finished = start, log, finished
+
+    def advance(self, wait: bool = False) -> bool:
+        return self.finished or wait
+
+    def result(self) -> list[int]:
+        self.log.append(f"dominance {self.start}")
+        return [self.start]
+
+    def cancel(self) -> None:
+        self.log.append(f"cancel dominance {self.start}")
+
+
+class _Work:
+    """A batch's host work whose result names its batch (its per-head cases are ``[start]``).
+
+    ``held``: its dominance cases may go on after it (on device attention), holding ``held``
+    bytes, finished on their own when ``finished``; None: they are part of its result."""
+
+    def __init__(
+        self, start: int, log: list[str], held: int | None = None, finished: bool = False
+    ) -> None:
+        self.start, self.log, self.held = start, log, held
+        self.dominance = _Held(start, log, finished)
+
+    def detach(self) -> tuple[_Held, int] | None:
+        return None if self.held is None else (self.dominance, self.held)
 
     def result(self):
         self.log.append(f"collect {self.start}")
-        return [self.start], [], [], ([], [])
+        return ([self.start] if self.held is None else []), [], [], ([], [])
 
     def cancel(self) -> None:
         self.log.append(f"cancel {self.start}")
@@ -157,6 +185,76 @@ def test_pipelined_collects_in_batch_order_with_bounded_lookahead() -> None:
             assert collected < log.index(f"measure {starts[k + LOOKAHEAD_BATCHES + 1]}")
 
 
+@pytest.mark.parametrize("held_limit", [0, 1, 2, 5, 100])
+def test_dominance_on_device_attention_goes_on_while_later_batches_run(held_limit: int) -> None:
+    """Dominance cases that may outlive their batch are waited for only when more than
+    ``held_limit`` bytes of attention are held (one byte a batch here, never finishing on
+    their own) or at the end, and still come back in batch order."""
+    log: list[str] = []
+    outstanding: list[int] = []
+
+    def measure(pool, batch, start, outputs):
+        detached = sum(entry.startswith("collect") for entry in log)
+        outstanding.append(detached - sum(entry.startswith("dominance") for entry in log))
+        log.append(f"measure {start}")
+        return _Work(start, log, held=1)
+
+    sizes = [2, 3, 1, 4, 2, 2, 5]
+    starts = [0, 2, 5, 6, 10, 12, 14]
+    batches = iter([(_Batch(size), {}) for size in sizes])
+    cases, *_ = pipelined(batches, measure, threads=1, held_limit=held_limit)
+    assert cases == starts
+    assert max(outstanding) == min(held_limit, len(sizes) - 1 - LOOKAHEAD_BATCHES)
+    assert [e for e in log if e.startswith("dominance")] == [f"dominance {s}" for s in starts]
+
+
+def test_finished_dominance_is_taken_in_after_the_next_batch() -> None:
+    """Dominance cases that have finished are taken in at the first look after their batch,
+    whatever room the limit leaves (so the budget hears of them early)."""
+    log: list[str] = []
+
+    def measure(pool, batch, start, outputs):
+        log.append(f"measure {start}")
+        return _Work(start, log, held=1, finished=True)
+
+    batches = iter([(_Batch(1), {}) for _ in range(4)])
+    cases, *_ = pipelined(batches, measure, threads=1, held_limit=10**9)
+    assert cases == [0, 1, 2, 3]
+    for k in range(4 - LOOKAHEAD_BATCHES - 1):
+        assert log.index(f"dominance {k}") < log.index(f"measure {k + LOOKAHEAD_BATCHES + 1}")
+
+
+def test_pipelined_cancels_the_held_dominance_when_a_batch_fails() -> None:
+    log: list[str] = []
+
+    def batches():
+        for _ in range(3):
+            yield _Batch(1), {}
+        raise RuntimeError("inference failed")
+
+    def measure(pool, batch, start, outputs):
+        return _Work(start, log, held=1)
+
+    with pytest.raises(RuntimeError, match="inference failed"):
+        pipelined(batches(), measure, threads=1, held_limit=10)
+    assert log == ["collect 0", "collect 1", "cancel 2", "cancel dominance 0", "cancel dominance 1"]
+
+
+def test_only_attention_on_a_device_may_outlive_its_batch() -> None:
+    """Host attention lives in buffers the runner writes over after the lookahead: its cases
+    are never detached; device arrays (any that say they are) count their bytes."""
+
+    class DeviceArray:
+        __cuda_array_interface__: ClassVar[dict] = {}
+
+        def __init__(self, nbytes: int) -> None:
+            self.nbytes = nbytes
+
+    assert _device_bytes([np.zeros((2, 3), dtype=np.float32)]) is None
+    assert _device_bytes([DeviceArray(24), np.zeros(3)]) is None
+    assert _device_bytes([DeviceArray(24), DeviceArray(40)]) == 64
+
+
 def test_pipelined_cancels_the_pending_work_when_a_batch_fails() -> None:
     log: list[str] = []
 
@@ -178,7 +276,7 @@ def test_gram_matrices_on_a_device_are_one_task_and_one_solve_per_batch(
     """Where every layer's Gram matrices stayed on the GPU (here: said to have), a batch's layers
     are one pool task whose spectra are one stacked solve, and the metrics are bitwise the
     host path's (LAPACK solves each matrix of a stack on its own)."""
-    session_module = importlib.import_module("oversmooth.importers.audit.session")
+    session_module = importlib.import_module("oversmooth.importers.audit.host_work")
     reductions = importlib.import_module("oversmooth.importers.runtime.reductions")
     path, inputs = _saved_bert(tmp_path)
     on_host = audit(path, inputs, provider="cpu", batch_size=2)
@@ -231,7 +329,7 @@ def test_each_layers_metrics_are_a_task_of_their_own_and_do_not_depend_on_the_th
 ) -> None:
     """A batch's layers are measured one per pool task (so its Gram spectra spread over every
     worker thread, not one), and the metrics are bitwise those of a single worker."""
-    session_module = importlib.import_module("oversmooth.importers.audit.session")
+    session_module = importlib.import_module("oversmooth.importers.audit.host_work")
     measure_layers = session_module.measure_layers
     calls: list[tuple[int, int, tuple[int, ...]]] = []
 
@@ -266,17 +364,19 @@ def test_the_pipelined_audit_equals_the_sequential_one(
     """Reducing batch k while batch k+1 runs changes nothing: metrics and cases as one at a time
     (a batch's arrays must not be written over by the next run while they are being reduced)."""
     session_module = importlib.import_module("oversmooth.importers.audit.session")
-    measure_layers = session_module.measure_layers
+    host_work = importlib.import_module("oversmooth.importers.audit.host_work")
+    measure_layers = host_work.measure_layers
 
     def late_measure(*args: Any) -> int:  # the next batch runs before this batch is read
         time.sleep(0.05)
         return measure_layers(*args)
 
-    monkeypatch.setattr(session_module, "measure_layers", late_measure)
+    monkeypatch.setattr(host_work, "measure_layers", late_measure)
     path, inputs = _saved_bert(tmp_path)
     results = []
-    for lookahead in (0, 1, 3):
+    for lookahead in (0, 1, 3):  # the runner's reused outputs and the pipeline's lookahead
         monkeypatch.setattr(session_module, "LOOKAHEAD_BATCHES", lookahead)
+        monkeypatch.setattr(host_work, "LOOKAHEAD_BATCHES", lookahead)
         results.append(audit(path, inputs, provider="cpu", batch_size=1))
     for result in results[1:]:
         assert result.dominance == results[0].dominance
