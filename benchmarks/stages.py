@@ -54,6 +54,7 @@ AUDIT_STAGES: dict[str, tuple[str, str]] = {
     "    estimates": ("oversmooth.simulator.perron", "nonperron_estimate"),
     "  to the host": ("oversmooth.simulator.backend:HostCopies", "__call__"),
     "  dense spectra": ("oversmooth.simulator.perron", "_dense_modes"),
+    "depth step's heads": ("oversmooth.importers.audit.host_work", "head_cases"),
     "waiting for a batch": ("oversmooth.importers.audit.host_work", "_wait"),
 }
 

@@ -117,6 +117,7 @@ def test_the_device_benchmark_measures_a_text_model() -> None:
         "layer metrics",
         "Gram spectra",
         "dominance stacks",
+        "depth step's heads",
         "waiting for a batch",
     ):
         assert calls[stage] > 0, stage
