@@ -24,8 +24,9 @@ certificate, the copies to the host, the dense spectra) and the other stages of
 
 Run with ``python -m benchmarks device [--batches 1 8 64] [--providers cpu cuda]
 [--models NAME ...] [--min-seconds S] [--batches-per-audit K] [--stages]
-[--dominance-inputs auto|all|N] [--gram-solver fused|raw|block|host]`` (``--gram-on-host``:
-``--gram-solver host``).
+[--dominance-inputs auto|all|N] [--gram-solver fused|raw|block|host] [--held-share S]``
+(``--gram-on-host``: ``--gram-solver host``; ``--held-share 0``: every batch's dominance cases
+waited for before the batch after next runs, as before they could outlive their batch).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from benchmarks.bench_runner import _repeated, _timed, available_providers, inst
 from benchmarks.stages import Spent, stage_lines, timed_stages
 from oversmooth.commands.common import count_or_rule
 from oversmooth.importers import zoo
+from oversmooth.importers.audit import host_work
 from oversmooth.importers.audit.cases import DominanceCase
 from oversmooth.importers.audit.dominance_inputs import dominance_stop
 from oversmooth.importers.audit.pipeline import (
@@ -132,6 +134,7 @@ def rates(
     stages: bool = False,
     dominance_inputs: int | str = "auto",
     gram_solver: str = AUDIT_TRIDIAGONALISATION,
+    held_share: float = host_work.HELD_ATTENTION_SHARE,
 ) -> DeviceRates:
     """Plain, session and whole-audit inputs per second of one model at one batch size.
 
@@ -143,6 +146,9 @@ def rates(
     :data:`GRAM_SOLVERS`: the device's tridiagonalisation and bisection with one launch of a
     thread block per matrix (``block``, the audit's own), the fused kernels (``fused``) or the
     raw kernels per step (``raw``); or ``host``: LAPACK on every host thread after a copy.
+    ``held_share``: the audit's
+    :data:`~oversmooth.importers.audit.host_work.HELD_ATTENTION_SHARE` (0: no dominance cases
+    outlive their batch).
     """
     ref = zoo.lookup(name, allow_fetch=False)  # the graph is already parsed: not again
     items = _repeated(inputs, batch)
@@ -169,6 +175,7 @@ def rates(
             timing.enter_context(
                 mock.patch.object(reductions, "gram_eigenvalues", _gram_solver(gram_solver))
             )
+        timing.enter_context(mock.patch.object(host_work, "HELD_ATTENTION_SHARE", held_share))
         few, warm = _warm_up(prebuilt, many, batch)
         measure(prepared, graph, few, session=warm)
         if stages:
@@ -181,7 +188,9 @@ def rates(
         name,
         provider,
         batch,
-        _device_name(provider) + _gram_solver_note(gram_solver, provider),
+        _device_name(provider)
+        + _gram_solver_note(gram_solver, provider)
+        + _held_share_note(held_share),
         batch / seconds["plain"],
         batch / seconds["session"],
         many.batch_size / elapsed,
@@ -223,6 +232,13 @@ def _gram_solver_note(name: str, provider: str) -> str:
     return f", --gram-solver {name} unused (the Gram matrices are on the host: LAPACK)"
 
 
+def _held_share_note(share: float) -> str:
+    """What the device column adds for a held share that is not the audit's."""
+    if share == host_work.HELD_ATTENTION_SHARE:
+        return ""
+    return f", --held-share {share:g}"
+
+
 def _gram_solver(name: str) -> Callable[[Any], np.ndarray]:
     """The Gram spectra's function for :data:`GRAM_SOLVERS` entry ``name`` (not the audit's)."""
     if name == "host":
@@ -256,6 +272,17 @@ def _plain_and_session_seconds(
     return _timed(calls, min_seconds)
 
 
+def _share(text: str) -> float:
+    """A share in [0, 1], else one line from argparse (exit 2)."""
+    try:
+        share = float(text)
+    except ValueError:
+        share = float("nan")
+    if not 0 <= share <= 1:
+        raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, got {text!r}")
+    return share
+
+
 def parser() -> argparse.ArgumentParser:
     """The benchmark's options (``--dominance-inputs`` parsed as the audit command parses it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -280,6 +307,13 @@ def parser() -> argparse.ArgumentParser:
         help="the audit's Gram spectra on a GPU: its tridiagonalisation by one launch of a block "
         "per matrix (block, the audit's), the fused kernels or the raw kernels; or LAPACK on the "
         "host threads",
+    )
+    parser.add_argument(
+        "--held-share",
+        type=_share,
+        default=host_work.HELD_ATTENTION_SHARE,
+        help="the share of the GPU's memory that finished batches' attention may keep while "
+        "their dominance cases are computed (default %(default)s; 0: none outlive their batch)",
     )
     parser.add_argument(
         "--gram-on-host",
@@ -321,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> list[DeviceRates]:
                     stages=args.stages,
                     dominance_inputs=args.dominance_inputs,
                     gram_solver=args.gram_solver,
+                    held_share=args.held_share,
                 )
                 results.append(result)
                 print("\n".join([result.line(), result.dominance, *result.stages]), flush=True)

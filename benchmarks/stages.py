@@ -55,6 +55,7 @@ AUDIT_STAGES: dict[str, tuple[str, str]] = {
     "  to the host": ("oversmooth.simulator.backend:HostCopies", "__call__"),
     "  dense spectra": ("oversmooth.simulator.perron", "_dense_modes"),
     "depth step's heads": ("oversmooth.importers.audit.host_work", "head_cases"),
+    "attribution": ("oversmooth.importers.audit.host_work", "sublayer_cases"),
     "waiting for a batch": ("oversmooth.importers.audit.host_work", "_wait"),
 }
 

@@ -13,6 +13,9 @@
 #   gram        the Gram spectra's eigensolvers on the model's own matrices
 #   target      the whole audit at batch BATCH on BATCH * BATCHES_PER_AUDIT inputs, with --stages
 #               (300 s: on a machine where nothing had run yet, an H200's took more than 180)
+#   target-held0
+#               the same with every batch's dominance cases waited for before the batch after
+#               next runs (--held-share 0: the design before they could outlive their batch)
 #   gram-host   the same with the Gram spectra by LAPACK on the host threads (--gram-on-host)
 #   target-fused, target-raw
 #               the same with the Gram tridiagonal by the fused kernels or by four raw kernels
@@ -22,12 +25,12 @@
 #   ops         the same sessions node by node, by onnxruntime's profiler: kernels, the time
 #               between them, the time on each provider (a node left on the CPU shows there)
 #
-# STEPS (default all nine) names the steps to run when a lease is short; they run in the order
+# STEPS (default all ten) names the steps to run when a lease is short; they run in the order
 # above, whatever the order named.
 # A dry run elsewhere: PROVIDER=cpu MODEL=minilm-l3 BATCH=8 BATCHES_PER_AUDIT=2 GRAM_COUNT=50.
 set -uo pipefail
 
-known="doctor cuda-tests gram target gram-host target-fused target-raw session ops"
+known="doctor cuda-tests gram target target-held0 gram-host target-fused target-raw session ops"
 steps=" ${STEPS:-$known} "
 for name in $steps; do
     if [[ " $known " != *" $name "* ]]; then
@@ -71,6 +74,7 @@ step cuda-tests 90 "$python" -m pytest -q -p no:cacheprovider -m cuda \
 step gram 90 "$python" -m benchmarks gram --model "$model" --provider "$provider" \
     --count "$gram_count"
 step target 300 "$python" "${device[@]}"
+step target-held0 120 "$python" "${device[@]}" --held-share 0
 step gram-host 180 "$python" "${device[@]}" --gram-on-host
 step target-fused 180 "$python" "${device[@]}" --gram-solver fused
 step target-raw 180 "$python" "${device[@]}" --gram-solver raw

@@ -39,6 +39,7 @@ def test_the_gpu_checks_script_runs_every_step_in_a_dry_run(tmp_path: Path) -> N
             "cuda-tests",
             "gram",
             "target",
+            "target-held0",
             "gram-host",
             "target-fused",
             "target-raw",
@@ -47,6 +48,7 @@ def test_the_gpu_checks_script_runs_every_step_in_a_dry_run(tmp_path: Path) -> N
         )
     ]
     assert "Gram spectra on the host" in (tmp_path / "out" / "gram-host.txt").read_text()
+    assert "--held-share 0" in (tmp_path / "out" / "target-held0.txt").read_text()
     # on the CPU a device tridiagonalisation has nothing to run on, and the line says so
     assert "--gram-solver fused unused" in (tmp_path / "out" / "target-fused.txt").read_text()
     # 8 inputs, below the rule's first look: every input's cases computed and used
@@ -300,6 +302,20 @@ def test_the_device_benchmark_picks_the_gram_solver_it_is_told() -> None:
     assert "unused" in bench_device._gram_solver_note("fused", "cpu")
 
 
+def test_the_device_benchmark_takes_a_held_share_between_0_and_1() -> None:
+    from benchmarks import bench_device
+    from oversmooth.importers.audit.host_work import HELD_ATTENTION_SHARE
+
+    parse = bench_device.parser().parse_args
+    assert parse([]).held_share == HELD_ATTENTION_SHARE
+    assert parse(["--held-share", "0"]).held_share == 0
+    for bad in ("1.5", "-0.1", "half", "nan"):
+        with pytest.raises(SystemExit):
+            parse(["--held-share", bad])
+    assert bench_device._held_share_note(HELD_ATTENTION_SHARE) == ""
+    assert bench_device._held_share_note(0) == ", --held-share 0"
+
+
 def test_the_device_benchmark_warms_up_on_its_first_batches_with_the_timed_runner() -> None:
     """The warm-up audits the first two batches (the whole set where it is smaller), through
     the session the timed run uses, so that run finds its kernels compiled and pools filled."""
@@ -372,7 +388,7 @@ def test_the_gpu_checks_script_refuses_an_unknown_step(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "STEPS names an unknown step 'targt'; expected some of: "
-        "doctor cuda-tests gram target gram-host target-fused target-raw session ops"
+        "doctor cuda-tests gram target target-held0 gram-host target-fused target-raw session ops"
     ]
     assert not (tmp_path / "out").exists()
 
