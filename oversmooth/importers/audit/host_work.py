@@ -100,7 +100,7 @@ class _BatchWork:
         dominance: HeldCases | None,
         operator: Future[list[OperatorCase]] | None = None,
         heads: Sequence[Future[list[HeadCase]]] = (),
-        sublayer: Future[tuple[list[OperatingCase], list[AttributionCase]]] | None = None,
+        sublayer: Sequence[Future[tuple[list[OperatingCase], list[AttributionCase]]]] = (),
         held_bytes: int | None = None,
     ) -> None:
         self._metrics = metrics
@@ -124,16 +124,20 @@ class _BatchWork:
             group.result()
         cases = self._dominance.result() if self._dominance is not None else []
         exact = self._operator.result() if self._operator is not None else []
-        sublayer = self._sublayer.result() if self._sublayer is not None else ([], [])
+        points, split = [], []
+        for future in self._sublayer:
+            operating, attribution = future.result()
+            points += operating
+            split += attribution
         depth = [case for future in self._heads for case in future.result()]
-        return cases, exact, depth, sublayer
+        return cases, exact, depth, (points, split)
 
     def cancel(self) -> None:
         for group in self._metrics:
             group.cancel()
         if self._dominance is not None:
             self._dominance.cancel()
-        for future in (self._operator, *self._heads, self._sublayer):
+        for future in (self._operator, *self._heads, *self._sublayer):
             if future is not None:
                 future.cancel()
 
@@ -207,16 +211,19 @@ def batch_work(
     exact = None
     if operator is not None and start < operator.inputs:
         exact = pool.submit(operator_cases, problems, operator.factors, tie_rtol, operator.inputs)
-    # a task per (input, block): each is a few dense eigensolves per head (DINOv2: 6 of order
-    # 256 per block, about 0.1 s), which one task would do one after another
+    # a task per (input, block) of the depth step and of the attribution: each is a few dense
+    # eigensolves or products per head (DINOv2's depth step: 6 eigensolves of order 256 per
+    # block, about 0.1 s), which one task would do one after another
     heads = [
         pool.submit(head_cases, [problem], depth_inputs)
         for problem in problems
         if problem.item < depth_inputs
     ]
-    parts = None
-    if sublayer is not None and start < sublayer.inputs:
-        parts = pool.submit(sublayer_cases, problems, outputs, sublayer, start)
+    parts = [
+        pool.submit(sublayer_cases, [problem], outputs, sublayer, start)
+        for problem in problems
+        if sublayer is not None and problem.item < sublayer.inputs
+    ]
     dominance = HeldCases(
         problems,
         functools.partial(
