@@ -62,7 +62,7 @@ from oversmooth.importers.graph import OnnxModel
 from oversmooth.importers.inputs.feeds import Inputs
 from oversmooth.importers.runtime import gram_spectra, reductions
 from oversmooth.importers.runtime.cuda import device_arrays, gpu_info
-from oversmooth.importers.runtime.householder_kernels import (
+from oversmooth.importers.runtime.gram_spectra import (
     AUDIT_TRIDIAGONALISATION,
     TRIDIAGONALISATIONS,
 )

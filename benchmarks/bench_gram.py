@@ -18,7 +18,7 @@ times, on the model's own Gram matrices (the audit's session on the bundled inpu
   (:func:`~oversmooth.importers.runtime.gram_spectra.gram_eigenvalues`);
 - ``device, raw`` and ``device, block``: the same with the tridiagonalisation as four raw kernels
   per step or as one launch of a thread block per matrix
-  (:data:`~oversmooth.importers.runtime.householder_kernels.TRIDIAGONALISATIONS`); ``block`` is
+  (:data:`~oversmooth.importers.runtime.gram_spectra.TRIDIAGONALISATIONS`); ``block`` is
   how the audit runs it on a GPU;
 - ``device, batched``: CuPy's ``eigvalsh`` on the whole stack (cuSOLVER's Jacobi solver) with the
   same check (:func:`~oversmooth.simulator.statistics.gram_eigenvalues`), as the audit ran it
@@ -54,7 +54,7 @@ from oversmooth.importers import zoo
 from oversmooth.importers.audit.session import audit_session
 from oversmooth.importers.match import find_attention_blocks
 from oversmooth.importers.runtime import device_spectra, gram_spectra
-from oversmooth.importers.runtime.householder_kernels import TRIDIAGONALISATIONS
+from oversmooth.importers.runtime.gram_spectra import TRIDIAGONALISATIONS
 from oversmooth.importers.runtime.runner import default_threads
 from oversmooth.importers.weights import block_weights
 from oversmooth.simulator.backend import array_module, to_numpy

@@ -28,6 +28,7 @@ from typing import TextIO
 
 from oversmooth.importers.runtime.device_spectra import BISECTION_SOURCE
 from oversmooth.importers.runtime.householder_kernels import BLOCK_SOURCE, STEP_SOURCE
+from oversmooth.importers.runtime.panel_kernel import PANEL_SOURCE
 
 #: Every CUDA C source the audit compiles at run time (CuPy's ``RawKernel``/``RawModule``), by
 #: name. The fused kernels' snippets are CuPy's ``ElementwiseKernel``/``ReductionKernel`` bodies,
@@ -36,6 +37,7 @@ SOURCES = {
     "bisection": BISECTION_SOURCE,
     "householder steps": STEP_SOURCE,
     "householder single launch": BLOCK_SOURCE,
+    "householder panels": PANEL_SOURCE,
 }
 
 

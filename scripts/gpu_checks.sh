@@ -17,20 +17,21 @@
 #               the same with every batch's dominance cases waited for before the batch after
 #               next runs (--held-share 0: the design before they could outlive their batch)
 #   gram-host   the same with the Gram spectra by LAPACK on the host threads (--gram-on-host)
-#   target-fused, target-raw
-#               the same with the Gram tridiagonal by the fused kernels or by four raw kernels
-#               per step (--gram-solver fused|raw) instead of the audit's single launch
+#   target-panel, target-fused, target-raw
+#               the same with the Gram tridiagonal in panels (one pass over the trailing block
+#               per panel of steps), by the fused kernels or by four raw kernels per step
+#               (--gram-solver panel|fused|raw) instead of the audit's single launch
 #   session     where the audit's session costs more than plain inference at batch BATCH:
 #               plain, the reductions with and without the Gram matrices, with the attention
 #   ops         the same sessions node by node, by onnxruntime's profiler: kernels, the time
 #               between them, the time on each provider (a node left on the CPU shows there)
 #
-# STEPS (default all ten) names the steps to run when a lease is short; they run in the order
+# STEPS (default all eleven) names the steps to run when a lease is short; they run in the order
 # above, whatever the order named.
 # A dry run elsewhere: PROVIDER=cpu MODEL=minilm-l3 BATCH=8 BATCHES_PER_AUDIT=2 GRAM_COUNT=50.
 set -uo pipefail
 
-known="doctor cuda-tests gram target target-held0 gram-host target-fused target-raw session ops"
+known="doctor cuda-tests gram target target-held0 target-panel gram-host target-fused target-raw session ops"
 steps=" ${STEPS:-$known} "
 for name in $steps; do
     if [[ " $known " != *" $name "* ]]; then
@@ -70,11 +71,12 @@ step doctor 30 "$python" -m oversmooth doctor
 step cuda-tests 90 "$python" -m pytest -q -p no:cacheprovider -m cuda \
     tests/importers/runtime/test_reductions.py tests/importers/runtime/test_cuda.py \
     tests/importers/runtime/test_device_path.py tests/importers/runtime/test_device_spectra.py \
-    tests/importers/runtime/test_householder_kernels.py
+    tests/importers/runtime/test_householder_kernels.py tests/importers/runtime/test_panel_kernel.py
 step gram 90 "$python" -m benchmarks gram --model "$model" --provider "$provider" \
     --count "$gram_count"
 step target 300 "$python" "${device[@]}"
 step target-held0 120 "$python" "${device[@]}" --held-share 0
+step target-panel 120 "$python" "${device[@]}" --gram-solver panel
 step gram-host 180 "$python" "${device[@]}" --gram-on-host
 step target-fused 180 "$python" "${device[@]}" --gram-solver fused
 step target-raw 180 "$python" "${device[@]}" --gram-solver raw

@@ -40,6 +40,7 @@ def test_the_gpu_checks_script_runs_every_step_in_a_dry_run(tmp_path: Path) -> N
             "gram",
             "target",
             "target-held0",
+            "target-panel",
             "gram-host",
             "target-fused",
             "target-raw",
@@ -196,16 +197,16 @@ def test_the_gram_benchmarks_device_rows_run_on_a_stand_in_device(
     import numpy as np
 
     from benchmarks import bench_gram
-    from oversmooth.importers.runtime import device_spectra, householder_kernels
+    from oversmooth.importers.runtime import device_spectra, gram_spectra
 
     device = types.SimpleNamespace(
         cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(synchronize=lambda: None)),
         linalg=np.linalg,
     )
     monkeypatch.setattr(bench_gram, "array_module", lambda stack: device)
-    for name in ("raw", "block"):
+    for name in ("raw", "block", "panel"):
         monkeypatch.setitem(
-            householder_kernels.TRIDIAGONALISATIONS, name, device_spectra.householder_tridiagonal
+            gram_spectra.TRIDIAGONALISATIONS, name, device_spectra.householder_tridiagonal
         )
     rows = np.random.default_rng(1).standard_normal((16, 9, 12))
     stack = rows @ rows.transpose(0, 2, 1)
@@ -214,15 +215,22 @@ def test_the_gram_benchmarks_device_rows_run_on_a_stand_in_device(
         "tridiagonalisation, fused",
         "tridiagonalisation, raw",
         "tridiagonalisation, block",
+        "tridiagonalisation, panel",
         "bisection",
     ]
     assert all(list(by_size) == [2, 16] and min(by_size.values()) > 0 for by_size in parts.values())
     solvers = bench_gram._solvers(stack, threads=2)
     reference = np.linalg.eigvalsh(stack)
-    for name in ("device, fused", "device, raw", "device, block", "device, batched"):
+    for name in (
+        "device, fused",
+        "device, raw",
+        "device, block",
+        "device, panel",
+        "device, batched",
+    ):
         np.testing.assert_allclose(solvers[name](stack), reference, atol=1e-12 * reference.max())
     unchecked = bench_gram._unchecked_device_spectra(stack)
-    assert list(unchecked) == ["fused", "raw", "block", "batched"]
+    assert list(unchecked) == ["fused", "raw", "block", "panel", "batched"]
     for eig in unchecked.values():
         np.testing.assert_allclose(eig, reference, atol=1e-12 * reference.max())
 
@@ -285,7 +293,7 @@ def test_the_device_benchmark_picks_the_gram_solver_it_is_told() -> None:
     latter); the audit's Gram function is then the device solver with that tridiagonalisation."""
     from benchmarks import bench_device
     from oversmooth.importers.runtime import gram_spectra
-    from oversmooth.importers.runtime.householder_kernels import TRIDIAGONALISATIONS
+    from oversmooth.importers.runtime.gram_spectra import TRIDIAGONALISATIONS
 
     parse = bench_device.parser().parse_args
     assert parse([]).gram_solver == "block"
@@ -388,7 +396,8 @@ def test_the_gpu_checks_script_refuses_an_unknown_step(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "STEPS names an unknown step 'targt'; expected some of: "
-        "doctor cuda-tests gram target target-held0 gram-host target-fused target-raw session ops"
+        "doctor cuda-tests gram target target-held0 target-panel gram-host target-fused target-raw "
+        "session ops"
     ]
     assert not (tmp_path / "out").exists()
 

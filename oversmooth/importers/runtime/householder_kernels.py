@@ -36,29 +36,26 @@ single launch's threads run as host threads, ``__syncthreads`` a barrier between
 --provider cuda``, DINOv2's 800 Gram matrices of order 257, spectrum included), the single
 launch took 0.051 ms per matrix, the four kernels 0.107 and the fused ones 0.261, all three within
 3.5·10⁻¹⁵ λ_max of LAPACK; the single launch is the audit's
-(:data:`AUDIT_TRIDIAGONALISATION`), the others stay for the benchmarks.
+(:data:`~oversmooth.importers.runtime.gram_spectra.AUDIT_TRIDIAGONALISATION`), the others stay
+for the benchmarks (:mod:`~oversmooth.importers.runtime.panel_kernel` builds on it).
 
 Public API
 ----------
 STEP_SOURCE
     The four kernels' CUDA C source.
-BLOCK_SOURCE
-    The single launch's CUDA C source.
+BLOCK_SOURCE, PAIR_REDUCE_SOURCE
+    The single launch's CUDA C source, and its block reduction and reflector (the panel
+    kernel's too).
 BLOCK_MAX_ORDER
     The largest order the single launch takes.
 raw_householder_tridiagonal
     The diagonal and subdiagonal of ``Qᵀ A Q`` for a CuPy stack, by the four kernels.
 block_householder_tridiagonal
     The same by the single launch.
-TRIDIAGONALISATIONS
-    Every device tridiagonalisation by name (the benchmarks' choice).
-AUDIT_TRIDIAGONALISATION
-    The name of the audit's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -69,11 +66,10 @@ from oversmooth.importers.runtime.device_spectra import (
 )
 
 __all__ = [
-    "AUDIT_TRIDIAGONALISATION",
     "BLOCK_MAX_ORDER",
     "BLOCK_SOURCE",
+    "PAIR_REDUCE_SOURCE",
     "STEP_SOURCE",
-    "TRIDIAGONALISATIONS",
     "block_householder_tridiagonal",
     "raw_householder_tridiagonal",
 ]
@@ -163,7 +159,7 @@ extern "C" __global__ void oversmooth_householder_update(
 #: One thread block per matrix, ``blockDim.x`` a power of two, ``4n + 2·blockDim.x + 1`` doubles
 #: of dynamic shared memory: v and w of steps k and k − 1 (alternating halves), the reduction's
 #: two arrays and x₀. Writes d and e; leaves the last 2 × 2 block for finish_tridiagonal.
-BLOCK_SOURCE = r"""
+PAIR_REDUCE_SOURCE = r"""
 __device__ void oversmooth_pair_reduce(double* big, double* sum, const bool pair)
 {
     /* tree reduction of (big[t], sum[t]) over the block: with pair, (scale, sum of squares
@@ -188,6 +184,40 @@ __device__ void oversmooth_pair_reduce(double* big, double* sum, const bool pair
     __syncthreads();
 }
 
+__device__ double oversmooth_reflector(
+    double* v, double* big, double* sum, const double& first, const double largest,
+    const int k, const int n)
+{
+    /* v[k + 1..n) holds x (each thread its own entries, largest the largest |x_j| among them),
+       first x0 as its owner wrote it: v becomes the unit reflector (x - alpha e1) /
+       ||x - alpha e1||, and the subdiagonal entry alpha comes back */
+    const int t = threadIdx.x;
+    const int threads = blockDim.x;
+    big[t] = largest;
+    double squares = 0.0;
+    if (largest > 0.0)
+        for (int j = k + 1 + t; j < n; j += threads) {
+            const double y = v[j] / largest;
+            squares += y * y;
+        }
+    sum[t] = squares;
+    oversmooth_pair_reduce(big, sum, true);
+    const double scale = big[0] > 0.0 ? big[0] : 1.0;
+    const double norm = sqrt(sum[0]);  /* ||x|| / scale */
+    const double x0 = first / scale;
+    const double alpha = x0 >= 0.0 ? -norm : norm;
+    /* ||x - alpha e1||^2 = 2 ||x|| (||x|| + |x0|), relative to scale^2 */
+    const double length = sqrt(2.0 * norm * (norm + fabs(x0)));
+    const double inverse = length > 0.0 ? 1.0 / length : 0.0;
+    for (int j = k + 1 + t; j < n; j += threads)
+        v[j] = (v[j] / scale - (j == k + 1 ? alpha : 0.0)) * inverse;
+    return alpha * scale;
+}
+"""
+
+BLOCK_SOURCE = (
+    PAIR_REDUCE_SOURCE
+    + r"""
 __device__ double oversmooth_updated(
     const double a, const double vj, const double wj, const double vi, const double wi)
 {
@@ -228,27 +258,10 @@ extern "C" __global__ void oversmooth_block_tridiagonal(
             if (j == k + 1) *first = x;
             largest = fmax(largest, fabs(x));
         }
-        big[t] = largest;
-        double squares = 0.0;
-        if (largest > 0.0)
-            for (int j = k + 1 + t; j < n; j += threads) {
-                const double y = v[j] / largest;
-                squares += y * y;
-            }
-        sum[t] = squares;
-        oversmooth_pair_reduce(big, sum, true);
-        const double scale = big[0] > 0.0 ? big[0] : 1.0;
-        const double norm = sqrt(sum[0]);  /* ||x|| / scale */
-        const double x0 = *first / scale;
-        const double alpha = x0 >= 0.0 ? -norm : norm;
-        /* ||x - alpha e1||^2 = 2 ||x|| (||x|| + |x0|), relative to scale^2 */
-        const double length = sqrt(2.0 * norm * (norm + fabs(x0)));
-        const double inverse = length > 0.0 ? 1.0 / length : 0.0;
-        for (int j = k + 1 + t; j < n; j += threads)
-            v[j] = (v[j] / scale - (j == k + 1 ? alpha : 0.0)) * inverse;
+        const double beta = oversmooth_reflector(v, big, sum, *first, largest, k, n);
         if (t == 0) {
             dm[k] = oversmooth_updated(row[k], vp[k], wp[k], vp[k], wp[k]);
-            em[k] = alpha * scale;
+            em[k] = beta;
         }
         __syncthreads();
         /* one pass over the trailing block, a thread per column i: step k - 1's update, then
@@ -298,6 +311,7 @@ extern "C" __global__ void oversmooth_block_tridiagonal(
     }
 }
 """
+)
 
 _MODULES: dict[str, Any] = {}
 
@@ -385,21 +399,6 @@ def _block_threads(n: int) -> int:
     block (n − 1), rounded up to a power of two, at least a warp (32), at most :data:`_THREADS`;
     a small matrix leaves no threads idle that another block could use."""
     return min(_THREADS, max(32, 1 << max(n - 2, 0).bit_length()))
-
-
-#: Every device tridiagonalisation, ``(N, n, n)`` symmetric stack (overwritten) → ``(d, e)``,
-#: by the name the benchmarks take and print: the fused kernels, the four raw kernels per step,
-#: the single launch of a thread block per matrix (the audit's, :data:`AUDIT_TRIDIAGONALISATION`).
-TRIDIAGONALISATIONS: dict[str, Callable[[Any], tuple[Any, Any]]] = {
-    "fused": householder_tridiagonal,
-    "raw": raw_householder_tridiagonal,
-    "block": block_householder_tridiagonal,
-}
-
-#: The tridiagonalisation the audit's Gram spectra use on a GPU: the fastest of
-#: :data:`TRIDIAGONALISATIONS` on DINOv2's 800 Gram matrices of order 257 on an H200, 0.051 ms
-#: per matrix (spectrum included) against 0.107 (raw) and 0.261 (fused), docs/performance.md.
-AUDIT_TRIDIAGONALISATION = "block"
 
 
 def _step_kernels(cupy: Any) -> dict[str, Any]:

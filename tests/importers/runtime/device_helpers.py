@@ -12,6 +12,11 @@ import numpy as np
 import pytest
 
 from oversmooth.importers.errors import ProviderError
+from oversmooth.importers.runtime.device_spectra import (
+    finish_tridiagonal,
+    householder_tridiagonal,
+    tridiagonal_eigenvalues,
+)
 from oversmooth.importers.runtime.runner import open_session
 from oversmooth.simulator.tolerances import EPS
 from tests.importers.builders import assemble
@@ -138,6 +143,78 @@ def run_program(binary: Path, header: str, numbers: np.ndarray) -> np.ndarray:
     text = program_input(header, numbers)
     result = subprocess.run([str(binary)], input=text, capture_output=True, text=True, check=True)
     return np.array(result.stdout.split(), dtype=np.float64)
+
+
+def host_tridiagonal(
+    binary: Path, gram: np.ndarray, header: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(d, e)`` of a kernel program fed ``count n header`` and ``gram``, which prints the
+    matrices, then d, then e (the last 2 × 2 block finished here, as on a device)."""
+    count, n = gram.shape[0], gram.shape[-1]
+    printed = run_program(binary, f"{count} {n} {header}", gram)
+    a = printed[: count * n * n].reshape(count, n, n)
+    d = printed[count * n * n : count * n * (n + 1)].reshape(count, n)
+    e = printed[count * n * (n + 1) :].reshape(count, max(n - 1, 0))
+    finish_tridiagonal(a, d, e)
+    return d, e
+
+
+def assert_the_array_codes_tridiagonal(d: np.ndarray, e: np.ndarray, gram: np.ndarray) -> None:
+    """``(d, e)`` keeps LAPACK's eigenvalues of ``gram`` and is the array code's T: the same
+    reflectors, the sums in another order, so the same entries to round-off."""
+    assert_same_spectra(tridiagonal_eigenvalues(d, e), gram)
+    d_array, e_array = householder_tridiagonal(gram.copy())
+    scale = np.abs(gram).max(axis=(1, 2))[:, None] + np.finfo(float).tiny
+    assert np.all(np.abs(d - d_array) <= 1e-11 * scale)
+    assert np.all(np.abs(e - e_array) <= 1e-11 * scale)
+
+
+def race_report(binary: Path, gram: np.ndarray, header: str) -> str:
+    """ThreadSanitizer's report of one run of a race-checked kernel program fed
+    ``count n header`` and ``gram`` (empty: none)."""
+    count, n = gram.shape[0], gram.shape[-1]
+    text = program_input(f"{count} {n} {header}", gram)
+    result = subprocess.run([str(binary)], input=text, capture_output=True, text=True)
+    if "FATAL: ThreadSanitizer" in result.stderr:  # e.g. a kernel's address layout it refuses
+        pytest.skip(f"ThreadSanitizer cannot run here: {result.stderr.strip().splitlines()[0]}")
+    assert result.returncode in (0, 66), result.stderr  # 66: ThreadSanitizer found a race
+    return result.stderr if result.returncode else ""
+
+
+def assert_a_broken_kernel_is_caught(
+    folder: Path, source: str, main: str, change: tuple[str, str], header: str
+) -> None:
+    """``source`` with ``change`` (a passage that occurs once, and what replaces it) run by
+    ``main`` under :data:`THREADED_SHIMS` gives a tridiagonal that
+    :func:`assert_the_array_codes_tridiagonal` refuses."""
+    correct, broken = change
+    assert source.count(correct) == 1
+    binary = host_program(folder, source.replace(correct, broken), main, THREADED_SHIMS)
+    gram = random_grams(14, 2, 30, 40)
+    d, e = host_tridiagonal(binary, gram, header)
+    with pytest.raises(AssertionError):
+        assert_the_array_codes_tridiagonal(d, e, gram)
+
+
+def assert_races_only_without(
+    folder: Path,
+    source: str,
+    main: str,
+    barrier: tuple[str, str],
+    runs: list[tuple[np.ndarray, str]],
+) -> None:
+    """ThreadSanitizer sees no race in ``source`` run by ``main`` on each of ``runs`` (a stack
+    and its header), and sees one in the first run once ``barrier`` (a passage that occurs once,
+    and the same without its barrier) is changed."""
+    with_barrier, without = barrier
+    binary = host_program(folder, source, main, THREADED_SHIMS, race_checked=True)
+    for gram, header in runs:
+        assert race_report(binary, gram, header) == ""
+    assert source.count(with_barrier) == 1
+    unordered = source.replace(with_barrier, without)
+    (folder / "unordered").mkdir()
+    binary = host_program(folder / "unordered", unordered, main, THREADED_SHIMS, race_checked=True)
+    assert "data race" in race_report(binary, *runs[0])
 
 
 def cupy_or_skip() -> types.ModuleType:

@@ -118,9 +118,9 @@ def test_the_device_path_tridiagonalises_by_the_audits_choice_unless_told(
     """On a device the Gram spectra take :data:`AUDIT_TRIDIAGONALISATION` (the single launch),
     or the tridiagonalisation passed. NumPy stands in for the device library: the path is the
     device's, the array code the kernels' stand-in, and the spectra still LAPACK's."""
-    from oversmooth.importers.runtime import gram_spectra, householder_kernels
+    from oversmooth.importers.runtime import gram_spectra
 
-    assert householder_kernels.AUDIT_TRIDIAGONALISATION == "block"
+    assert gram_spectra.AUDIT_TRIDIAGONALISATION == "block"
     called: list[str] = []
 
     def spy(name: str) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
@@ -132,7 +132,7 @@ def test_the_device_path_tridiagonalises_by_the_audits_choice_unless_told(
 
     device = types.SimpleNamespace(float64=np.float64)
     monkeypatch.setattr(gram_spectra, "array_module", lambda array: device)
-    monkeypatch.setitem(householder_kernels.TRIDIAGONALISATIONS, "block", spy("block"))
+    monkeypatch.setitem(gram_spectra.TRIDIAGONALISATIONS, "block", spy("block"))
     gram = random_grams(4, 3, 20, 30)
     assert_same_spectra(gram_eigenvalues(gram), gram)
     assert_same_spectra(gram_eigenvalues(gram, tridiagonalise=spy("given")), gram)

@@ -11,7 +11,6 @@ it. The tridiagonal each leaves must be the array code's and keep LAPACK's eigen
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,6 @@ import pytest
 
 from oversmooth.importers.runtime import householder_kernels
 from oversmooth.importers.runtime.device_spectra import (
-    finish_tridiagonal,
     householder_tridiagonal,
     tridiagonal_eigenvalues,
 )
@@ -27,12 +25,14 @@ from oversmooth.importers.runtime.gram_spectra import gram_eigenvalues
 from oversmooth.importers.runtime.householder_kernels import BLOCK_SOURCE, STEP_SOURCE
 from tests.importers.runtime.device_helpers import (
     THREADED_SHIMS,
+    assert_a_broken_kernel_is_caught,
+    assert_races_only_without,
     assert_same_spectra,
+    assert_the_array_codes_tridiagonal,
     cupy_or_skip,
     host_program,
-    program_input,
+    host_tridiagonal,
     random_grams,
-    run_program,
     special_grams,
 )
 
@@ -88,32 +88,12 @@ int main() {
 """
 
 
-def _host_steps(binary: Path, gram: np.ndarray, header: str = "") -> tuple[np.ndarray, np.ndarray]:
-    count, n = gram.shape[0], gram.shape[-1]
-    printed = run_program(binary, f"{count} {n} {header}", gram)
-    a = printed[: count * n * n].reshape(count, n, n)
-    d = printed[count * n * n : count * n * (n + 1)].reshape(count, n)
-    e = printed[count * n * (n + 1) :].reshape(count, max(n - 1, 0))
-    finish_tridiagonal(a, d, e)
-    return d, e
-
-
-def _assert_the_array_codes_tridiagonal(d: np.ndarray, e: np.ndarray, gram: np.ndarray) -> None:
-    """``(d, e)`` keeps LAPACK's eigenvalues of ``gram`` and is the array code's T: the same
-    reflectors, the sums in another order, so the same entries to round-off."""
-    assert_same_spectra(tridiagonal_eigenvalues(d, e), gram)
-    d_array, e_array = householder_tridiagonal(gram.copy())
-    scale = np.abs(gram).max(axis=(1, 2))[:, None] + np.finfo(float).tiny
-    assert np.all(np.abs(d - d_array) <= 1e-11 * scale)
-    assert np.all(np.abs(e - e_array) <= 1e-11 * scale)
-
-
 def test_the_raw_kernels_give_the_array_codes_tridiagonal(tmp_path: Path) -> None:
     binary = host_program(tmp_path, STEP_SOURCE, _STEPS_MAIN)
     grams = [random_grams(11, 3, 257, 384), random_grams(12, 2, 257, 384, rank=2), special_grams()]
     grams += [random_grams(13, 2, n, 3) for n in (1, 2, 3, 4)]
     for gram in grams:
-        _assert_the_array_codes_tridiagonal(*_host_steps(binary, gram), gram)
+        assert_the_array_codes_tridiagonal(*host_tridiagonal(binary, gram), gram)
 
 
 def test_the_single_launch_gives_the_array_codes_tridiagonal(tmp_path: Path) -> None:
@@ -129,7 +109,7 @@ def test_the_single_launch_gives_the_array_codes_tridiagonal(tmp_path: Path) -> 
     ]
     cases += [(random_grams(13, 2, n, 3), 4) for n in (1, 2, 3, 4, 5)]
     for gram, threads in cases:
-        _assert_the_array_codes_tridiagonal(*_host_steps(binary, gram, str(threads)), gram)
+        assert_the_array_codes_tridiagonal(*host_tridiagonal(binary, gram, str(threads)), gram)
 
 
 @pytest.mark.parametrize(
@@ -149,25 +129,7 @@ def test_a_broken_single_launch_is_caught(tmp_path: Path, correct: str, broken: 
     """The comparison above can fail: without the deferred update or half of it, without x₀
     shared, or with the threads' sums of squares added as if relative to one scale, the
     spectrum is another."""
-    assert BLOCK_SOURCE.count(correct) == 1
-    binary = host_program(
-        tmp_path, BLOCK_SOURCE.replace(correct, broken), _BLOCK_MAIN, THREADED_SHIMS
-    )
-    gram = random_grams(14, 2, 30, 40)
-    d, e = _host_steps(binary, gram, "8")
-    with pytest.raises(AssertionError):
-        _assert_the_array_codes_tridiagonal(d, e, gram)
-
-
-def _race_report(binary: Path, gram: np.ndarray, threads: int) -> str:
-    """ThreadSanitizer's report of one run of the race-checked single launch (empty: none)."""
-    count, n = gram.shape[0], gram.shape[-1]
-    text = program_input(f"{count} {n} {threads}", gram)
-    result = subprocess.run([str(binary)], input=text, capture_output=True, text=True)
-    if "FATAL: ThreadSanitizer" in result.stderr:  # e.g. a kernel's address layout it refuses
-        pytest.skip(f"ThreadSanitizer cannot run here: {result.stderr.strip().splitlines()[0]}")
-    assert result.returncode in (0, 66), result.stderr  # 66: ThreadSanitizer found a race
-    return result.stderr if result.returncode else ""
+    assert_a_broken_kernel_is_caught(tmp_path, BLOCK_SOURCE, _BLOCK_MAIN, (correct, broken), "8")
 
 
 def test_the_single_launchs_threads_never_race(tmp_path: Path) -> None:
@@ -175,17 +137,10 @@ def test_the_single_launchs_threads_never_race(tmp_path: Path) -> None:
     write, is ordered by a barrier: ThreadSanitizer sees none unordered, whatever order the
     threads happen to run in, with more threads than columns and fewer. Without the barrier
     between the reflector and the pass that reads it, it sees one."""
-    binary = host_program(tmp_path, BLOCK_SOURCE, _BLOCK_MAIN, THREADED_SHIMS, race_checked=True)
-    for gram, threads in ((random_grams(21, 2, 40, 60), 16), (random_grams(22, 1, 20, 30), 4)):
-        assert _race_report(binary, gram, threads) == ""
+    runs = [(random_grams(21, 2, 40, 60), "16"), (random_grams(22, 1, 20, 30), "4")]
     barrier = "        __syncthreads();\n        /* one pass over the trailing block"
-    assert BLOCK_SOURCE.count(barrier) == 1
-    unordered = BLOCK_SOURCE.replace(barrier, "        /* one pass over the trailing block")
-    (tmp_path / "unordered").mkdir()
-    binary = host_program(
-        tmp_path / "unordered", unordered, _BLOCK_MAIN, THREADED_SHIMS, race_checked=True
-    )
-    assert "data race" in _race_report(binary, random_grams(21, 2, 40, 60), 16)
+    without = "        /* one pass over the trailing block"
+    assert_races_only_without(tmp_path, BLOCK_SOURCE, _BLOCK_MAIN, (barrier, without), runs)
 
 
 def test_the_single_launch_gives_a_small_matrix_a_small_block() -> None:
@@ -218,7 +173,7 @@ def test_a_wrong_update_in_the_raw_kernels_is_caught(tmp_path: Path) -> None:
     assert broken != STEP_SOURCE
     binary = host_program(tmp_path, broken, _STEPS_MAIN)
     gram = random_grams(14, 2, 30, 40)
-    d, e = _host_steps(binary, gram)
+    d, e = host_tridiagonal(binary, gram)
     with pytest.raises(AssertionError):
         assert_same_spectra(tridiagonal_eigenvalues(d, e), gram)
 
