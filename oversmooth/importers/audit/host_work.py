@@ -48,7 +48,7 @@ from oversmooth.importers.audit.session import (
 )
 from oversmooth.importers.inputs.feeds import Inputs
 from oversmooth.importers.match import AttentionBlock
-from oversmooth.importers.runtime.cuda import device_memory
+from oversmooth.importers.runtime.cuda import device_free_memory
 from oversmooth.simulator.backend import on_host
 from oversmooth.simulator.operator import HeadFactors
 
@@ -61,9 +61,10 @@ __all__ = [
     "pipelined",
 ]
 
-#: The share of a GPU's memory that the attention of finished batches may keep while their
-#: dominance cases are computed and later batches run (:func:`held_attention_limit`). DINOv2 at
-#: batch 64 keeps 1.2 GB a batch, so about 16 batches on an 80 GB H100.
+#: The share of a GPU's free memory (when the audit starts) that the attention of finished
+#: batches may keep while their dominance cases are computed and later batches run
+#: (:func:`held_attention_limit`). DINOv2 at batch 64 keeps 1.2 GB a batch, so about 16 batches
+#: on an 80 GB H100 that nothing else uses.
 HELD_ATTENTION_SHARE = 0.25
 
 
@@ -151,12 +152,12 @@ def _device_bytes(arrays: Sequence[Any]) -> int | None:
 
 def held_attention_limit(session: AuditSession) -> int:
     """The bytes of device attention that finished batches' dominance cases may hold while the
-    next batches run: :data:`HELD_ATTENTION_SHARE` of the GPU's memory where the attention stays
-    there (:attr:`Runner.on_device`), else 0."""
+    next batches run: :data:`HELD_ATTENTION_SHARE` of the GPU's free memory where the attention
+    stays there (:attr:`Runner.on_device`), else 0."""
     if not session.attention or not set(session.attention) <= session.runner.on_device:
         return 0
-    total = device_memory()
-    return int(HELD_ATTENTION_SHARE * total) if total else 0
+    free = device_free_memory()
+    return int(HELD_ATTENTION_SHARE * free) if free else 0
 
 
 def batch_work(
@@ -213,7 +214,7 @@ def batch_work(
         exact = pool.submit(operator_cases, problems, operator.factors, tie_rtol, operator.inputs)
     # a task per (input, block) of the depth step and of the attribution: each is a few dense
     # eigensolves or products per head (DINOv2's depth step: 6 eigensolves of order 256 per
-    # block, about 0.1 s), which one task would do one after another
+    # block, about 0.15 s of CPU on an H200's host), which one task would do one after another
     heads = [
         pool.submit(head_cases, [problem], depth_inputs)
         for problem in problems

@@ -18,8 +18,8 @@ gpu_info
 device_arrays, device_arrays_status
     CuPy, when it is installed and sees a GPU (the ``gpu`` extra): outputs can then stay there;
     and why not, in one line.
-device_memory
-    The memory of the GPU CuPy uses, in bytes.
+device_free_memory
+    The free memory of the GPU CuPy uses, in bytes.
 device_view
     An onnxruntime output on the GPU as a CuPy array over the same memory (no copy).
 """
@@ -39,7 +39,7 @@ __all__ = [
     "GPU_INSTALL_HINT",
     "device_arrays",
     "device_arrays_status",
-    "device_memory",
+    "device_free_memory",
     "device_view",
     "gpu_info",
     "loaded_cuda_libraries",
@@ -125,10 +125,11 @@ def device_arrays() -> Any:
     return _CUPY[0]
 
 
-def device_memory() -> int | None:
-    """The total memory of the GPU that CuPy uses, in bytes; None without :func:`device_arrays`."""
+def device_free_memory() -> int | None:
+    """The free memory of the GPU that CuPy uses, in bytes (what other processes and this one's
+    allocations leave); None without :func:`device_arrays`."""
     cupy = device_arrays()
-    return None if cupy is None else int(cupy.cuda.Device().mem_info[1])
+    return None if cupy is None else int(cupy.cuda.Device().mem_info[0])
 
 
 def device_arrays_status() -> str:

@@ -15,7 +15,11 @@ import numpy as np
 import onnx
 import pytest
 
-from oversmooth.importers.audit.host_work import _device_bytes, pipelined
+from oversmooth.importers.audit.host_work import (
+    _device_bytes,
+    held_attention_limit,
+    pipelined,
+)
 from oversmooth.importers.audit.pipeline import audit
 from oversmooth.importers.audit.session import (
     LOOKAHEAD_BATCHES,
@@ -253,6 +257,27 @@ def test_only_attention_on_a_device_may_outlive_its_batch() -> None:
     assert _device_bytes([np.zeros((2, 3), dtype=np.float32)]) is None
     assert _device_bytes([DeviceArray(24), np.zeros(3)]) is None
     assert _device_bytes([DeviceArray(24), DeviceArray(40)]) == 64
+
+
+def test_the_held_attention_is_a_share_of_the_gpus_free_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A quarter of the free memory where every attention output stays on the GPU; nothing held
+    where one comes to the host, where there is no attention, or without CuPy."""
+    import types
+
+    host_work = importlib.import_module("oversmooth.importers.audit.host_work")
+    monkeypatch.setattr(host_work, "device_free_memory", lambda: 8_000)
+
+    def session(attention: list[str], on_device: set[str]) -> Any:
+        runner = types.SimpleNamespace(on_device=frozenset(on_device))
+        return types.SimpleNamespace(attention=attention, runner=runner)
+
+    assert held_attention_limit(session(["a", "b"], {"a", "b", "gram"})) == 2_000
+    assert held_attention_limit(session(["a", "b"], {"a"})) == 0
+    assert held_attention_limit(session([], {"gram"})) == 0
+    monkeypatch.setattr(host_work, "device_free_memory", lambda: None)
+    assert held_attention_limit(session(["a"], {"a"})) == 0
 
 
 def test_pipelined_cancels_the_pending_work_when_a_batch_fails() -> None:
