@@ -7,8 +7,8 @@ LAPACK's two steps, each batched over the whole stack
 default the audit's single launch of a thread block per matrix
 (:data:`AUDIT_TRIDIAGONALISATION`), then
 bisection on Sturm counts; each spectrum is checked there and only the eigenvalues come to the
-host. This module sits above both: the kernels build on the array code, and the choice between
-them is made here.
+host. This module sits above the array code and the kernels (the single launch and the panels
+build on it), and the choice between them is made here.
 
 Public API
 ----------
