@@ -349,8 +349,16 @@ def _layer_nodes(
         "dong_num_sq": _norm_1_inf_sq(b, b.op("Abs", [centered], "abs_c"), f"{layer}.dong_num"),
         "dong_den_sq": _norm_1_inf_sq(b, b.op("Abs", [xm], "abs_x"), f"{layer}.dong_den"),
     }
-    columns = [b.unsqueeze(statistics[name], 1, f"{layer}.col") for name in SCALAR_FIELDS]
-    b.output("Concat", columns, f"{_PREFIX}.{layer}.scalars", axis=1)
+    # (B, 8): the (B,) scalars one after another, then one row per field, then transposed. Three
+    # nodes of data movement instead of an Unsqueeze per field and a Concat: the bits are the
+    # same, and on a GPU every node costs its dispatch (about 23 µs on an H200, whatever it does).
+    stacked = b.op(
+        "Concat", [statistics[name] for name in SCALAR_FIELDS], f"{layer}.stacked", axis=0
+    )
+    by_field = b.op(
+        "Reshape", [stacked, b.const([len(SCALAR_FIELDS), -1], np.int64)], f"{layer}.by_field"
+    )
+    b.output("Transpose", [by_field], f"{_PREFIX}.{layer}.scalars", perm=[1, 0])
     if token_scale is not None:
         _inverse_scale_nodes(b, xd, w, layer, token_scale)
     if rows is not None:

@@ -9,6 +9,7 @@ where a CUDA session can be created (marker ``cuda``: skipped elsewhere).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from oversmooth.importers.graph import OnnxModel, load_model, model_from_proto
 from oversmooth.importers.inputs.feeds import Inputs
 from oversmooth.importers.inputs.sources import default_inputs
 from oversmooth.importers.match import find_attention_blocks
-from oversmooth.importers.runtime.reductions import MASK_INPUT, plan_reductions
+from oversmooth.importers.runtime.reductions import MASK_INPUT, GraphExtension, plan_reductions
 from oversmooth.importers.runtime.runner import Runner, open_session
 from oversmooth.importers.weights import block_weights
 from oversmooth.importers.zoo import get_model, models
@@ -165,6 +166,48 @@ def test_counting_every_token_skips_the_weights_bit_for_bit(gram: str) -> None:
     with_mask = second.collect({**inputs.feeds, **masked.mask_feed(ones)})
     for name in plain.extension.output_names:
         np.testing.assert_array_equal(unmasked[name], with_mask[name], err_msg=name)
+
+
+def _unsqueezed_packing(extension: GraphExtension) -> GraphExtension:
+    """``extension`` with each layer's eight scalars packed as they were until 2026-11-28: an
+    ``Unsqueeze`` per (B,) scalar to (B, 1), then one ``Concat`` along axis 1."""
+    produced = {output: node for node in extension.nodes for output in node.output}
+    nodes: list[onnx.NodeProto] = []
+    axes = onnx.numpy_helper.from_array(np.array([1], dtype=np.int64), "test.axes")
+    for node in extension.nodes:
+        if node.op_type != "Transpose" or not node.output[0].endswith(".scalars"):
+            nodes.append(node)
+            continue
+        concat = produced[produced[node.input[0]].input[0]]
+        columns = [f"{name}.column" for name in concat.input]
+        nodes += [
+            onnx.helper.make_node("Unsqueeze", [name, "test.axes"], [column])
+            for name, column in zip(concat.input, columns, strict=True)
+        ]
+        nodes.append(onnx.helper.make_node("Concat", columns, [node.output[0]], axis=1))
+    kept = [node for node in nodes if not node.output[0].endswith((".stacked", ".by_field"))]
+    initializers = (*extension.initializers, axes)
+    return dataclasses.replace(extension, nodes=tuple(kept), initializers=initializers)
+
+
+def test_the_scalars_are_packed_by_data_movement_alone() -> None:
+    """Three nodes per layer (Concat, Reshape, Transpose) pack the eight scalars, bit for bit
+    as an Unsqueeze per scalar and a Concat did (on a GPU each node costs its dispatch)."""
+    model, inputs = builder_model_and_inputs("bert_legacy", SEED)
+    layers = _layers(model)
+    plan = plan_reductions(model, layers, masked=True, gram="tokens")
+    before = _unsqueezed_packing(plan.extension)
+    unsqueezes = sum(node.op_type == "Unsqueeze" for node in plan.extension.nodes)
+    assert sum(node.op_type == "Unsqueeze" for node in before.nodes) == unsqueezes + 8 * len(layers)
+    given = {spec.name for spec in model.inputs}
+    exposed = [name for name in layers if name not in given]
+    feeds = {**inputs.feeds, **plan.mask_feed(inputs.token_mask)}
+    now = Runner(model, expose=exposed, extension=plan.extension, provider="cpu").collect(feeds)
+    then = Runner(model, expose=exposed, extension=before, provider="cpu").collect(feeds)
+    for layer in range(len(layers)):
+        name = plan.scalars_name(layer)
+        assert now[name].shape == (inputs.batch_size, 8)
+        assert now[name].tobytes() == then[name].tobytes(), name
 
 
 @pytest.mark.parametrize("gram", ["tokens", "features"])
