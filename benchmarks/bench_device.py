@@ -24,7 +24,7 @@ certificate, the copies to the host, the dense spectra) and the other stages of
 
 Run with ``python -m benchmarks device [--batches 1 8 64] [--providers cpu cuda]
 [--models NAME ...] [--min-seconds S] [--batches-per-audit K] [--stages]
-[--dominance-inputs auto|all|N] [--gram-solver fused|raw|block|host] [--held-share S]``
+[--dominance-inputs auto|all|N] [--gram-solver fused|raw|block|panel|host] [--held-share S]``
 (``--gram-on-host``: ``--gram-solver host``; ``--held-share 0``: every batch's dominance cases
 waited for before the batch after next runs, as before they could outlive their batch).
 """
@@ -144,8 +144,9 @@ def rates(
     every input; the default ``"auto"`` stops where the audit's rule does). ``gram_solver``:
     how the audit's Gram spectra are computed where the matrices stay on a GPU, one of
     :data:`GRAM_SOLVERS`: the device's tridiagonalisation and bisection with one launch of a
-    thread block per matrix (``block``, the audit's own), the fused kernels (``fused``) or the
-    raw kernels per step (``raw``); or ``host``: LAPACK on every host thread after a copy.
+    thread block per matrix (``block``, the audit's own), the same in panels (``panel``), the
+    fused kernels (``fused``) or the raw kernels per step (``raw``); or ``host``: LAPACK on every
+    host thread after a copy.
     ``held_share``: the audit's
     :data:`~oversmooth.importers.audit.host_work.HELD_ATTENTION_SHARE` (0: no dominance cases
     outlive their batch).
@@ -305,14 +306,14 @@ def parser() -> argparse.ArgumentParser:
         choices=GRAM_SOLVERS,
         default=AUDIT_TRIDIAGONALISATION,
         help="the audit's Gram spectra on a GPU: its tridiagonalisation by one launch of a block "
-        "per matrix (block, the audit's), the fused kernels or the raw kernels; or LAPACK on the "
-        "host threads",
+        "per matrix (block, the audit's), the same in panels (panel), the fused kernels or the "
+        "raw kernels; or LAPACK on the host threads",
     )
     parser.add_argument(
         "--held-share",
         type=_share,
         default=host_work.HELD_ATTENTION_SHARE,
-        help="the share of the GPU's memory that finished batches' attention may keep while "
+        help="the share of the GPU's free memory that finished batches' attention may keep while "
         "their dominance cases are computed (default %(default)s; 0: none outlive their batch)",
     )
     parser.add_argument(
