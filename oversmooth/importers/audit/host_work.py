@@ -273,7 +273,8 @@ class _Collected:
         self._held_limit = held_limit
 
     def add(self, work: _BatchWork) -> None:
-        """Wait for a batch's work, except dominance cases that may go on (:meth:`_BatchWork.detach`)."""
+        """Wait for a batch's work, except dominance cases that may go on
+        (:meth:`_BatchWork.detach`); :meth:`settle` takes those in."""
         later = work.detach()
         per_head, whole, depth, (points, split) = _wait(work.result)
         self.exact.extend(whole)
@@ -286,7 +287,6 @@ class _Collected:
         else:
             self._held.append(later)
             self._held_bytes += later[1]
-        self.settle()
 
     def settle(self, everything: bool = False) -> None:
         """Take in the held dominance cases in batch order: those finished (which tells the budget

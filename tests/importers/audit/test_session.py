@@ -349,6 +349,34 @@ def test_dominance_cases_do_not_depend_on_the_worker_threads(tmp_path: Path) -> 
     assert len(results[0]) > 0
 
 
+def test_the_depth_step_and_the_attribution_are_a_task_per_input_and_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each is a few dense eigensolves per head: one pool task per (input, block) spreads them
+    over the threads (one task per batch made the first batch wait for them in a row)."""
+    host_work = importlib.import_module("oversmooth.importers.audit.host_work")
+    calls: dict[str, list[list[tuple[int, int]]]] = {"heads": [], "attribution": []}
+
+    def recorded(name: str, function: Any) -> Any:
+        def task(problems: Any, *args: Any) -> Any:
+            calls[name].append([(p.item, p.layer) for p in problems])
+            return function(problems, *args)
+
+        return task
+
+    monkeypatch.setattr(host_work, "head_cases", recorded("heads", host_work.head_cases))
+    monkeypatch.setattr(
+        host_work, "sublayer_cases", recorded("attribution", host_work.sublayer_cases)
+    )
+    path, inputs = _saved_bert(tmp_path)
+    audit(path, inputs, provider="cpu", batch_size=2)
+    blocks = len({layer for call in calls["heads"] for _, layer in call})
+    assert blocks >= 2
+    assert sorted(c[0] for c in calls["heads"]) == [(0, b) for b in range(blocks)]
+    assert len(calls["attribution"]) > 0
+    assert all(len(call) == 1 for call in calls["heads"] + calls["attribution"])
+
+
 def test_each_layers_metrics_are_a_task_of_their_own_and_do_not_depend_on_the_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
