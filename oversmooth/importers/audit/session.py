@@ -40,12 +40,13 @@ from oversmooth.importers.match import AttentionBlock
 from oversmooth.importers.runtime.batching import run_batches
 from oversmooth.importers.runtime.reductions import Gram, ReductionPlan, TokenScale, plan_reductions
 from oversmooth.importers.runtime.runner import Runner, default_threads
-from oversmooth.simulator.backend import HostCopies, array_module, to_numpy
+from oversmooth.simulator.backend import HostCopies, to_numpy
 from oversmooth.simulator.statistics import (
     TokenStatistics,
 )
 
 __all__ = [
+    "GRAM_NORM_SQ_LIMIT",
     "LOOKAHEAD_BATCHES",
     "STREAM_TERMS",
     "AuditSession",
@@ -53,6 +54,7 @@ __all__ = [
     "audit_session",
     "check_finite_outputs",
     "layer_tensors",
+    "nonfinite_layer_items",
 ]
 
 #: Batches whose host work (metrics, dominance) may still run while the next batch is inferred.
@@ -298,14 +300,30 @@ def attention_sublayer_tensor(block: AttentionBlock) -> str | None:
     return block.residual_name
 
 
-def _bad_items(arrays: Sequence[Any]) -> np.ndarray:
-    """(batch,) bool: which items hold a NaN or an infinity in any of ``arrays`` (batch first;
-    arrays on a device are tested there)."""
-    bad = np.zeros(len(arrays[0]), dtype=bool)
-    for array in arrays:
-        xp = array_module(array)
-        bad |= ~to_numpy(xp.isfinite(xp.asarray(array).reshape(len(array), -1)).all(axis=1))
-    return bad
+#: An item whose counted rows have ``‖Xm‖_F²`` above this is refused like a non-finite one: below
+#: it no entry of its Gram matrix, at most ``‖Xm‖_F²`` in modulus, can overflow: float64 tops out
+#: just under 2^1024, a factor of 8 above, against the statistics' and the product's own relative
+#: rounding of a few T·D·u (under 10⁻⁶ for any layer that fits in memory).
+GRAM_NORM_SQ_LIMIT = 2.0**1020
+
+
+def nonfinite_layer_items(scalars: Any) -> np.ndarray:
+    """(batch,) bool: the items whose layer statistics ``scalars`` (B, 8) hold a NaN or an infinity,
+    or whose ``hfc_sq + lfc_sq`` exceeds :data:`GRAM_NORM_SQ_LIMIT`.
+
+    This decides for the layer's Gram matrix too, without reading it (B·k² numbers against B·8).
+    A NaN or an infinity anywhere in the counted layer ``Xm = w ⊙ X`` (an uncounted row holding one
+    gives ``0·∞``, a NaN, there too) makes the sum of its column, so the mean x̄ and
+    ``lfc_sq = n ‖x̄‖²``, a NaN or an infinity (``0·∞`` again when n = 0). And with every entry
+    finite, ``|G_ij| ≤ ‖Xm‖_F² = hfc_sq + lfc_sq`` (Cauchy–Schwarz, for ``Xm Xmᵀ`` and ``Xmᵀ Xm``
+    alike), so below the limit the Gram matrix is finite as well.
+    """
+    packed = np.asarray(to_numpy(scalars), dtype=np.float64)
+    stats = TokenStatistics.from_packed(packed)
+    finite = np.isfinite(packed).all(axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        small = stats.hfc_sq + stats.lfc_sq <= GRAM_NORM_SQ_LIMIT
+    return ~(finite & small)
 
 
 def check_finite_outputs(
@@ -335,8 +353,7 @@ def check_finite_outputs(
     for layer in filter(plan.computes, range(len(plan.layers))):
         scalars = outputs[plan.scalars_name(layer)]
         check_counted_tokens(TokenStatistics.from_packed(scalars).n_tokens, batch.labels)
-        arrays = [scalars] + ([outputs[plan.gram_name(layer)]] if plan.gram != "none" else [])
-        bad = _bad_items(arrays)
+        bad = nonfinite_layer_items(scalars)
         if not bad.any():
             continue
         if layer >= session.late_start:

@@ -171,6 +171,22 @@ def test_attention_is_checked_on_the_real_tokens_only() -> None:
     assert nonfinite_attention(probs, "p", 3, inputs).tolist() == [True, True]
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_half_precision_attention_is_summed_without_overflowing(masked: bool) -> None:
+    """The check sums in float32 at least: 90,000 float16 ones (a sum past float16's 65,504) are
+    finite, and a -inf among them is still found."""
+    from oversmooth.importers.audit.dominance import nonfinite_attention
+
+    probs = np.ones((1, 1, 300, 300), np.float16)
+    mask = np.arange(300)[None] < 299 if masked else None  # one padding token: item by item
+    inputs = Inputs(
+        feeds={"ids": np.zeros((1, 300), np.int64)}, token_mask=mask, labels=("a",), source="t"
+    )
+    assert not nonfinite_attention(probs, "p", 1, inputs).any()
+    probs[0, 0, 7, 9] = -np.inf
+    assert nonfinite_attention(probs, "p", 1, inputs).tolist() == [True]
+
+
 def test_load_model_keeps_finite_weights_unchanged(tmp_path) -> None:
     """The weight check refuses only non-finite entries: a W_V near float32's maximum is read."""
     path = _model(tmp_path, poisoned(VIT, SEED, "0.v", F32_MAX / 2, count=-1))

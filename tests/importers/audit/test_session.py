@@ -6,6 +6,7 @@ in depth order), and the pipeline of every batch's host work
 
 from __future__ import annotations
 
+import functools
 import importlib
 import time
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing import Any, ClassVar
 import numpy as np
 import onnx
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from oversmooth.importers.audit.host_work import (
     _device_bytes,
@@ -22,21 +25,25 @@ from oversmooth.importers.audit.host_work import (
 )
 from oversmooth.importers.audit.pipeline import audit
 from oversmooth.importers.audit.session import (
+    GRAM_NORM_SQ_LIMIT,
     LOOKAHEAD_BATCHES,
     AuditSession,
     audit_session,
     check_finite_outputs,
     layer_tensors,
+    nonfinite_layer_items,
 )
 from oversmooth.importers.errors import NonFiniteModelError
 from oversmooth.importers.graph import OnnxModel, load_model, model_from_proto
 from oversmooth.importers.inputs.feeds import Inputs
 from oversmooth.importers.inputs.sources import default_inputs, random_inputs
 from oversmooth.importers.match import find_attention_blocks
-from oversmooth.importers.runtime.reductions import MASK_INPUT
+from oversmooth.importers.runtime.reductions import MASK_INPUT, ReductionPlan, plan_reductions
+from oversmooth.importers.runtime.runner import Runner
 from oversmooth.importers.weights import block_weights
 from oversmooth.importers.zoo import get_model, models
 from oversmooth.simulator.metrics import METRICS
+from oversmooth.simulator.statistics import SCALAR_FIELDS, TokenStatistics
 from tests.importers.audited import builder_model_and_inputs
 from tests.realmodels import require_real_model
 
@@ -98,11 +105,19 @@ def _first_batch(session: AuditSession) -> tuple[Inputs, dict[str, np.ndarray]]:
     return batch, {name: np.array(array, copy=True) for name, array in outputs.items()}
 
 
+def _poison(
+    session: AuditSession, outputs: dict[str, np.ndarray], layer: int, item: int, value: float
+) -> None:
+    """What a non-finite entry in ``layer`` of ``item`` does to its statistics: lfc_sq follows
+    (``test_the_statistics_flag_every_item_whose_gram_matrix_is_not_finite``)."""
+    outputs[session.plan.scalars_name(layer)][item, SCALAR_FIELDS.index("lfc_sq")] = value
+
+
 def test_finite_outputs_pass_and_a_non_finite_layer_names_the_input_and_the_layer() -> None:
     session, blocks, _ = _session("bert_legacy")
     batch, outputs = _first_batch(session)
     check_finite_outputs(session, blocks, outputs, batch, start=10)
-    outputs[session.plan.gram_name(2)][1] = np.inf
+    _poison(session, outputs, layer=2, item=1, value=np.inf)
     with pytest.raises(NonFiniteModelError) as info:
         check_finite_outputs(session, blocks, outputs, batch, start=10)
     message = str(info.value)
@@ -114,11 +129,11 @@ def test_finite_outputs_pass_and_a_non_finite_layer_names_the_input_and_the_laye
 def test_the_first_place_in_depth_order_is_named() -> None:
     session, blocks, _ = _session("bert_legacy")
     batch, outputs = _first_batch(session)
-    outputs[session.plan.gram_name(2)][0] = np.nan  # layer 2: after block 1
+    _poison(session, outputs, layer=2, item=0, value=np.nan)  # layer 2: after block 1
     outputs[session.attention[1]][0, ..., 0, 0] = np.nan  # block 1's attention: before layer 2
     with pytest.raises(NonFiniteModelError, match=rf"block {blocks[1].index}'s attention"):
         check_finite_outputs(session, blocks, outputs, batch, start=0)
-    outputs[session.plan.gram_name(0)][0] = np.nan  # layer 0 comes first of all
+    _poison(session, outputs, layer=0, item=0, value=np.nan)  # layer 0 comes first of all
     with pytest.raises(NonFiniteModelError, match=r"first at layer 0 \(the stream entering"):
         check_finite_outputs(session, blocks, outputs, batch, start=0)
 
@@ -488,3 +503,58 @@ def test_zoo_audits_reduce_the_token_gram_matrix(name: str) -> None:
     model = load_model(require_real_model(name))
     inputs = default_inputs(model.inputs, get_model(name))
     assert _planned_gram(model, inputs) == "tokens"
+
+
+@functools.cache
+def _identity_layer_runner(masked: bool, prefix: int, gram: str) -> tuple[Runner, ReductionPlan]:
+    """The reductions of one (2, 5, 3) float64 layer that is the graph's own input."""
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, [2, 5, 3])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, [2, 5, 3])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    proto = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8
+    )
+    model = model_from_proto(proto)
+    plan = plan_reductions(model, ["x"], masked=masked, prefix=prefix, gram=gram)  # type: ignore[arg-type]
+    return Runner(model, expose=[], extension=plan.extension, provider="cpu"), plan
+
+
+_ENTRIES = st.sampled_from([np.nan, np.inf, -np.inf, 1e155, -1e160, 1e153, 3.0, -0.5])
+
+
+@pytest.mark.parametrize("gram", ["tokens", "features"])
+@pytest.mark.parametrize(("masked", "prefix"), [(False, 0), (False, 1), (True, 0), (True, 2)])
+@given(
+    poisoned=st.lists(
+        st.tuples(st.integers(0, 1), st.integers(0, 4), st.integers(0, 2), _ENTRIES), max_size=4
+    ),
+    mask=st.lists(st.booleans(), min_size=10, max_size=10),
+)
+def test_the_statistics_flag_every_item_whose_gram_matrix_is_not_finite(
+    masked: bool, prefix: int, gram: str, poisoned: list, mask: list[bool]
+) -> None:
+    """The finite check reads a layer's eight statistics, never its Gram matrix
+    (:func:`nonfinite_layer_items`): an item is refused exactly when its Gram matrix or its
+    statistics hold a NaN or an infinity, or its ``‖Xm‖_F²`` passes the limit below which no Gram
+    entry can overflow. NaN, infinities and huge entries anywhere, in counted rows or not."""
+    counted = np.array(mask).reshape(2, 5) if masked else np.ones((2, 5), dtype=bool)
+    assume(counted[:, prefix:].any(axis=1).all())  # no counted token: refused before (n = 0)
+    runner, plan = _identity_layer_runner(masked, prefix, gram)
+    x = np.random.default_rng(len(poisoned)).standard_normal((2, 5, 3))
+    for item, token, feature, value in poisoned:
+        x[item, token, feature] = value
+    feeds = {"x": x, **plan.mask_feed(np.array(mask).reshape(2, 5))}
+    with np.errstate(all="ignore"):
+        outputs = runner.collect(feeds)
+    scalars, gram_matrix = outputs[plan.scalars_name(0)], outputs[plan.gram_name(0)]
+    flagged = nonfinite_layer_items(scalars)
+    not_finite = ~np.isfinite(gram_matrix).all(axis=(1, 2)) | ~np.isfinite(scalars).all(axis=1)
+    stats = TokenStatistics.from_packed(scalars)
+    with np.errstate(all="ignore"):
+        large = stats.hfc_sq + stats.lfc_sq > GRAM_NORM_SQ_LIMIT
+    np.testing.assert_array_equal(flagged, not_finite | large)
+    non_finite = ~np.isfinite(x).all(axis=(1, 2))
+    with np.errstate(invalid="ignore"):
+        touched = non_finite | (np.abs(x) > 1e150).any(axis=(1, 2))
+    assert not flagged[~touched].any()
+    assert flagged[non_finite].all()
