@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks.stages import AUDIT_STAGES, timed_stages
+from oversmooth.commands.common import positive_int
 
 __all__ = [
     "RATIO_TARGETS",
@@ -488,13 +489,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Print the audit's wall time and its breakdown."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--audit-model", default=DEFAULT_AUDIT_MODEL)
-    parser.add_argument("--audit-runs", type=int, default=1, help="fresh-interpreter runs")
-    parser.add_argument("--blas-threads", type=int, default=None, metavar="N")
+    parser.add_argument("--audit-runs", type=positive_int, default=1, help="fresh-interpreter runs")
+    parser.add_argument("--blas-threads", type=positive_int, default=None, metavar="N")
     parser.add_argument(
         "--ratio-models", nargs="*", default=[DEFAULT_AUDIT_MODEL, "minilm-l6-int8"]
     )
-    parser.add_argument("--ratio-inputs", type=int, default=64)
-    parser.add_argument("--ratio-batch", type=int, default=8)
+    parser.add_argument("--ratio-inputs", type=positive_int, default=64)
+    parser.add_argument("--ratio-batch", type=positive_int, default=8)
     parser.add_argument("--breakdown-json", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.breakdown_json:

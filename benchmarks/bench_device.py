@@ -45,7 +45,7 @@ import numpy as np
 from benchmarks.bench_gram import host_pool
 from benchmarks.bench_runner import _repeated, _timed, available_providers, installed_models
 from benchmarks.stages import Spent, stage_lines, timed_stages
-from oversmooth.commands.common import count_or_rule
+from oversmooth.commands.common import count_or_rule, positive_int
 from oversmooth.importers import zoo
 from oversmooth.importers.audit import host_work
 from oversmooth.importers.audit.cases import DominanceCase
@@ -287,11 +287,11 @@ def _share(text: str) -> float:
 def parser() -> argparse.ArgumentParser:
     """The benchmark's options (``--dominance-inputs`` parsed as the audit command parses it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--batches", type=positive_int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--providers", nargs="+", default=None, help="default: all that work")
     parser.add_argument("--models", nargs="*", default=[model.name for model in zoo.models()])
     parser.add_argument("--min-seconds", type=float, default=1.0)
-    parser.add_argument("--batches-per-audit", type=int, default=2)
+    parser.add_argument("--batches-per-audit", type=positive_int, default=2)
     parser.add_argument(
         "--stages", action="store_true", help="also print where the audit's time went, per stage"
     )

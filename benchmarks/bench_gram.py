@@ -50,6 +50,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from benchmarks.bench_runner import _repeated, installed_models
+from oversmooth.commands.common import positive_int
 from oversmooth.importers import zoo
 from oversmooth.importers.audit.session import audit_session
 from oversmooth.importers.match import find_attention_blocks
@@ -200,9 +201,9 @@ def main(argv: Sequence[str] | None = None) -> list[GramTiming]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="dinov2-vits14")
     parser.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--count", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=default_threads())
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--count", type=positive_int, default=200)
+    parser.add_argument("--threads", type=positive_int, default=default_threads())
+    parser.add_argument("--repeats", type=positive_int, default=3)
     args = parser.parse_args(argv)
     if zoo.model_status(args.model) not in ("installed", "cached"):
         print(f"{args.model}: not installed or cached (skipped)")

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from oversmooth.commands.common import positive_int
 from oversmooth.importers import zoo
 from oversmooth.importers.graph import load_model
 from oversmooth.importers.match import find_attention_blocks
@@ -52,7 +53,9 @@ def command_seconds(argument: str, repeats: int) -> float:
 def main(argv: Sequence[str] | None = None) -> None:
     """Print the inspect timings of every installed zoo model."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks importer")
-    parser.add_argument("--repeats", type=int, default=5, help="runs per measurement (default 5)")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=5, help="runs per measurement (default 5)"
+    )
     args = parser.parse_args(argv)
     print("inspect timings (median seconds)")
     for model in zoo.models():

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.bench_audit import audit_command
+from oversmooth.commands.common import positive_int
 
 __all__ = ["Peak", "audit_peak", "main"]
 
@@ -198,10 +199,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Print the peak RSS of audits of each model on each number of random inputs."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+")
-    parser.add_argument("--counts", nargs="+", type=int, default=list(DEFAULT_COUNTS))
+    parser.add_argument("--counts", nargs="+", type=positive_int, default=list(DEFAULT_COUNTS))
     parser.add_argument("--dominance", choices=("head", "layer", "none"), default="head")
     parser.add_argument("--scheduler", choices=("local",), help="only a local cluster")
-    parser.add_argument("--workers", type=int, default=CLUSTER_WORKERS)
+    parser.add_argument("--workers", type=positive_int, default=CLUSTER_WORKERS)
     args = parser.parse_args(argv)
     counts = sorted(set(args.counts))
     both = args.models is None and args.scheduler is None

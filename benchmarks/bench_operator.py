@@ -15,13 +15,14 @@ import time
 from collections.abc import Sequence
 
 from benchmarks.bench_audit import load_average
+from oversmooth.commands.common import positive_int
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Print the per-head audit's time, the operator audits' times, and the cost per case."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks operator")
     parser.add_argument("--model", default="dinov2-vits14")
-    parser.add_argument("--inputs", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--inputs", type=positive_int, nargs="+", default=[1, 2])
     args = parser.parse_args(argv)
 
     from oversmooth.importers.audit.pipeline import audit

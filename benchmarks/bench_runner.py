@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from oversmooth.commands.common import positive_int
 from oversmooth.importers import zoo
 from oversmooth.importers.audit.pipeline import audit
 from oversmooth.importers.audit.session import audit_session
@@ -177,12 +178,12 @@ def _device(providers: Sequence[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> list[Throughput]:
     """Print inputs per second per model, provider and batch, then the whole audit's."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--batches", type=positive_int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--providers", nargs="+", default=None, help="default: all that work")
     parser.add_argument("--models", nargs="*", default=[model.name for model in zoo.models()])
     parser.add_argument("--min-seconds", type=float, default=1.0)
-    parser.add_argument("--audit-inputs", type=int, default=16)
-    parser.add_argument("--audit-batch", type=int, default=8)
+    parser.add_argument("--audit-inputs", type=positive_int, default=16)
+    parser.add_argument("--audit-batch", type=positive_int, default=8)
     args = parser.parse_args(argv)
     providers = args.providers or available_providers()
     print(_device(providers))

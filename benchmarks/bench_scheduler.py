@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from benchmarks.bench_audit import load_average
+from oversmooth.commands.common import positive_int
 
 __all__ = ["main"]
 
@@ -52,9 +53,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Print the single-process and local-cluster audit times and the speed-up."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="minilm-l3")
-    parser.add_argument("--inputs", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--runs", type=int, default=3, help="timed runs after the first")
+    parser.add_argument("--inputs", type=positive_int, default=64)
+    parser.add_argument("--workers", type=positive_int, default=2)
+    parser.add_argument("--runs", type=positive_int, default=3, help="timed runs after the first")
     args = parser.parse_args(argv)
 
     from oversmooth.executor import open_executor

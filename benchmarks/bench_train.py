@@ -17,6 +17,8 @@ import dataclasses
 import importlib.util
 from collections.abc import Sequence
 
+from oversmooth.commands.common import positive_int
+
 #: The variants timed, the standard one first (the others are reported relative to it).
 VARIANTS = ("standard", "plus", "minus")
 
@@ -58,7 +60,7 @@ def time_runs(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks train", description=__doc__)
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--epochs", type=positive_int, default=5)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
     if importlib.util.find_spec("torch") is None:

@@ -7,6 +7,7 @@ no longer passes), which nothing else runs.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -502,3 +503,30 @@ def test_the_ops_benchmark_refuses_what_it_cannot_run(capsys: pytest.CaptureFixt
             main(argv)
         assert stopped.value.code == 2
         assert option in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("module", "argv"),
+    [
+        ("bench_audit", ["--ratio-inputs", "0"]),
+        ("bench_audit", ["--ratio-batch", "-8"]),
+        ("bench_device", ["--batches", "8", "0"]),
+        ("bench_gram", ["--count", "none"]),
+        ("bench_importer", ["--repeats", "0"]),
+        ("bench_memory", ["--counts", "64", "0"]),
+        ("bench_operator", ["--inputs", "0"]),
+        ("bench_runner", ["--audit-inputs", "0"]),
+        ("bench_scheduler", ["--workers", "0"]),
+        ("bench_train", ["--epochs", "0"]),
+    ],
+)
+def test_a_count_that_is_not_positive_is_refused_before_any_work(
+    module: str, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One line naming the option, exit 2, as the commands do (``--audit-inputs 0`` ran the
+    session benchmark for half a minute and then ended in a traceback)."""
+    main = importlib.import_module(f"benchmarks.{module}").main
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    assert f"argument {argv[0]}: must be a positive integer" in capsys.readouterr().err
