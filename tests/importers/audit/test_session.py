@@ -558,3 +558,20 @@ def test_the_statistics_flag_every_item_whose_gram_matrix_is_not_finite(
         touched = non_finite | (np.abs(x) > 1e150).any(axis=(1, 2))
     assert not flagged[~touched].any()
     assert flagged[non_finite].all()
+
+
+@pytest.mark.parametrize("gram", ["tokens", "features"])
+def test_a_layer_near_float64s_top_is_refused_only_above_the_limit(gram: str) -> None:
+    """All of ``‖Xm‖_F²`` in one entry, where Cauchy–Schwarz is tight (the Gram's diagonal entry
+    is ``‖Xm‖_F²`` itself): at 2^1019 the Gram matrix is finite and the item passes; at 2^1021.5,
+    past the limit, it is refused although its Gram matrix is still finite (the limit's margin);
+    at 2^1025 the Gram overflows and the statistics with it."""
+    runner, plan = _identity_layer_runner(False, 0, gram)
+    for exponent, refused in ((1019, False), (1021.5, True), (1025, True)):
+        x = np.zeros((2, 5, 3))
+        x[1, 2, 1] = 2.0 ** (exponent / 2)
+        with np.errstate(all="ignore"):
+            outputs = runner.collect({"x": x})
+        flagged = nonfinite_layer_items(outputs[plan.scalars_name(0)])
+        assert flagged.tolist() == [False, refused], exponent
+        assert np.isfinite(outputs[plan.gram_name(0)]).all() == (exponent < 1024)
