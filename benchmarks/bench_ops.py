@@ -14,7 +14,10 @@ then the counts are per run)
 - the time on each execution provider (on a CUDA session a node on the CPU, or a ``Memcpy``,
   means a tensor crossed between the host and the device);
 - the ``--top`` operator types by time, each with its count and time per call;
-- the operator types that cost the session (``reduced``) most more than plain inference.
+- the operator types that cost the session (``reduced``) most more than plain inference;
+
+then the same layers reduced a chain per layer and stacked along the batch axis
+(:mod:`benchmarks.stacked`): nodes, ms per call, and whether the bits agree.
 
 On a CUDA session a kernel's time is what the host spent launching it (the device runs it
 asynchronously); a synchronising node (a copy to the host) then shows the device work it waited
@@ -34,14 +37,16 @@ import json
 import statistics
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 from benchmarks.bench_runner import installed_models, variant_calls
+from benchmarks.stacked import StackedCalls, stacked_calls
 from oversmooth.commands.common import positive_int
+from oversmooth.importers import zoo
 from oversmooth.importers.graph import OnnxModel
 from oversmooth.importers.inputs.feeds import Inputs
 from oversmooth.importers.runtime import runner
@@ -53,6 +58,8 @@ __all__ = [
     "op_profile",
     "profiled_sessions",
     "session_profiles",
+    "stacked_lines",
+    "stacked_profiles",
 ]
 
 
@@ -171,13 +178,57 @@ def session_profiles(
     with tempfile.TemporaryDirectory(prefix="oversmooth-ops-") as folder:
         with profiled_sessions(folder):
             calls = variant_calls(graph, inputs, provider, batch, name)
-        profiles = {}
-        for variant, (session, call) in calls.items():
-            for _ in range(warm_up + runs):
-                call()
-            events = json.loads(Path(session.end_profiling()).read_text())
-            profiles[variant] = op_profile(events, warm_up)
+        return _profiled(calls, runs, warm_up)
+
+
+def stacked_profiles(
+    graph: OnnxModel,
+    inputs: Inputs,
+    name: str,
+    provider: str,
+    batch: int,
+    runs: int,
+    warm_up: int,
+) -> tuple[dict[str, OpProfile], StackedCalls] | None:
+    """:class:`OpProfile` of the same layers reduced a chain per layer (``layers``) and stacked
+    along the batch axis (``stacked``, :mod:`benchmarks.stacked`), and how their outputs compare;
+    None where the layers are time-major."""
+    with tempfile.TemporaryDirectory(prefix="oversmooth-ops-") as folder:
+        with profiled_sessions(folder):
+            prefix = int(zoo.get_model(name).prefix_tokens)
+            stacked = stacked_calls(graph, inputs, provider, batch, prefix)
+        if stacked is None:
+            return None
+        return _profiled(stacked.calls, runs, warm_up), stacked
+
+
+def _profiled(
+    calls: Mapping[str, tuple[Any, Callable[[], object]]], runs: int, warm_up: int
+) -> dict[str, OpProfile]:
+    """Each profiled session's :class:`OpProfile` after ``warm_up + runs`` calls."""
+    profiles = {}
+    for variant, (session, call) in calls.items():
+        for _ in range(warm_up + runs):
+            call()
+        events = json.loads(Path(session.end_profiling()).read_text())
+        profiles[variant] = op_profile(events, warm_up)
     return profiles
+
+
+def stacked_lines(profiles: Mapping[str, OpProfile], stacked: StackedCalls) -> list[str]:
+    """What stacking the layers' reductions changes: nodes added, run ms, and the bits."""
+    each, one = profiles["layers"], profiles["stacked"]
+    bits = (
+        "bit for bit the same"
+        if stacked.same_bits
+        else f"different: largest relative difference {stacked.largest_difference:.1e}"
+    )
+    return [
+        f"  the same layers' reductions, a chain each against one stacked chain: "
+        f"{stacked.nodes['layers']} against {stacked.nodes['stacked']} nodes added, "
+        f"{each.run_ms:.2f} against {one.run_ms:.2f} ms per call; statistics and Gram "
+        f"matrices {bits}"
+    ]
 
 
 def profile_lines(profiles: Mapping[str, OpProfile], top: int) -> list[str]:
@@ -242,6 +293,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, OpProfile]:
         )
         for line in profile_lines(profiles, args.top):
             print(line)
+        stacked = stacked_profiles(
+            graph, inputs, name, args.provider, args.batch, args.runs, args.warm_up
+        )
+        if stacked is None:
+            print("  stacked reductions: not measured (time-major layers)")
+            continue
+        for line in [*profile_lines(stacked[0], args.top)[:3], *stacked_lines(*stacked)]:
+            print(line)
+        profiles = {**profiles, **stacked[0]}
     return profiles
 
 

@@ -24,7 +24,9 @@
 #   session     where the audit's session costs more than plain inference at batch BATCH:
 #               plain, the reductions with and without the Gram matrices, with the attention
 #   ops         the same sessions node by node, by onnxruntime's profiler: kernels, the time
-#               between them, the time on each provider (a node left on the CPU shows there)
+#               between them, the time on each provider (a node left on the CPU shows there);
+#               then the layers' reductions a chain each against one chain over the layers
+#               stacked along the batch axis (benchmarks/stacked.py), and whether the bits agree
 #
 # STEPS (default all eleven) names the steps to run when a lease is short; they run in the order
 # above, whatever the order named.

@@ -480,7 +480,12 @@ def test_the_extra_over_plain_ranks_operator_types_by_the_time_they_add() -> Non
 
 @pytest.mark.realmodel
 def test_the_ops_benchmark_profiles_plain_inference_and_the_audits_session() -> None:
-    from benchmarks.bench_ops import profile_lines, session_profiles
+    from benchmarks.bench_ops import (
+        profile_lines,
+        session_profiles,
+        stacked_lines,
+        stacked_profiles,
+    )
     from benchmarks.bench_runner import VARIANTS, installed_models
 
     require_real_model("minilm-l3")
@@ -492,6 +497,13 @@ def test_the_ops_benchmark_profiles_plain_inference_and_the_audits_session() -> 
     assert all(set(p.providers) == {"CPUExecutionProvider"} for p in profiles.values())
     assert all(p.run_ms >= p.node_ms > 0 for p in profiles.values())
     assert profile_lines(profiles, 3)[1].split()[0] == "plain"
+    stacked = stacked_profiles(graph, inputs, name, "cpu", batch=2, runs=1, warm_up=1)
+    assert stacked is not None
+    timed, calls = stacked
+    assert tuple(timed) == ("layers", "stacked")
+    assert timed["stacked"].nodes < timed["layers"].nodes
+    (line,) = stacked_lines(timed, calls)
+    assert f"{calls.nodes['layers']} against {calls.nodes['stacked']} nodes added" in line
 
 
 def test_the_ops_benchmark_refuses_what_it_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
@@ -530,3 +542,23 @@ def test_a_count_that_is_not_positive_is_refused_before_any_work(
         main(argv)
     assert stopped.value.code == 2
     assert f"argument {argv[0]}: must be a positive integer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "prefix"), [("bert_legacy", 0), ("vit_prenorm_layerscale", 1)])
+def test_the_stacked_reductions_give_each_layers_statistics_with_fewer_nodes(
+    name: str, prefix: int
+) -> None:
+    """One chain over the layers concatenated along the batch axis (the mask repeated as often
+    inside the graph) against a chain per layer: far fewer nodes, the same statistics and Gram
+    matrices to round-off, and both sessions' calls run."""
+    from benchmarks.stacked import stacked_calls
+    from tests.importers.audited import builder_model_and_inputs
+
+    graph, inputs = builder_model_and_inputs(name, 3)
+    stacked = stacked_calls(graph, inputs, "cpu", batch=3, prefix=prefix)
+    assert stacked is not None
+    assert stacked.nodes["stacked"] < stacked.nodes["layers"] / 2
+    assert stacked.largest_difference <= 1e-12
+    assert stacked.same_bits == (stacked.largest_difference == 0.0)
+    for _, call in stacked.calls.values():
+        call()
