@@ -17,8 +17,8 @@ graph, so the feeds are the audit's own.
 Public API
 ----------
 stacked_calls
-    ``{"layers": ..., "stacked": ...}``: each variant's session and one call of it, and whether
-    the two give the same bits; empty for a model whose layers are not all batch-first.
+    Each variant's session and one call of it (``layers``, ``stacked``), and whether the two
+    give the same bits; None for a model whose layers are not all batch-first.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class StackedCalls:
     same_bits : bool
         Every layer's eight statistics and Gram matrices equal bit for bit.
     largest_difference : float
-        Else the largest relative difference between them.
+        The largest relative difference between them (0 when the bits agree).
     """
 
     calls: dict[str, tuple[Any, Callable[[], object]]]
