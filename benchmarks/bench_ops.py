@@ -40,7 +40,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from unittest import mock
 
 from benchmarks.bench_runner import installed_models, variant_calls
@@ -61,6 +61,9 @@ __all__ = [
     "stacked_lines",
     "stacked_profiles",
 ]
+
+#: What a builder of profiled sessions returns beside them (:func:`_profiled`).
+_Extra = TypeVar("_Extra")
 
 
 @dataclass(frozen=True)
@@ -175,10 +178,10 @@ def session_profiles(
     """:class:`OpProfile` of each of ``benchmarks runner``'s variants
     (:func:`benchmarks.bench_runner.variant_calls`) for zoo model ``name`` on ``inputs``,
     repeated to fill ``batch``."""
-    with tempfile.TemporaryDirectory(prefix="oversmooth-ops-") as folder:
-        with profiled_sessions(folder):
-            calls = variant_calls(graph, inputs, provider, batch, name)
-        return _profiled(calls, runs, warm_up)
+    calls, _ = _profiled(
+        lambda: (variant_calls(graph, inputs, provider, batch, name), None), runs, warm_up
+    )
+    return calls
 
 
 def stacked_profiles(
@@ -193,26 +196,33 @@ def stacked_profiles(
     """:class:`OpProfile` of the same layers reduced a chain per layer (``layers``) and stacked
     along the batch axis (``stacked``, :mod:`benchmarks.stacked`), and how their outputs compare;
     None where the layers are time-major."""
-    with tempfile.TemporaryDirectory(prefix="oversmooth-ops-") as folder:
-        with profiled_sessions(folder):
-            prefix = int(zoo.get_model(name).prefix_tokens)
-            stacked = stacked_calls(graph, inputs, provider, batch, prefix)
-        if stacked is None:
-            return None
-        return _profiled(stacked.calls, runs, warm_up), stacked
+    prefix = int(zoo.get_model(name).prefix_tokens)
+
+    def build() -> tuple[Mapping[str, tuple[Any, Callable[[], object]]], StackedCalls | None]:
+        stacked = stacked_calls(graph, inputs, provider, batch, prefix)
+        return ({} if stacked is None else stacked.calls), stacked
+
+    profiles, stacked = _profiled(build, runs, warm_up)
+    return None if stacked is None else (profiles, stacked)
 
 
 def _profiled(
-    calls: Mapping[str, tuple[Any, Callable[[], object]]], runs: int, warm_up: int
-) -> dict[str, OpProfile]:
-    """Each profiled session's :class:`OpProfile` after ``warm_up + runs`` calls."""
-    profiles = {}
-    for variant, (session, call) in calls.items():
-        for _ in range(warm_up + runs):
-            call()
-        events = json.loads(Path(session.end_profiling()).read_text())
-        profiles[variant] = op_profile(events, warm_up)
-    return profiles
+    build: Callable[[], tuple[Mapping[str, tuple[Any, Callable[[], object]]], _Extra]],
+    runs: int,
+    warm_up: int,
+) -> tuple[dict[str, OpProfile], _Extra]:
+    """``build()``'s sessions, created with profiling on, each called ``warm_up + runs`` times:
+    their :class:`OpProfile`, and what else ``build`` returned."""
+    with tempfile.TemporaryDirectory(prefix="oversmooth-ops-") as folder:
+        with profiled_sessions(folder):
+            calls, extra = build()
+        profiles = {}
+        for variant, (session, call) in calls.items():
+            for _ in range(warm_up + runs):
+                call()
+            events = json.loads(Path(session.end_profiling()).read_text())
+            profiles[variant] = op_profile(events, warm_up)
+    return profiles, extra
 
 
 def stacked_lines(profiles: Mapping[str, OpProfile], stacked: StackedCalls) -> list[str]:

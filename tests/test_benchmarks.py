@@ -562,3 +562,25 @@ def test_the_stacked_reductions_give_each_layers_statistics_with_fewer_nodes(
     assert stacked.same_bits == (stacked.largest_difference == 0.0)
     for _, call in stacked.calls.values():
         call()
+
+
+def test_time_major_layers_are_not_stacked() -> None:
+    """nn.TransformerEncoder without batch_first keeps (tokens, batch, features): concatenating
+    its layers along axis 0 would mix tokens and items, so the comparison is not built."""
+    import numpy as np
+
+    from benchmarks.stacked import stacked_calls
+    from oversmooth.importers.inputs.feeds import Inputs
+    from tests.importers.family_corpus import load_fixture
+
+    ids = np.full((2, 8), 5, dtype=np.int64)
+    inputs = Inputs(
+        feeds={"input_ids": ids, "attention_mask": np.ones_like(ids)},
+        token_mask=np.ones(ids.shape, dtype=bool),
+        labels=("a", "b"),
+        source="test",
+    )
+    time_major = load_fixture("torch_encoder_time_major/legacy_eager.onnx.xz")
+    assert stacked_calls(time_major, inputs, "cpu", batch=2, prefix=0) is None
+    batch_first = load_fixture("torch_encoder/legacy_eager.onnx.xz")
+    assert stacked_calls(batch_first, inputs, "cpu", batch=2, prefix=0) is not None
