@@ -142,11 +142,10 @@ def stacked_calls(
     each = plan_reductions(graph, layers, **options)  # type: ignore[arg-type]
     joint_graph = _with_stacked_layers(graph, layers)
     one = plan_reductions(joint_graph, [STACKED], **options)  # type: ignore[arg-type]
+    feeds = dict(items.feeds)
     if items.token_mask is not None:
         one = _mask_repeated(one, len(layers))
-    feeds = (
-        {**items.feeds, **each.mask_feed(items.token_mask)} if options["masked"] else items.feeds
-    )
+        feeds.update(each.mask_feed(items.token_mask))
     runners = {
         "layers": Runner(graph, expose=[], extension=each.extension, provider=provider),  # type: ignore[arg-type]
         "stacked": Runner(joint_graph, expose=[], extension=one.extension, provider=provider),  # type: ignore[arg-type]
@@ -155,11 +154,12 @@ def stacked_calls(
     difference = _largest_difference(
         outputs["layers"], outputs["stacked"], (each, one), len(layers)
     )
+
+    def call(runner: Runner) -> Callable[[], object]:
+        return lambda: list(runner.run(feeds, reuse_outputs=True))
+
     return StackedCalls(
-        calls={
-            variant: (runner.session, lambda r=runner: list(r.run(feeds, reuse_outputs=True)))
-            for variant, runner in runners.items()
-        },
+        calls={variant: (runner.session, call(runner)) for variant, runner in runners.items()},
         nodes={"layers": len(each.extension.nodes), "stacked": len(one.extension.nodes)},
         same_bits=difference == 0.0,
         largest_difference=difference,
