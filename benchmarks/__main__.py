@@ -2,7 +2,9 @@
 
 Each benchmark is a module with a ``main(argv=None)`` function; register a new one by adding its
 name and module to :data:`BENCHMARKS`. Modules are imported only when run, so a benchmark's heavy
-dependencies (onnxruntime, for instance) cost nothing to the others.
+dependencies (onnxruntime, for instance) cost nothing to the others. An error a user can cause (a
+model name not in the zoo, a file that is not a model) prints as one line with the status the
+``oversmooth`` command gives it, never a traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import importlib
 import inspect
 import sys
 from collections.abc import Sequence
+
+from oversmooth.simulator.errors import OversmoothError, one_line
 
 #: Benchmark name -> module with a ``main(argv=None)``.
 BENCHMARKS: dict[str, str] = {
@@ -30,10 +34,14 @@ BENCHMARKS: dict[str, str] = {
 
 def _run(name: str, argv: Sequence[str]) -> None:
     module = importlib.import_module(BENCHMARKS[name])
-    if inspect.signature(module.main).parameters:
-        module.main(list(argv))
-    else:
-        module.main()
+    try:
+        if inspect.signature(module.main).parameters:
+            module.main(list(argv))
+        else:
+            module.main()
+    except OversmoothError as err:
+        print(f"python -m benchmarks {name}: error: {one_line(err)}", file=sys.stderr)
+        raise SystemExit(err.exit_code) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -45,9 +45,11 @@ from pathlib import Path
 
 from benchmarks.stages import AUDIT_STAGES, timed_stages
 from oversmooth.commands.common import positive_int
+from oversmooth.simulator.errors import OversmoothError
 
 __all__ = [
     "RATIO_TARGETS",
+    "AuditExitError",
     "AuditRatio",
     "Breakdown",
     "CpuSplit",
@@ -128,6 +130,17 @@ PHASES: dict[str, tuple[str, str]] = {
 }
 
 
+class AuditExitError(OversmoothError):
+    """An ``oversmooth audit`` a benchmark ran ended with a non-zero status: the benchmark ends
+    with the same status and the audit's own last line (``python -m benchmarks`` prints it as one
+    line, as the command does)."""
+
+    def __init__(self, model: str, exit_code: int, last_line: str = "") -> None:
+        detail = f": {last_line}" if last_line else ""
+        super().__init__(f"oversmooth audit {model} exited with {exit_code}{detail}")
+        self.exit_code = exit_code
+
+
 @dataclass(frozen=True)
 class Breakdown:
     """Seconds per phase of one profiled ``oversmooth audit`` run (cumulative, cProfile)."""
@@ -158,7 +171,7 @@ def audit_breakdown(model: str = DEFAULT_AUDIT_MODEL) -> Breakdown:
         code = profiler.runcall(oversmooth, [*argv, str(out)])
         total = time.perf_counter() - start
         if code != 0:
-            raise RuntimeError(f"oversmooth audit {model} exited with {code}")
+            raise AuditExitError(model, code)
         n_cases = sum(1 for _ in (out / "dominance.csv").open(encoding="utf-8")) - 1
     stats = pstats.Stats(profiler)
     phases = {label: _cumulative(stats, *where) for label, where in PHASES.items()}

@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.bench_audit import audit_command
+from benchmarks.bench_audit import AuditExitError, audit_command
 from oversmooth.commands.common import positive_int
 
 __all__ = ["Peak", "audit_peak", "main"]
@@ -133,7 +133,7 @@ def audit_peak(
 
     Raises
     ------
-    RuntimeError
+    AuditExitError
         The audit exited with a non-zero status (its last output line is in the message).
     """
     with tempfile.TemporaryDirectory() as folder:
@@ -151,7 +151,7 @@ def audit_peak(
         wall = time.perf_counter() - start
     if child.returncode != 0:
         last = errors.strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"oversmooth audit {model} exited with {child.returncode}: {last[0]}")
+        raise AuditExitError(model, child.returncode, last[0])
     peak = Peak(model, n_inputs, dominance, usage.ru_maxrss / 1024, wall)
     if sampler is None:
         return peak

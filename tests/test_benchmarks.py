@@ -584,3 +584,23 @@ def test_time_major_layers_are_not_stacked() -> None:
     assert stacked_calls(time_major, inputs, "cpu", batch=2, prefix=0) is None
     batch_first = load_fixture("torch_encoder/legacy_eager.onnx.xz")
     assert stacked_calls(batch_first, inputs, "cpu", batch=2, prefix=0) is not None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["ops", "--model", "dinov2-small", "--runs", "1"], ["memory", "--model", "dinov2-small"]],
+)
+def test_a_model_the_zoo_does_not_have_is_one_line_with_the_commands_status(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ops`` ended in UnknownModelError's traceback, ``memory`` (whose audit runs in a child
+    process) in a RuntimeError's: now one line each, with the status the command gives."""
+    from benchmarks.__main__ import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"python -m benchmarks {argv[0]}: error: ")
+    assert err.count("\n") == 1
+    assert "did you mean 'dinov2-vits14'" in err
