@@ -19,7 +19,7 @@ from typing import Any
 from oversmooth.importers.graph import OnnxModel
 from oversmooth.importers.match import AttentionBlock
 from oversmooth.importers.notes import Note
-from oversmooth.importers.runtime.graph_edits import LateOutputs
+from oversmooth.importers.runtime.graph_edits import LateOutputs, optimised_product_of_itself
 from oversmooth.importers.runtime.reductions import GraphExtension, ReductionPlan, extend_plan
 
 __all__ = ["PreNormSums", "pre_norm_notes"]
@@ -71,16 +71,21 @@ class PreNormSums:
         }
         return LateOutputs(sums, self._extension)
 
-    def _extension(self, found: Sequence[str | None]) -> GraphExtension:
+    def _extension(self, found: Sequence[str | None], optimised: Any) -> GraphExtension:
+        """The late statistics of the sums ``found`` in the ``optimised`` graph, their Gram
+        matrices written as onnxruntime wrote the first extension's there."""
         kept = [(i, name) for i, name in zip(self.wanted, found, strict=True) if name is not None]
         self.blocks = [i for i, _ in kept]
         time_major = [self.all_blocks[i].time_major for i, _ in kept]
+        plan = self.plan
+        grams = [plan.gram_name(k) for k in range(len(plan.layers)) if plan.computes(k)]
         self.plan = extend_plan(
-            self.plan,
+            plan,
             self.graph,
             [name for _, name in kept],
             time_major=time_major,
             replacing=[self._sublayer_layer[i] for i in self.blocks],
+            gram_as=optimised_product_of_itself(optimised, grams) if plan.gram != "none" else None,
         )
         return self.plan.late
 

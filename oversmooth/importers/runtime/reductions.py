@@ -305,11 +305,13 @@ def _layer_nodes(
     totals: bool = False,
     token_scale: TokenScale | None = None,
     rows: str | None = None,
+    gram_as: onnx.NodeProto | None = None,
 ) -> None:
     """Append the statistics nodes of one layer tensor ``x`` (B, T, D), or (T, B, D) when
     ``time_major`` (transposed to (B, T, D) first); with ``totals``, the (B, D) sum of the
     counted rows is an output too; with ``token_scale``, the weighted sum of the norm's
-    ``1/s_t``; with ``rows`` (a (K,) index tensor), the float64 layer of those items."""
+    ``1/s_t``; with ``rows`` (a (K,) index tensor), the float64 layer of those items; with
+    ``gram_as``, the Gram matrix is that node's operator and attributes over ``(Xm, Xm)``."""
     if time_major:
         x = b.op("Transpose", [x], f"{layer}.batch_first", perm=[1, 0, 2])
     xd = b.op("Cast", [x], f"{layer}.x64", to=_DOUBLE)
@@ -363,7 +365,16 @@ def _layer_nodes(
         _inverse_scale_nodes(b, xd, w, layer, token_scale)
     if rows is not None:
         b.output("Gather", [xd, rows], f"{_PREFIX}.{layer}.tokens", axis=0)
-    if gram != "none":
+    if gram != "none" and gram_as is not None:
+        attributes = {a.name: helper.get_attribute_value(a) for a in gram_as.attribute}
+        b.output(
+            gram_as.op_type,
+            [xm, xm],
+            f"{_PREFIX}.{layer}.gram",
+            domain=gram_as.domain,
+            **attributes,
+        )
+    elif gram != "none":
         xt = b.op("Transpose", [xm], f"{layer}.xt", perm=[0, 2, 1])
         pair = [xm, xt] if gram == "tokens" else [xt, xm]
         b.output("MatMul", pair, f"{_PREFIX}.{layer}.gram")
@@ -502,6 +513,7 @@ def extend_plan(
     *,
     time_major: Sequence[bool] = (),
     replacing: Sequence[int] = (),
+    gram_as: onnx.NodeProto | None = None,
 ) -> ReductionPlan:
     """``plan`` with the statistics of further ``layers`` in :attr:`ReductionPlan.late`.
 
@@ -516,6 +528,10 @@ def extend_plan(
     ``replacing``: layers of ``plan`` whose statistics the new ones make unneeded (a post-LN
     norm's output, once the sum before it is read): their outputs but the rows are the late
     extension's :attr:`~GraphExtension.replaces`, the layers :attr:`ReductionPlan.replaced`.
+    ``gram_as``: the node the optimised graph computes a first-extension Gram matrix with, where
+    it reads one tensor twice (:func:`~oversmooth.importers.runtime.graph_edits.
+    optimised_product_of_itself`): the late Gram matrices are written the same way, since the
+    late nodes are not optimised; else as a ``MatMul`` of ``Xm`` and its ``Transpose``.
     """
     if time_major and len(time_major) != len(layers):
         raise ImporterInputError(
@@ -531,7 +547,9 @@ def extend_plan(
     for k, name in enumerate(layers):
         layer = len(plan.layers) + k
         tm = bool(time_major and time_major[k])
-        _layer_nodes(builder, name, layer, mask, plan.prefix, plan.gram, tm, totals, None, None)
+        _layer_nodes(
+            builder, name, layer, mask, plan.prefix, plan.gram, tm, totals, gram_as=gram_as
+        )
         outputs += _layer_outputs(layer, False, False, plan.gram, totals)
     scales = (*plan.token_scale, *([None] * (len(plan.layers) - len(plan.token_scale))))
     replaces = tuple(  # every output but the rows

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+import onnx
 import pytest
 
 from oversmooth.importers.audit.layers import layer_tensors
@@ -15,6 +17,7 @@ from oversmooth.importers.audit.pre_norm_sums import PreNormSums, pre_norm_notes
 from oversmooth.importers.audit.session import attention_sublayer_tensor
 from oversmooth.importers.match import AttentionBlock, find_attention_blocks
 from oversmooth.importers.runtime.reductions import plan_reductions
+from oversmooth.importers.runtime.runner import Runner
 from tests.importers.stream_graphs import build
 
 
@@ -56,7 +59,8 @@ def test_the_sums_found_extend_the_plan_after_its_layers() -> None:
     layers = sums.plan.layers
     late = sums.outputs()
     assert late is not None
-    extension = late.extension([None, blocks[1].residual_name])  # block 0's sum was not found
+    found = [None, blocks[1].residual_name]  # block 0's sum was not found
+    extension = late.extension(found, onnx.GraphProto())
     assert sums.blocks == [1]
     assert sums.plan.layers == (*layers, blocks[1].residual_name)
     assert extension is sums.plan.late
@@ -124,3 +128,34 @@ def test_not_measuring_the_replaced_norm_outputs_changes_no_reported_number(
             lean.attention_part[name], full.attention_part[name], err_msg=name
         )
     assert [c.row() for c in lean.dominance] == [c.row() for c in full.dominance]
+
+
+@pytest.mark.parametrize("layout", ["post", "skip_post"])
+def test_the_late_gram_matrices_are_the_optimisers_product_of_one_tensor_with_itself(
+    layout: str,
+) -> None:
+    """The late nodes run unoptimised: their Gram matrices are written in the form onnxruntime
+    gave the first extension's (a ``FusedMatMul`` reading ``Xm`` twice, not a ``Transpose`` pass
+    and a ``MatMul``), with every late output the same bits as the plain form's."""
+    model, x, _ = build(layout)
+    runs = {}
+    for form in ("optimised", "plain"):
+        sums, _ = sums_of(layout, [0, 1])
+        late = sums.outputs()
+        assert late is not None
+        if form == "plain":  # as if onnxruntime had kept the MatMul of a transposed copy
+            late = dataclasses.replace(
+                late, extension=lambda found, _, own=sums._extension: own(found, onnx.GraphProto())
+            )
+        runner = Runner(model, expose=[], extension=sums.plan.extension, late=late, provider="cpu")
+        grams = [n for n in sums.plan.late.nodes if n.output[0].endswith(".gram")]
+        feeds = {"x": x, **sums.plan.rows_feed(np.ones(len(x)))}
+        runs[form] = (runner.collect(feeds), sums.plan.late, grams)
+    (optimised, late, grams), (plain, plain_late, plain_grams) = runs["optimised"], runs["plain"]
+    assert len(grams) == len(sums.blocks) > 0
+    assert {(n.op_type, n.domain) for n in grams} == {("FusedMatMul", "com.microsoft")}
+    assert all(n.input[0] == n.input[1] for n in grams)
+    assert {n.op_type for n in plain_grams} == {"MatMul"}
+    assert len(late.nodes) == len(plain_late.nodes) - len(grams)  # one Transpose fewer each
+    for name in late.output_names:
+        np.testing.assert_array_equal(optimised[name], plain[name])

@@ -14,7 +14,12 @@ from numpy.testing import assert_allclose
 from onnx import helper
 
 from oversmooth.importers.match import find_attention_blocks
-from oversmooth.importers.runtime.graph_edits import LateOutputs, drop_outputs, expose_late
+from oversmooth.importers.runtime.graph_edits import (
+    LateOutputs,
+    drop_outputs,
+    expose_late,
+    optimised_product_of_itself,
+)
 from oversmooth.importers.runtime.reductions import GraphExtension
 from oversmooth.importers.runtime.runner import Runner
 from oversmooth.simulator.metrics import cosine
@@ -104,7 +109,7 @@ def test_a_graph_with_a_subgraph_keeps_its_nodes_when_outputs_are_dropped() -> N
     assert len(graph.node) == nodes
 
 
-def _identity_reads(found: list[str | None]) -> GraphExtension:
+def _identity_reads(found: list[str | None], optimised: onnx.GraphProto) -> GraphExtension:
     """Each late tensor copied out as it is (``late.<k>``), float32 (B, T, D)."""
     names = [name for name in found if name is not None]
     return GraphExtension(
@@ -192,3 +197,16 @@ def test_a_model_with_external_data_keeps_the_norm_output_and_says_so(tmp_path) 
     measured = result.attention_part["cosine"][:, 0]
     for item, value in enumerate(measured):
         assert value == pytest.approx(cosine(after_norm[item][keep[item]]), rel=1e-4, abs=1e-6)
+
+
+def test_the_optimisers_product_of_one_tensor_with_itself_is_found_by_its_output() -> None:
+    """The first of the outputs that the graph produces decides: a node reading one tensor twice
+    is returned, a product of two tensors (a Transpose kept apart) is not, nor is a graph that
+    produces none of them."""
+    fused = helper.make_node("FusedMatMul", ["x", "x"], ["g.1"], domain="com.microsoft", transB=1)
+    plain = helper.make_node("MatMul", ["x", "xt"], ["g.0"])
+    graph = helper.make_graph([plain, fused], "g", [], [])
+    assert optimised_product_of_itself(graph, ["g.1"]) == fused
+    assert optimised_product_of_itself(graph, ["g.0", "g.1"]) is None
+    assert optimised_product_of_itself(graph, ["absent", "g.1"]) == fused
+    assert optimised_product_of_itself(graph, ["absent"]) is None
