@@ -4,7 +4,8 @@
 (on an H200 at batch 64: 1.65×; the gap per call was about 10.5 ms at batch 1 and at batch 8
 alike, 24 ms at batch 64). This says where: its sessions (plain, ``reduced``, ``scalars``,
 ``+attention``, built as that benchmark builds them) are built with onnxruntime's profiling on,
-run ``--runs`` times after ``--warm-up`` runs, and per variant it prints per call (one
+run ``--runs`` times after ``--warm-up`` runs (the variants in turn, a call each per round), and
+per variant it prints per call (one
 onnxruntime run: a model that runs one input at a time makes several per benchmark call, and
 then the counts are per run)
 
@@ -212,16 +213,22 @@ def _profiled(
     warm_up: int,
 ) -> tuple[dict[str, OpProfile], _Extra]:
     """``build()``'s sessions, created with profiling on, each called ``warm_up + runs`` times:
-    their :class:`OpProfile`, and what else ``build`` returned."""
+    their :class:`OpProfile`, and what else ``build`` returned.
+
+    The variants are called in turn, one call each per round, so that a machine that drifts
+    (another job, the clock) moves them alike: called one variant after another, two chains of
+    the same reductions once differed by 10 % here, and by nothing when alternated.
+    """
     with tempfile.TemporaryDirectory(prefix="oversmooth-ops-") as folder:
         with profiled_sessions(folder):
             calls, extra = build()
-        profiles = {}
-        for variant, (session, call) in calls.items():
-            for _ in range(warm_up + runs):
+        for _ in range(warm_up + runs):
+            for _, call in calls.values():
                 call()
-            events = json.loads(Path(session.end_profiling()).read_text())
-            profiles[variant] = op_profile(events, warm_up)
+        profiles = {
+            variant: op_profile(json.loads(Path(session.end_profiling()).read_text()), warm_up)
+            for variant, (session, _) in calls.items()
+        }
     return profiles, extra
 
 

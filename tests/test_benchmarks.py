@@ -8,6 +8,7 @@ no longer passes), which nothing else runs.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -604,3 +605,36 @@ def test_a_model_the_zoo_does_not_have_is_one_line_with_the_commands_status(
     assert err.startswith(f"python -m benchmarks {argv[0]}: error: ")
     assert err.count("\n") == 1
     assert "did you mean 'dinov2-vits14'" in err
+
+
+def test_profiled_variants_are_called_in_turn(tmp_path: Path) -> None:
+    """One call of each variant per round, so that drift moves every variant alike (called one
+    variant after another, two chains of the same reductions once differed by 10 %)."""
+    from benchmarks.bench_ops import _profiled
+
+    order: list[str] = []
+
+    class FakeSession:
+        def __init__(self, name: str) -> None:
+            self.name, self.calls = name, 0
+
+        def call(self) -> None:
+            order.append(self.name)
+            self.calls += 1
+
+        def end_profiling(self) -> str:
+            events = [
+                {"cat": "Session", "name": "model_run", "ts": 10 * k, "dur": 5}
+                for k in range(self.calls)
+            ]
+            path = tmp_path / f"{self.name}.json"
+            path.write_text(json.dumps(events))
+            return str(path)
+
+    sessions = {name: FakeSession(name) for name in ("a", "b")}
+    profiles, extra = _profiled(
+        lambda: ({n: (s, s.call) for n, s in sessions.items()}, "extra"), runs=2, warm_up=1
+    )
+    assert order == ["a", "b"] * 3
+    assert extra == "extra"
+    assert {name: profile.calls for name, profile in profiles.items()} == {"a": 2, "b": 2}

@@ -132,7 +132,8 @@ def optimised_product_of_itself(graph: Any, outputs: Iterable[str]) -> Any | Non
     kept the ``MatMul`` of a transposed copy, or where no such output is computed.
     """
     wanted = list(outputs)
-    producer = {output: node for node in graph.node for output in node.output if output in wanted}
+    names = set(wanted)
+    producer = {output: node for node in graph.node for output in node.output if output in names}
     for name in wanted:
         node = producer.get(name)
         if node is not None:
